@@ -1,0 +1,40 @@
+# Two commands: `make demo` and `make test`. Each builds what it needs.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+JS     := js/node_modules/.installed
+
+.PHONY: demo test lint unit js browser bench clean
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+$(JS): js/package.json js/package-lock.json
+	cd js && npm ci --ignore-scripts --no-audit --no-fund
+	touch $@
+
+js: $(JS)
+
+# Debian's Chromium for the browser test (needs root, as on CI).
+browser:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
+
+demo: $(STAMP) $(JS)
+	$(PY) examples/demo.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pubsubclub tests examples
+	$(VENV)/bin/mypy
+
+test: $(STAMP) $(JS) browser lint
+	$(VENV)/bin/pytest -q
+
+bench: $(STAMP)
+	$(VENV)/bin/pubsubclub bench
+
+clean:
+	rm -rf $(VENV) js/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,95 @@
+"""The ``pubsubclub`` command: ``node``, ``cluster`` and ``bench``."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pubsubclub import __version__
+from pubsubclub.config import ConfigError, build, load_toml
+
+EXIT_USAGE = 2
+
+
+def _add_node_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags win)")
+    p.add_argument("--name", help="node id, unique in the cluster (default: random)")
+    p.add_argument("--wamp", metavar="ENDPOINT", help="WAMP listener, a Twisted endpoint (default tcp:8080:interface=127.0.0.1)")
+    p.add_argument("--realm", help="WAMP realm (default realm1)")
+    p.add_argument("--psc", metavar="ENDPOINT", help="federation listener, path /psc (default tcp:9001:interface=127.0.0.1)")
+    p.add_argument("--peer", metavar="URL", action="append", help="PSC URL of another node, e.g. ws://127.0.0.1:9002/psc (repeatable)")
+    p.add_argument("--listen-role", choices=["producer", "consumer"], help="which role listens, cluster-wide (default producer)")
+    p.add_argument("--advertise", metavar="URL", help="the PSC URL other nodes use for this node")
+    p.add_argument("--max-message-size", type=int, metavar="BYTES", help="largest WAMP/PSC message accepted")
+    p.add_argument("--no-chat-page", action="store_true", help="do not serve the browser chat page at /")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command-line parser."""
+    top = argparse.ArgumentParser(prog="pubsubclub", description="Turn WAMP pub/sub servers into a cluster.")
+    top.add_argument("--version", action="version", version=f"pubsubclub {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    node = sub.add_parser("node", help="run one node")
+    _add_node_flags(node)
+
+    cluster = sub.add_parser("cluster", help="run N local nodes with static discovery")
+    cluster.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
+    cluster.add_argument("--wamp-base-port", type=int, default=8080, help="WAMP port of node 1; node k uses base+k-1")
+    cluster.add_argument("--psc-base-port", type=int, default=9001, help="PSC port of node 1; node k uses base+k-1")
+    cluster.add_argument("--listen-role", choices=["producer", "consumer"], default="producer")
+    cluster.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
+
+    bench = sub.add_parser("bench", help="measure cross-node throughput and latency")
+    bench.add_argument("--target", metavar="WS_URL", nargs=2, help="WAMP URLs of nodes A and B (default: start two nodes)")
+    bench.add_argument("--realm", default="realm1")
+    bench.add_argument("--count", type=int, default=50_000, help="messages in the throughput run")
+    bench.add_argument("--size", type=int, default=100, help="payload bytes")
+    bench.add_argument("--rate", type=int, default=1000, help="messages/s in the latency run")
+    bench.add_argument("--latency-count", type=int, default=5000, help="messages in the latency run")
+    bench.add_argument("--max-seconds", type=float, default=60.0, help="time bound of each run")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    return top
+
+
+def _node_config(args: argparse.Namespace) -> Any:
+    file_values = load_toml(args.config) if args.config else {}
+    flags = {
+        "name": args.name,
+        "wamp": args.wamp,
+        "realm": args.realm,
+        "psc": args.psc,
+        "peer": tuple(args.peer) if args.peer else None,
+        "listen_role": args.listen_role,
+        "advertise": args.advertise,
+        "max_message_size": args.max_message_size,
+        "chat_page": False if args.no_chat_page else None,
+    }
+    return build(file_values, flags)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``pubsubclub`` command."""
+    args = parser().parse_args(argv)
+    try:
+        if args.command == "node":
+            config = _node_config(args)
+            from pubsubclub.run import run_node
+
+            return run_node(config, args.log_level)
+        if args.command == "cluster":
+            if not 1 <= args.nodes <= 64:
+                raise ConfigError("nodes", "must be between 1 and 64")
+            from pubsubclub.cluster import run_cluster
+
+            return run_cluster(args.nodes, args.wamp_base_port, args.psc_base_port, args.listen_role, args.log_level)
+        if args.command == "bench":
+            from pubsubclub.bench import run_bench
+
+            return run_bench(args)
+    except ConfigError as e:
+        print(f"pubsubclub: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_USAGE

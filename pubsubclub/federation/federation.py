@@ -1,0 +1,318 @@
+"""The federation: every PSC link of one node, and the hub glue.
+
+One :class:`Federation` per node. It listens for links (``resource()``),
+dials configured servers (``add_server`` / ``remove_server``, each a Twisted
+``ClientService``), tells producers about the hub's interest changes and
+forwards local publishes to the consumers that asked for their topic.
+Messages received from a producer are delivered locally only, never forwarded
+again: one hop over a full mesh, so no loops and no duplicates.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from autobahn.twisted.resource import WebSocketResource
+from autobahn.websocket.types import ConnectionRequest
+from twisted.application.internet import ClientService
+from twisted.internet import defer
+from twisted.internet.abstract import isIPAddress
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint
+from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.logger import Logger
+
+from pubsubclub import psc
+from pubsubclub.federation.session import CLOSE_DUPLICATE, CLOSE_REMOVED, LinkSession, LinkState, Role
+from pubsubclub.federation.transport import PSCClientFactory, PSCServerFactory
+from pubsubclub.hub import Envelope, Hub
+
+log = Logger()
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Reconnect delays: about ``initial`` seconds, growing by ``factor`` up to ``max_delay``.
+
+    Each delay is spread by +/- ``jitter`` (a fraction) so that a cluster
+    restarting together does not reconnect in lock step. The attempt count
+    resets after a successful PSC handshake.
+    """
+
+    initial: float = 1.0
+    factor: float = 1.5
+    max_delay: float = 10.0
+    jitter: float = 0.2
+
+    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
+        """Seconds to wait before attempt number ``attempt`` (1-based)."""
+        base = min(self.initial * self.factor ** max(0, min(attempt - 1, 64)), self.max_delay)
+        return base * (1.0 - self.jitter + 2.0 * self.jitter * rand())
+
+
+@dataclass
+class _Server:
+    """One configured server we dial, and its current link."""
+
+    url: str
+    service: ClientService
+    factory: PSCClientFactory
+
+
+def endpoint_for_url(reactor: Any, url: str) -> IStreamClientEndpoint:
+    """A client endpoint for a ``ws://host:port/path`` URL."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss") or not parts.hostname:
+        raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
+    if parts.scheme == "wss":
+        raise ValueError("wss:// peers need TLS support, which is not configured")
+    port = parts.port or 80
+    if isIPAddress(parts.hostname):
+        return TCP4ClientEndpoint(reactor, parts.hostname, port, timeout=5)
+    return HostnameEndpoint(reactor, parts.hostname.encode("idna"), port, timeout=5)
+
+
+class Federation:
+    """All PSC links of one node (both roles), driven by the hub and discovery."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        *,
+        listen_role: Role = Role.PRODUCER,
+        reactor: Any = None,
+        ping_interval: float = 5.0,
+        retry: RetryPolicy = RetryPolicy(),
+        rand: Callable[[], float] = random.random,
+        versions: tuple[psc.Version, ...] = psc.SUPPORTED_VERSIONS,
+        limits: psc.Limits = psc.DEFAULT_LIMITS,
+        advertise_url: str | None = None,
+        endpoint_factory: Callable[[Any, str], IStreamClientEndpoint] = endpoint_for_url,
+    ) -> None:
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+
+            reactor = default_reactor
+        self.hub = hub
+        self.node_id = hub.node_id
+        self.listen_role = listen_role
+        self.versions = versions
+        self.limits = limits
+        self.advertise_url = advertise_url
+        self._reactor = reactor
+        self._ping_interval = ping_interval
+        self._retry = retry
+        self._rand = rand
+        self._endpoint_factory = endpoint_factory
+        self._servers: dict[str, _Server] = {}
+        #: Every live link -> its Autobahn protocol.
+        self._links: dict[LinkSession, Any] = {}
+        #: Open links on which we are the consumer (the peers are producers).
+        self._producers: dict[LinkSession, None] = {}
+        #: topic -> open links whose consumer asked for it (we are the producer).
+        self._by_topic: dict[str, dict[LinkSession, None]] = {}
+        self.stats = {"forwarded": 0, "received": 0, "links_opened": 0, "links_refused": 0}
+        hub.add_interest_listener(self)
+        hub.add_publish_listener(self)
+
+    # -- listening ---------------------------------------------------------
+
+    def server_factory(self) -> PSCServerFactory:
+        """The WebSocket factory accepting links (serve it at ``/psc``)."""
+        return PSCServerFactory(self, self._reactor)
+
+    def resource(self) -> WebSocketResource:
+        """A twisted.web resource accepting links."""
+        return WebSocketResource(self.server_factory())
+
+    def check_request(self, request: ConnectionRequest) -> None:
+        """Hook to refuse a link at the WebSocket handshake (raise ConnectionDeny)."""
+
+    def client_headers(self, url: str) -> dict[str, str]:
+        """Extra handshake headers sent when dialling ``url``."""
+        return {}
+
+    # -- servers (driven by discovery) -------------------------------------
+
+    def servers(self) -> list[str]:
+        """URLs currently configured to dial."""
+        return list(self._servers)
+
+    def add_server(self, url: str) -> None:
+        """Start linking to ``url`` now and keep the link up until removed."""
+        if url in self._servers:
+            return
+        if self.advertise_url is not None and url == self.advertise_url:
+            log.info("not linking to {url}: it is this node", url=url)
+            return
+        endpoint = self._endpoint_factory(self._reactor, url)
+        factory = PSCClientFactory(self, url, self._reactor, self._ping_interval)
+        service = ClientService(
+            endpoint,
+            factory,
+            retryPolicy=lambda attempt: self._retry.delay(attempt, self._rand),
+            clock=self._reactor,
+            prepareConnection=lambda proto: proto.handshake_done,
+        )
+        self._servers[url] = _Server(url, service, factory)
+        log.info("linking to {url}", url=url)
+        service.startService()
+
+    def remove_server(self, url: str) -> defer.Deferred[None]:
+        """Close the link to ``url`` and stop retrying it."""
+        server = self._servers.pop(url, None)
+        if server is None:
+            return defer.succeed(None)
+        log.info("unlinking from {url}", url=url)
+        for session, proto in list(self._links.items()):
+            if proto.factory is server.factory:
+                proto.close_link(CLOSE_REMOVED, "server removed from this node's list")
+        return defer.maybeDeferred(server.service.stopService)
+
+    def found_self(self, url: str) -> None:
+        """``url`` turned out to be this node: forget it."""
+        self._reactor.callLater(0, self.remove_server, url)
+
+    def stop(self) -> defer.Deferred[Any]:
+        """Close every link with a reason and stop dialling."""
+        for proto in list(self._links.values()):
+            proto.close_link(1001, "node shutting down")
+        stopping = [defer.maybeDeferred(s.service.stopService) for s in self._servers.values()]
+        self._servers.clear()
+        return defer.DeferredList(stopping)
+
+    # -- link lifecycle (called by the transport) --------------------------
+
+    def link_started(self, session: LinkSession, protocol: Any) -> None:
+        """A transport opened and its session exists."""
+        self._links[session] = protocol
+
+    def link_open(self, session: LinkSession) -> None:
+        """Handshake done: the consumer sends its whole interest in one PSC201."""
+        if session.role is Role.CONSUMER:
+            if session.peer_node is not None and any(
+                other.peer_node == session.peer_node for other in self._producers
+            ):
+                log.warn("duplicate link to node {node} via {peer}; closing it", node=session.peer_node, peer=session.peer)
+                self.stats["links_refused"] += 1
+                self._links[session].close_link(CLOSE_DUPLICATE, f"already linked to node {session.peer_node}")
+                return
+            self._producers[session] = None
+            topics = self.hub.topics()
+            if topics:
+                session.send(psc.Subscribe(tuple(topics)))
+        self.stats["links_opened"] += 1
+        log.info(
+            "PSC link up: {role} of {peer} (node {node}), version {version}",
+            role=session.role.value, peer=session.peer, node=session.peer_node, version=session.version,
+        )
+
+    def link_closed(self, session: LinkSession) -> None:
+        """The transport closed (or we are closing it)."""
+        self._links.pop(session, None)
+        self._producers.pop(session, None)
+        for topic in session.topics:
+            sessions = self._by_topic.get(topic)
+            if sessions is not None:
+                sessions.pop(session, None)
+                if not sessions:
+                    del self._by_topic[topic]
+
+    def link_subscribed(self, session: LinkSession, topics: tuple[str, ...]) -> None:
+        """A consumer asked us (its producer) for ``topics``."""
+        for topic in topics:
+            self._by_topic.setdefault(topic, {})[session] = None
+
+    def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
+        """A consumer no longer wants ``topic`` from us."""
+        sessions = self._by_topic.get(topic)
+        if sessions is not None:
+            sessions.pop(session, None)
+            if not sessions:
+                del self._by_topic[topic]
+
+    def link_received(self, session: LinkSession, message: psc.Publish) -> None:
+        """A producer sent a message: deliver it here, never forward it."""
+        meta = message.meta
+        if meta is None:
+            envelope = Envelope(message.topic, message.message, origin=session.peer_node)
+        else:
+            envelope = Envelope(
+                message.topic,
+                message.message,
+                origin=meta.origin or session.peer_node,
+                published_at=meta.published_at,
+                message_id=meta.message_id,
+                wamp_wrapped=meta.wamp_wrapped,
+            )
+        self.stats["received"] += 1
+        self.hub.deliver_remote(envelope)
+
+    # -- hub listeners -----------------------------------------------------
+
+    def topic_added(self, topic: str) -> None:
+        """First local subscriber: ask every producer for the topic."""
+        if self._producers:
+            data = psc.encode(psc.Subscribe((topic,)))
+            for session in self._producers:
+                session.send_raw(data)
+
+    def topic_removed(self, topic: str) -> None:
+        """Last local subscriber gone: tell every producer."""
+        if self._producers:
+            data = psc.encode(psc.Unsubscribe(topic))
+            for session in self._producers:
+                session.send_raw(data)
+
+    def local_published(self, envelope: Envelope) -> None:
+        """Forward a local publish to each consumer that asked for its topic."""
+        sessions = self._by_topic.get(envelope.topic)
+        if not sessions:
+            return
+        plain: bytes | None = None
+        rich: bytes | None = None
+        for session in sessions:
+            if session.with_metadata:
+                if rich is None:
+                    rich = psc.encode_publish(
+                        envelope.topic,
+                        envelope.payload,
+                        psc.Meta(envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped),
+                    )
+                session.send_raw(rich)
+            else:
+                if plain is None:
+                    plain = psc.encode_publish(envelope.topic, envelope.payload)
+                session.send_raw(plain)
+        self.stats["forwarded"] += len(sessions)
+
+    # -- introspection -----------------------------------------------------
+
+    def links(self) -> list[dict[str, Any]]:
+        """Every link and configured server, with its state, for /health and tests."""
+        rows = []
+        dialled = set()
+        for session, proto in self._links.items():
+            server_url = getattr(proto.factory, "url", None) if proto.factory in {s.factory for s in self._servers.values()} else None
+            if server_url:
+                dialled.add(server_url)
+            rows.append({
+                "peer": session.peer,
+                "peer_node": session.peer_node,
+                "role": session.role.value,
+                "state": session.state.value,
+                "version": None if session.version is None else f"{session.version[0]}.{session.version[1]}",
+                "direction": "out" if server_url else "in",
+                "topics": len(session.topics),
+            })
+        for url in self._servers:
+            if url not in dialled:
+                rows.append({"peer": url, "peer_node": None, "role": self.listen_role.opposite.value,
+                             "state": "connecting", "version": None, "direction": "out", "topics": 0})
+        return rows
+
+    def open_links(self) -> int:
+        """Number of links past their handshake."""
+        return sum(1 for s in self._links if s.state is LinkState.OPEN)

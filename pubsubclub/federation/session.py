@@ -1,0 +1,179 @@
+"""One PubSubClub link as a sans-IO state machine.
+
+A :class:`LinkSession` is fed the text of each WebSocket message with
+:meth:`LinkSession.receive` and writes through an injected ``send`` callable.
+It knows the handshake and which messages each role may send; what to do with
+an open link (send interest, deliver publishes) is the owner's business,
+reached through :class:`LinkOwner`.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Callable, Protocol
+
+from pubsubclub import psc
+
+
+class Role(enum.Enum):
+    """Which side of the protocol this end of a link plays."""
+
+    #: Sends PSC101, then PSC201/PSC202; receives PSC301.
+    CONSUMER = "consumer"
+    #: Answers PSC102; receives PSC201/PSC202; sends PSC301.
+    PRODUCER = "producer"
+
+    @property
+    def opposite(self) -> Role:
+        """The role of the peer."""
+        return Role.PRODUCER if self is Role.CONSUMER else Role.CONSUMER
+
+
+class LinkState(enum.Enum):
+    """Lifecycle of a link."""
+
+    #: Transport open, version not yet agreed.
+    HANDSHAKING = "handshaking"
+    #: Version agreed; interest and publishes flow.
+    OPEN = "open"
+    #: Closed or failed; nothing more is sent or accepted.
+    CLOSED = "closed"
+
+
+class LinkError(Exception):
+    """The peer broke the protocol; close the link with ``code`` and this message."""
+
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+#: WebSocket close codes used on PSC links (application range 4000-4999).
+CLOSE_BAD_MESSAGE = 4400
+CLOSE_NO_COMMON_VERSION = 4406
+CLOSE_DUPLICATE = 4409
+CLOSE_REMOVED = 4410
+CLOSE_SELF = 4508
+
+
+class LinkOwner(Protocol):
+    """What a session calls back into (the federation)."""
+
+    def link_open(self, session: LinkSession) -> None:
+        """The handshake finished."""
+
+    def link_received(self, session: LinkSession, message: psc.Publish) -> None:
+        """A consumer link received a PSC301."""
+
+    def link_subscribed(self, session: LinkSession, topics: tuple[str, ...]) -> None:
+        """A producer link's consumer asked for ``topics``."""
+
+    def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
+        """A producer link's consumer no longer wants ``topic``."""
+
+
+class LinkSession:
+    """Protocol state of one link, independent of any transport."""
+
+    def __init__(
+        self,
+        role: Role,
+        send: Callable[[bytes], None],
+        owner: LinkOwner,
+        peer: str,
+        versions: tuple[psc.Version, ...] = psc.SUPPORTED_VERSIONS,
+        limits: psc.Limits = psc.DEFAULT_LIMITS,
+    ) -> None:
+        self.role = role
+        self.peer = peer
+        #: The peer's node id, when the transport learned it.
+        self.peer_node: str | None = None
+        self.state = LinkState.HANDSHAKING
+        self.version: psc.Version | None = None
+        #: Topics the consumer at the other end asked for (producer role).
+        self.topics: set[str] = set()
+        self._send = send
+        self._owner = owner
+        self._versions = versions
+        self._limits = limits
+
+    def __repr__(self) -> str:
+        return f"<LinkSession {self.role.value} peer={self.peer} {self.state.value}>"
+
+    @property
+    def with_metadata(self) -> bool:
+        """Whether PSC301 on this link carries the 0.2 metadata."""
+        return self.version is not None and self.version >= psc.V0_2
+
+    def start(self) -> None:
+        """The transport opened: the consumer speaks first, whoever dialled."""
+        if self.role is Role.CONSUMER:
+            self._send(psc.encode(psc.Hello(self._versions)))
+
+    def close(self) -> None:
+        """The transport closed."""
+        self.state = LinkState.CLOSED
+        self.topics.clear()
+
+    def send(self, message: psc.Message) -> None:
+        """Send ``message`` if the link is open (else drop it: at-most-once)."""
+        if self.state is LinkState.OPEN:
+            self._send(psc.encode(message))
+
+    def send_raw(self, data: bytes) -> None:
+        """Send an already-encoded message if the link is open."""
+        if self.state is LinkState.OPEN:
+            self._send(data)
+
+    def receive(self, data: bytes) -> None:
+        """Handle one message from the peer; raise :class:`LinkError` on violations."""
+        if self.state is LinkState.CLOSED:
+            return
+        try:
+            message = psc.decode(data, self._limits)
+        except psc.PSCDecodeError as e:
+            raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
+        if self.state is LinkState.HANDSHAKING:
+            self._handshake(message)
+        elif self.role is Role.CONSUMER:
+            if not isinstance(message, psc.Publish):
+                raise self._unexpected(message)
+            if message.meta is not None and not self.with_metadata:
+                raise LinkError(CLOSE_BAD_MESSAGE, "PSC301 metadata is not part of version 0.1")
+            self._owner.link_received(self, message)
+        elif isinstance(message, psc.Subscribe):
+            self.topics.update(message.topics)
+            self._owner.link_subscribed(self, message.topics)
+        elif isinstance(message, psc.Unsubscribe):
+            self.topics.discard(message.topic)
+            self._owner.link_unsubscribed(self, message.topic)
+        else:
+            raise self._unexpected(message)
+
+    def _handshake(self, message: psc.Message) -> None:
+        if self.role is Role.PRODUCER:
+            if not isinstance(message, psc.Hello):
+                raise self._unexpected(message)
+            chosen = psc.choose_version(message.versions, self._versions)
+            if chosen is None:
+                offered = ", ".join(f"{a}.{b}" for a, b in message.versions)
+                ours = ", ".join(f"{a}.{b}" for a, b in self._versions)
+                raise LinkError(CLOSE_NO_COMMON_VERSION, f"no common version: peer offers {offered}, we speak {ours}")
+            self._send(psc.encode(psc.ChooseVersion(chosen)))
+        else:
+            if not isinstance(message, psc.ChooseVersion):
+                raise self._unexpected(message)
+            if message.version not in self._versions:
+                raise LinkError(CLOSE_NO_COMMON_VERSION, f"producer chose version {message.version[0]}.{message.version[1]}, which we did not offer")
+            chosen = message.version
+        self.version = chosen
+        self.state = LinkState.OPEN
+        self._owner.link_open(self)
+
+    def _unexpected(self, message: psc.Message) -> LinkError:
+        name = type(message).__name__
+        return LinkError(
+            CLOSE_BAD_MESSAGE,
+            f"unexpected {name} from a {self.role.opposite.value} while {self.state.value}",
+        )

@@ -1,0 +1,197 @@
+"""PubSubClub links over Autobahn WebSocket: protocols and factories.
+
+Parsing and protocol rules live in :mod:`pubsubclub.federation.session`; this
+module only moves bytes, learns the peer's node id from the handshake headers,
+and turns :class:`~pubsubclub.federation.session.LinkError` into a close frame
+with a reason.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import txaio
+from autobahn.twisted.websocket import (
+    WebSocketClientFactory,
+    WebSocketClientProtocol,
+    WebSocketServerFactory,
+    WebSocketServerProtocol,
+)
+from autobahn.websocket.types import ConnectionDeny, ConnectionRequest, ConnectionResponse
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+from twisted.logger import Logger
+
+from pubsubclub.federation.session import (
+    CLOSE_BAD_MESSAGE,
+    CLOSE_SELF,
+    LinkError,
+    LinkSession,
+    LinkState,
+    Role,
+)
+
+if TYPE_CHECKING:
+    from pubsubclub.federation.federation import Federation
+
+#: HTTP header carrying a node's id in both directions of the WebSocket handshake.
+NODE_HEADER = "x-pubsubclub-node"
+#: WebSocket subprotocol name of PSC links.
+SUBPROTOCOL = "pubsubclub"
+
+log = Logger()
+
+
+def _bind_timers(factory: Any, clock: IReactorTime) -> None:
+    """Make Autobahn's protocol timers (auto-ping, handshake timeouts) use ``clock``.
+
+    Autobahn takes them from txaio's global loop; binding them to the injected
+    clock keeps links testable with ``task.Clock`` and free of global state.
+    """
+    factory._batched_timer = txaio.with_config(loop=clock).make_batched_timer(bucket_seconds=0.1, chunk_size=1000)
+
+
+class _LinkProtocolBase:
+    """What the client and server protocols share; mixed into Autobahn's classes."""
+
+    factory: Any
+    session: LinkSession | None = None
+    peer_node: str | None = None
+    handshake_done: Deferred[LinkSession]
+
+    def _start_session(self, role: Role, peer: str) -> None:
+        federation: Federation = self.factory.federation
+        self.session = LinkSession(
+            role,
+            self._send_text,
+            federation,
+            peer,
+            versions=federation.versions,
+            limits=federation.limits,
+        )
+        self.session.peer_node = self.peer_node
+        federation.link_started(self.session, self)
+        self.session.start()
+
+    def _send_text(self, data: bytes) -> None:
+        self.sendMessage(data, isBinary=False)  # type: ignore[attr-defined]
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        session = self.session
+        if session is None:
+            return
+        try:
+            if isBinary:
+                raise LinkError(CLOSE_BAD_MESSAGE, "binary frames are not part of the PSC protocol")
+            session.receive(payload)
+        except LinkError as e:
+            log.warn("closing PSC link to {peer}: {reason}", peer=session.peer, reason=e.reason)
+            self.close_link(e.code, e.reason)
+        if session.state is LinkState.OPEN and not self.handshake_done.called:
+            self.handshake_done.callback(session)
+
+    def close_link(self, code: int, reason: str) -> None:
+        """Close with a reason the peer can read; stop handling its messages."""
+        session = self.session
+        if session is not None:
+            self.factory.federation.link_closed(session)
+            session.close()
+        self.sendClose(code, reason[:120])  # type: ignore[attr-defined]
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        session = self.session
+        if session is not None:
+            if session.state is not LinkState.CLOSED:
+                log.info(
+                    "PSC link to {peer} closed (code={code}, reason={reason})",
+                    peer=session.peer, code=code, reason=reason,
+                )
+            self.factory.federation.link_closed(session)
+            session.close()
+        if not self.handshake_done.called:
+            self.handshake_done.errback(ConnectionError(f"link closed before the handshake: {code} {reason}"))
+
+
+class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):
+    """The listening side of a PSC link."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handshake_done = Deferred()
+        self.handshake_done.addErrback(lambda _: None)
+
+    def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
+        federation: Federation = self.factory.federation
+        self.peer_node = request.headers.get(NODE_HEADER)
+        if self.peer_node == federation.node_id:
+            raise ConnectionDeny(409, "refusing a link from this node to itself")
+        federation.check_request(request)
+        protocol = SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
+        return protocol, {NODE_HEADER: federation.node_id}
+
+    def onOpen(self) -> None:
+        federation: Federation = self.factory.federation
+        self._start_session(federation.listen_role, self.peer)
+
+
+class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):
+    """The dialling side of a PSC link; it pings."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handshake_done = Deferred()
+        self.handshake_done.addErrback(lambda _: None)
+
+    def onConnect(self, response: ConnectionResponse) -> None:
+        self.peer_node = response.headers.get(NODE_HEADER)
+
+    def onOpen(self) -> None:
+        federation: Federation = self.factory.federation
+        if self.peer_node is not None and self.peer_node == federation.node_id:
+            log.warn("{url} is this node itself; not linking to it", url=self.factory.url)
+            federation.found_self(self.factory.url)
+            self.sendClose(CLOSE_SELF, "a node never links to itself")
+            return
+        self._start_session(federation.listen_role.opposite, self.factory.url)
+
+
+class PSCServerFactory(WebSocketServerFactory):
+    """Accepts PSC links at the federation listener."""
+
+    protocol = PSCServerProtocol
+
+    def __init__(self, federation: Federation, clock: IReactorTime) -> None:
+        super().__init__(reactor=clock)
+        self.federation = federation
+        self.setProtocolOptions(
+            maxMessagePayloadSize=federation.limits.max_message_size,
+            maxFramePayloadSize=federation.limits.max_message_size,
+            openHandshakeTimeout=10,
+            closeHandshakeTimeout=2,
+        )
+        _bind_timers(self, clock)
+
+
+class PSCClientFactory(WebSocketClientFactory):
+    """Dials one configured server; one factory per URL, reused across reconnects."""
+
+    protocol = PSCClientProtocol
+
+    def __init__(self, federation: Federation, url: str, clock: IReactorTime, ping_interval: float) -> None:
+        super().__init__(
+            url,
+            reactor=clock,
+            protocols=[SUBPROTOCOL],
+            headers={NODE_HEADER: federation.node_id, **federation.client_headers(url)},
+        )
+        self.federation = federation
+        self.setProtocolOptions(
+            maxMessagePayloadSize=federation.limits.max_message_size,
+            maxFramePayloadSize=federation.limits.max_message_size,
+            # The spec: ping every 5 s; no pong before the next ping means dead.
+            autoPingInterval=ping_interval,
+            autoPingTimeout=ping_interval,
+            openHandshakeTimeout=10,
+            closeHandshakeTimeout=2,
+        )
+        _bind_timers(self, clock)

@@ -1,0 +1,161 @@
+"""The node core: which local sink wants which topic.
+
+The hub knows nothing about front-ends or federation. Front-ends register
+sinks; the federation registers an :class:`InterestListener` (to hear about a
+topic's first and last local subscriber) and a :class:`PublishListener` (to
+forward local publishes to other nodes).
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Envelope:
+    """One published message as it travels through a node and the cluster."""
+
+    topic: str
+    #: Any JSON value: the message itself.
+    payload: Any
+    #: Node id of the node where the message was first published.
+    origin: str | None = None
+    #: Publish time at the origin, in seconds since the epoch.
+    published_at: float | None = None
+    #: Cluster-unique message id (``<origin>-<counter>``).
+    message_id: str | None = None
+    #: True when ``payload`` is a WAMP ``{"args": [...], "kwargs": {...}}``
+    #: wrapper rather than a single value (see docs/protocol-mapping.md).
+    wamp_wrapped: bool = False
+    #: Memoised encodings, keyed by wire format; shared by every recipient.
+    wire: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+class Sink(Protocol):
+    """Anything that can receive messages for the topics it subscribed to."""
+
+    def deliver(self, envelope: Envelope) -> None:
+        """Hand one message to the client behind this sink."""
+
+
+class InterestListener(Protocol):
+    """Told when the node's set of locally wanted topics changes."""
+
+    def topic_added(self, topic: str) -> None:
+        """``topic`` just got its first local subscriber."""
+
+    def topic_removed(self, topic: str) -> None:
+        """``topic`` just lost its last local subscriber."""
+
+
+class PublishListener(Protocol):
+    """Told about every publish that originated on this node."""
+
+    def local_published(self, envelope: Envelope) -> None:
+        """``envelope`` was published by a local client."""
+
+
+class Hub:
+    """Topic -> local sinks, plus the node's identity for new envelopes."""
+
+    def __init__(self, node_id: str | None = None) -> None:
+        self.node_id = node_id or os.urandom(6).hex()
+        self._sinks: dict[str, dict[Sink, None]] = {}
+        self._interest: list[InterestListener] = []
+        self._publish: list[PublishListener] = []
+        self._counter = itertools.count(1)
+        #: Simple counters, read by /health, tests and metrics.
+        self.stats = {"published": 0, "delivered": 0, "received": 0}
+
+    # -- listeners ---------------------------------------------------------
+
+    def add_interest_listener(self, listener: InterestListener) -> None:
+        """Register ``listener`` for first/last subscriber notifications."""
+        self._interest.append(listener)
+
+    def add_publish_listener(self, listener: PublishListener) -> None:
+        """Register ``listener`` for every local publish."""
+        self._publish.append(listener)
+
+    # -- subscriptions -----------------------------------------------------
+
+    def topics(self) -> list[str]:
+        """Every topic with at least one local subscriber."""
+        return list(self._sinks)
+
+    def subscribers(self, topic: str) -> int:
+        """Number of local sinks subscribed to ``topic``."""
+        return len(self._sinks.get(topic, ()))
+
+    def subscribe(self, topic: str, sink: Sink) -> None:
+        """Add ``sink`` to ``topic``; idempotent."""
+        sinks = self._sinks.get(topic)
+        if sinks is None:
+            self._sinks[topic] = {sink: None}
+            for listener in self._interest:
+                listener.topic_added(topic)
+        else:
+            sinks[sink] = None
+
+    def unsubscribe(self, topic: str, sink: Sink) -> None:
+        """Remove ``sink`` from ``topic``; idempotent."""
+        sinks = self._sinks.get(topic)
+        if sinks is None or sink not in sinks:
+            return
+        del sinks[sink]
+        if not sinks:
+            del self._sinks[topic]
+            for listener in self._interest:
+                listener.topic_removed(topic)
+
+    def unsubscribe_all(self, sink: Sink) -> None:
+        """Remove ``sink`` from every topic (a client went away)."""
+        for topic in [t for t, sinks in self._sinks.items() if sink in sinks]:
+            self.unsubscribe(topic, sink)
+
+    # -- publishing --------------------------------------------------------
+
+    def envelope(self, topic: str, payload: Any, wamp_wrapped: bool = False) -> Envelope:
+        """A new envelope for a message published on this node."""
+        return Envelope(
+            topic=topic,
+            payload=payload,
+            origin=self.node_id,
+            published_at=time.time(),
+            message_id=f"{self.node_id}-{next(self._counter)}",
+            wamp_wrapped=wamp_wrapped,
+        )
+
+    def publish(self, envelope: Envelope, exclude: Sink | None = None) -> int:
+        """Deliver a local publish locally, then tell the federation.
+
+        Returns the number of local deliveries.
+        """
+        self.stats["published"] += 1
+        delivered = self._deliver(envelope, exclude)
+        for listener in self._publish:
+            listener.local_published(envelope)
+        return delivered
+
+    def deliver_remote(self, envelope: Envelope) -> int:
+        """Deliver a message received from another node, locally only."""
+        self.stats["received"] += 1
+        return self._deliver(envelope, None)
+
+    def _deliver(self, envelope: Envelope, exclude: Sink | None) -> int:
+        sinks = self._sinks.get(envelope.topic)
+        if not sinks:
+            return 0
+        count = 0
+        # Copy: a sink may unsubscribe while being delivered to.
+        for sink in list(sinks):
+            if sink is exclude:
+                continue
+            sink.deliver(envelope)
+            count += 1
+        self.stats["delivered"] += count
+        return count

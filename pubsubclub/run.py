@@ -1,0 +1,54 @@
+"""Running a node process: logging, the reactor, signals."""
+
+from __future__ import annotations
+
+import sys
+from twisted.internet import defer
+from twisted.logger import (
+    FilteringLogObserver,
+    LogLevel,
+    LogLevelFilterPredicate,
+    globalLogBeginner,
+    textFileLogObserver,
+)
+
+from pubsubclub.config import NodeConfig
+
+
+def start_logging(level: str) -> None:
+    """Log to stderr at ``level`` and above."""
+    predicate = LogLevelFilterPredicate(defaultLogLevel=LogLevel.levelWithName(level))
+    observer = FilteringLogObserver(textFileLogObserver(sys.stderr), [predicate])
+    globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
+
+
+def run_node(config: NodeConfig, log_level: str = "info") -> int:
+    """Run one node until SIGINT/SIGTERM; links are closed with a reason on the way out."""
+    start_logging(log_level)
+    import txaio
+
+    txaio.use_twisted()
+    from pubsubclub.node import Node, print_ready
+
+    from twisted.internet import reactor
+
+    exit_code = [0]
+
+    async def start() -> None:
+        node = Node(config, reactor)
+        try:
+            urls = await node.start()
+        except Exception as e:  # a listener could not start: report it, exit non-zero
+            print(f"pubsubclub: error: cannot start node: {e}", file=sys.stderr)
+            exit_code[0] = 1
+            reactor.stop()  # type: ignore[attr-defined]
+            return
+        # Graceful shutdown on SIGTERM/SIGINT: close links with a reason first.
+        reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
+            "before", "shutdown", lambda: defer.ensureDeferred(node.stop())
+        )
+        print_ready(node, urls)
+
+    reactor.callWhenRunning(lambda: defer.ensureDeferred(start()))  # type: ignore[attr-defined]
+    reactor.run()  # type: ignore[attr-defined]
+    return exit_code[0]

@@ -1,0 +1,568 @@
+"""The WAMP v2 broker: router-side sessions that plug WAMP clients into the hub.
+
+Modern Autobahn ships only client roles, so the broker is ours. It speaks the
+Broker role of the WAMP Basic Profile: HELLO/WELCOME/ABORT/GOODBYE,
+SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
+ERROR. There is no dealer: RPC messages end the session with
+``wamp.error.protocol_violation`` (a peer must not use a role the router did
+not announce in WELCOME).
+
+Realms and topics
+    The router serves a fixed list of realms. The *first* realm maps WAMP
+    topic ``t`` to hub topic ``t``; every other realm ``r`` maps it to hub
+    topic ``f"{r}|{t}"``. ``|`` cannot appear in a strict WAMP URI, so the
+    mapping never collides. :func:`hub_topic` is the one place that does this.
+
+Payloads
+    A PUBLISH with exactly one positional argument and no keyword arguments
+    becomes an envelope whose payload is that argument, so WAMP, the cluster
+    and the other front-ends all see the plain value. Any other shape
+    becomes ``{"args": [...], "kwargs": {...}}`` with
+    ``Envelope.wamp_wrapped`` set. On delivery a wrapped envelope is unpacked
+    back into EVENT args/kwargs; anything else is sent as ``args=[payload]``.
+
+Hot path
+    Subscription ids are broker-wide per hub topic (every session subscribed
+    to a topic gets the same id), so one EVENT message serves every
+    recipient of an envelope. It is built once and memoised in
+    ``envelope.wire["wamp"]``; Autobahn caches each message's bytes per
+    serializer, so each wire format is encoded once per message.
+"""
+
+from __future__ import annotations
+
+import enum
+import random
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from autobahn.wamp import message
+from autobahn.wamp.message import Message
+from autobahn.wamp.role import RoleBrokerFeatures
+from twisted.logger import Logger
+
+from pubsubclub.hub import Envelope, Hub
+
+__all__ = [
+    "BrokerSession",
+    "WampLimits",
+    "WampRouter",
+    "WampTransport",
+    "hub_topic",
+    "uri_problem",
+]
+
+log = Logger()
+
+#: Largest WAMP id (the spec's 2**53); ids are drawn from 1..MAX_ID.
+MAX_ID = 2**53
+
+INVALID_URI = "wamp.error.invalid_uri"
+NO_SUCH_REALM = "wamp.error.no_such_realm"
+NO_SUCH_SUBSCRIPTION = "wamp.error.no_such_subscription"
+PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
+INVALID_ARGUMENT = "wamp.error.invalid_argument"
+GOODBYE_AND_OUT = "wamp.close.goodbye_and_out"
+TOO_MANY_SUBSCRIPTIONS = "pubsubclub.error.too_many_subscriptions"
+
+#: Strict WAMP URI (spec: "URIs"): lower-case letters, digits and ``_`` in
+#: non-empty dot-separated components.
+_STRICT_URI = re.compile(r"^([0-9a-z_]+\.)*[0-9a-z_]+$")
+
+#: Messages only a dealer (or a client) would receive; we have no dealer.
+_RPC_MESSAGES = (
+    message.Call,
+    message.Cancel,
+    message.Register,
+    message.Unregister,
+    message.Yield,
+)
+
+
+@dataclass(frozen=True)
+class WampLimits:
+    """Hard limits applied to every WAMP client."""
+
+    #: Largest WebSocket frame or message accepted, in bytes (else close 1009).
+    max_message_size: int = 1024 * 1024
+    #: Longest topic URI accepted, in characters.
+    max_uri_length: int = 512
+    #: Subscriptions one session may hold at once.
+    max_subscriptions_per_session: int = 1000
+    #: Unsent bytes queued for one client before it is dropped as too slow.
+    max_send_buffer: int = 16 * 1024 * 1024
+
+    def __post_init__(self) -> None:
+        for name in (
+            "max_message_size",
+            "max_uri_length",
+            "max_subscriptions_per_session",
+            "max_send_buffer",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"WampLimits.{name} must be a positive int, not {value!r}")
+
+
+class WampTransport(Protocol):
+    """What a :class:`BrokerSession` needs from its transport.
+
+    Autobahn's ``ITransport`` (``send``, ``close``, ``isOpen``) plus the two
+    things the broker adds: how much is still unsent, and a hard drop.
+    """
+
+    def send(self, msg: Message) -> None:
+        """Serialize and send one WAMP message."""
+
+    def close(self) -> None:
+        """Close the transport gracefully."""
+
+    def isOpen(self) -> bool:  # noqa: N802 - Autobahn's ITransport name
+        """True while messages can still be sent."""
+
+    def unsent_bytes(self) -> int:
+        """Bytes handed to the transport that the peer has not yet taken."""
+
+    def drop(self, reason: str) -> None:
+        """Abort the connection at once, logging ``reason``."""
+
+
+def hub_topic(realm: str, topic: str, default_realm: str) -> str:
+    """The hub topic for WAMP ``topic`` in ``realm`` (see module docstring)."""
+    if realm == default_realm:
+        return topic
+    return f"{realm}|{topic}"
+
+
+def uri_problem(uri: str, max_length: int) -> str | None:
+    """Why ``uri`` is not an acceptable strict WAMP URI, or None if it is."""
+    if len(uri) > max_length:
+        return f"URI is {len(uri)} characters long; the limit is {max_length}"
+    if not _STRICT_URI.match(uri):
+        return (
+            f"URI {uri!r} is not a strict WAMP URI "
+            "(dot-separated non-empty components of [0-9a-z_])"
+        )
+    return None
+
+
+def random_wamp_id() -> int:
+    """A random WAMP id in the spec's global range 1..2**53."""
+    return _random.randint(1, MAX_ID)
+
+
+_random = random.SystemRandom()
+
+
+def event_arguments(envelope: Envelope) -> tuple[list[Any], dict[str, Any] | None]:
+    """EVENT ``(args, kwargs)`` for ``envelope`` (see module docstring)."""
+    payload = envelope.payload
+    if envelope.wamp_wrapped and isinstance(payload, dict):
+        args = payload.get("args")
+        kwargs = payload.get("kwargs")
+        if isinstance(args, list) and isinstance(kwargs, dict):
+            return args, kwargs or None
+    return [payload], None
+
+
+class _State(enum.Enum):
+    """Where a :class:`BrokerSession` is in its life."""
+
+    #: Transport open; the first message must be HELLO.
+    AWAIT_HELLO = "await_hello"
+    #: WELCOME sent: pub/sub allowed.
+    ESTABLISHED = "established"
+    #: ABORT or GOODBYE sent, or the transport is gone; input is ignored.
+    CLOSED = "closed"
+
+
+@dataclass(slots=True)
+class _TopicSubscription:
+    """One broker-wide subscription: its id and how many sessions hold it."""
+
+    id: int
+    sessions: int
+
+
+class WampRouter:
+    """Serves WAMP sessions for a set of realms on top of one :class:`Hub`."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        realms: Sequence[str] = ("realm1",),
+        limits: WampLimits = WampLimits(),  # noqa: B008 - frozen, so sharing is safe
+        *,
+        new_id: Callable[[], int] = random_wamp_id,
+    ) -> None:
+        if not realms:
+            raise ValueError("WampRouter needs at least one realm")
+        for realm in realms:
+            if not isinstance(realm, str) or not realm or "|" in realm:
+                raise ValueError(f"invalid WAMP realm name {realm!r}")
+        self.hub = hub
+        self.realms: tuple[str, ...] = tuple(realms)
+        self.limits = limits
+        self.new_id = new_id
+        self._subscriptions: dict[str, _TopicSubscription] = {}
+        self._subscription_ids: set[int] = set()
+
+    def session_factory(self) -> BrokerSession:
+        """A new router-side session for one transport."""
+        return BrokerSession(self)
+
+    def hub_topic(self, realm: str, topic: str) -> str:
+        """The hub topic for WAMP ``topic`` in ``realm``."""
+        return hub_topic(realm, topic, self.realms[0])
+
+    # -- broker-wide subscription ids ---------------------------------------
+
+    def acquire_subscription(self, topic: str) -> int:
+        """Count one more session on hub ``topic``; return its subscription id."""
+        sub = self._subscriptions.get(topic)
+        if sub is None:
+            sub_id = self.new_id()
+            while sub_id in self._subscription_ids:
+                sub_id = self.new_id()
+            sub = self._subscriptions[topic] = _TopicSubscription(sub_id, 0)
+            self._subscription_ids.add(sub_id)
+        sub.sessions += 1
+        return sub.id
+
+    def release_subscription(self, topic: str) -> None:
+        """Count one session fewer on hub ``topic``; forget the id at zero."""
+        sub = self._subscriptions.get(topic)
+        if sub is None:
+            return
+        sub.sessions -= 1
+        if sub.sessions <= 0:
+            del self._subscriptions[topic]
+            self._subscription_ids.discard(sub.id)
+
+    def event_for(self, envelope: Envelope, subscription: int) -> message.Event:
+        """The EVENT for ``envelope``, built once and shared by all recipients."""
+        event = envelope.wire.get("wamp")
+        if event is None or event.subscription != subscription:
+            args, kwargs = event_arguments(envelope)
+            publication = envelope.wire.get("wamp.publication")
+            if publication is None:
+                publication = envelope.wire["wamp.publication"] = self.new_id()
+            event = message.Event(
+                subscription=subscription,
+                publication=publication,
+                args=args,
+                kwargs=kwargs,
+            )
+            envelope.wire["wamp"] = event
+        return event
+
+
+class BrokerSession:
+    """One client's WAMP session on the router; also its hub sink.
+
+    Follows the router-side half of Autobahn's transport contract
+    (``onOpen``/``onMessage``/``onClose``), as driven by
+    ``autobahn.wamp.websocket.WampWebSocketProtocol``.
+    """
+
+    def __init__(self, router: WampRouter) -> None:
+        self._router = router
+        self._hub = router.hub
+        self._limits = router.limits
+        self._state = _State.AWAIT_HELLO
+        self._transport: WampTransport | None = None
+        self._realm: str | None = None
+        #: Read by Autobahn's transport for its trace logging.
+        self._session_id: int | None = None
+        self._authid: str | None = None
+        #: subscription id -> hub topic, and back.
+        self._subscriptions: dict[int, str] = {}
+        self._topics: dict[str, int] = {}
+
+    @property
+    def session_id(self) -> int | None:
+        """The WAMP session id once WELCOME was sent."""
+        return self._session_id
+
+    @property
+    def realm(self) -> str | None:
+        """The realm joined, once WELCOME was sent."""
+        return self._realm
+
+    # -- Autobahn's router-side transport contract ----------------------------
+
+    def onOpen(self, transport: WampTransport) -> None:  # noqa: N802 - Autobahn API
+        """The transport is up: wait for HELLO."""
+        self._transport = transport
+
+    def onClose(self, wasClean: bool) -> None:  # noqa: N802, N803 - Autobahn API
+        """The transport is gone: drop every subscription."""
+        log.debug(
+            "WAMP session {session} closed (clean={clean})",
+            session=self._session_id,
+            clean=wasClean,
+        )
+        self._end()
+        self._transport = None
+
+    def onMessage(self, msg: Message) -> None:  # noqa: N802 - Autobahn API
+        """Handle one decoded WAMP message; never raises."""
+        try:
+            self._dispatch(msg)
+        except Exception:
+            log.failure(
+                "WAMP session {session}: internal error handling {msg_type}",
+                session=self._session_id,
+                msg_type=type(msg).__name__,
+            )
+            self.abort(PROTOCOL_VIOLATION, "internal error while handling the message")
+
+    # -- called by the transport for input it could not decode ----------------
+
+    def protocol_violation(self, problem: str) -> None:
+        """The peer sent something that is not valid WAMP: ABORT and close."""
+        log.info(
+            "WAMP session {session}: protocol violation: {problem}",
+            session=self._session_id,
+            problem=problem,
+        )
+        self.abort(PROTOCOL_VIOLATION, problem)
+
+    def invalid_uri(self, raw: Any, problem: str) -> None:
+        """A message was well-formed except for a URI Autobahn refused to parse.
+
+        ``raw`` is the undecoded message list when the transport could get it.
+        SUBSCRIBE (and acknowledged PUBLISH) get ERROR ``wamp.error.invalid_uri``
+        as the spec asks; anything else is a protocol violation.
+        """
+        if self._state is _State.ESTABLISHED and isinstance(raw, list) and len(raw) >= 3:
+            msg_type, request, options = raw[0], raw[1], raw[2]
+            if isinstance(request, int) and 0 < request <= MAX_ID:
+                if msg_type == message.Subscribe.MESSAGE_TYPE:
+                    self._error(message.Subscribe.MESSAGE_TYPE, request, INVALID_URI, problem)
+                    return
+                if msg_type == message.Publish.MESSAGE_TYPE:
+                    if isinstance(options, dict) and options.get("acknowledge") is True:
+                        self._error(message.Publish.MESSAGE_TYPE, request, INVALID_URI, problem)
+                    return
+        self.protocol_violation(problem)
+
+    # -- the hub Sink ----------------------------------------------------------
+
+    def deliver(self, envelope: Envelope) -> None:
+        """Send ``envelope`` as an EVENT, or drop this client if it lags too far."""
+        if self._state is not _State.ESTABLISHED or self._transport is None:
+            return
+        subscription = self._topics.get(envelope.topic)
+        if subscription is None:
+            return
+        transport = self._transport
+        unsent = transport.unsent_bytes()
+        if unsent > self._limits.max_send_buffer:
+            reason = (
+                f"slow consumer: {unsent} bytes unsent, limit is "
+                f"{self._limits.max_send_buffer}"
+            )
+            log.warn(
+                "dropping WAMP session {session}: {reason}",
+                session=self._session_id,
+                reason=reason,
+            )
+            self._end()
+            transport.drop(reason)
+            return
+        transport.send(self._router.event_for(envelope, subscription))
+
+    # -- closing ---------------------------------------------------------------
+
+    def abort(self, reason: str, text: str) -> None:
+        """Send ABORT ``reason`` with ``text``, then close the transport."""
+        self._send(message.Abort(reason, text))
+        self._end()
+        self._close_transport()
+
+    def _end(self) -> None:
+        if self._state is _State.CLOSED:
+            return
+        self._state = _State.CLOSED
+        self._hub.unsubscribe_all(self)
+        for topic in self._subscriptions.values():
+            self._router.release_subscription(topic)
+        self._subscriptions.clear()
+        self._topics.clear()
+
+    def _close_transport(self) -> None:
+        transport = self._transport
+        if transport is not None and transport.isOpen():
+            transport.close()
+
+    def _send(self, msg: Message) -> None:
+        transport = self._transport
+        if transport is not None and transport.isOpen():
+            transport.send(msg)
+
+    def _error(self, request_type: int, request: int, uri: str, text: str) -> None:
+        self._send(message.Error(request_type, request, uri, args=[text]))
+
+    # -- dispatch ----------------------------------------------------------------
+
+    def _dispatch(self, msg: Message) -> None:
+        state = self._state
+        if state is _State.CLOSED:
+            return
+        if isinstance(msg, message.Abort):
+            # The peer gave up; nothing to answer.
+            log.info(
+                "WAMP session {session} aborted by peer: {reason}",
+                session=self._session_id,
+                reason=msg.reason,
+            )
+            self._end()
+            self._close_transport()
+        elif state is _State.AWAIT_HELLO:
+            if isinstance(msg, message.Hello):
+                self._on_hello(msg)
+            else:
+                self.protocol_violation(
+                    f"{type(msg).__name__.upper()} received before the session was established"
+                )
+        elif isinstance(msg, message.Publish):
+            self._on_publish(msg)
+        elif isinstance(msg, message.Subscribe):
+            self._on_subscribe(msg)
+        elif isinstance(msg, message.Unsubscribe):
+            self._on_unsubscribe(msg)
+        elif isinstance(msg, message.Goodbye):
+            self._on_goodbye(msg)
+        elif isinstance(msg, _RPC_MESSAGES):
+            self.protocol_violation(
+                f"{type(msg).__name__.upper()} received, but this router has no dealer role"
+            )
+        else:
+            self.protocol_violation(
+                f"{type(msg).__name__.upper()} is not allowed once the session is established"
+            )
+
+    def _on_hello(self, msg: message.Hello) -> None:
+        realm = msg.realm if msg.realm is not None else self._router.realms[0]
+        if realm not in self._router.realms:
+            log.info("WAMP HELLO for unknown realm {realm!r}", realm=realm)
+            self.abort(NO_SUCH_REALM, f"no realm {realm!r} on this router")
+            return
+        self._realm = realm
+        self._session_id = self._router.new_id()
+        self._state = _State.ESTABLISHED
+        self._send(
+            message.Welcome(
+                session=self._session_id,
+                roles={"broker": RoleBrokerFeatures(publisher_exclusion=True)},
+                realm=realm,
+                authrole="anonymous",
+                authmethod="anonymous",
+            )
+        )
+        log.debug(
+            "WAMP session {session} joined realm {realm}",
+            session=self._session_id,
+            realm=realm,
+        )
+
+    def _on_goodbye(self, msg: message.Goodbye) -> None:
+        log.debug(
+            "WAMP session {session} said goodbye: {reason}",
+            session=self._session_id,
+            reason=msg.reason,
+        )
+        self._send(message.Goodbye(reason=GOODBYE_AND_OUT))
+        self._end()
+        self._close_transport()
+
+    def _topic_problem(self, topic: str) -> str | None:
+        return uri_problem(topic, self._limits.max_uri_length)
+
+    def _on_subscribe(self, msg: message.Subscribe) -> None:
+        request_type = message.Subscribe.MESSAGE_TYPE
+        if msg.match not in (None, message.Subscribe.MATCH_EXACT):
+            self._error(
+                request_type,
+                msg.request,
+                INVALID_ARGUMENT,
+                f"only exact-match subscriptions are supported, not {msg.match!r}",
+            )
+            return
+        problem = self._topic_problem(msg.topic)
+        if problem is not None:
+            self._error(request_type, msg.request, INVALID_URI, problem)
+            return
+        assert self._realm is not None
+        topic = self._router.hub_topic(self._realm, msg.topic)
+        subscription = self._topics.get(topic)
+        if subscription is None:
+            limit = self._limits.max_subscriptions_per_session
+            if len(self._subscriptions) >= limit:
+                self._error(
+                    request_type,
+                    msg.request,
+                    TOO_MANY_SUBSCRIPTIONS,
+                    f"a session may hold at most {limit} subscriptions",
+                )
+                return
+            subscription = self._router.acquire_subscription(topic)
+            self._subscriptions[subscription] = topic
+            self._topics[topic] = subscription
+            self._hub.subscribe(topic, self)
+        self._send(message.Subscribed(msg.request, subscription))
+
+    def _on_unsubscribe(self, msg: message.Unsubscribe) -> None:
+        topic = self._subscriptions.pop(msg.subscription, None)
+        if topic is None:
+            self._error(
+                message.Unsubscribe.MESSAGE_TYPE,
+                msg.request,
+                NO_SUCH_SUBSCRIPTION,
+                f"no subscription {msg.subscription} in this session",
+            )
+            return
+        del self._topics[topic]
+        self._hub.unsubscribe(topic, self)
+        self._router.release_subscription(topic)
+        self._send(message.Unsubscribed(msg.request))
+
+    def _on_publish(self, msg: message.Publish) -> None:
+        request_type = message.Publish.MESSAGE_TYPE
+        acknowledge = msg.acknowledge is True
+        problem = self._topic_problem(msg.topic)
+        if problem is None and msg.topic.startswith("wamp."):
+            problem = "topics starting with 'wamp.' are reserved"
+        if problem is None and msg.payload is not None:
+            problem = "payload transparency (encrypted or passthru payloads) is not supported"
+            error_uri = INVALID_ARGUMENT
+        else:
+            error_uri = INVALID_URI
+        if problem is not None:
+            log.debug(
+                "WAMP session {session}: publish refused: {problem}",
+                session=self._session_id,
+                problem=problem,
+            )
+            # Without acknowledge the publisher expects no answer at all.
+            if acknowledge:
+                self._error(request_type, msg.request, error_uri, problem)
+            return
+
+        assert self._realm is not None
+        topic = self._router.hub_topic(self._realm, msg.topic)
+        args, kwargs = msg.args, msg.kwargs
+        if args is not None and len(args) == 1 and not kwargs:
+            envelope = self._hub.envelope(topic, args[0])
+        else:
+            envelope = self._hub.envelope(
+                topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True
+            )
+        publication = envelope.wire["wamp.publication"] = self._router.new_id()
+        exclude_me = msg.exclude_me is not False
+        self._hub.publish(envelope, exclude=self if exclude_me else None)
+        if acknowledge:
+            self._send(message.Published(msg.request, publication))

@@ -1,0 +1,1 @@
+"""Shared fixtures: real node processes on 127.0.0.1."""
