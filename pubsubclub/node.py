@@ -94,6 +94,7 @@ class Node:
             "federation": dict(self.federation.stats),
             "links": self.federation.links(),
             "servers": self.federation.servers(),
+            "remote_interest": self.federation.remote_interest(),
         }
 
     def _wamp_site(self) -> Any:

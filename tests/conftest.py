@@ -1,1 +1,175 @@
-"""Shared fixtures: real node processes on 127.0.0.1."""
+"""Shared fixtures: real ``pubsubclub node`` processes on 127.0.0.1 and WAMP clients."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+#: Upper bound for any single wait on a node (start, a condition, a process exit).
+WAIT_SECONDS = 20.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class NodeProcess:
+    """One ``python -m pubsubclub node`` process, started with fixed ports."""
+
+    def __init__(self, name: str, log_dir: Path, listen_role: str = "producer", extra: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.wamp_port = free_port()
+        self.psc_port = free_port()
+        self.listen_role = listen_role
+        self.extra = extra
+        self.peers: list[str] = []
+        self.log_path = log_dir / f"{name}.log"
+        self.proc: subprocess.Popen[str] | None = None
+        self.ready: dict[str, Any] = {}
+
+    @property
+    def psc_url(self) -> str:
+        """The PSC URL other nodes dial."""
+        return f"ws://127.0.0.1:{self.psc_port}/psc"
+
+    @property
+    def wamp_url(self) -> str:
+        """The WAMP WebSocket URL."""
+        return f"ws://127.0.0.1:{self.wamp_port}/ws"
+
+    @property
+    def http_url(self) -> str:
+        """The node's web root (chat page, /stats)."""
+        return f"http://127.0.0.1:{self.wamp_port}/"
+
+    def command(self) -> list[str]:
+        """The node's command line."""
+        cmd = [
+            sys.executable, "-m", "pubsubclub", "node", "--name", self.name,
+            "--wamp", f"tcp:{self.wamp_port}:interface=127.0.0.1",
+            "--psc", f"tcp:{self.psc_port}:interface=127.0.0.1",
+            "--listen-role", self.listen_role, "--log-level", "info", *self.extra,
+        ]
+        for peer in self.peers:
+            cmd += ["--peer", peer]
+        return cmd
+
+    def start(self) -> NodeProcess:
+        """Start the process and wait for its ready line."""
+        log = open(self.log_path, "a")
+        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
+        log.close()
+        assert self.proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(self.proc.stdout, selectors.EVENT_READ)
+        if not sel.select(WAIT_SECONDS):
+            raise AssertionError(f"{self.name} did not get ready; log:\n{self.log_path.read_text()}")
+        line = self.proc.stdout.readline()
+        if not line:
+            raise AssertionError(f"{self.name} exited during start; log:\n{self.log_path.read_text()}")
+        self.ready = json.loads(line)
+        return self
+
+    def stats(self) -> dict[str, Any]:
+        """The node's /stats JSON."""
+        with urllib.request.urlopen(self.http_url + "stats", timeout=5) as r:
+            return dict(json.loads(r.read()))
+
+    def kill(self) -> None:
+        """``kill -9``."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(WAIT_SECONDS)
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait."""
+        if self.proc is None or self.proc.poll() is not None:
+            return None if self.proc is None else self.proc.returncode
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(WAIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise AssertionError(f"{self.name} ignored SIGTERM") from None
+
+
+class Cluster:
+    """N nodes with static discovery (every node lists every other)."""
+
+    def __init__(self, nodes: list[NodeProcess]) -> None:
+        self.nodes = nodes
+
+    def __getitem__(self, i: int) -> NodeProcess:
+        return self.nodes[i]
+
+    def wait_linked(self) -> None:
+        """Until every node has an open link in each direction with every other node."""
+        n = len(self.nodes)
+        wait_until(lambda: all(
+            sum(1 for link in node.stats()["links"] if link["state"] == "open") == 2 * (n - 1)
+            for node in self.nodes
+        ), "full mesh of open links")
+
+
+def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_SECONDS) -> None:
+    """Poll a node-side condition (over /stats) until it holds; fail after ``timeout``.
+
+    Blocking is deliberate: the condition lives in other processes, and the
+    bound keeps a broken node from hanging the suite.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.02)
+
+
+def start_cluster(tmp_path: Path, n: int, listen_role: str = "producer", extra: tuple[str, ...] = ()) -> Cluster:
+    """Start ``n`` nodes that list each other as peers."""
+    nodes = [NodeProcess(f"node{i + 1}", tmp_path, listen_role, extra) for i in range(n)]
+    for node in nodes:
+        node.peers = [other.psc_url for other in nodes if other is not node]
+    for node in nodes:
+        node.start()
+    return Cluster(nodes)
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
+    """Start clusters; every node is stopped at the end of the test."""
+    started: list[Cluster] = []
+
+    def make(n: int = 3, listen_role: str = "producer", extra: tuple[str, ...] = ()) -> Cluster:
+        cluster = start_cluster(tmp_path, n, listen_role, extra)
+        started.append(cluster)
+        return cluster
+
+    yield make
+    for cluster in started:
+        for node in cluster.nodes:
+            node.stop()
+
+
+@pytest.fixture
+def node_env() -> dict[str, str]:
+    """Environment for child processes."""
+    return dict(os.environ)

@@ -313,6 +313,13 @@ class Federation:
                              "state": "connecting", "version": None, "direction": "out", "topics": 0})
         return rows
 
+    def remote_interest(self) -> dict[str, list[str]]:
+        """topic -> the peers (node ids, else URLs) that asked us for it."""
+        return {
+            topic: sorted(s.peer_node or s.peer for s in sessions)
+            for topic, sessions in self._by_topic.items()
+        }
+
     def open_links(self) -> int:
         """Number of links past their handshake."""
         return sum(1 for s in self._links if s.state is LinkState.OPEN)

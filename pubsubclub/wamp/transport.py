@@ -1,0 +1,201 @@
+"""WAMP over WebSocket for the broker: the Twisted protocol, resource and site.
+
+Autobahn does the WebSocket framing and the WAMP (de)serialization; this
+module adds what a public-facing router needs on top:
+
+* malformed WAMP (bad JSON/MessagePack, not a list, unknown message type,
+  wrong fields) is answered with ABORT ``wamp.error.protocol_violation``
+  naming the problem, instead of Autobahn's bare 1002 close;
+* frames and messages above ``WampLimits.max_message_size`` close with 1009
+  (Autobahn's own check; we turn off ``failByDrop`` so the close frame is
+  actually sent);
+* the bytes a client has not yet taken are tracked, so the broker can drop
+  a slow consumer (see :class:`_SendBacklog`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autobahn.twisted.resource import WebSocketResource
+from autobahn.twisted.websocket import (
+    WampWebSocketServerFactory,
+    WampWebSocketServerProtocol,
+)
+from autobahn.wamp.exception import InvalidUriError, ProtocolError, TransportLost
+from autobahn.wamp.message import Message
+from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
+from twisted.internet.interfaces import IPushProducer
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+from twisted.web.static import File
+from zope.interface import implementer
+
+from pubsubclub.wamp.broker import WampRouter
+
+__all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
+
+log = Logger()
+
+
+@implementer(IPushProducer)
+class _SendBacklog:
+    """Estimates how many bytes a connection has queued but not yet sent.
+
+    Registered as the streaming producer of the TCP transport, it is paused
+    when Twisted's write buffer grows past its ``bufferSize`` and resumed only
+    once that buffer has fully drained. So while paused, the backlog is at
+    most the buffer size plus everything written since the pause; while
+    running it is small. This uses only Twisted's public producer API.
+    """
+
+    #: Twisted's default write buffer size (``FileDescriptor.bufferSize``).
+    BUFFER_SIZE = 2**16
+
+    def __init__(self) -> None:
+        self.paused = False
+        self.since_pause = 0
+
+    def written(self, nbytes: int) -> None:
+        """Account for ``nbytes`` just written to the transport."""
+        if self.paused:
+            self.since_pause += nbytes
+
+    def unsent(self) -> int:
+        """Upper bound on the bytes not yet taken by the peer."""
+        return self.BUFFER_SIZE + self.since_pause if self.paused else 0
+
+    def pauseProducing(self) -> None:  # noqa: N802 - IPushProducer
+        """The transport's buffer is full."""
+        self.paused = True
+        self.since_pause = 0
+
+    def resumeProducing(self) -> None:  # noqa: N802 - IPushProducer
+        """The transport's buffer has drained."""
+        self.paused = False
+        self.since_pause = 0
+
+    def stopProducing(self) -> None:  # noqa: N802 - IPushProducer
+        """The connection is closing; nothing to stop."""
+
+
+class WampServerProtocol(WampWebSocketServerProtocol):
+    """A WAMP-over-WebSocket server connection driving one BrokerSession."""
+
+    _session: Any
+    _backlog: _SendBacklog | None = None
+
+    def onOpen(self) -> None:  # noqa: N802 - Autobahn API
+        """Create the session, then start watching the send buffer."""
+        super().onOpen()
+        self._watch_send_buffer()
+
+    def _watch_send_buffer(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        backlog = _SendBacklog()
+        try:
+            # Twisted Web's HTTPChannel is still registered from before the
+            # WebSocket takeover; after it, nothing else produces here.
+            transport.unregisterProducer()
+            transport.registerProducer(backlog, True)
+        except Exception:
+            log.failure("cannot watch the send buffer; slow consumers will not be dropped")
+            return
+        self._backlog = backlog
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803
+        """Decode WAMP messages; answer undecodable input with ABORT."""
+        session = self._session
+        if session is None:
+            return
+        try:
+            messages = self._serializer.unserialize(payload, isBinary)
+        except ProtocolError as e:
+            session.protocol_violation(str(e))
+            return
+        except InvalidUriError as e:
+            session.invalid_uri(self._raw_message(payload), str(e))
+            return
+        except Exception as e:
+            # Any other decoder failure is still the peer's bad input.
+            log.debug("undecodable WAMP message: {error!r}", error=e)
+            session.protocol_violation(f"undecodable WAMP message: {type(e).__name__}")
+            return
+        for msg in messages:
+            if self._session is None:
+                return
+            session.onMessage(msg)
+
+    def _raw_message(self, payload: bytes) -> Any:
+        """The message as a plain list, for replying to a refused URI."""
+        try:
+            # Autobahn's object serializer (JSON or MessagePack) for this
+            # connection; only the first (and only, unbatched) message.
+            return self._serializer._serializer.unserialize(payload)[0]
+        except Exception:
+            return None
+
+    def send(self, msg: Message) -> None:
+        """Serialize ``msg`` (cached per message and wire format) and send it."""
+        if not self.isOpen():
+            raise TransportLost()
+        data, is_binary = self._serializer.serialize(msg)
+        self.sendMessage(data, is_binary)
+        if self._backlog is not None:
+            self._backlog.written(len(data))
+
+    def unsent_bytes(self) -> int:
+        """Upper bound on bytes written but not yet taken by the client."""
+        return self._backlog.unsent() if self._backlog is not None else 0
+
+    def drop(self, reason: str) -> None:
+        """Abort the TCP connection now (a close frame would queue behind the backlog)."""
+        self.wasClean = False
+        self.wasNotCleanReason = reason
+        self.dropConnection(abort=True)
+
+
+class _WampResource(WebSocketResource):  # type: ignore[misc]
+    """Autobahn's resource, minus Twisted Web's idle timer after the takeover."""
+
+    def render(self, request: Any) -> Any:
+        """Upgrade to WebSocket; stop the HTTP channel's timer if we took over."""
+        channel = request.channel
+        result = super().render(request)
+        if channel is not None and channel.transport is None:
+            # The HTTP channel no longer owns the connection, so its idle
+            # timer must not fire on it later.
+            channel.setTimeout(None)
+        return result
+
+
+def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResource:
+    """A Twisted Web resource speaking WAMP (JSON and MessagePack) for ``router``."""
+    factory = WampWebSocketServerFactory(
+        router.session_factory,
+        url=url,
+        serializers=[MsgPackSerializer(), JsonSerializer()],
+    )
+    factory.protocol = WampServerProtocol
+    limit = router.limits.max_message_size
+    factory.setProtocolOptions(
+        maxFramePayloadSize=limit,
+        maxMessagePayloadSize=limit,
+        # Send the close frame (1009, 1002, ...) rather than just dropping TCP.
+        failByDrop=False,
+        # Clients ping if they want to; the server stays passive.
+        autoPingInterval=0,
+        # No HTML status page (with version) on a plain GET.
+        webStatus=False,
+    )
+    return _WampResource(factory)
+
+
+def wamp_site(router: WampRouter, static_dir: str | None = None) -> Site:
+    """A site serving WAMP at ``/ws`` and, optionally, ``static_dir`` at ``/``."""
+    root: Resource = File(static_dir) if static_dir is not None else Resource()
+    root.putChild(b"ws", wamp_resource(router))
+    return Site(root)

@@ -1,0 +1,127 @@
+"""Real node processes federating WAMP pub/sub (Autobahn-Python clients)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import pytest_twisted
+from conftest import Cluster, wait_until
+from wampclient import connect, leave, publish_acked, subscribe
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "com.example.news"
+MARKER = "com.example.marker"
+
+
+def interest_of(node, topic: str) -> list[str]:
+    """Which peer nodes asked ``node`` for ``topic``."""
+    return list(node.stats()["remote_interest"].get(topic, []))
+
+
+async def _publish_reaches_all_nodes_exactly_once(cluster: Cluster) -> None:
+    cluster.wait_linked()
+    pub = await connect(cluster[0].wamp_url)
+    sub2 = await connect(cluster[1].wamp_url, serializer="msgpack")
+    sub3 = await connect(cluster[2].wamp_url)
+    rec2, _ = await subscribe(sub2, TOPIC)
+    rec3, _ = await subscribe(sub3, TOPIC)
+    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2", "node3"], "node1 to learn interest")
+    for i in range(50):
+        await publish_acked(pub, TOPIC, {"i": i})
+    await publish_acked(pub, TOPIC, "end")
+    await rec2.wait_until(lambda r: "end" in r.args)
+    await rec3.wait_until(lambda r: "end" in r.args)
+    expected = [{"i": i} for i in range(50)] + ["end"]
+    # FIFO per (origin, topic): a duplicate would have arrived before "end".
+    assert rec2.args == expected
+    assert rec3.args == expected
+    await leave(pub, sub2, sub3)
+
+
+@pytest_twisted.ensureDeferred
+async def test_publish_on_node1_reaches_nodes_2_and_3_exactly_once(cluster_factory: Callable[..., Cluster]) -> None:
+    """A publish on node 1 reaches subscribers on nodes 2 and 3 once each, in order."""
+    await _publish_reaches_all_nodes_exactly_once(cluster_factory(3))
+
+
+@pytest_twisted.ensureDeferred
+async def test_consumers_listen_mode_federates_too(cluster_factory: Callable[..., Cluster]) -> None:
+    """With consumers listening and producers dialling, the same guarantees hold."""
+    cluster = cluster_factory(3, listen_role="consumer")
+    links = cluster[0].stats()["links"]
+    await _publish_reaches_all_nodes_exactly_once(cluster)
+    roles = {(link["direction"], link["role"]) for link in cluster[0].stats()["links"]}
+    assert roles == {("in", "consumer"), ("out", "producer")}, links
+
+
+@pytest_twisted.ensureDeferred
+async def test_node_without_subscribers_receives_no_psc301(cluster_factory: Callable[..., Cluster]) -> None:
+    """Node 3 has no subscriber for the topic, so node 1 sends it no PSC301 for it."""
+    cluster = cluster_factory(3)
+    cluster.wait_linked()
+    pub = await connect(cluster[0].wamp_url)
+    sub2 = await connect(cluster[1].wamp_url)
+    sub3 = await connect(cluster[2].wamp_url)
+    rec2, _ = await subscribe(sub2, TOPIC)
+    marker3, _ = await subscribe(sub3, MARKER)
+    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest of node2")
+    wait_until(lambda: interest_of(cluster[0], MARKER) == ["node3"], "interest of node3")
+    for i in range(20):
+        await publish_acked(pub, TOPIC, i)
+    await publish_acked(pub, MARKER, "end")
+    await marker3.wait_for(1)
+    await rec2.wait_for(20)
+    assert cluster[2].stats()["federation"]["received"] == 1  # the marker only
+    assert cluster[1].stats()["federation"]["received"] == 20
+    assert cluster[0].stats()["federation"]["forwarded"] == 21
+    await leave(pub, sub2, sub3)
+
+
+@pytest_twisted.ensureDeferred
+async def test_unsubscribing_stops_the_flow(cluster_factory: Callable[..., Cluster]) -> None:
+    """After the last subscriber on node 2 leaves the topic, node 1 stops sending it."""
+    cluster = cluster_factory(2)
+    cluster.wait_linked()
+    pub = await connect(cluster[0].wamp_url)
+    sub = await connect(cluster[1].wamp_url)
+    rec, subscription = await subscribe(sub, TOPIC)
+    marker, _ = await subscribe(sub, MARKER)
+    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest")
+    await publish_acked(pub, TOPIC, "before")
+    await rec.wait_for(1)
+    await subscription.unsubscribe()
+    wait_until(lambda: interest_of(cluster[0], TOPIC) == [], "PSC202 to arrive")
+    await publish_acked(pub, TOPIC, "after")
+    await publish_acked(pub, MARKER, "end")
+    await marker.wait_for(1)
+    assert rec.args == ["before"]
+    assert cluster[1].stats()["federation"]["received"] == 2  # "before" and the marker
+    await leave(pub, sub)
+
+
+@pytest_twisted.ensureDeferred
+async def test_kill_and_restart_restores_links_and_subscriptions(cluster_factory: Callable[..., Cluster]) -> None:
+    """``kill -9`` of node 2, then a restart: links come back, subscribers get each message once."""
+    cluster = cluster_factory(3)
+    cluster.wait_linked()
+    pub = await connect(cluster[0].wamp_url)
+    sub3 = await connect(cluster[2].wamp_url)
+    rec3, _ = await subscribe(sub3, TOPIC)
+    cluster[1].kill()
+    wait_until(lambda: sum(1 for link in cluster[0].stats()["links"] if link["state"] == "open") == 2, "node1 to drop node2")
+    cluster[1].start()
+    cluster.wait_linked()
+    sub2 = await connect(cluster[1].wamp_url)
+    rec2, _ = await subscribe(sub2, TOPIC)
+    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2", "node3"], "interest after restart")
+    wait_until(lambda: interest_of(cluster[2], TOPIC) == ["node2"], "node3 to learn node2's interest")
+    for i in range(10):
+        await publish_acked(pub, TOPIC, i)
+    await publish_acked(pub, TOPIC, "end")
+    await rec2.wait_until(lambda r: "end" in r.args)
+    await rec3.wait_until(lambda r: "end" in r.args)
+    assert rec2.args == [*range(10), "end"]
+    assert rec3.args == [*range(10), "end"]
+    await leave(pub, sub2, sub3)

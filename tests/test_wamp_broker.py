@@ -1,0 +1,593 @@
+"""The WAMP broker end to end: real Autobahn clients and a raw WebSocket client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable, Generator
+from typing import Any
+
+import msgpack
+import pytest
+import pytest_twisted
+import websockets
+from autobahn.twisted.wamp import ApplicationSession
+from autobahn.twisted.websocket import WampWebSocketClientFactory
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
+from autobahn.wamp.types import ComponentConfig, PublishOptions
+from twisted.internet import defer, reactor, threads
+from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString
+
+from pubsubclub.hub import Envelope, Hub
+from pubsubclub.wamp import WampLimits, WampRouter, wamp_site
+
+SERIALIZERS = {"json": JsonSerializer, "msgpack": MsgPackSerializer}
+
+HELLO = [1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]
+
+
+class Inbox:
+    """Collects items and hands them out through Deferreds, in order."""
+
+    def __init__(self) -> None:
+        self.items: list[Any] = []
+        self._waiting: list[defer.Deferred[Any]] = []
+
+    def put(self, item: Any) -> None:
+        """Add ``item``, waking the oldest waiter."""
+        if self._waiting:
+            self._waiting.pop(0).callback(item)
+        else:
+            self.items.append(item)
+
+    def get(self) -> defer.Deferred[Any]:
+        """The next item, now or when it arrives."""
+        if self.items:
+            return defer.succeed(self.items.pop(0))
+        d: defer.Deferred[Any] = defer.Deferred()
+        self._waiting.append(d)
+        return d
+
+    def handler(self, *args: Any, **kwargs: Any) -> None:
+        """A WAMP event handler recording ``(args, kwargs)``."""
+        self.put((args, kwargs))
+
+
+class Client(ApplicationSession):
+    """An Autobahn session exposing its life as Deferreds."""
+
+    def __init__(self, config: ComponentConfig) -> None:
+        super().__init__(config)
+        self.joined: defer.Deferred[Any] = defer.Deferred()
+        self.left: defer.Deferred[Any] = defer.Deferred()
+        self.gone: defer.Deferred[None] = defer.Deferred()
+
+    def onJoin(self, details: Any) -> None:  # noqa: N802
+        """Joined: fire ``joined``."""
+        self.joined.callback(details)
+
+    def onLeave(self, details: Any) -> None:  # noqa: N802
+        """Left (or aborted): fire ``left`` and disconnect."""
+        if not self.left.called:
+            self.left.callback(details)
+        self.disconnect()
+
+    def onDisconnect(self) -> None:  # noqa: N802
+        """Transport gone: fire ``gone``."""
+        if not self.gone.called:
+            self.gone.callback(None)
+
+
+class Server:
+    """A WAMP site on 127.0.0.1 with its hub, plus the clients connected to it."""
+
+    def __init__(self, limits: WampLimits, realms: tuple[str, ...]) -> None:
+        self.hub = Hub(node_id="test")
+        self.router = WampRouter(self.hub, realms, limits)
+        self.port: Any = None
+        self.protocols: list[Any] = []
+
+    @property
+    def url(self) -> str:
+        """The WebSocket URL of the WAMP endpoint."""
+        return f"ws://127.0.0.1:{self.port.getHost().port}/ws"
+
+    @defer.inlineCallbacks
+    def connect(
+        self, serializer: str = "json", realm: str = "realm1"
+    ) -> Generator[defer.Deferred[Any], Any, Client]:
+        """A connected (not necessarily joined) Autobahn client session."""
+        session = Client(ComponentConfig(realm=realm))
+        factory = WampWebSocketClientFactory(
+            lambda: session, url=self.url, serializers=[SERIALIZERS[serializer]()]
+        )
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port)
+        protocol = yield endpoint.connect(factory)
+        self.protocols.append(protocol)
+        return session
+
+    @defer.inlineCallbacks
+    def join(self, serializer: str = "json", realm: str = "realm1") -> Generator[defer.Deferred[Any], Any, Client]:
+        """A client session that has joined ``realm``."""
+        session = yield self.connect(serializer, realm)
+        yield session.joined
+        return session
+
+
+@pytest.fixture
+def make_server() -> Generator[Callable[..., Server], None, None]:
+    """Start servers on demand; stop them and their clients afterwards."""
+    servers: list[Server] = []
+
+    def make(limits: WampLimits = WampLimits(), realms: tuple[str, ...] = ("realm1", "realm2")) -> Server:
+        server = Server(limits, realms)
+        endpoint = serverFromString(reactor, "tcp:0:interface=127.0.0.1")
+        server.port = pytest_twisted.blockon(endpoint.listen(wamp_site(server.router)))
+        servers.append(server)
+        return server
+
+    yield make
+
+    for server in servers:
+        closing = []
+        for protocol in server.protocols:
+            if protocol.transport is not None and protocol.transport.connected:
+                protocol.transport.resumeProducing()
+                closing.append(protocol.is_closed)
+                protocol.transport.abortConnection()
+        pytest_twisted.blockon(defer.DeferredList(closing))
+        pytest_twisted.blockon(server.port.stopListening())
+
+
+@pytest.fixture
+def server(make_server: Callable[..., Server]) -> Server:
+    """One server with default limits and realms ``realm1`` and ``realm2``."""
+    return make_server()
+
+
+@pytest.fixture(params=["json", "msgpack"])
+def serializer(request: pytest.FixtureRequest) -> str:
+    """Each WAMP serializer in turn."""
+    return str(request.param)
+
+
+class RecordingSink:
+    """A hub sink that records envelopes."""
+
+    def __init__(self) -> None:
+        self.inbox = Inbox()
+
+    def deliver(self, envelope: Envelope) -> None:
+        """Record ``envelope``."""
+        self.inbox.put(envelope)
+
+
+ACK = PublishOptions(acknowledge=True)
+
+
+# -- real Autobahn clients ----------------------------------------------------
+
+
+@pytest_twisted.inlineCallbacks
+def test_subscribe_publish_event(server: Server, serializer: str) -> Any:
+    """A publish reaches another session's subscription."""
+    sub = yield server.join(serializer)
+    pub = yield server.join(serializer)
+    inbox = Inbox()
+    yield sub.subscribe(inbox.handler, "com.example.topic")
+    yield pub.publish("com.example.topic", "hello", options=ACK)
+    assert (yield inbox.get()) == (("hello",), {})
+
+
+@pytest_twisted.inlineCallbacks
+def test_welcome_details(server: Server, serializer: str) -> Any:
+    """WELCOME carries a session id in 1..2**53, the realm and the broker role."""
+    session = yield server.connect(serializer)
+    details = yield session.joined
+    assert 1 <= details.session <= 2**53
+    assert details.realm == "realm1"
+    assert "broker" in session._router_roles
+    assert session._router_roles["broker"].publisher_exclusion is True
+
+
+@pytest_twisted.inlineCallbacks
+def test_mixed_serializers_encode_once_per_format(server: Server) -> Any:
+    """JSON and MessagePack subscribers share one EVENT, encoded once per format."""
+    captured: list[Envelope] = []
+
+    class Listener:
+        def local_published(self, envelope: Envelope) -> None:
+            captured.append(envelope)
+
+    server.hub.add_publish_listener(Listener())
+    inboxes = []
+    for name in ("json", "json", "msgpack", "msgpack"):
+        session = yield server.join(name)
+        inbox = Inbox()
+        yield session.subscribe(inbox.handler, "com.example.mixed")
+        inboxes.append(inbox)
+    pub = yield server.join("json")
+    yield pub.publish("com.example.mixed", {"n": 1}, options=ACK)
+    for inbox in inboxes:
+        assert (yield inbox.get()) == (({"n": 1},), {})
+    (envelope,) = captured
+    assert envelope.payload == {"n": 1}
+    assert not envelope.wamp_wrapped
+    assert len(envelope.wire["wamp"]._serialized) == 2
+
+
+@pytest_twisted.inlineCallbacks
+def test_same_topic_same_subscription_id(server: Server) -> Any:
+    """Every session subscribed to a topic gets the same subscription id."""
+    first = yield server.join("json")
+    second = yield server.join("msgpack")
+    a = yield first.subscribe(Inbox().handler, "com.example.shared")
+    b = yield second.subscribe(Inbox().handler, "com.example.shared")
+    c = yield second.subscribe(Inbox().handler, "com.example.other")
+    assert a.id == b.id
+    assert c.id != a.id
+
+
+@pytest_twisted.inlineCallbacks
+def test_exclude_me_default(server: Server, serializer: str) -> Any:
+    """By default a publisher does not receive its own publish."""
+    a = yield server.join(serializer)
+    b = yield server.join(serializer)
+    a_inbox, b_inbox = Inbox(), Inbox()
+    yield a.subscribe(a_inbox.handler, "com.example.chat")
+    yield b.subscribe(b_inbox.handler, "com.example.chat")
+    yield a.publish("com.example.chat", "from a", options=ACK)
+    assert (yield b_inbox.get()) == (("from a",), {})
+    # b's publish is ordered after a's on the server, so if a had received
+    # its own message it would come first.
+    yield b.publish("com.example.chat", "from b", options=ACK)
+    assert (yield a_inbox.get()) == (("from b",), {})
+    assert b_inbox.items == []
+
+
+@pytest_twisted.inlineCallbacks
+def test_exclude_me_false(server: Server, serializer: str) -> Any:
+    """With exclude_me=False the publisher receives its own publish."""
+    a = yield server.join(serializer)
+    inbox = Inbox()
+    yield a.subscribe(inbox.handler, "com.example.echo")
+    yield a.publish("com.example.echo", 42, options=PublishOptions(acknowledge=True, exclude_me=False))
+    assert (yield inbox.get()) == ((42,), {})
+
+
+@pytest_twisted.inlineCallbacks
+def test_acknowledge_published(server: Server, serializer: str) -> Any:
+    """PUBLISH with acknowledge gets PUBLISHED with the id the EVENT carries."""
+    sub = yield server.join(serializer)
+    pub = yield server.join(serializer)
+    ids = Inbox()
+
+    def handler(value: Any, details: Any) -> None:
+        ids.put(details.publication)
+
+    from autobahn.wamp.types import SubscribeOptions
+
+    yield sub.subscribe(handler, "com.example.ack", options=SubscribeOptions(details_arg="details"))
+    publication = yield pub.publish("com.example.ack", 1, options=ACK)
+    assert 1 <= publication.id <= 2**53
+    assert (yield ids.get()) == publication.id
+
+
+@pytest_twisted.inlineCallbacks
+def test_unsubscribe_stops_flow(server: Server, serializer: str) -> Any:
+    """After UNSUBSCRIBE no more events arrive for that subscription."""
+    a = yield server.join(serializer)
+    pub = yield server.join(serializer)
+    stopped, marker = Inbox(), Inbox()
+    subscription = yield a.subscribe(stopped.handler, "com.example.stop")
+    yield a.subscribe(marker.handler, "com.example.marker")
+    yield subscription.unsubscribe()
+    assert server.hub.subscribers("com.example.stop") == 0
+    yield pub.publish("com.example.stop", "lost", options=ACK)
+    yield pub.publish("com.example.marker", "after", options=ACK)
+    assert (yield marker.get()) == (("after",), {})
+    assert stopped.items == []
+
+
+@pytest_twisted.inlineCallbacks
+def test_leave_unsubscribes_everything(server: Server) -> Any:
+    """A session that leaves is removed from every hub topic."""
+    a = yield server.join()
+    yield a.subscribe(Inbox().handler, "com.example.one")
+    yield a.subscribe(Inbox().handler, "com.example.two")
+    assert server.hub.topics() == ["com.example.one", "com.example.two"]
+    yield a.leave()
+    details = yield a.left
+    assert details.reason == "wamp.close.goodbye_and_out"
+    yield a.gone
+    assert server.hub.topics() == []
+
+
+@pytest_twisted.inlineCallbacks
+def test_unknown_realm_aborts(server: Server, serializer: str) -> Any:
+    """HELLO to an unknown realm is answered with ABORT no_such_realm."""
+    session = yield server.connect(serializer, realm="nosuchrealm")
+    details = yield session.left
+    assert details.reason == "wamp.error.no_such_realm"
+    assert not session.joined.called
+
+
+@pytest_twisted.inlineCallbacks
+def test_invalid_topic_uri(make_server: Callable[..., Server], serializer: str) -> Any:
+    """Topics that are not strict URIs, or too long, get ERROR invalid_uri."""
+    server = make_server(WampLimits(max_uri_length=40))
+    session = yield server.join(serializer)
+    for topic in ("com.Example.topic", "com..topic", "com.example." + "x" * 40):
+        with pytest.raises(ApplicationError) as info:
+            yield session.subscribe(Inbox().handler, topic)
+        assert info.value.error == "wamp.error.invalid_uri"
+    with pytest.raises(ApplicationError) as info:
+        yield session.publish("com.Example.topic", 1, options=ACK)
+    assert info.value.error == "wamp.error.invalid_uri"
+    with pytest.raises(ApplicationError) as info:
+        yield session.publish("wamp.session.on_join", 1, options=ACK)
+    assert info.value.error == "wamp.error.invalid_uri"
+    # The session is still usable.
+    yield session.subscribe(Inbox().handler, "com.example.fine")
+
+
+@pytest_twisted.inlineCallbacks
+def test_too_many_subscriptions(make_server: Callable[..., Server]) -> Any:
+    """Subscribing past the per-session limit gets a clear ERROR."""
+    server = make_server(WampLimits(max_subscriptions_per_session=2))
+    session = yield server.join()
+    yield session.subscribe(Inbox().handler, "com.example.a")
+    yield session.subscribe(Inbox().handler, "com.example.b")
+    with pytest.raises(ApplicationError) as info:
+        yield session.subscribe(Inbox().handler, "com.example.c")
+    assert info.value.error == "pubsubclub.error.too_many_subscriptions"
+    # Re-subscribing to a held topic is not a new subscription.
+    yield session.subscribe(Inbox().handler, "com.example.a")
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "payload", "wrapped"),
+    [
+        ((1,), {}, 1, False),
+        (({"a": [1, 2]},), {}, {"a": [1, 2]}, False),
+        ((1, "two", None), {}, {"args": [1, "two", None], "kwargs": {}}, True),
+        ((), {"x": 1}, {"args": [], "kwargs": {"x": 1}}, True),
+        (("a",), {"y": True}, {"args": ["a"], "kwargs": {"y": True}}, True),
+        ((), {}, {"args": [], "kwargs": {}}, True),
+    ],
+)
+@pytest_twisted.inlineCallbacks
+def test_args_kwargs_round_trip(
+    server: Server, serializer: str, args: tuple[Any, ...], kwargs: dict[str, Any], payload: Any, wrapped: bool
+) -> Any:
+    """Args/kwargs survive WAMP -> hub -> WAMP; one plain arg stays unwrapped in the hub."""
+    sink = RecordingSink()
+    server.hub.subscribe("com.example.shape", sink)
+    sub = yield server.join(serializer)
+    pub = yield server.join(serializer)
+    inbox = Inbox()
+    yield sub.subscribe(inbox.handler, "com.example.shape")
+    yield pub.publish("com.example.shape", *args, options=ACK, **kwargs)
+    assert (yield inbox.get()) == (args, kwargs)
+    envelope = yield sink.inbox.get()
+    assert (envelope.payload, envelope.wamp_wrapped) == (payload, wrapped)
+
+
+@pytest_twisted.inlineCallbacks
+def test_hub_publish_reaches_wamp(server: Server, serializer: str) -> Any:
+    """A message published into the hub by another front-end arrives as args=[payload]."""
+    sub = yield server.join(serializer)
+    inbox = Inbox()
+    yield sub.subscribe(inbox.handler, "com.example.hub")
+    server.hub.publish(server.hub.envelope("com.example.hub", {"from": "psc"}))
+    server.hub.deliver_remote(server.hub.envelope("com.example.hub", [1, 2]))
+    assert (yield inbox.get()) == (({"from": "psc"},), {})
+    assert (yield inbox.get()) == (([1, 2],), {})
+
+
+@pytest_twisted.inlineCallbacks
+def test_second_realm_is_prefixed_and_isolated(server: Server) -> Any:
+    """Realm 2's topics live under 'realm2|' in the hub and do not leak into realm 1."""
+    sink = RecordingSink()
+    server.hub.subscribe("realm2|com.example.t", sink)
+    one = yield server.join(realm="realm1")
+    two = yield server.join(realm="realm2")
+    one_inbox, two_inbox = Inbox(), Inbox()
+    yield one.subscribe(one_inbox.handler, "com.example.t")
+    yield two.subscribe(two_inbox.handler, "com.example.t")
+    publisher = yield server.join(realm="realm2")
+    yield publisher.publish("com.example.t", "r2", options=ACK)
+    assert (yield two_inbox.get()) == (("r2",), {})
+    assert (yield sink.inbox.get()).payload == "r2"
+    yield one.publish("com.example.t", "r1", options=PublishOptions(acknowledge=True, exclude_me=False))
+    assert (yield one_inbox.get()) == (("r1",), {})
+    assert two_inbox.items == []
+
+
+@pytest_twisted.inlineCallbacks
+def test_slow_consumer_is_dropped(make_server: Callable[..., Server]) -> Any:
+    """A client that stops reading is dropped once its backlog passes the limit."""
+    server = make_server(WampLimits(max_send_buffer=256 * 1024, max_message_size=2 * 1024 * 1024))
+    dropped: defer.Deferred[str] = defer.Deferred()
+
+    class Interest:
+        def topic_added(self, topic: str) -> None:
+            pass
+
+        def topic_removed(self, topic: str) -> None:
+            if not dropped.called:
+                dropped.callback(topic)
+
+    server.hub.add_interest_listener(Interest())
+    slow = yield server.join()
+    yield slow.subscribe(Inbox().handler, "com.example.firehose")
+    # Stop reading from the socket: the server's buffers fill up.
+    server.protocols[-1].transport.pauseProducing()
+    pub = yield server.join()
+    blob = "x" * (512 * 1024)
+    for _ in range(400):
+        yield pub.publish("com.example.firehose", blob, options=ACK)
+        if dropped.called:
+            break
+    assert (yield dropped) == "com.example.firehose"
+    # The publisher is unaffected.
+    inbox = Inbox()
+    yield pub.subscribe(inbox.handler, "com.example.after")
+    yield pub.publish("com.example.after", 1, options=PublishOptions(acknowledge=True, exclude_me=False))
+    assert (yield inbox.get()) == ((1,), {})
+
+
+# -- raw WebSocket (the independent `websockets` library, in a thread) ----------
+
+
+async def _raw_session(
+    url: str, frames: list[str | bytes], replies: int, subprotocol: str
+) -> tuple[list[str | bytes], int | None, str | None]:
+    """Send ``frames``; read up to ``replies`` messages or until the server closes."""
+    received: list[str | bytes] = []
+    async with websockets.connect(url, subprotocols=[subprotocol], max_size=None) as ws:  # type: ignore[arg-type]
+        for frame in frames:
+            await ws.send(frame)
+        try:
+            while len(received) < replies:
+                received.append(await ws.recv())
+            if replies:
+                await ws.close()
+            else:
+                await ws.wait_closed()
+        except websockets.ConnectionClosed:
+            pass
+        code = ws.close_code
+        reason = ws.close_reason
+    return received, code, reason
+
+
+def raw(
+    server: Server, frames: list[str | bytes], replies: int = 10, subprotocol: str = "wamp.2.json"
+) -> defer.Deferred[tuple[list[Any], int | None, str | None]]:
+    """Run a raw WebSocket exchange in a thread; decoded replies, close code, reason."""
+
+    def run() -> tuple[list[Any], int | None, str | None]:
+        received, code, reason = asyncio.run(_raw_session(server.url, frames, replies, subprotocol))
+        decoded = [msgpack.unpackb(m) if isinstance(m, bytes) else json.loads(m) for m in received]
+        return decoded, code, reason
+
+    return threads.deferToThread(run)
+
+
+def j(msg: list[Any]) -> str:
+    """One WAMP message as JSON text."""
+    return json.dumps(msg)
+
+
+@pytest.mark.parametrize(
+    ("frames", "problem"),
+    [
+        (["this is not json"], "invalid serialization"),
+        ([j({"a": 1})], "invalid type"),
+        ([j([])], "missing message type"),
+        ([j([999, 1])], "invalid WAMP message type"),
+        ([j([1, "realm1"])], "invalid message length"),
+        ([b"\x91\x01"], "binary"),
+        ([j([32, 1, {}, "com.example.t"])], "SUBSCRIBE received before the session was established"),
+        ([j(HELLO), j(HELLO)], "HELLO is not allowed"),
+        ([j(HELLO), j([48, 1, {}, "com.example.proc"])], "no dealer role"),
+        ([j(HELLO), j([64, 1, {}, "com.example.proc"])], "no dealer role"),
+        ([j(HELLO), j([8, 68, 1, {}, "wamp.error.x"])], "ERROR is not allowed"),
+    ],
+)
+@pytest_twisted.inlineCallbacks
+def test_bad_input_aborts(server: Server, frames: list[str | bytes], problem: str) -> Any:
+    """Malformed or out-of-state WAMP is answered with ABORT protocol_violation, then a close."""
+    replies, code, _ = yield raw(server, frames)
+    abort = replies[-1]
+    assert abort[0] == 3
+    assert abort[2] == "wamp.error.protocol_violation"
+    assert problem in abort[1]["message"]
+    assert code == 1000
+    # A good client on the same server still works.
+    sub = yield server.join()
+    inbox = Inbox()
+    yield sub.subscribe(inbox.handler, "com.example.still")
+    yield sub.publish("com.example.still", "ok", options=PublishOptions(acknowledge=True, exclude_me=False))
+    assert (yield inbox.get()) == (("ok",), {})
+
+
+@pytest_twisted.inlineCallbacks
+def test_raw_msgpack_bad_input_aborts(server: Server) -> Any:
+    """Undecodable MessagePack is answered with a MessagePack ABORT."""
+    replies, code, _ = yield raw(server, [b"\xc1\xc1"], subprotocol="wamp.2.msgpack")
+    assert replies[-1][0] == 3
+    assert replies[-1][2] == "wamp.error.protocol_violation"
+    assert code == 1000
+
+
+@pytest_twisted.inlineCallbacks
+def test_raw_unsubscribe_unknown_id(server: Server) -> Any:
+    """UNSUBSCRIBE of an unknown subscription gets ERROR no_such_subscription."""
+    replies, _, _ = yield raw(server, [j(HELLO), j([34, 7, 123456])], replies=2)
+    welcome, error = replies
+    assert welcome[0] == 2
+    assert error[:4] == [8, 34, 7, {}]
+    assert error[4] == "wamp.error.no_such_subscription"
+
+
+@pytest_twisted.inlineCallbacks
+def test_raw_loose_invalid_uri(server: Server) -> Any:
+    """A topic Autobahn cannot even parse still gets ERROR invalid_uri on SUBSCRIBE."""
+    frames = [
+        j(HELLO),
+        j([32, 5, {}, "bad topic"]),
+        j([16, 6, {}, "bad topic", ["ignored"]]),
+        j([16, 7, {"acknowledge": True}, "bad topic", ["x"]]),
+    ]
+    replies, _, _ = yield raw(server, frames, replies=3)
+    assert replies[1][:2] == [8, 32]
+    assert replies[1][2] == 5
+    assert replies[1][4] == "wamp.error.invalid_uri"
+    assert replies[2][:3] == [8, 16, 7]
+    assert replies[2][4] == "wamp.error.invalid_uri"
+
+
+@pytest_twisted.inlineCallbacks
+def test_raw_goodbye(server: Server) -> Any:
+    """GOODBYE is answered with GOODBYE goodbye_and_out, then the server closes."""
+    replies, code, _ = yield raw(server, [j(HELLO), j([6, {}, "wamp.close.normal"])])
+    assert [m[0] for m in replies] == [2, 6]
+    assert replies[1][2] == "wamp.close.goodbye_and_out"
+    assert code == 1000
+
+
+@pytest_twisted.inlineCallbacks
+def test_oversize_frame_closes_1009(make_server: Callable[..., Server]) -> Any:
+    """A frame above max_message_size closes the connection with 1009; others carry on."""
+    server = make_server(WampLimits(max_message_size=64 * 1024))
+    big = j([16, 1, {}, "com.example.big", ["x" * (65 * 1024)]])
+    replies, code, _ = yield raw(server, [j(HELLO), big])
+    assert [m[0] for m in replies] == [2]
+    assert code == 1009
+    sub = yield server.join()
+    inbox = Inbox()
+    yield sub.subscribe(inbox.handler, "com.example.after")
+    yield sub.publish("com.example.after", "ok", options=PublishOptions(acknowledge=True, exclude_me=False))
+    assert (yield inbox.get()) == (("ok",), {})
+
+
+@pytest_twisted.inlineCallbacks
+def test_unknown_subprotocol_refused(server: Server) -> Any:
+    """A WebSocket client offering no WAMP subprotocol is refused at the handshake."""
+    with pytest.raises(websockets.InvalidStatus):
+        yield raw(server, [], subprotocol="wamp.2.cbor")
+
+
+def test_limits_validated() -> None:
+    """Non-positive limits are refused with a message naming the field."""
+    with pytest.raises(ValueError, match="max_send_buffer"):
+        WampLimits(max_send_buffer=0)
+
+
+def test_router_rejects_bad_realm() -> None:
+    """A realm name containing the hub separator is refused."""
+    with pytest.raises(ValueError, match="a|b"):
+        WampRouter(Hub(), ("realm1", "a|b"))
