@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Generator
-from typing import Any
+from collections.abc import Callable, Generator, Sequence
+from typing import Any, cast
 
 import msgpack
 import pytest
@@ -13,14 +13,23 @@ import pytest_twisted
 import websockets
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.twisted.websocket import WampWebSocketClientFactory
+from autobahn.wamp import message
 from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.role import RoleSubscriberFeatures
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig, PublishOptions
-from twisted.internet import defer, reactor, threads
-from twisted.internet.endpoints import TCP4ClientEndpoint, serverFromString
+from hypothesis import given
+from hypothesis import strategies as st
+from twisted.internet import defer, threads
+from twisted.internet import reactor as _reactor
+from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.logger import ILogObserver, globalLogPublisher
 
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.wamp import WampLimits, WampRouter, wamp_site
+from pubsubclub.wamp.broker import hub_topic, uri_problem
+
+reactor: Any = _reactor
 
 SERIALIZERS = {"json": JsonSerializer, "msgpack": MsgPackSerializer}
 
@@ -94,16 +103,12 @@ class Server:
         return f"ws://127.0.0.1:{self.port.getHost().port}/ws"
 
     @defer.inlineCallbacks
-    def connect(
-        self, serializer: str = "json", realm: str = "realm1"
-    ) -> Generator[defer.Deferred[Any], Any, Client]:
+    def connect(self, serializer: str = "json", realm: str = "realm1") -> Generator[defer.Deferred[Any], Any, Client]:
         """A connected (not necessarily joined) Autobahn client session."""
         session = Client(ComponentConfig(realm=realm))
-        factory = WampWebSocketClientFactory(
-            lambda: session, url=self.url, serializers=[SERIALIZERS[serializer]()]
-        )
+        factory = WampWebSocketClientFactory(lambda: session, url=self.url, serializers=[SERIALIZERS[serializer]()])
         endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port)
-        protocol = yield endpoint.connect(factory)
+        protocol = yield endpoint.connect(factory)  # type: ignore[arg-type]  # zope interface
         self.protocols.append(protocol)
         return session
 
@@ -122,8 +127,9 @@ def make_server() -> Generator[Callable[..., Server], None, None]:
 
     def make(limits: WampLimits = WampLimits(), realms: tuple[str, ...] = ("realm1", "realm2")) -> Server:
         server = Server(limits, realms)
-        endpoint = serverFromString(reactor, "tcp:0:interface=127.0.0.1")
-        server.port = pytest_twisted.blockon(endpoint.listen(wamp_site(server.router)))
+        # listenTCP rather than an endpoint: tests call this from inside the
+        # reactor's greenlet, where blocking on a Deferred is not allowed.
+        server.port = reactor.listenTCP(0, wamp_site(server.router), interface="127.0.0.1")
         servers.append(server)
         return server
 
@@ -420,6 +426,13 @@ def test_slow_consumer_is_dropped(make_server: Callable[..., Server]) -> Any:
                 dropped.callback(topic)
 
     server.hub.add_interest_listener(Interest())
+    reasons: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if "slow consumer" in str(event.get("reason", "")):
+            reasons.append(event["reason"])
+
+    globalLogPublisher.addObserver(cast(ILogObserver, observe))
     slow = yield server.join()
     yield slow.subscribe(Inbox().handler, "com.example.firehose")
     # Stop reading from the socket: the server's buffers fill up.
@@ -431,6 +444,8 @@ def test_slow_consumer_is_dropped(make_server: Callable[..., Server]) -> Any:
         if dropped.called:
             break
     assert (yield dropped) == "com.example.firehose"
+    globalLogPublisher.removeObserver(cast(ILogObserver, observe))
+    assert reasons and "limit is 262144" in reasons[0]
     # The publisher is unaffected.
     inbox = Inbox()
     yield pub.subscribe(inbox.handler, "com.example.after")
@@ -442,11 +457,11 @@ def test_slow_consumer_is_dropped(make_server: Callable[..., Server]) -> Any:
 
 
 async def _raw_session(
-    url: str, frames: list[str | bytes], replies: int, subprotocol: str
+    url: str, frames: Sequence[str | bytes], replies: int, subprotocol: str
 ) -> tuple[list[str | bytes], int | None, str | None]:
     """Send ``frames``; read up to ``replies`` messages or until the server closes."""
     received: list[str | bytes] = []
-    async with websockets.connect(url, subprotocols=[subprotocol], max_size=None) as ws:  # type: ignore[arg-type]
+    async with websockets.connect(url, subprotocols=[websockets.Subprotocol(subprotocol)], max_size=None) as ws:
         for frame in frames:
             await ws.send(frame)
         try:
@@ -464,7 +479,7 @@ async def _raw_session(
 
 
 def raw(
-    server: Server, frames: list[str | bytes], replies: int = 10, subprotocol: str = "wamp.2.json"
+    server: Server, frames: Sequence[str | bytes], replies: int = 10, subprotocol: str = "wamp.2.json"
 ) -> defer.Deferred[tuple[list[Any], int | None, str | None]]:
     """Run a raw WebSocket exchange in a thread; decoded replies, close code, reason."""
 
@@ -476,7 +491,7 @@ def raw(
     return threads.deferToThread(run)
 
 
-def j(msg: list[Any]) -> str:
+def j(msg: Any) -> str:
     """One WAMP message as JSON text."""
     return json.dumps(msg)
 
@@ -591,3 +606,113 @@ def test_router_rejects_bad_realm() -> None:
     """A realm name containing the hub separator is refused."""
     with pytest.raises(ValueError, match="a|b"):
         WampRouter(Hub(), ("realm1", "a|b"))
+
+
+# -- the session on a fake transport ---------------------------------------------
+
+
+class FakeTransport:
+    """An in-memory WampTransport recording what the session does."""
+
+    def __init__(self) -> None:
+        self.sent: list[Any] = []
+        self.open = True
+        self.unsent = 0
+        self.dropped: str | None = None
+
+    def send(self, msg: Any) -> None:
+        """Record ``msg``."""
+        self.sent.append(msg)
+
+    def close(self) -> None:
+        """Mark closed."""
+        self.open = False
+
+    def isOpen(self) -> bool:  # noqa: N802
+        """Open until closed or dropped."""
+        return self.open
+
+    def unsent_bytes(self) -> int:
+        """Whatever the test set."""
+        return self.unsent
+
+    def drop(self, reason: str) -> None:
+        """Record the reason and close."""
+        self.dropped = reason
+        self.open = False
+
+
+def joined_session(router: WampRouter) -> tuple[Any, FakeTransport]:
+    """A session on a fake transport that has completed HELLO/WELCOME."""
+    session = router.session_factory()
+    transport = FakeTransport()
+    session.onOpen(transport)
+    session.onMessage(message.Hello("realm1", {"subscriber": RoleSubscriberFeatures()}))
+    assert isinstance(transport.sent[-1], message.Welcome)
+    return session, transport
+
+
+def test_fake_slow_consumer_dropped() -> None:
+    """deliver() drops the client, with a reason, once unsent bytes pass the limit."""
+    hub = Hub()
+    router = WampRouter(hub, limits=WampLimits(max_send_buffer=100))
+    session, transport = joined_session(router)
+    session.onMessage(message.Subscribe(1, "com.example.t"))
+    hub.publish(hub.envelope("com.example.t", 1))
+    assert isinstance(transport.sent[-1], message.Event)
+    transport.unsent = 101
+    hub.publish(hub.envelope("com.example.t", 2))
+    assert transport.dropped is not None and "slow consumer" in transport.dropped
+    assert hub.topics() == []
+
+
+def test_fake_event_built_once_per_envelope() -> None:
+    """All sessions on a topic are sent the very same EVENT object."""
+    hub = Hub()
+    router = WampRouter(hub)
+    transports = []
+    for _ in range(3):
+        session, transport = joined_session(router)
+        session.onMessage(message.Subscribe(1, "com.example.t"))
+        transports.append(transport)
+    hub.publish(hub.envelope("com.example.t", "x"))
+    events = [t.sent[-1] for t in transports]
+    assert all(e is events[0] for e in events)
+    assert events[0].args == ["x"]
+
+
+def test_fake_input_after_close_ignored() -> None:
+    """After ABORT from the peer the session closes and ignores further input."""
+    hub = Hub()
+    session, transport = joined_session(WampRouter(hub))
+    session.onMessage(message.Subscribe(1, "com.example.t"))
+    sent = len(transport.sent)
+    session.onMessage(message.Abort("wamp.close.normal"))
+    session.onMessage(message.Subscribe(2, "com.example.u"))
+    assert len(transport.sent) == sent
+    assert not transport.open
+    assert hub.topics() == []
+
+
+def test_fake_unsupported_match_refused() -> None:
+    """Prefix and wildcard subscriptions get ERROR invalid_argument."""
+    session, transport = joined_session(WampRouter(Hub()))
+    session.onMessage(message.Subscribe(1, "com.example", match="prefix"))
+    error = transport.sent[-1]
+    assert isinstance(error, message.Error)
+    assert error.error == "wamp.error.invalid_argument"
+
+
+@given(st.text(max_size=30))
+def test_uri_problem_accepts_only_strict_uris(uri: str) -> None:
+    """Accepted URIs are strict, short enough, and never contain the realm separator."""
+    if uri_problem(uri, 20) is None:
+        assert len(uri) <= 20
+        assert "|" not in uri
+        assert all(part and all(c in "abcdefghijklmnopqrstuvwxyz0123456789_" for c in part) for part in uri.split("."))
+
+
+def test_hub_topic_mapping() -> None:
+    """The first realm maps topics unchanged; others are prefixed with 'realm|'."""
+    assert hub_topic("realm1", "a.b", "realm1") == "a.b"
+    assert hub_topic("realm2", "a.b", "realm1") == "realm2|a.b"

@@ -178,7 +178,8 @@ class Federation:
     def stop(self) -> defer.Deferred[Any]:
         """Close every link with a reason and stop dialling."""
         for proto in list(self._links.values()):
-            proto.close_link(1001, "node shutting down")
+            # 1000, not 1001 "going away": Autobahn's sendClose only accepts 1000 and 3000-4999.
+            proto.close_link(1000, "node shutting down")
         stopping = [defer.maybeDeferred(s.service.stopService) for s in self._servers.values()]
         self._servers.clear()
         return defer.DeferredList(stopping)

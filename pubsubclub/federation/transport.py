@@ -8,18 +8,18 @@ with a reason.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-import txaio
 from autobahn.twisted.websocket import (
     WebSocketClientFactory,
     WebSocketClientProtocol,
     WebSocketServerFactory,
     WebSocketServerProtocol,
 )
-from autobahn.websocket.types import ConnectionDeny, ConnectionRequest, ConnectionResponse
+from autobahn.websocket.types import ConnectionRequest, ConnectionResponse
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
 from pubsubclub.federation.session import (
@@ -42,13 +42,42 @@ SUBPROTOCOL = "pubsubclub"
 log = Logger()
 
 
+class _ClockTimer:
+    """Autobahn's batched-timer interface on an injected clock: one delayed call per timer.
+
+    ``txaio.with_config(loop=...)`` ignores its loop under Twisted (txaio has a
+    single global reactor and raises if handed another one), and its batched
+    timer floors every deadline to a whole second. A node has tens of links,
+    not tens of thousands, so there is nothing to batch.
+    """
+
+    def __init__(self, clock: IReactorTime) -> None:
+        self._clock = clock
+
+    def call_later(self, delay: float, func: Callable[..., Any], *args: Any, **kwargs: Any) -> _Timer:
+        """Call ``func`` after ``delay`` seconds of the clock."""
+        return _Timer(self._clock.callLater(delay, func, *args, **kwargs))
+
+
+class _Timer:
+    """A cancellable timer; cancelling one that already ran or was cancelled is a no-op, as in txaio."""
+
+    def __init__(self, call: IDelayedCall) -> None:
+        self._call = call
+
+    def cancel(self) -> None:
+        """Stop the timer if it is still pending."""
+        if self._call.active():
+            self._call.cancel()
+
+
 def _bind_timers(factory: Any, clock: IReactorTime) -> None:
     """Make Autobahn's protocol timers (auto-ping, handshake timeouts) use ``clock``.
 
     Autobahn takes them from txaio's global loop; binding them to the injected
     clock keeps links testable with ``task.Clock`` and free of global state.
     """
-    factory._batched_timer = txaio.with_config(loop=clock).make_batched_timer(bucket_seconds=0.1, chunk_size=1000)
+    factory._batched_timer = _ClockTimer(clock)
 
 
 class _LinkProtocolBase:
@@ -123,14 +152,19 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
         federation: Federation = self.factory.federation
         self.peer_node = request.headers.get(NODE_HEADER)
-        if self.peer_node == federation.node_id:
-            raise ConnectionDeny(409, "refusing a link from this node to itself")
-        federation.check_request(request)
+        # A link from this node to itself is accepted, not refused: an HTTP
+        # error would only make the dialler retry forever, while our node
+        # header tells it to drop the URL (PSCClientProtocol.onOpen).
+        if self.peer_node != federation.node_id:
+            federation.check_request(request)
         protocol = SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
         return protocol, {NODE_HEADER: federation.node_id}
 
     def onOpen(self) -> None:
         federation: Federation = self.factory.federation
+        if self.peer_node == federation.node_id:
+            self.sendClose(CLOSE_SELF, "a node never links to itself")
+            return
         self._start_session(federation.listen_role, self.peer)
 
 
@@ -139,8 +173,11 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):
 
     def __init__(self) -> None:
         super().__init__()
-        self.handshake_done = Deferred()
-        self.handshake_done.addErrback(lambda _: None)
+        # ClientService waits on this (prepareConnection) and consumes its
+        # failure: swallowing it here would turn a failed handshake into a
+        # "connected" that resets the backoff. Cancelling it (ClientService
+        # stopped mid-handshake) must also drop the half-open connection.
+        self.handshake_done = Deferred(lambda _: self.dropConnection(abort=True))
 
     def onConnect(self, response: ConnectionResponse) -> None:
         self.peer_node = response.headers.get(NODE_HEADER)
@@ -168,6 +205,8 @@ class PSCServerFactory(WebSocketServerFactory):
             maxFramePayloadSize=federation.limits.max_message_size,
             openHandshakeTimeout=10,
             closeHandshakeTimeout=2,
+            # Send the close frame (1009 for oversize, 1002, ...) rather than just dropping TCP.
+            failByDrop=False,
         )
         _bind_timers(self, clock)
 
@@ -193,5 +232,7 @@ class PSCClientFactory(WebSocketClientFactory):
             autoPingTimeout=ping_interval,
             openHandshakeTimeout=10,
             closeHandshakeTimeout=2,
+            # Send the close frame (1009 for oversize, 1002, ...) rather than just dropping TCP.
+            failByDrop=False,
         )
         _bind_timers(self, clock)

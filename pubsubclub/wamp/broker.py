@@ -141,10 +141,7 @@ def uri_problem(uri: str, max_length: int) -> str | None:
     if len(uri) > max_length:
         return f"URI is {len(uri)} characters long; the limit is {max_length}"
     if not _STRICT_URI.match(uri):
-        return (
-            f"URI {uri!r} is not a strict WAMP URI "
-            "(dot-separated non-empty components of [0-9a-z_])"
-        )
+        return f"URI {uri!r} is not a strict WAMP URI (dot-separated non-empty components of [0-9a-z_])"
     return None
 
 
@@ -361,10 +358,7 @@ class BrokerSession:
         transport = self._transport
         unsent = transport.unsent_bytes()
         if unsent > self._limits.max_send_buffer:
-            reason = (
-                f"slow consumer: {unsent} bytes unsent, limit is "
-                f"{self._limits.max_send_buffer}"
-            )
+            reason = f"slow consumer: {unsent} bytes unsent, limit is {self._limits.max_send_buffer}"
             log.warn(
                 "dropping WAMP session {session}: {reason}",
                 session=self._session_id,
@@ -425,9 +419,7 @@ class BrokerSession:
             if isinstance(msg, message.Hello):
                 self._on_hello(msg)
             else:
-                self.protocol_violation(
-                    f"{type(msg).__name__.upper()} received before the session was established"
-                )
+                self.protocol_violation(f"{type(msg).__name__.upper()} received before the session was established")
         elif isinstance(msg, message.Publish):
             self._on_publish(msg)
         elif isinstance(msg, message.Subscribe):
@@ -437,13 +429,9 @@ class BrokerSession:
         elif isinstance(msg, message.Goodbye):
             self._on_goodbye(msg)
         elif isinstance(msg, _RPC_MESSAGES):
-            self.protocol_violation(
-                f"{type(msg).__name__.upper()} received, but this router has no dealer role"
-            )
+            self.protocol_violation(f"{type(msg).__name__.upper()} received, but this router has no dealer role")
         else:
-            self.protocol_violation(
-                f"{type(msg).__name__.upper()} is not allowed once the session is established"
-            )
+            self.protocol_violation(f"{type(msg).__name__.upper()} is not allowed once the session is established")
 
     def _on_hello(self, msg: message.Hello) -> None:
         realm = msg.realm if msg.realm is not None else self._router.realms[0]

@@ -158,20 +158,6 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         self.dropConnection(abort=True)
 
 
-class _WampResource(WebSocketResource):  # type: ignore[misc]
-    """Autobahn's resource, minus Twisted Web's idle timer after the takeover."""
-
-    def render(self, request: Any) -> Any:
-        """Upgrade to WebSocket; stop the HTTP channel's timer if we took over."""
-        channel = request.channel
-        result = super().render(request)
-        if channel is not None and channel.transport is None:
-            # The HTTP channel no longer owns the connection, so its idle
-            # timer must not fire on it later.
-            channel.setTimeout(None)
-        return result
-
-
 def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResource:
     """A Twisted Web resource speaking WAMP (JSON and MessagePack) for ``router``."""
     factory = WampWebSocketServerFactory(
@@ -191,11 +177,12 @@ def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResour
         # No HTML status page (with version) on a plain GET.
         webStatus=False,
     )
-    return _WampResource(factory)
+    return WebSocketResource(factory)
 
 
 def wamp_site(router: WampRouter, static_dir: str | None = None) -> Site:
     """A site serving WAMP at ``/ws`` and, optionally, ``static_dir`` at ``/``."""
     root: Resource = File(static_dir) if static_dir is not None else Resource()
-    root.putChild(b"ws", wamp_resource(router))
+    # Autobahn declares IResource with zope, which mypy cannot see.
+    root.putChild(b"ws", wamp_resource(router))  # type: ignore[arg-type]
     return Site(root)

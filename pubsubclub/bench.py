@@ -1,0 +1,237 @@
+"""``pubsubclub bench``: cross-node throughput and latency with real WAMP clients.
+
+Two nodes A and B (started here unless ``--target`` names them), one
+Autobahn-Python publisher on A and one Autobahn-Python subscriber on B, each
+in its own process. Two runs:
+
+* throughput: ``--count`` messages of ``--size`` bytes, as fast as the
+  publisher can (in batches, yielding to the reactor), then an acknowledged
+  end marker; FIFO per (origin, topic) means that when the marker arrives,
+  every message before it either arrived or was lost;
+* latency: ``--latency-count`` messages paced at ``--rate`` per second, each
+  carrying its send time; the subscriber computes one-way latency (same host,
+  same clock).
+
+Every run is bounded by ``--max-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+TOPIC = "pubsubclub.bench"
+END = "end"
+
+
+# -- the client processes (run with ``python -m pubsubclub.bench``) --------------
+
+
+def _client_main(argv: list[str]) -> int:
+    import txaio
+
+    txaio.use_twisted()
+    from twisted.internet import reactor, task
+
+    role, url, realm, max_seconds = argv[0], argv[1], argv[2], float(argv[3])
+    result: dict[str, Any] = {}
+
+    async def run(reactor: Any) -> None:
+        from autobahn.twisted.wamp import ApplicationSession
+        from autobahn.twisted.websocket import WampWebSocketClientFactory
+        from autobahn.wamp.serializer import JsonSerializer
+        from autobahn.wamp.types import ComponentConfig, PublishOptions
+        from twisted.internet import defer
+        from twisted.internet.endpoints import TCP4ClientEndpoint
+        from urllib.parse import urlsplit
+
+        joined: defer.Deferred[Any] = defer.Deferred()
+
+        class Session(ApplicationSession):  # type: ignore[misc]
+            def onJoin(self, details: Any) -> None:
+                joined.callback(self)
+
+        factory = WampWebSocketClientFactory(
+            lambda: Session(ComponentConfig(realm)), url=url, serializers=[JsonSerializer()]
+        )
+        parts = urlsplit(url)
+        await TCP4ClientEndpoint(reactor, parts.hostname, parts.port).connect(factory)
+        session = await joined.addTimeout(10, reactor)
+
+        if role == "subscriber":
+            done: defer.Deferred[None] = defer.Deferred()
+            state = {"n": 0, "first": 0.0, "last": 0.0}
+            latencies: list[float] = []
+
+            def on_event(msg: Any) -> None:
+                now = time.time()
+                if msg == END:
+                    done.callback(None)
+                    return
+                if state["n"] == 0:
+                    state["first"] = now
+                state["n"] += 1
+                state["last"] = now
+                if isinstance(msg, dict) and "t" in msg:
+                    latencies.append(now - msg["t"])
+
+            await session.subscribe(on_event, TOPIC)
+            sys.stdout.write(json.dumps({"ready": True}) + "\n")
+            sys.stdout.flush()
+            try:
+                await done.addTimeout(max_seconds, reactor)
+            except defer.TimeoutError:
+                result["timed_out"] = True
+            result.update(received=state["n"], first=state["first"], last=state["last"])
+            if latencies:
+                latencies.sort()
+                result["latency_ms"] = {
+                    "p50": latencies[len(latencies) // 2] * 1000,
+                    "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+                    "max": latencies[-1] * 1000,
+                }
+        else:
+            mode, count, size, rate = argv[4], int(argv[5]), int(argv[6]), float(argv[7])
+            body = "x" * size
+            start = time.time()
+            deadline = start + max_seconds
+            sent = 0
+            if mode == "throughput":
+                batch = 200
+                while sent < count and time.time() < deadline:
+                    for _ in range(min(batch, count - sent)):
+                        session.publish(TOPIC, {"i": sent, "p": body})
+                        sent += 1
+                    # Let the reactor write; stay bounded by the transport's buffer.
+                    await task.deferLater(reactor, 0, lambda: None)
+            else:
+                interval = 1.0 / rate
+                while sent < count and time.time() < deadline:
+                    due = min(count, int((time.time() - start) / interval) + 1)
+                    while sent < due:
+                        session.publish(TOPIC, {"i": sent, "t": time.time(), "p": body})
+                        sent += 1
+                    await task.deferLater(reactor, min(interval, 0.001), lambda: None)
+            await session.publish(TOPIC, END, options=PublishOptions(acknowledge=True))
+            result.update(sent=sent, start=start, end=time.time())
+        sys.stdout.write(json.dumps(result) + "\n")
+        sys.stdout.flush()
+        session.leave()
+
+    task.react(lambda r: defer_run(run, r))
+    return 0
+
+
+def defer_run(fn: Any, reactor: Any) -> Any:
+    """Run an async function as a Deferred and print its result line at the end."""
+    from twisted.internet import defer
+
+    return defer.ensureDeferred(fn(reactor))
+
+
+# -- the driver ------------------------------------------------------------------
+
+
+def _spawn_node(name: str, wamp_port: int, psc_port: int, peer_port: int) -> tuple[subprocess.Popen[str], str]:
+    cmd = [
+        sys.executable, "-m", "pubsubclub", "node", "--name", name, "--log-level", "warn",
+        "--wamp", f"tcp:{wamp_port}:interface=127.0.0.1", "--psc", f"tcp:{psc_port}:interface=127.0.0.1",
+        "--peer", f"ws://127.0.0.1:{peer_port}/psc", "--no-chat-page",
+    ]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    ready = json.loads(proc.stdout.readline())
+    return proc, ready["wamp"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_interest(http_a: str, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(http_a + "stats", timeout=5) as r:
+            if json.loads(r.read())["remote_interest"].get(TOPIC):
+                return
+        time.sleep(0.02)
+    raise RuntimeError("node A never learned the subscriber's interest")
+
+
+def _one_run(url_a: str, url_b: str, realm: str, mode: str, count: int, size: int, rate: float, max_seconds: float) -> dict[str, Any]:
+    me = [sys.executable, "-m", "pubsubclub.bench"]
+    sub = subprocess.Popen([*me, "subscriber", url_b, realm, str(max_seconds + 10)], stdout=subprocess.PIPE, text=True)
+    assert sub.stdout is not None
+    sub.stdout.readline()  # {"ready": true}
+    if url_a.startswith("ws://127.0.0.1:"):
+        _wait_interest("http://" + url_a[len("ws://"):].rsplit("/", 1)[0] + "/")
+    pub = subprocess.run(
+        [*me, "publisher", url_a, realm, str(max_seconds), mode, str(count), str(size), str(rate)],
+        stdout=subprocess.PIPE, text=True, timeout=max_seconds + 30,
+    )
+    out_sub, _ = sub.communicate(timeout=max_seconds + 30)
+    p = json.loads(pub.stdout.strip().splitlines()[-1])
+    s = json.loads(out_sub.strip().splitlines()[-1])
+    duration = max(s.get("last", 0) - p["start"], 1e-9)
+    return {
+        "mode": mode,
+        "sent": p["sent"],
+        "received": s["received"],
+        "lost": p["sent"] - s["received"],
+        "publish_rate": p["sent"] / max(p["end"] - p["start"], 1e-9),
+        "delivered_rate": s["received"] / duration,
+        "latency_ms": s.get("latency_ms"),
+    }
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run both measurements and print them."""
+    procs: list[subprocess.Popen[str]] = []
+    try:
+        if args.target:
+            url_a, url_b = args.target
+        else:
+            ports = [_free_port() for _ in range(4)]
+            pa, url_a = _spawn_node("bench-a", ports[0], ports[1], ports[3])
+            procs.append(pa)
+            pb, url_b = _spawn_node("bench-b", ports[2], ports[3], ports[1])
+            procs.append(pb)
+        throughput = _one_run(url_a, url_b, args.realm, "throughput", args.count, args.size, 0, args.max_seconds)
+        latency = _one_run(url_a, url_b, args.realm, "latency", args.latency_count, args.size, args.rate, args.max_seconds)
+    finally:
+        for p in procs:
+            p.terminate()
+        for p in procs:
+            p.wait(10)
+    results = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "size": args.size,
+        "throughput": throughput,
+        "latency": latency,
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        t, lat = throughput, latency
+        print(f"throughput: sent {t['sent']} at {t['publish_rate']:.0f}/s, delivered {t['received']} "
+              f"at {t['delivered_rate']:.0f} msgs/s cross-node, lost {t['lost']}")
+        if lat["latency_ms"]:
+            lm = lat["latency_ms"]
+            print(f"latency at {args.rate}/s: p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms, max {lm['max']:.2f} ms, "
+                  f"lost {lat['lost']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_client_main(sys.argv[1:]))
