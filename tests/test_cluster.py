@@ -125,3 +125,24 @@ async def test_kill_and_restart_restores_links_and_subscriptions(cluster_factory
     assert rec2.args == [*range(10), "end"]
     assert rec3.args == [*range(10), "end"]
     await leave(pub, sub2, sub3)
+
+
+@pytest_twisted.ensureDeferred
+async def test_binary_payload_is_delivered_locally_and_not_forwarded(cluster_factory: Callable[..., Cluster]) -> None:
+    """A MessagePack bytes payload (not JSON) reaches local subscribers, is counted as dropped for peers, and breaks nothing."""
+    cluster = cluster_factory(2)
+    cluster.wait_linked()
+    pub = await connect(cluster[0].wamp_url, serializer="msgpack")
+    local = await connect(cluster[0].wamp_url, serializer="msgpack")
+    remote = await connect(cluster[1].wamp_url)
+    rec_local, _ = await subscribe(local, TOPIC)
+    rec_remote, _ = await subscribe(remote, TOPIC)
+    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest")
+    await publish_acked(pub, TOPIC, b"\x00\x01binary")
+    await publish_acked(pub, TOPIC, "text")
+    await rec_local.wait_for(2)
+    await rec_remote.wait_for(1)
+    assert rec_local.args == [b"\x00\x01binary", "text"]
+    assert rec_remote.args == ["text"]
+    assert cluster[0].stats()["federation"]["dropped_not_json"] == 1
+    await leave(pub, local, remote)

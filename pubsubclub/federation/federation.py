@@ -59,6 +59,8 @@ class _Server:
     url: str
     service: ClientService
     factory: PSCClientFactory
+    #: Reconnect delays taken since this server's last PSC handshake.
+    failures: int = 0
 
 
 def endpoint_for_url(reactor: Any, url: str) -> IStreamClientEndpoint:
@@ -113,7 +115,7 @@ class Federation:
         self._producers: dict[LinkSession, None] = {}
         #: topic -> open links whose consumer asked for it (we are the producer).
         self._by_topic: dict[str, dict[LinkSession, None]] = {}
-        self.stats = {"forwarded": 0, "received": 0, "links_opened": 0, "links_refused": 0}
+        self.stats = {"forwarded": 0, "received": 0, "links_opened": 0, "links_refused": 0, "dropped_not_json": 0}
         hub.add_interest_listener(self)
         hub.add_publish_listener(self)
 
@@ -149,14 +151,17 @@ class Federation:
             return
         endpoint = self._endpoint_factory(self._reactor, url)
         factory = PSCClientFactory(self, url, self._reactor, self._ping_interval)
-        service = ClientService(
-            endpoint,
-            factory,
-            retryPolicy=lambda attempt: self._retry.delay(attempt, self._rand),
-            clock=self._reactor,
-            prepareConnection=lambda proto: proto.handshake_done,
-        )
-        self._servers[url] = _Server(url, service, factory)
+
+        # The backoff is counted here, not by ClientService: its count resets at
+        # every TCP connect, and a PSC handshake can still fail after that. It
+        # cannot wait for the handshake either (prepareConnection): a connection
+        # lost while being prepared has no transition in its state machine.
+        def retry_delay(attempt: int) -> float:
+            server.failures += 1
+            return self._retry.delay(server.failures, self._rand)
+
+        service = ClientService(endpoint, factory, retryPolicy=retry_delay, clock=self._reactor)
+        server = self._servers[url] = _Server(url, service, factory)
         log.info("linking to {url}", url=url)
         service.startService()
 
@@ -204,6 +209,10 @@ class Federation:
             topics = self.hub.topics()
             if topics:
                 session.send(psc.Subscribe(tuple(topics)))
+        protocol = self._links.get(session)
+        for server in self._servers.values():
+            if protocol is not None and protocol.factory is server.factory:
+                server.failures = 0
         self.stats["links_opened"] += 1
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
@@ -274,19 +283,21 @@ class Federation:
             return
         plain: bytes | None = None
         rich: bytes | None = None
-        for session in sessions:
-            if session.with_metadata:
-                if rich is None:
-                    rich = psc.encode_publish(
-                        envelope.topic,
-                        envelope.payload,
-                        psc.Meta(envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped),
-                    )
-                session.send_raw(rich)
-            else:
-                if plain is None:
-                    plain = psc.encode_publish(envelope.topic, envelope.payload)
-                session.send_raw(plain)
+        try:
+            for session in sessions:
+                if session.with_metadata:
+                    if rich is None:
+                        meta = psc.Meta(envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped)
+                        rich = psc.encode_publish(envelope.topic, envelope.payload, meta)
+                    session.send_raw(rich)
+                else:
+                    if plain is None:
+                        plain = psc.encode_publish(envelope.topic, envelope.payload)
+                    session.send_raw(plain)
+        except TypeError as e:  # orjson: the payload is not JSON (e.g. msgpack bytes)
+            self.stats["dropped_not_json"] += 1
+            log.warn("not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e)
+            return
         self.stats["forwarded"] += len(sessions)
 
     # -- introspection -----------------------------------------------------

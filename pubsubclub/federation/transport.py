@@ -18,7 +18,6 @@ from autobahn.twisted.websocket import (
     WebSocketServerProtocol,
 )
 from autobahn.websocket.types import ConnectionRequest, ConnectionResponse
-from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.logger import Logger
 
@@ -86,7 +85,6 @@ class _LinkProtocolBase:
     factory: Any
     session: LinkSession | None = None
     peer_node: str | None = None
-    handshake_done: Deferred[LinkSession]
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: Federation = self.factory.federation
@@ -116,8 +114,6 @@ class _LinkProtocolBase:
         except LinkError as e:
             log.warn("closing PSC link to {peer}: {reason}", peer=session.peer, reason=e.reason)
             self.close_link(e.code, e.reason)
-        if session.state is LinkState.OPEN and not self.handshake_done.called:
-            self.handshake_done.callback(session)
 
     def close_link(self, code: int, reason: str) -> None:
         """Close with a reason the peer can read; stop handling its messages."""
@@ -137,17 +133,10 @@ class _LinkProtocolBase:
                 )
             self.factory.federation.link_closed(session)
             session.close()
-        if not self.handshake_done.called:
-            self.handshake_done.errback(ConnectionError(f"link closed before the handshake: {code} {reason}"))
 
 
 class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):
     """The listening side of a PSC link."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.handshake_done = Deferred()
-        self.handshake_done.addErrback(lambda _: None)
 
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
         federation: Federation = self.factory.federation
@@ -170,14 +159,6 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):
 
 class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):
     """The dialling side of a PSC link; it pings."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        # ClientService waits on this (prepareConnection) and consumes its
-        # failure: swallowing it here would turn a failed handshake into a
-        # "connected" that resets the backoff. Cancelling it (ClientService
-        # stopped mid-handshake) must also drop the half-open connection.
-        self.handshake_done = Deferred(lambda _: self.dropConnection(abort=True))
 
     def onConnect(self, response: ConnectionResponse) -> None:
         self.peer_node = response.headers.get(NODE_HEADER)

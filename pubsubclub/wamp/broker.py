@@ -367,7 +367,16 @@ class BrokerSession:
             self._end()
             transport.drop(reason)
             return
-        transport.send(self._router.event_for(envelope, subscription))
+        try:
+            transport.send(self._router.event_for(envelope, subscription))
+        except Exception:
+            # Called from the hub's delivery loop: one bad recipient or
+            # payload must not stop delivery to the others.
+            log.failure(
+                "WAMP session {session}: cannot send event {message_id}",
+                session=self._session_id,
+                message_id=envelope.message_id,
+            )
 
     # -- closing ---------------------------------------------------------------
 
