@@ -1,0 +1,153 @@
+"""``make demo``: a 3-node local cluster, a message crossing it, and a chat page per node.
+
+1. starts three ``pubsubclub node`` processes (static discovery, every node
+   lists the others) and prints their endpoints;
+2. subscribes an Autobahn-Python client on node 2 and one on node 3, publishes
+   on node 1, and prints where the message arrived;
+3. keeps the cluster up with the browser chat page served by every node: open
+   two of the printed chat URLs in two browsers and chat across nodes.
+
+Ctrl-C stops everything. Ports: WAMP 8080-8082 and PSC 9001-9003, or set
+DEMO_WAMP_PORT / DEMO_PSC_PORT.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from typing import Any
+
+import txaio
+
+txaio.use_twisted()
+
+from autobahn.twisted.wamp import ApplicationSession  # noqa: E402
+from autobahn.twisted.websocket import WampWebSocketClientFactory  # noqa: E402
+from autobahn.wamp.serializer import JsonSerializer  # noqa: E402
+from autobahn.wamp.types import ComponentConfig, PublishOptions  # noqa: E402
+from twisted.internet import defer, reactor, task  # noqa: E402
+from twisted.internet.endpoints import TCP4ClientEndpoint  # noqa: E402
+
+from pubsubclub.cluster import node_command  # noqa: E402
+
+TOPIC = "pubsubclub.demo.hello"
+NODES = 3
+
+
+def start_nodes(wamp_base: int, psc_base: int) -> tuple[list[subprocess.Popen[str]], list[dict[str, Any]]]:
+    """Start the nodes and read their ready lines."""
+    procs = [
+        subprocess.Popen(node_command(i, NODES, wamp_base, psc_base, "producer", "warn"), stdout=subprocess.PIPE, text=True)
+        for i in range(1, NODES + 1)
+    ]
+    ready = []
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"a node failed to start (ports {wamp_base}.. / {psc_base}.. in use?)")
+        ready.append(json.loads(line))
+    return procs, ready
+
+
+def wait_for_mesh(nodes: list[dict[str, Any]], timeout: float = 15.0) -> None:
+    """Until every node has its links to the others open."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        opened = []
+        for node in nodes:
+            with urllib.request.urlopen(node["http"] + "stats", timeout=5) as r:
+                links = json.loads(r.read())["links"]
+            opened.append(sum(1 for link in links if link["state"] == "open"))
+        if all(n == 2 * (NODES - 1) for n in opened):
+            return
+        time.sleep(0.05)
+    raise SystemExit("the nodes did not link up")
+
+
+async def session(url: str) -> ApplicationSession:
+    """A joined Autobahn-Python session."""
+    joined: defer.Deferred[ApplicationSession] = defer.Deferred()
+
+    class Session(ApplicationSession):  # type: ignore[misc]
+        def onJoin(self, details: Any) -> None:
+            joined.callback(self)
+
+    factory = WampWebSocketClientFactory(lambda: Session(ComponentConfig("realm1")), url=url, serializers=[JsonSerializer()])
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    await TCP4ClientEndpoint(reactor, host, int(port)).connect(factory)
+    return await joined
+
+
+async def show_fan_out(nodes: list[dict[str, Any]]) -> None:
+    """Subscribers on nodes 2 and 3, a publish on node 1."""
+    arrived: defer.Deferred[None] = defer.Deferred()
+    seen: list[str] = []
+
+    def on_event(name: str) -> Any:
+        def handler(msg: Any) -> None:
+            print(f"  {name} received: {msg}")
+            seen.append(name)
+            if len(seen) == 2 and not arrived.called:
+                arrived.callback(None)
+        return handler
+
+    subscribers = []
+    for node in nodes[1:]:
+        s = await session(node["wamp"])
+        await s.subscribe(on_event(node["name"]), TOPIC)
+        subscribers.append(s)
+    # Let PSC201 reach node 1 before publishing (interest is asynchronous).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(nodes[0]["http"] + "stats", timeout=5) as r:
+            if len(json.loads(r.read())["remote_interest"].get(TOPIC, [])) == 2:
+                break
+        await task.deferLater(reactor, 0.05, lambda: None)
+    publisher = await session(nodes[0]["wamp"])
+    message = {"text": "hello from node1", "at": time.strftime("%H:%M:%S")}
+    print(f"\npublishing on {nodes[0]['name']}: {message}")
+    await publisher.publish(TOPIC, message, options=PublishOptions(acknowledge=True))
+    await arrived.addTimeout(10, reactor)
+    for s in [publisher, *subscribers]:
+        s.leave()
+
+
+def main() -> int:
+    """Run the demo until Ctrl-C."""
+    wamp_base = int(os.environ.get("DEMO_WAMP_PORT", "8080"))
+    psc_base = int(os.environ.get("DEMO_PSC_PORT", "9001"))
+    procs, nodes = start_nodes(wamp_base, psc_base)
+    try:
+        wait_for_mesh(nodes)
+        print(f"{'node':<8} {'WAMP':<28} {'chat page (open in a browser)':<32} PSC")
+        for n in nodes:
+            print(f"{n['name']:<8} {n['wamp']:<28} {n['http']:<32} {n['psc']}")
+        task.react(lambda r: defer.ensureDeferred(show_fan_out(nodes)))
+    except SystemExit as e:
+        if e.code not in (0, None):
+            raise
+    finally:
+        pass
+    print("\nchat: open two of the chat pages above (different nodes) and type; Ctrl-C stops the cluster")
+    try:
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        for proc in procs:
+            proc.wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(10)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,579 @@
+"""PSC links between Federations, with real Autobahn protocols over in-memory transports.
+
+Every node runs on one ``MemoryReactorClock``: its ``connectTCP`` calls are
+recorded, and :class:`Net` answers each with the server factory of the node
+listening on the dialled port, joined by ``iosim`` transports. Time moves only
+when a test advances the clock, so pings, timeouts and retries are exact.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import formatEvent, globalLogPublisher
+from twisted.test import iosim
+
+from pubsubclub import psc
+from pubsubclub.federation import Federation, Role
+from pubsubclub.federation.federation import RetryPolicy
+from pubsubclub.federation.session import (
+    CLOSE_BAD_MESSAGE,
+    CLOSE_NO_COMMON_VERSION,
+    CLOSE_REMOVED,
+    CLOSE_SELF,
+)
+from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol
+from pubsubclub.hub import Envelope, Hub
+
+PING = 5.0
+RETRY = RetryPolicy(initial=1.0, factor=2.0, max_delay=8.0, jitter=0.25)
+
+OPCODE_TEXT = 1
+OPCODE_BINARY = 2
+OPCODE_CLOSE = 8
+OPCODE_PING = 9
+
+
+def url(port: int) -> str:
+    """The PSC URL of the node listening on ``port``."""
+    return f"ws://127.0.0.1:{port}/psc"
+
+
+class Wire(iosim.FakeTransport):
+    """An in-memory transport that keeps a copy of everything written, and can go mute."""
+
+    #: When true, writes are dropped: the peer hears nothing (not even pongs).
+    muted = False
+
+    def __init__(self, protocol: Any, isServer: bool, host: IPv4Address, peer: IPv4Address) -> None:
+        super().__init__(protocol, isServer, hostAddress=host, peerAddress=peer)
+        self.written = bytearray()
+
+    def write(self, data: bytes) -> None:
+        if self.muted or self.disconnecting:
+            return
+        self.written += data
+        super().write(data)
+
+    def frames(self) -> list[tuple[int, bytes]]:
+        """Every WebSocket frame written after the HTTP upgrade, as (opcode, unmasked payload)."""
+        data = bytes(self.written)
+        data = data[data.index(b"\r\n\r\n") + 4 :]
+        frames = []
+        while data:
+            opcode, length, masked = data[0] & 0x0F, data[1] & 0x7F, data[1] & 0x80
+            pos = 2
+            if length == 126:
+                (length,) = struct.unpack("!H", data[2:4])
+                pos = 4
+            elif length == 127:
+                (length,) = struct.unpack("!Q", data[2:10])
+                pos = 10
+            mask = data[pos : pos + 4] if masked else b"\0\0\0\0"
+            pos += 4 if masked else 0
+            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(data[pos : pos + length]))
+            frames.append((opcode, payload))
+            data = data[pos + length :]
+        return frames
+
+    def messages(self) -> list[psc.Message]:
+        """The PSC messages written, decoded."""
+        return [psc.decode(payload) for opcode, payload in self.frames() if opcode == OPCODE_TEXT]
+
+    def close(self) -> tuple[int, str] | None:
+        """The close frame written, as (code, reason), if any."""
+        for opcode, payload in self.frames():
+            if opcode == OPCODE_CLOSE:
+                return struct.unpack("!H", payload[:2])[0], payload[2:].decode()
+        return None
+
+
+@dataclass
+class Link:
+    """One dialled connection: both Autobahn protocols, both wires and their pump."""
+
+    client: PSCClientProtocol
+    server: PSCServerProtocol
+    client_wire: Wire
+    server_wire: Wire
+    pump: iosim.IOPump
+
+
+class Sink:
+    """A local subscriber that remembers what it was given."""
+
+    def __init__(self) -> None:
+        self.got: list[Envelope] = []
+
+    def deliver(self, envelope: Envelope) -> None:
+        """Remember ``envelope``."""
+        self.got.append(envelope)
+
+
+def _unwrap(protocol: Any) -> Any:
+    # The endpoint and ClientService wrap our protocol; walk down to it.
+    while not isinstance(protocol, PSCClientProtocol):
+        protocol = getattr(protocol, "_wrappedProtocol", None) or protocol._protocol
+    return protocol
+
+
+class Net:
+    """Nodes on one MemoryReactorClock; each connectTCP is answered by the node listening on that port."""
+
+    def __init__(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.listeners: dict[int, Any] = {}
+        self.nodes: list[Federation] = []
+        self.links: list[Link] = []
+        self._answered = 0
+
+    def node(
+        self,
+        node_id: str,
+        port: int,
+        *,
+        rand: Callable[[], float] = lambda: 0.5,
+        listen_role: Role = Role.PRODUCER,
+        **kwargs: Any,
+    ) -> Federation:
+        """A Federation for a new node with hub ``node_id``, listening on ``port``."""
+        federation = Federation(
+            Hub(node_id),
+            reactor=self.reactor,
+            listen_role=listen_role,
+            ping_interval=PING,
+            retry=RETRY,
+            rand=rand,
+            advertise_url=url(port),
+            **kwargs,
+        )
+        self.listeners[port] = federation.server_factory()
+        self.nodes.append(federation)
+        return federation
+
+    def dials(self) -> int:
+        """How many connectTCP calls were made so far."""
+        return len(self.reactor.tcpClients)
+
+    def answer(self) -> list[Link]:
+        """Connect every dial not yet answered to its listener, then pump until quiet."""
+        new = []
+        for host, port, factory, _timeout, _bind in self.reactor.tcpClients[self._answered :]:
+            client_addr = IPv4Address("TCP", "127.0.0.1", 40000 + len(self.links))
+            server_addr = IPv4Address("TCP", host, port)
+            client = factory.buildProtocol(server_addr)
+            server = self.listeners[port].buildProtocol(client_addr)
+            client_wire = Wire(client, False, client_addr, server_addr)
+            server_wire = Wire(server, True, server_addr, client_addr)
+            pump = iosim.connect(server, server_wire, client, client_wire, greet=False, clock=self.reactor)
+            link = Link(_unwrap(client), server, client_wire, server_wire, pump)
+            self.links.append(link)
+            new.append(link)
+        self._answered = self.dials()
+        self.flush()
+        return new
+
+    def flush(self) -> None:
+        """Move bytes on every link (and run due calls) until nothing moves."""
+        while sum(link.pump.flush() for link in self.links):
+            pass
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock, then let the links react."""
+        self.reactor.advance(seconds)
+        self.flush()
+
+    def stop(self) -> None:
+        """Stop every node and pump the closes through."""
+        for federation in self.nodes:
+            federation.stop()
+        self.flush()
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    """An empty in-memory network; the test fails if anything logged an error or touched the real reactor."""
+    from twisted.internet import reactor as global_reactor
+
+    errors: list[dict[str, Any]] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if event.get("log_failure") is not None or event.get("isError"):
+            errors.append(event)
+
+    before = set(global_reactor.getDelayedCalls())
+    globalLogPublisher.addObserver(observe)
+    try:
+        yield Net()
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert [formatEvent(e) + str(e.get("log_failure", "")) for e in errors] == []
+    assert set(global_reactor.getDelayedCalls()) <= before
+
+
+def _link(net: Net, dialler: Federation, port: int) -> Link:
+    dialler.add_server(url(port))
+    [link] = net.answer()
+    return link
+
+
+# -- handshake ------------------------------------------------------------
+
+
+def test_producer_listens_dialler_sends_hello_first(net: Net) -> None:
+    """When producers listen, the dialling consumer sends PSC101 and the producer answers PSC102 0.2."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    link = _link(net, a, 9002)
+    assert link.client_wire.messages()[0] == psc.Hello(((0, 1), (0, 2)))
+    assert link.server_wire.messages() == [psc.ChooseVersion((0, 2))]
+    assert [(r["role"], r["state"], r["version"], r["peer_node"]) for r in a.links()] == [
+        ("consumer", "open", "0.2", "b")
+    ]
+    assert [(r["role"], r["state"], r["version"], r["peer_node"]) for r in b.links()] == [
+        ("producer", "open", "0.2", "a")
+    ]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_consumer_listens_listener_sends_hello_first(net: Net) -> None:
+    """When consumers listen, the listening consumer sends PSC101 although it did not dial."""
+    a = net.node("a", 9001, listen_role=Role.CONSUMER)
+    b = net.node("b", 9002, listen_role=Role.CONSUMER)
+    link = _link(net, a, 9002)
+    assert link.server_wire.messages() == [psc.Hello(((0, 1), (0, 2)))]
+    assert link.client_wire.messages() == [psc.ChooseVersion((0, 2))]
+    assert [(r["role"], r["state"], r["version"]) for r in a.links()] == [("producer", "open", "0.2")]
+    assert [(r["role"], r["state"], r["version"]) for r in b.links()] == [("consumer", "open", "0.2")]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize("old_side", ["dialler", "listener"])
+def test_version_0_1_chosen_when_one_side_only_speaks_it(net: Net, old_side: str) -> None:
+    """PSC102 carries 0.1 when one side speaks only 0.1, and PSC301 then has no metadata."""
+    old = {"versions": ((0, 1),)}
+    a = net.node("a", 9001, **(old if old_side == "dialler" else {}))
+    b = net.node("b", 9002, **(old if old_side == "listener" else {}))
+    sink = Sink()
+    a.hub.subscribe("t", sink)
+    link = _link(net, a, 9002)
+    assert psc.ChooseVersion((0, 1)) in link.server_wire.messages()
+    assert {r["version"] for r in a.links() + b.links()} == {"0.1"}
+    b.hub.publish(b.hub.envelope("t", [1, 2]))
+    net.flush()
+    assert link.server_wire.messages()[-1] == psc.Publish("t", [1, 2])
+    assert [(e.topic, e.payload, e.origin) for e in sink.got] == [("t", [1, 2], "b")]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_no_common_version_closes_4406_and_backs_off(net: Net) -> None:
+    """Without a common version the producer closes with 4406 naming both sides' versions; the consumer retries with backoff."""
+    a = net.node("a", 9001, versions=((0, 1),))
+    b = net.node("b", 9002, versions=((0, 2),))
+    link = _link(net, a, 9002)
+    code, reason = link.server_wire.close()
+    assert code == CLOSE_NO_COMMON_VERSION
+    assert "0.1" in reason and "0.2" in reason
+    assert link.client.remoteCloseCode == CLOSE_NO_COMMON_VERSION
+    assert a.open_links() == b.open_links() == 0
+    assert a.links() == [
+        {"peer": url(9002), "peer_node": None, "role": "consumer", "state": "connecting",
+         "version": None, "direction": "out", "topics": 0}
+    ]
+    # A failed handshake is a failed attempt: the delays grow 1 s, 2 s, 4 s.
+    for delay in (1.0, 2.0, 4.0):
+        net.advance(delay - 0.01)
+        assert net.dials() == len(net.links)
+        net.advance(0.01)
+        assert net.dials() == len(net.links) + 1
+        [link] = net.answer()
+        assert link.server_wire.close()[0] == CLOSE_NO_COMMON_VERSION
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+# -- interest -------------------------------------------------------------
+
+
+def test_consumer_sends_whole_interest_in_one_subscribe(net: Net) -> None:
+    """After the handshake the consumer sends every hub topic in one PSC201."""
+    a = net.node("a", 9001)
+    net.node("b", 9002)
+    sink = Sink()
+    for topic in ("t1", "t2", "t3"):
+        a.hub.subscribe(topic, sink)
+    link = _link(net, a, 9002)
+    assert link.client_wire.messages() == [psc.Hello(((0, 1), (0, 2))), psc.Subscribe(("t1", "t2", "t3"))]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_consumer_without_topics_sends_nothing_after_handshake(net: Net) -> None:
+    """A consumer with no local subscribers sends no PSC201."""
+    a = net.node("a", 9001)
+    net.node("b", 9002)
+    link = _link(net, a, 9002)
+    assert link.client_wire.messages() == [psc.Hello(((0, 1), (0, 2)))]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_first_subscriber_subscribes_last_one_unsubscribes(net: Net) -> None:
+    """The first local subscriber of a topic sends PSC201, the last one leaving sends PSC202, others nothing."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    link = _link(net, a, 9002)
+    one, two = Sink(), Sink()
+    a.hub.subscribe("t", one)
+    a.hub.subscribe("t", two)
+    net.flush()
+    a.hub.unsubscribe("t", one)
+    net.flush()
+    assert link.client_wire.messages()[1:] == [psc.Subscribe(("t",))]
+    assert [r["topics"] for r in b.links()] == [1]
+    a.hub.unsubscribe("t", two)
+    net.flush()
+    assert link.client_wire.messages()[1:] == [psc.Subscribe(("t",)), psc.Unsubscribe("t")]
+    assert [r["topics"] for r in b.links()] == [0]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_interest_resent_after_reconnect(net: Net) -> None:
+    """After a dropped link the consumer redials after the retry delay and sends all its topics again."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    sink = Sink()
+    a.hub.subscribe("t1", sink)
+    first = _link(net, a, 9002)
+    first.server_wire.loseConnection()
+    net.flush()
+    assert a.open_links() == b.open_links() == 0
+    a.hub.subscribe("t2", sink)  # while the link is down
+    net.advance(RETRY.initial - 0.01)
+    assert net.dials() == 1
+    net.advance(0.01)
+    [second] = net.answer()
+    assert second.client_wire.messages() == [psc.Hello(((0, 1), (0, 2))), psc.Subscribe(("t1", "t2"))]
+    b.hub.publish(b.hub.envelope("t2", "hi"))
+    net.flush()
+    assert [e.payload for e in sink.got] == ["hi"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+# -- publishing -----------------------------------------------------------
+
+
+def test_publish_reaches_each_node_once_and_is_not_reforwarded(net: Net) -> None:
+    """In a full mesh of three nodes a publish reaches every node's sink once; receivers forward nothing."""
+    nodes = {name: net.node(name, port) for name, port in (("a", 9001), ("b", 9002), ("c", 9003))}
+    ports = {"a": 9001, "b": 9002, "c": 9003}
+    sinks = {name: Sink() for name in nodes}
+    for name, federation in nodes.items():
+        federation.hub.subscribe("t", sinks[name])
+        for other in nodes:
+            if other != name:
+                federation.add_server(url(ports[other]))
+    net.answer()
+    assert [f.open_links() for f in nodes.values()] == [4, 4, 4]
+    a = nodes["a"]
+    envelope = a.hub.envelope("t", {"n": None, "deep": [{"x": 1.5}]})
+    a.hub.publish(envelope)
+    net.flush()
+    for name in nodes:
+        assert [(e.payload, e.origin, e.message_id) for e in sinks[name].got] == [
+            ({"n": None, "deep": [{"x": 1.5}]}, "a", envelope.message_id)
+        ]
+    assert [f.stats["forwarded"] for f in nodes.values()] == [2, 0, 0]
+    assert [f.stats["received"] for f in nodes.values()] == [0, 1, 1]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_publish_without_interest_is_not_sent(net: Net) -> None:
+    """A publish on a topic no consumer asked for does not cross the link."""
+    net.node("a", 9001)
+    b = net.node("b", 9002)
+    link = _link(net, net.nodes[0], 9002)
+    b.hub.publish(b.hub.envelope("nobody", 1))
+    net.flush()
+    assert link.server_wire.messages() == [psc.ChooseVersion((0, 2))]
+    assert b.stats["forwarded"] == 0
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+# -- liveness -------------------------------------------------------------
+
+
+def test_pongs_keep_the_link_up(net: Net) -> None:
+    """The client pings every interval; a server that answers keeps the link up."""
+    a = net.node("a", 9001)
+    net.node("b", 9002)
+    link = _link(net, a, 9002)
+    for _ in range(10):
+        net.advance(PING)
+    pings = [f for f in link.client_wire.frames() if f[0] == OPCODE_PING]
+    assert len(pings) == 10
+    assert a.open_links() == 1 and net.dials() == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize("rand", [0.0, 0.5, 0.999])
+def test_ping_timeout_reconnects_within_jitter(net: Net, rand: float) -> None:
+    """A server that never pongs is dropped after interval + timeout, and redialled within the jitter bounds."""
+    draws: list[float] = []
+
+    def recorded_rand() -> float:
+        draws.append(rand)
+        return rand
+
+    a = net.node("a", 9001, rand=recorded_rand)
+    net.node("b", 9002)
+    link = _link(net, a, 9002)
+    link.server_wire.muted = True
+    net.advance(PING)
+    assert [f[0] for f in link.client_wire.frames()].count(OPCODE_PING) == 1
+    net.advance(PING - 0.01)
+    assert a.open_links() == 1
+    net.advance(0.01)
+    assert a.open_links() == 0
+    assert link.client_wire.disconnected
+    drop = net.reactor.seconds()
+    low, high = RETRY.initial * (1 - RETRY.jitter), RETRY.initial * (1 + RETRY.jitter)
+    redial = None
+    while net.reactor.seconds() < drop + high + 0.1:
+        net.advance(0.01)
+        if net.dials() == 2:
+            redial = net.reactor.seconds() - drop
+            break
+    assert redial is not None and low - 0.01 <= redial <= high + 0.01
+    assert draws == [rand]
+    assert redial == pytest.approx(RETRY.delay(1, lambda: rand), abs=0.011)
+    net.answer()
+    assert a.open_links() == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+# -- discovery ------------------------------------------------------------
+
+
+def test_remove_server_closes_4410_and_stops_retrying(net: Net) -> None:
+    """remove_server closes the link with 4410 and no dial follows, however long we wait."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    link = _link(net, a, 9002)
+    a.remove_server(url(9002))
+    net.flush()
+    code, reason = link.client_wire.close()
+    assert code == CLOSE_REMOVED and "removed" in reason
+    assert link.server.remoteCloseCode == CLOSE_REMOVED
+    assert a.servers() == [] and a.links() == [] and b.links() == []
+    for _ in range(100):
+        net.advance(10)
+    assert net.dials() == 1
+    assert net.reactor.getDelayedCalls() == []
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize("when", ["dialling", "waiting to retry"])
+def test_remove_server_without_a_link_stops_retrying(net: Net, when: str) -> None:
+    """remove_server while dialling or while waiting to retry leaves nothing scheduled."""
+    a = net.node("a", 9001)
+    net.node("b", 9002)
+    a.add_server(url(9002))
+    if when == "waiting to retry":
+        [link] = net.answer()
+        link.server_wire.loseConnection()
+        net.flush()
+        assert len(net.reactor.getDelayedCalls()) == 1
+    a.remove_server(url(9002))
+    net.flush()
+    for _ in range(100):
+        net.advance(10)
+    assert net.dials() == 1
+    assert a.servers() == []
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_add_own_advertise_url_does_nothing(net: Net) -> None:
+    """add_server with the node's own advertised URL does not dial."""
+    a = net.node("a", 9001)
+    a.add_server(url(9001))
+    assert a.servers() == [] and net.dials() == 0
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize("server", ["same federation", "other federation, same id"])
+def test_server_with_our_node_id_is_dropped(net: Net, server: str) -> None:
+    """A server answering with our own node id makes us close with 4508 and forget its URL for good."""
+    a = net.node("a", 9001)
+    if server == "same federation":
+        net.listeners[9100] = net.listeners[9001]  # another address of this very node
+    else:
+        net.node("a", 9100)
+    a.add_server(url(9100))
+    [link] = net.answer()
+    assert link.client_wire.close()[0] == CLOSE_SELF
+    assert all(f.links() == [] for f in net.nodes)
+    assert a.servers() == []
+    for _ in range(100):
+        net.advance(10)
+    assert net.dials() == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+# -- junk -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("sender", "payload", "binary", "reason"),
+    [
+        ("consumer", b"not json", False, "not JSON"),
+        ("producer", b'[201,"t"]', False, "unexpected Subscribe from a producer"),
+        ("consumer", b'[201,"t"]', True, "binary frames"),
+        ("consumer", b'[301,"t",1]', False, "unexpected Publish from a consumer"),
+    ],
+)
+def test_junk_closes_only_that_link(net: Net, sender: str, payload: bytes, binary: bool, reason: str) -> None:
+    """Junk from a peer closes that link with 4400 and a reason; the node's other link keeps working."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    c = net.node("c", 9003)
+    sinks = {"a": Sink(), "c": Sink()}
+    a.hub.subscribe("t", sinks["a"])
+    c.hub.subscribe("t", sinks["c"])
+    a.add_server(url(9002))
+    c.add_server(url(9002))
+    bad, good = net.answer()
+    assert b.open_links() == 2
+    speaker, hearer = (bad.client, bad.server_wire) if sender == "consumer" else (bad.server, bad.client_wire)
+    speaker.sendMessage(payload, isBinary=binary)
+    net.flush()
+    code, text = hearer.close()
+    assert code == CLOSE_BAD_MESSAGE
+    assert reason in text
+    assert a.open_links() == 0 and b.open_links() == 1 and c.open_links() == 1
+    b.hub.publish(b.hub.envelope("t", "still here"))
+    net.flush()
+    assert [e.payload for e in sinks["c"].got] == ["still here"]
+    assert sinks["a"].got == []
+    assert good.server_wire.close() is None
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
