@@ -42,7 +42,9 @@ NODES = 3
 def start_nodes(wamp_base: int, psc_base: int) -> tuple[list[subprocess.Popen[str]], list[dict[str, Any]]]:
     """Start the nodes and read their ready lines."""
     procs = [
-        subprocess.Popen(node_command(i, NODES, wamp_base, psc_base, "producer", "warn"), stdout=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            node_command(i, NODES, wamp_base, psc_base, "producer", "warn"), stdout=subprocess.PIPE, text=True
+        )
         for i in range(1, NODES + 1)
     ]
     ready = []
@@ -78,7 +80,9 @@ async def session(url: str) -> ApplicationSession:
         def onJoin(self, details: Any) -> None:
             joined.callback(self)
 
-    factory = WampWebSocketClientFactory(lambda: Session(ComponentConfig("realm1")), url=url, serializers=[JsonSerializer()])
+    factory = WampWebSocketClientFactory(
+        lambda: Session(ComponentConfig("realm1")), url=url, serializers=[JsonSerializer()]
+    )
     host, port = url.split("//")[1].split("/")[0].split(":")
     await TCP4ClientEndpoint(reactor, host, int(port)).connect(factory)
     return await joined
@@ -95,6 +99,7 @@ async def show_fan_out(nodes: list[dict[str, Any]]) -> None:
             seen.append(name)
             if len(seen) == 2 and not arrived.called:
                 arrived.callback(None)
+
         return handler
 
     subscribers = []

@@ -38,19 +38,20 @@ def _client_main(argv: list[str]) -> int:
     import txaio
 
     txaio.use_twisted()
-    from twisted.internet import reactor, task
+    from twisted.internet import task
 
     role, url, realm, max_seconds = argv[0], argv[1], argv[2], float(argv[3])
     result: dict[str, Any] = {}
 
     async def run(reactor: Any) -> None:
+        from urllib.parse import urlsplit
+
         from autobahn.twisted.wamp import ApplicationSession
         from autobahn.twisted.websocket import WampWebSocketClientFactory
         from autobahn.wamp.serializer import JsonSerializer
         from autobahn.wamp.types import ComponentConfig, PublishOptions
         from twisted.internet import defer
         from twisted.internet.endpoints import TCP4ClientEndpoint
-        from urllib.parse import urlsplit
 
         joined: defer.Deferred[Any] = defer.Deferred()
 
@@ -62,7 +63,7 @@ def _client_main(argv: list[str]) -> int:
             lambda: Session(ComponentConfig(realm)), url=url, serializers=[JsonSerializer()]
         )
         parts = urlsplit(url)
-        await TCP4ClientEndpoint(reactor, parts.hostname, parts.port).connect(factory)
+        await TCP4ClientEndpoint(reactor, parts.hostname or "127.0.0.1", parts.port or 80).connect(factory)
         session = await joined.addTimeout(10, reactor)
 
         if role == "subscriber":
@@ -141,9 +142,21 @@ def defer_run(fn: Any, reactor: Any) -> Any:
 
 def _spawn_node(name: str, wamp_port: int, psc_port: int, peer_port: int) -> tuple[subprocess.Popen[str], str]:
     cmd = [
-        sys.executable, "-m", "pubsubclub", "node", "--name", name, "--log-level", "warn",
-        "--wamp", f"tcp:{wamp_port}:interface=127.0.0.1", "--psc", f"tcp:{psc_port}:interface=127.0.0.1",
-        "--peer", f"ws://127.0.0.1:{peer_port}/psc", "--no-chat-page",
+        sys.executable,
+        "-m",
+        "pubsubclub",
+        "node",
+        "--name",
+        name,
+        "--log-level",
+        "warn",
+        "--wamp",
+        f"tcp:{wamp_port}:interface=127.0.0.1",
+        "--psc",
+        f"tcp:{psc_port}:interface=127.0.0.1",
+        "--peer",
+        f"ws://127.0.0.1:{peer_port}/psc",
+        "--no-chat-page",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
@@ -169,16 +182,20 @@ def _wait_interest(http_a: str, timeout: float = 10.0) -> None:
     raise RuntimeError("node A never learned the subscriber's interest")
 
 
-def _one_run(url_a: str, url_b: str, realm: str, mode: str, count: int, size: int, rate: float, max_seconds: float) -> dict[str, Any]:
+def _one_run(
+    url_a: str, url_b: str, realm: str, mode: str, count: int, size: int, rate: float, max_seconds: float
+) -> dict[str, Any]:
     me = [sys.executable, "-m", "pubsubclub.bench"]
     sub = subprocess.Popen([*me, "subscriber", url_b, realm, str(max_seconds + 10)], stdout=subprocess.PIPE, text=True)
     assert sub.stdout is not None
     sub.stdout.readline()  # {"ready": true}
     if url_a.startswith("ws://127.0.0.1:"):
-        _wait_interest("http://" + url_a[len("ws://"):].rsplit("/", 1)[0] + "/")
+        _wait_interest("http://" + url_a[len("ws://") :].rsplit("/", 1)[0] + "/")
     pub = subprocess.run(
         [*me, "publisher", url_a, realm, str(max_seconds), mode, str(count), str(size), str(rate)],
-        stdout=subprocess.PIPE, text=True, timeout=max_seconds + 30,
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=max_seconds + 30,
     )
     out_sub, _ = sub.communicate(timeout=max_seconds + 30)
     p = json.loads(pub.stdout.strip().splitlines()[-1])
@@ -208,7 +225,9 @@ def run_bench(args: argparse.Namespace) -> int:
             pb, url_b = _spawn_node("bench-b", ports[2], ports[3], ports[1])
             procs.append(pb)
         throughput = _one_run(url_a, url_b, args.realm, "throughput", args.count, args.size, 0, args.max_seconds)
-        latency = _one_run(url_a, url_b, args.realm, "latency", args.latency_count, args.size, args.rate, args.max_seconds)
+        latency = _one_run(
+            url_a, url_b, args.realm, "latency", args.latency_count, args.size, args.rate, args.max_seconds
+        )
     finally:
         for p in procs:
             p.terminate()
@@ -224,12 +243,16 @@ def run_bench(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=2))
     else:
         t, lat = throughput, latency
-        print(f"throughput: sent {t['sent']} at {t['publish_rate']:.0f}/s, delivered {t['received']} "
-              f"at {t['delivered_rate']:.0f} msgs/s cross-node, lost {t['lost']}")
+        print(
+            f"throughput: sent {t['sent']} at {t['publish_rate']:.0f}/s, delivered {t['received']} "
+            f"at {t['delivered_rate']:.0f} msgs/s cross-node, lost {t['lost']}"
+        )
         if lat["latency_ms"]:
             lm = lat["latency_ms"]
-            print(f"latency at {args.rate}/s: p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms, max {lm['max']:.2f} ms, "
-                  f"lost {lat['lost']}")
+            print(
+                f"latency at {args.rate}/s: p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms, max {lm['max']:.2f} ms, "
+                f"lost {lat['lost']}"
+            )
     return 0
 
 

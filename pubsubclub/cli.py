@@ -15,11 +15,22 @@ EXIT_USAGE = 2
 def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags win)")
     p.add_argument("--name", help="node id, unique in the cluster (default: random)")
-    p.add_argument("--wamp", metavar="ENDPOINT", help="WAMP listener, a Twisted endpoint (default tcp:8080:interface=127.0.0.1)")
+    p.add_argument(
+        "--wamp", metavar="ENDPOINT", help="WAMP listener, a Twisted endpoint (default tcp:8080:interface=127.0.0.1)"
+    )
     p.add_argument("--realm", help="WAMP realm (default realm1)")
-    p.add_argument("--psc", metavar="ENDPOINT", help="federation listener, path /psc (default tcp:9001:interface=127.0.0.1)")
-    p.add_argument("--peer", metavar="URL", action="append", help="PSC URL of another node, e.g. ws://127.0.0.1:9002/psc (repeatable)")
-    p.add_argument("--listen-role", choices=["producer", "consumer"], help="which role listens, cluster-wide (default producer)")
+    p.add_argument(
+        "--psc", metavar="ENDPOINT", help="federation listener, path /psc (default tcp:9001:interface=127.0.0.1)"
+    )
+    p.add_argument(
+        "--peer",
+        metavar="URL",
+        action="append",
+        help="PSC URL of another node, e.g. ws://127.0.0.1:9002/psc (repeatable)",
+    )
+    p.add_argument(
+        "--listen-role", choices=["producer", "consumer"], help="which role listens, cluster-wide (default producer)"
+    )
     p.add_argument("--advertise", metavar="URL", help="the PSC URL other nodes use for this node")
     p.add_argument("--max-message-size", type=int, metavar="BYTES", help="largest WAMP/PSC message accepted")
     p.add_argument("--no-chat-page", action="store_true", help="do not serve the browser chat page at /")
@@ -43,7 +54,9 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
 
     bench = sub.add_parser("bench", help="measure cross-node throughput and latency")
-    bench.add_argument("--target", metavar="WS_URL", nargs=2, help="WAMP URLs of nodes A and B (default: start two nodes)")
+    bench.add_argument(
+        "--target", metavar="WS_URL", nargs=2, help="WAMP URLs of nodes A and B (default: start two nodes)"
+    )
     bench.add_argument("--realm", default="realm1")
     bench.add_argument("--count", type=int, default=50_000, help="messages in the throughput run")
     bench.add_argument("--size", type=int, default=100, help="payload bytes")

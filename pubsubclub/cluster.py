@@ -13,12 +13,20 @@ def node_command(index: int, count: int, wamp_base: int, psc_base: int, listen_r
     """The ``pubsubclub node`` command line of node ``index`` (1-based)."""
     peers = [f"ws://127.0.0.1:{psc_base + k - 1}/psc" for k in range(1, count + 1) if k != index]
     cmd = [
-        sys.executable, "-m", "pubsubclub", "node",
-        "--name", f"node{index}",
-        "--wamp", f"tcp:{wamp_base + index - 1}:interface=127.0.0.1",
-        "--psc", f"tcp:{psc_base + index - 1}:interface=127.0.0.1",
-        "--listen-role", listen_role,
-        "--log-level", log_level,
+        sys.executable,
+        "-m",
+        "pubsubclub",
+        "node",
+        "--name",
+        f"node{index}",
+        "--wamp",
+        f"tcp:{wamp_base + index - 1}:interface=127.0.0.1",
+        "--psc",
+        f"tcp:{psc_base + index - 1}:interface=127.0.0.1",
+        "--listen-role",
+        listen_role,
+        "--log-level",
+        log_level,
     ]
     for peer in peers:
         cmd += ["--peer", peer]
@@ -33,7 +41,8 @@ def run_cluster(count: int, wamp_base: int, psc_base: int, listen_role: str, log
         for i in range(1, count + 1):
             proc = subprocess.Popen(
                 node_command(i, count, wamp_base, psc_base, listen_role, log_level),
-                stdout=subprocess.PIPE, text=True,
+                stdout=subprocess.PIPE,
+                text=True,
             )
             procs.append(proc)
         for proc in procs:

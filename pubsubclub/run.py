@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+
 from twisted.internet import defer
 from twisted.logger import (
     FilteringLogObserver,
@@ -28,9 +29,9 @@ def run_node(config: NodeConfig, log_level: str = "info") -> int:
     import txaio
 
     txaio.use_twisted()
-    from pubsubclub.node import Node, print_ready
-
     from twisted.internet import reactor
+
+    from pubsubclub.node import Node, print_ready
 
     exit_code = [0]
 

@@ -61,10 +61,21 @@ class NodeProcess:
     def command(self) -> list[str]:
         """The node's command line."""
         cmd = [
-            sys.executable, "-m", "pubsubclub", "node", "--name", self.name,
-            "--wamp", f"tcp:{self.wamp_port}:interface=127.0.0.1",
-            "--psc", f"tcp:{self.psc_port}:interface=127.0.0.1",
-            "--listen-role", self.listen_role, "--log-level", "info", *self.extra,
+            sys.executable,
+            "-m",
+            "pubsubclub",
+            "node",
+            "--name",
+            self.name,
+            "--wamp",
+            f"tcp:{self.wamp_port}:interface=127.0.0.1",
+            "--psc",
+            f"tcp:{self.psc_port}:interface=127.0.0.1",
+            "--listen-role",
+            self.listen_role,
+            "--log-level",
+            "info",
+            *self.extra,
         ]
         for peer in self.peers:
             cmd += ["--peer", peer]
@@ -122,10 +133,13 @@ class Cluster:
     def wait_linked(self) -> None:
         """Until every node has an open link in each direction with every other node."""
         n = len(self.nodes)
-        wait_until(lambda: all(
-            sum(1 for link in node.stats()["links"] if link["state"] == "open") == 2 * (n - 1)
-            for node in self.nodes
-        ), "full mesh of open links")
+        wait_until(
+            lambda: all(
+                sum(1 for link in node.stats()["links"] if link["state"] == "open") == 2 * (n - 1)
+                for node in self.nodes
+            ),
+            "full mesh of open links",
+        )
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_SECONDS) -> None:

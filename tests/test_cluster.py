@@ -110,7 +110,9 @@ async def test_kill_and_restart_restores_links_and_subscriptions(cluster_factory
     sub3 = await connect(cluster[2].wamp_url)
     rec3, _ = await subscribe(sub3, TOPIC)
     cluster[1].kill()
-    wait_until(lambda: sum(1 for link in cluster[0].stats()["links"] if link["state"] == "open") == 2, "node1 to drop node2")
+    wait_until(
+        lambda: sum(1 for link in cluster[0].stats()["links"] if link["state"] == "open") == 2, "node1 to drop node2"
+    )
     cluster[1].start()
     cluster.wait_linked()
     sub2 = await connect(cluster[1].wamp_url)

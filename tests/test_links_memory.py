@@ -577,3 +577,17 @@ def test_junk_closes_only_that_link(net: Net, sender: str, payload: bytes, binar
     assert good.server_wire.close() is None
     net.stop()
     assert net.reactor.getDelayedCalls() == []
+
+
+def test_remove_server_with_silent_peer_leaves_no_timers(net: Net) -> None:
+    """remove_server when the peer never answers the close leaves no close-handshake timer behind."""
+    a = net.node("a", 9001)
+    net.node("b", 9002)
+    link = _link(net, a, 9002)
+    link.server_wire.muted = True
+    a.remove_server(url(9002))
+    net.flush()
+    assert link.client_wire.close()[0] == CLOSE_REMOVED
+    assert link.client_wire.disconnected and link.server_wire.disconnected
+    assert net.reactor.getDelayedCalls() == []
+    net.stop()

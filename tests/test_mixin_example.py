@@ -29,8 +29,16 @@ class ExampleServer:
 
     def start(self, peers: list[str]) -> None:
         """Start and wait for the ready line."""
-        cmd = [sys.executable, str(REPO / "examples" / "clustered_server.py"), "--name", self.name,
-               "--wamp", str(self.wamp_port), "--psc", str(self.psc_port)]
+        cmd = [
+            sys.executable,
+            str(REPO / "examples" / "clustered_server.py"),
+            "--name",
+            self.name,
+            "--wamp",
+            str(self.wamp_port),
+            "--psc",
+            str(self.psc_port),
+        ]
         for peer in peers:
             cmd += ["--peer", peer]
         with open(self.log, "w") as log:

@@ -11,8 +11,9 @@ again: one hop over a full mesh, so no loops and no duplicates.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 from autobahn.twisted.resource import WebSocketResource
@@ -21,7 +22,7 @@ from twisted.application.internet import ClientService
 from twisted.internet import defer
 from twisted.internet.abstract import isIPAddress
 from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint
-from twisted.internet.interfaces import IReactorTime, IStreamClientEndpoint
+from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub import psc

@@ -10,7 +10,8 @@ reached through :class:`LinkOwner`.
 from __future__ import annotations
 
 import enum
-from typing import Callable, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from pubsubclub import psc
 

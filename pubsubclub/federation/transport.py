@@ -19,7 +19,9 @@ from autobahn.twisted.websocket import (
 )
 from autobahn.websocket.types import ConnectionRequest, ConnectionResponse
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
@@ -133,6 +135,14 @@ class _LinkProtocolBase:
                 )
             self.factory.federation.link_closed(session)
             session.close()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Also cancel the close-handshake timer, which Autobahn leaves running when TCP goes first."""
+        super().connectionLost(reason)  # type: ignore[misc]
+        call = getattr(self, "closeHandshakeTimeoutCall", None)
+        if call is not None:
+            call.cancel()
+            self.closeHandshakeTimeoutCall = None
 
 
 class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):
