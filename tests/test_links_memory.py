@@ -276,7 +276,7 @@ def test_version_0_1_chosen_when_one_side_only_speaks_it(net: Net, old_side: str
 
 
 def test_no_common_version_closes_4406_and_backs_off(net: Net) -> None:
-    """Without a common version the producer closes with 4406 naming both sides' versions; the consumer retries with backoff."""
+    """With no common version the producer closes 4406 naming the versions; the consumer backs off."""
     a = net.node("a", 9001, versions=((0, 1),))
     b = net.node("b", 9002, versions=((0, 2),))
     link = _link(net, a, 9002)

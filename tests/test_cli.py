@@ -1,0 +1,144 @@
+"""The ``pubsubclub`` command line: flags, config files, ``cluster``."""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, WAIT_SECONDS, free_port
+
+from pubsubclub.config import ConfigError, build, load_toml
+
+
+def free_run(n: int) -> int:
+    """A port p such that p .. p+n-1 were all free a moment ago."""
+    import socket
+
+    for _ in range(100):
+        base = free_port()
+        try:
+            socks = []
+            for p in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", p))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise AssertionError("no free port run")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m pubsubclub`` to completion."""
+    return subprocess.run(
+        [sys.executable, "-m", "pubsubclub", *args], capture_output=True, text=True, timeout=WAIT_SECONDS, cwd=REPO
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["node", "--listen-role", "both"], "--listen-role"),
+        (["node", "--wamp", "bogus:1"], "'wamp'"),
+        (["node", "--psc", "tcp:notaport"], "'psc'"),
+        (["node", "--peer", "http://127.0.0.1:9001/psc"], "'peer'"),
+        (["node", "--peer", "ws://127.0.0.1/psc"], "'peer'"),
+        (["node", "--name", "has space"], "'name'"),
+        (["node", "--max-message-size", "12"], "'max-message-size'"),
+        (["node", "--no-such-flag"], "--no-such-flag"),
+        (["cluster", "--nodes", "0"], "'nodes'"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_key(args: list[str], named: str) -> None:
+    """Every bad flag value ends with exit code 2 and a message naming it."""
+    result = run_cli(*args)
+    assert result.returncode == 2, result
+    assert named in result.stderr
+
+
+def test_bad_config_file_names_the_key(tmp_path: Path) -> None:
+    """An unknown or mistyped key in the TOML file is named, exit code 2."""
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text('wamp = "tcp:8080"\ncolour = "blue"\n')
+    result = run_cli("node", "--config", str(unknown))
+    assert result.returncode == 2 and "'colour'" in result.stderr
+    mistyped = tmp_path / "mistyped.toml"
+    mistyped.write_text("peer = 5\n")
+    result = run_cli("node", "--config", str(mistyped))
+    assert result.returncode == 2 and "'peer'" in result.stderr
+    broken = tmp_path / "broken.toml"
+    broken.write_text("peer = [\n")
+    result = run_cli("node", "--config", str(broken))
+    assert result.returncode == 2 and "not valid TOML" in result.stderr
+    result = run_cli("node", "--config", str(tmp_path / "missing.toml"))
+    assert result.returncode == 2 and "cannot read" in result.stderr
+
+
+def test_config_file_and_flags_merge(tmp_path: Path) -> None:
+    """Keys from the file are used; flags override them; hyphenated keys work."""
+    path = tmp_path / "node.toml"
+    path.write_text(
+        'name = "n1"\nlisten-role = "consumer"\nrealm = "r1"\npeer = ["ws://127.0.0.1:9002/psc"]\n'
+        'wamp = "tcp:8085:interface=127.0.0.1"\n'
+    )
+    config = build(load_toml(str(path)), {"realm": "r2"})
+    assert (config.name, config.listen_role, config.realm) == ("n1", "consumer", "r2")
+    assert config.peer == ("ws://127.0.0.1:9002/psc",)
+    with pytest.raises(ConfigError, match="'listen-role'"):
+        build({}, {"listen_role": "nobody"})
+
+
+def test_node_listener_in_use_exits_nonzero(tmp_path: Path) -> None:
+    """A node whose WAMP port is taken says so and exits 1 instead of hanging."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        result = run_cli("node", "--wamp", f"tcp:{port}:interface=127.0.0.1", "--psc", f"tcp:{free_port()}")
+    assert result.returncode == 1
+    assert "cannot start node" in result.stderr
+
+
+def test_cluster_command_starts_links_and_stops_nodes() -> None:
+    """``pubsubclub cluster --nodes 2`` prints a table of endpoints, and Ctrl-C stops every node."""
+    wamp, psc = free_run(2), free_run(2)
+    while psc - 1 <= wamp <= psc + 1:
+        psc = free_run(2)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pubsubclub", "cluster", "--nodes", "2", "--wamp-base-port", str(wamp),
+         "--psc-base-port", str(psc), "--log-level", "warn"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    out = b""
+    while b"Ctrl-C" not in out:
+        assert sel.select(WAIT_SECONDS), out
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        assert chunk, (out, proc.stderr.read() if proc.stderr else "")
+        out += chunk
+    lines = [out.decode()]
+    table = "".join(lines)
+    assert f"ws://127.0.0.1:{wamp}/ws" in table and f"ws://127.0.0.1:{wamp + 1}/ws" in table
+    assert f"ws://127.0.0.1:{psc + 1}/psc" in table
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{wamp}/stats", timeout=5) as r:
+        assert json.loads(r.read())["servers"] == [f"ws://127.0.0.1:{psc + 1}/psc"]
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(WAIT_SECONDS) == 0
+    # Every node is gone: its port refuses connections.
+    with pytest.raises(OSError):
+        urllib.request.urlopen(f"http://127.0.0.1:{wamp}/stats", timeout=5)

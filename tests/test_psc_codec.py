@@ -1,0 +1,283 @@
+"""The PSC codec: exact wire bytes, round trips, and a clear PSCDecodeError for every bad input."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pubsubclub import psc
+from pubsubclub.psc import (
+    ChooseVersion,
+    Hello,
+    Limits,
+    Meta,
+    PSCDecodeError,
+    Publish,
+    Subscribe,
+    Unsubscribe,
+    choose_version,
+    decode,
+    encode,
+)
+
+# -- strategies -------------------------------------------------------------
+
+#: Text orjson can encode: anything but lone surrogates.
+text = st.text(st.characters(blacklist_categories=("Cs",)), max_size=20)
+topics = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=40)
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | text,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(text, inner, max_size=5),
+    max_leaves=30,
+)
+versions = st.tuples(st.integers(0, 2**31 - 1), st.integers(0, 2**31 - 1))
+metas = st.builds(
+    Meta,
+    origin=st.none() | text,
+    published_at=st.none() | st.floats(allow_nan=False, allow_infinity=False),
+    message_id=st.none() | text,
+    wamp_wrapped=st.booleans(),
+)
+messages = st.one_of(
+    st.builds(Hello, st.lists(versions, min_size=1, max_size=64).map(tuple)),
+    st.builds(ChooseVersion, versions),
+    st.builds(Subscribe, st.lists(topics, min_size=1, max_size=10).map(tuple)),
+    st.builds(Unsubscribe, topics),
+    st.builds(Publish, topics, json_values, st.none() | metas),
+)
+#: Arrays that start like PSC messages, so random input reaches every parameter check.
+psc_shaped = st.builds(
+    lambda kind, params: [kind, *params],
+    st.sampled_from([101, 102, 201, 202, 301]) | st.integers(-(2**63), 2**63) | json_values,
+    st.lists(json_values | st.lists(st.integers(-3, 3), max_size=3) | metas.map(lambda m: {"o": m.origin}), max_size=4),
+)
+
+
+# -- round trips and exact bytes -------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "wire"),
+    [
+        (Hello(((0, 1),)), b"[101,[0,1]]"),
+        (Hello(((0, 1), (0, 2))), b"[101,[0,1],[0,2]]"),
+        (Hello(((1, 0), (0, 2), (0, 1))), b"[101,[1,0],[0,2],[0,1]]"),
+        (ChooseVersion((0, 2)), b"[102,[0,2]]"),
+        (Subscribe(("a",)), b'[201,"a"]'),
+        (Subscribe(("a", "b")), b'[201,"a","b"]'),
+        (Unsubscribe("a"), b'[202,"a"]'),
+        (Publish("t", {"x": 1}), b'[301,"t",{"x":1}]'),
+        (Publish("t", None), b'[301,"t",null]'),
+        (Publish("t", [1, "two", {"three": [None, True, 4.5]}]), b'[301,"t",[1,"two",{"three":[null,true,4.5]}]]'),
+        (Publish("t", "\u00e9\u4e2d"), '[301,"t","\u00e9\u4e2d"]'.encode()),
+        (
+            Publish("t", 1, Meta(origin="n1", published_at=2.5, message_id="n1-7", wamp_wrapped=True)),
+            b'[301,"t",1,{"o":"n1","t":2.5,"i":"n1-7","w":1}]',
+        ),
+        (Publish("t", 1, Meta()), b'[301,"t",1,{}]'),
+    ],
+)
+def test_encode_gives_spec_bytes_and_decodes_back(message: psc.Message, wire: bytes) -> None:
+    """Each message type encodes to the spec's JSON array and decodes back to an equal message."""
+    assert encode(message) == wire
+    assert decode(wire) == message
+    assert decode(wire.decode()) == message
+
+
+def test_decode_accepts_whitespace_and_ignores_unknown_meta_keys() -> None:
+    """Formatting is free, and unknown metadata keys are ignored (room to extend 0.2)."""
+    assert decode(b' [ 301 , "t" , 1 , { "o" : "x" , "future" : [1] } ] ') == Publish("t", 1, Meta(origin="x"))
+
+
+def test_meta_publish_time_integer_decodes_as_float() -> None:
+    """An integer publish time is accepted and becomes a float."""
+    message = decode(b'[301,"t",1,{"t":5}]')
+    assert isinstance(message, Publish) and message.meta == Meta(published_at=5.0)
+    assert isinstance(message.meta.published_at, float)
+
+
+def test_encode_refuses_what_it_could_not_decode() -> None:
+    """Encoding an empty PSC101/PSC201 or a non-message is a local error, not bytes on the wire."""
+    with pytest.raises(ValueError, match="PSC101"):
+        encode(Hello(()))
+    with pytest.raises(ValueError, match="PSC201"):
+        encode(Subscribe(()))
+    with pytest.raises(TypeError, match="not a PSC message"):
+        encode("hello")  # type: ignore[arg-type]
+
+
+# -- bad input ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"", "not JSON"),
+        (b"nope", "not JSON"),
+        (b'[301,"t",', "not JSON"),
+        (b"[301,\"t\",1] trailing", "not JSON"),
+        (b"\xff\xfe", "UTF-8"),
+        (b'[201,"\xc3"]', "UTF-8"),
+        (b"[" * 2000 + b"]" * 2000, "not JSON"),
+        (b'{"type":101}', "not a JSON array but dict"),
+        (b'"[101]"', "not a JSON array but str"),
+        (b"101", "not a JSON array but int"),
+        (b"null", "not a JSON array but NoneType"),
+        (b"[]", "empty array"),
+        (b"[true]", "message type must be an integer, got True"),
+        (b"[1.0]", "message type must be an integer, got 1.0"),
+        (b'["101"]', "message type must be an integer, got '101'"),
+        (b"[null]", "message type must be an integer, got None"),
+        (b"[[101]]", "message type must be an integer"),
+        (b"[999]", "unknown message type 999"),
+        (b"[0]", "unknown message type 0"),
+        (b"[-101]", "unknown message type -101"),
+        (b"[203]", "unknown message type 203"),
+        # wrong arity
+        (b"[101]", "PSC101 needs at least one version"),
+        (b"[102]", "PSC102 takes 1 parameter(s), got 0"),
+        (b"[102,[0,1],[0,2]]", "PSC102 takes 1 parameter(s), got 2"),
+        (b"[201]", "PSC201 needs at least one topic"),
+        (b"[202]", "PSC202 takes 1 parameter(s), got 0"),
+        (b'[202,"a","b"]', "PSC202 takes 1 parameter(s), got 2"),
+        (b"[301]", "PSC301 takes 2 parameters (3 with metadata), got 0"),
+        (b'[301,"t"]', "PSC301 takes 2 parameters (3 with metadata), got 1"),
+        (b'[301,"t",1,{},2]', "PSC301 takes 2 parameters (3 with metadata), got 4"),
+        # wrong parameter types
+        (b"[201,1]", "topic must be a string, got int"),
+        (b'[201,"a",null]', "topic must be a string, got NoneType"),
+        (b'[201,["a"]]', "topic must be a string, got list"),
+        (b"[202,{}]", "topic must be a string, got dict"),
+        (b"[301,7,1]", "topic must be a string, got int"),
+        (b'[201,""]', "topic must not be empty"),
+        (b'[202,""]', "topic must not be empty"),
+        (b'[301,"",1]', "topic must not be empty"),
+        (b'[101,"0.1"]', "version must be [major, minor]"),
+        (b"[101,[0]]", "version must be [major, minor]"),
+        (b"[101,[0,1,2]]", "version must be [major, minor]"),
+        (b"[101,[0,1],[0,-2]]", "version must be [major, minor] with non-negative integers"),
+        (b"[101,[-1,0]]", "non-negative integers"),
+        (b"[101,[0,1.0]]", "non-negative integers"),
+        (b"[101,[true,1]]", "non-negative integers"),
+        (b'[101,[0,"1"]]', "non-negative integers"),
+        (b"[101,[0,2147483648]]", "non-negative integers"),
+        (b"[102,[0,-1]]", "non-negative integers"),
+        (b"[102,{}]", "version must be [major, minor]"),
+        # bad metadata
+        (b'[301,"t",1,[]]', "metadata must be an object, got list"),
+        (b'[301,"t",1,null]', "metadata must be an object, got NoneType"),
+        (b'[301,"t",1,{"o":1}]', "'o' (origin) must be a string"),
+        (b'[301,"t",1,{"t":"now"}]', "'t' (publish time) must be a number"),
+        (b'[301,"t",1,{"t":true}]', "'t' (publish time) must be a number"),
+        (b'[301,"t",1,{"i":5}]', "'i' (message id) must be a string"),
+        (b'[301,"t",1,{"w":2}]', "'w' must be 0 or 1"),
+        (b'[301,"t",1,{"w":true}]', "'w' must be 0 or 1"),
+        (b'[301,"t",1,{"w":1.0}]', "'w' must be 0 or 1"),
+    ],
+)
+def test_bad_input_raises_decode_error_naming_the_problem(data: bytes, problem: str) -> None:
+    """Every kind of malformed message raises PSCDecodeError whose message names the problem."""
+    with pytest.raises(PSCDecodeError) as info:
+        decode(data)
+    assert problem in str(info.value)
+
+
+def test_message_over_size_limit() -> None:
+    """A message longer than max_message_size is refused before parsing; one at the limit is fine."""
+    limits = Limits(max_message_size=20)
+    at_limit = b'[301,"t","' + b"x" * 8 + b'"]'
+    assert len(at_limit) == 20
+    assert decode(at_limit, limits) == Publish("t", "x" * 8)
+    with pytest.raises(PSCDecodeError, match="message of 21 bytes is over the limit of 20"):
+        decode(at_limit[:-2] + b'x"]', limits)
+    with pytest.raises(PSCDecodeError, match="over the limit"):
+        decode(b"x" * (psc.DEFAULT_LIMITS.max_message_size + 1))
+
+
+@pytest.mark.parametrize("kind", [201, 202, 301])
+def test_topic_over_length_limit(kind: int) -> None:
+    """A topic longer than max_topic_length is refused in PSC201, PSC202 and PSC301."""
+    limits = Limits(max_topic_length=5)
+    tail = [1] if kind == 301 else []
+    assert decode(orjson.dumps([kind, "x" * 5, *tail]), limits)
+    with pytest.raises(PSCDecodeError, match="topic of 6 characters is over the limit of 5"):
+        decode(orjson.dumps([kind, "x" * 6, *tail]), limits)
+
+
+def test_too_many_topics_or_versions() -> None:
+    """PSC201 and PSC101 have a named limit on their number of parameters."""
+    limits = Limits(max_topics_per_subscribe=2, max_versions=2)
+    assert decode(b'[201,"a","b"]', limits) == Subscribe(("a", "b"))
+    with pytest.raises(PSCDecodeError, match="PSC201 with 3 topics is over the limit of 2"):
+        decode(b'[201,"a","b","c"]', limits)
+    with pytest.raises(PSCDecodeError, match="PSC101 with 3 versions is over the limit of 2"):
+        decode(b"[101,[0,1],[0,2],[0,3]]", limits)
+
+
+# -- properties -------------------------------------------------------------
+
+
+def _decode_or_error(data: bytes | str) -> psc.Message | None:
+    try:
+        return decode(data)
+    except PSCDecodeError:
+        return None
+
+
+@given(st.binary(max_size=200))
+def test_random_bytes_only_raise_decode_error(data: bytes) -> None:
+    """Random bytes either decode or raise PSCDecodeError; nothing else escapes."""
+    message = _decode_or_error(data)
+    if message is not None:
+        assert decode(encode(message)) == message
+
+
+@given(json_values | psc_shaped)
+def test_random_json_only_raises_decode_error(value: Any) -> None:
+    """Random JSON, much of it shaped like PSC, decodes to a message that re-encodes, or raises PSCDecodeError."""
+    message = _decode_or_error(orjson.dumps(value))
+    if message is not None:
+        assert decode(encode(message)) == message
+
+
+@given(messages)
+def test_valid_messages_round_trip(message: psc.Message) -> None:
+    """decode(encode(m)) == m for every valid message."""
+    assert decode(encode(message)) == message
+
+
+# -- version choice -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("offered", "supported", "chosen"),
+    [
+        (((0, 1), (0, 2)), ((0, 1), (0, 2)), (0, 2)),
+        (((0, 2), (0, 1)), ((0, 1), (0, 2)), (0, 2)),
+        (((0, 1),), ((0, 1), (0, 2)), (0, 1)),
+        (((0, 1), (0, 2), (1, 0)), ((0, 1), (0, 2)), (0, 2)),
+        (((0, 1), (0, 9), (1, 0)), ((0, 9), (1, 0), (2, 0)), (1, 0)),
+        (((0, 2),), ((0, 1),), None),
+        (((1, 0), (3, 0)), ((0, 1), (0, 2)), None),
+    ],
+)
+def test_choose_version_picks_highest_common(
+    offered: tuple[psc.Version, ...], supported: tuple[psc.Version, ...], chosen: psc.Version | None
+) -> None:
+    """choose_version returns the highest version both sides speak, or None when there is none."""
+    assert choose_version(offered, supported) == chosen
+
+
+def test_choose_version_defaults_to_what_we_speak() -> None:
+    """Without a supported list it uses SUPPORTED_VERSIONS (0.1 and 0.2)."""
+    assert psc.SUPPORTED_VERSIONS == ((0, 1), (0, 2))
+    assert choose_version(((0, 1), (0, 2), (0, 3))) == (0, 2)
+    assert choose_version(((5, 5),)) is None
