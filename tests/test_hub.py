@@ -1,0 +1,107 @@
+"""The hub: local sinks per topic, interest changes, local vs remote publishes."""
+
+from __future__ import annotations
+
+from pubsubclub.hub import Envelope, Hub
+
+
+class Sink:
+    """Records what it is given."""
+
+    def __init__(self) -> None:
+        self.got: list[Envelope] = []
+
+    def deliver(self, envelope: Envelope) -> None:
+        self.got.append(envelope)
+
+
+class Listener:
+    """Records interest changes and local publishes, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def topic_added(self, topic: str) -> None:
+        self.calls.append(("added", topic))
+
+    def topic_removed(self, topic: str) -> None:
+        self.calls.append(("removed", topic))
+
+    def local_published(self, envelope: Envelope) -> None:
+        self.calls.append(("published", envelope.topic))
+
+
+def make() -> tuple[Hub, Listener]:
+    hub = Hub("n1")
+    listener = Listener()
+    hub.add_interest_listener(listener)
+    hub.add_publish_listener(listener)
+    return hub, listener
+
+
+def test_only_first_and_last_subscriber_change_interest() -> None:
+    """topic_added fires for the first sink only, topic_removed for the last one only."""
+    hub, listener = make()
+    a, b = Sink(), Sink()
+    hub.subscribe("t", a)
+    hub.subscribe("t", b)
+    hub.subscribe("t", a)  # idempotent
+    hub.unsubscribe("t", a)
+    hub.unsubscribe("t", a)  # idempotent
+    assert listener.calls == [("added", "t")]
+    hub.unsubscribe("t", b)
+    assert listener.calls == [("added", "t"), ("removed", "t")]
+    assert hub.topics() == []
+
+
+def test_local_publish_delivers_then_tells_listeners_and_honours_exclude() -> None:
+    """A local publish reaches every sink but the excluded one, then the publish listeners."""
+    hub, listener = make()
+    a, b = Sink(), Sink()
+    hub.subscribe("t", a)
+    hub.subscribe("t", b)
+    env = hub.envelope("t", {"x": 1})
+    assert hub.publish(env, exclude=a) == 1
+    assert a.got == [] and b.got == [env]
+    assert listener.calls[-1] == ("published", "t")
+    assert env.origin == "n1" and env.message_id == "n1-1" and env.published_at is not None
+
+
+def test_remote_delivery_is_local_only() -> None:
+    """A message from another node is delivered locally and never handed to publish listeners."""
+    hub, listener = make()
+    a = Sink()
+    hub.subscribe("t", a)
+    env = Envelope("t", 5, origin="n2")
+    assert hub.deliver_remote(env) == 1
+    assert a.got == [env]
+    assert ("published", "t") not in listener.calls
+
+
+def test_unsubscribe_all_removes_a_gone_client_everywhere() -> None:
+    """unsubscribe_all drops a sink from every topic and reports topics that became empty."""
+    hub, listener = make()
+    a, b = Sink(), Sink()
+    hub.subscribe("t1", a)
+    hub.subscribe("t2", a)
+    hub.subscribe("t2", b)
+    hub.unsubscribe_all(a)
+    assert ("removed", "t1") in listener.calls and ("removed", "t2") not in listener.calls
+    assert hub.topics() == ["t2"] and hub.subscribers("t2") == 1
+
+
+def test_sink_unsubscribing_during_delivery_is_safe() -> None:
+    """A sink may unsubscribe itself while a message is being delivered."""
+    hub, _ = make()
+
+    class Leaver(Sink):
+        def deliver(self, envelope: Envelope) -> None:
+            super().deliver(envelope)
+            hub.unsubscribe("t", self)
+
+    leaver, stayer = Leaver(), Sink()
+    hub.subscribe("t", leaver)
+    hub.subscribe("t", stayer)
+    assert hub.publish(hub.envelope("t", 1)) == 2
+    assert hub.publish(hub.envelope("t", 2)) == 1
+    assert [e.payload for e in stayer.got] == [1, 2]
