@@ -135,7 +135,9 @@ def decode(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Message:
         if not params:
             raise PSCDecodeError("PSC201 needs at least one topic")
         if len(params) > limits.max_topics_per_subscribe:
-            raise PSCDecodeError(f"PSC201 with {len(params)} topics is over the limit of {limits.max_topics_per_subscribe}")
+            raise PSCDecodeError(
+                f"PSC201 with {len(params)} topics is over the limit of {limits.max_topics_per_subscribe}"
+            )
         return Subscribe(tuple(_topic(t, limits) for t in params))
     if kind == UNSUBSCRIBE:
         _arity("PSC202", params, 1)
@@ -168,11 +170,7 @@ def _topic(value: Any, limits: Limits) -> str:
 
 
 def _version(value: Any) -> Version:
-    if (
-        not isinstance(value, list)
-        or len(value) != 2
-        or not all(type(n) is int and 0 <= n < 2**31 for n in value)
-    ):
+    if not isinstance(value, list) or len(value) != 2 or not all(type(n) is int and 0 <= n < 2**31 for n in value):
         raise PSCDecodeError(f"version must be [major, minor] with non-negative integers, got {value!r:.60}")
     return (value[0], value[1])
 

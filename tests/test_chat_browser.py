@@ -37,9 +37,23 @@ def test_chat_message_crosses_nodes_in_the_browser(cluster_factory: Callable[...
     # A subscriber already on node 2 makes node 1 forward the chat topic before page A
     # publishes, so the test does not race page B's subscription across the link.
     watcher = subprocess.Popen(
-        [node, str(WAMP_CLIENT_JS), "--url", cluster[1].wamp_url, "subscribe", "--topic", CHAT_TOPIC,
-         "--count", "1", "--timeout", str(3 * PAGE_TIMEOUT)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        [
+            node,
+            str(WAMP_CLIENT_JS),
+            "--url",
+            cluster[1].wamp_url,
+            "subscribe",
+            "--topic",
+            CHAT_TOPIC,
+            "--count",
+            "1",
+            "--timeout",
+            str(3 * PAGE_TIMEOUT),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     try:
         assert watcher.stdout is not None
@@ -54,9 +68,20 @@ def test_chat_message_crosses_nodes_in_the_browser(cluster_factory: Callable[...
         screenshot = tmp_path / "b.png"
         try:
             run = subprocess.run(
-                [node, str(CHAT_BROWSER_JS), cluster[0].http_url, cluster[1].http_url,
-                 "--screenshot", str(screenshot), "--timeout", str(PAGE_TIMEOUT)],
-                capture_output=True, text=True, cwd=REPO, timeout=3 * PAGE_TIMEOUT + WAIT_SECONDS,
+                [
+                    node,
+                    str(CHAT_BROWSER_JS),
+                    cluster[0].http_url,
+                    cluster[1].http_url,
+                    "--screenshot",
+                    str(screenshot),
+                    "--timeout",
+                    str(PAGE_TIMEOUT),
+                ],
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                timeout=3 * PAGE_TIMEOUT + WAIT_SECONDS,
             )
         except subprocess.TimeoutExpired as e:
             pytest.fail(f"chat_browser.js did not finish: stdout={e.stdout!r} stderr={e.stderr!r}")

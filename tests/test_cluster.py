@@ -131,7 +131,7 @@ async def test_kill_and_restart_restores_links_and_subscriptions(cluster_factory
 
 @pytest_twisted.ensureDeferred
 async def test_binary_payload_is_delivered_locally_and_not_forwarded(cluster_factory: Callable[..., Cluster]) -> None:
-    """A MessagePack bytes payload (not JSON) reaches local subscribers, is counted as dropped for peers, and breaks nothing."""
+    """MessagePack bytes (not JSON) reach local subscribers only and are counted as dropped."""
     cluster = cluster_factory(2)
     cluster.wait_linked()
     pub = await connect(cluster[0].wamp_url, serializer="msgpack")

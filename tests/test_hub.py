@@ -32,6 +32,7 @@ class Listener:
 
 
 def make() -> tuple[Hub, Listener]:
+    """A hub with a recording listener."""
     hub = Hub("n1")
     listener = Listener()
     hub.add_interest_listener(listener)

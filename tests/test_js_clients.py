@@ -34,9 +34,23 @@ def node_binary() -> str:
 def js_client(url: str, command: str, topic: str, count: int) -> subprocess.Popen[str]:
     """Start ``tests/js/wamp_client.js``; stdout is a pipe of JSON lines."""
     return subprocess.Popen(
-        [node_binary(), str(WAMP_CLIENT_JS), "--url", url, command, "--topic", topic, "--count", str(count),
-         "--timeout", str(JS_TIMEOUT)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        [
+            node_binary(),
+            str(WAMP_CLIENT_JS),
+            "--url",
+            url,
+            command,
+            "--topic",
+            topic,
+            "--count",
+            str(count),
+            "--timeout",
+            str(JS_TIMEOUT),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
 
 

@@ -286,8 +286,15 @@ def test_no_common_version_closes_4406_and_backs_off(net: Net) -> None:
     assert link.client.remoteCloseCode == CLOSE_NO_COMMON_VERSION
     assert a.open_links() == b.open_links() == 0
     assert a.links() == [
-        {"peer": url(9002), "peer_node": None, "role": "consumer", "state": "connecting",
-         "version": None, "direction": "out", "topics": 0}
+        {
+            "peer": url(9002),
+            "peer_node": None,
+            "role": "consumer",
+            "state": "connecting",
+            "version": None,
+            "direction": "out",
+            "topics": 0,
+        }
     ]
     # A failed handshake is a failed attempt: the delays grow 1 s, 2 s, 4 s.
     for delay in (1.0, 2.0, 4.0):

@@ -123,7 +123,7 @@ def test_encode_refuses_what_it_could_not_decode() -> None:
         (b"", "not JSON"),
         (b"nope", "not JSON"),
         (b'[301,"t",', "not JSON"),
-        (b"[301,\"t\",1] trailing", "not JSON"),
+        (b'[301,"t",1] trailing', "not JSON"),
         (b"\xff\xfe", "UTF-8"),
         (b'[201,"\xc3"]', "UTF-8"),
         (b"[" * 2000 + b"]" * 2000, "not JSON"),

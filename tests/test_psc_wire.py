@@ -146,9 +146,14 @@ class RawPSCServer:
     def __init__(self) -> None:
         self._accepted: queue.Queue[_RecordingConnection] = queue.Queue()
         self._server = serve(
-            self._handler, "127.0.0.1", 0,
-            subprotocols=["pubsubclub"], compression=None, ping_interval=None,
-            process_response=self._add_node_header, create_connection=_RecordingConnection,
+            self._handler,
+            "127.0.0.1",
+            0,
+            subprotocols=["pubsubclub"],
+            compression=None,
+            ping_interval=None,
+            process_response=self._add_node_header,
+            create_connection=_RecordingConnection,
         )
         self.port = self._server.socket.getsockname()[1]
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)

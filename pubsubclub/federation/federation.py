@@ -172,7 +172,7 @@ class Federation:
         if server is None:
             return defer.succeed(None)
         log.info("unlinking from {url}", url=url)
-        for session, proto in list(self._links.items()):
+        for proto in list(self._links.values()):
             if proto.factory is server.factory:
                 proto.close_link(CLOSE_REMOVED, "server removed from this node's list")
         return defer.maybeDeferred(server.service.stopService)
@@ -199,10 +199,10 @@ class Federation:
     def link_open(self, session: LinkSession) -> None:
         """Handshake done: the consumer sends its whole interest in one PSC201."""
         if session.role is Role.CONSUMER:
-            if session.peer_node is not None and any(
-                other.peer_node == session.peer_node for other in self._producers
-            ):
-                log.warn("duplicate link to node {node} via {peer}; closing it", node=session.peer_node, peer=session.peer)
+            if session.peer_node is not None and any(other.peer_node == session.peer_node for other in self._producers):
+                log.warn(
+                    "duplicate link to node {node} via {peer}; closing it", node=session.peer_node, peer=session.peer
+                )
                 self.stats["links_refused"] += 1
                 self._links[session].close_link(CLOSE_DUPLICATE, f"already linked to node {session.peer_node}")
                 return
@@ -217,7 +217,10 @@ class Federation:
         self.stats["links_opened"] += 1
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
-            role=session.role.value, peer=session.peer, node=session.peer_node, version=session.version,
+            role=session.role.value,
+            peer=session.peer,
+            node=session.peer_node,
+            version=session.version,
         )
 
     def link_closed(self, session: LinkSession) -> None:
@@ -288,7 +291,9 @@ class Federation:
             for session in sessions:
                 if session.with_metadata:
                     if rich is None:
-                        meta = psc.Meta(envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped)
+                        meta = psc.Meta(
+                            envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped
+                        )
                         rich = psc.encode_publish(envelope.topic, envelope.payload, meta)
                     session.send_raw(rich)
                 else:
@@ -297,7 +302,9 @@ class Federation:
                     session.send_raw(plain)
         except TypeError as e:  # orjson: the payload is not JSON (e.g. msgpack bytes)
             self.stats["dropped_not_json"] += 1
-            log.warn("not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e)
+            log.warn(
+                "not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e
+            )
             return
         self.stats["forwarded"] += len(sessions)
 
@@ -308,30 +315,42 @@ class Federation:
         rows = []
         dialled = set()
         for session, proto in self._links.items():
-            server_url = getattr(proto.factory, "url", None) if proto.factory in {s.factory for s in self._servers.values()} else None
+            server_url = (
+                getattr(proto.factory, "url", None)
+                if proto.factory in {s.factory for s in self._servers.values()}
+                else None
+            )
             if server_url:
                 dialled.add(server_url)
-            rows.append({
-                "peer": session.peer,
-                "peer_node": session.peer_node,
-                "role": session.role.value,
-                "state": session.state.value,
-                "version": None if session.version is None else f"{session.version[0]}.{session.version[1]}",
-                "direction": "out" if server_url else "in",
-                "topics": len(session.topics),
-            })
+            rows.append(
+                {
+                    "peer": session.peer,
+                    "peer_node": session.peer_node,
+                    "role": session.role.value,
+                    "state": session.state.value,
+                    "version": None if session.version is None else f"{session.version[0]}.{session.version[1]}",
+                    "direction": "out" if server_url else "in",
+                    "topics": len(session.topics),
+                }
+            )
         for url in self._servers:
             if url not in dialled:
-                rows.append({"peer": url, "peer_node": None, "role": self.listen_role.opposite.value,
-                             "state": "connecting", "version": None, "direction": "out", "topics": 0})
+                rows.append(
+                    {
+                        "peer": url,
+                        "peer_node": None,
+                        "role": self.listen_role.opposite.value,
+                        "state": "connecting",
+                        "version": None,
+                        "direction": "out",
+                        "topics": 0,
+                    }
+                )
         return rows
 
     def remote_interest(self) -> dict[str, list[str]]:
         """topic -> the peers (node ids, else URLs) that asked us for it."""
-        return {
-            topic: sorted(s.peer_node or s.peer for s in sessions)
-            for topic, sessions in self._by_topic.items()
-        }
+        return {topic: sorted(s.peer_node or s.peer for s in sessions) for topic, sessions in self._by_topic.items()}
 
     def open_links(self) -> int:
         """Number of links past their handshake."""

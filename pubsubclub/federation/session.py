@@ -166,7 +166,10 @@ class LinkSession:
             if not isinstance(message, psc.ChooseVersion):
                 raise self._unexpected(message)
             if message.version not in self._versions:
-                raise LinkError(CLOSE_NO_COMMON_VERSION, f"producer chose version {message.version[0]}.{message.version[1]}, which we did not offer")
+                raise LinkError(
+                    CLOSE_NO_COMMON_VERSION,
+                    f"producer chose version {message.version[0]}.{message.version[1]}, which we did not offer",
+                )
             chosen = message.version
         self.version = chosen
         self.state = LinkState.OPEN

@@ -131,7 +131,9 @@ class _LinkProtocolBase:
             if session.state is not LinkState.CLOSED:
                 log.info(
                     "PSC link to {peer} closed (code={code}, reason={reason})",
-                    peer=session.peer, code=code, reason=reason,
+                    peer=session.peer,
+                    code=code,
+                    reason=reason,
                 )
             self.factory.federation.link_closed(session)
             session.close()
@@ -145,10 +147,12 @@ class _LinkProtocolBase:
             self.closeHandshakeTimeoutCall = None
 
 
-class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):
+# Autobahn's own base classes disagree on two attribute types (its typing, not ours).
+class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ignore[misc]
     """The listening side of a PSC link."""
 
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
+        """Learn the peer's node id; answer with ours and the subprotocol."""
         federation: Federation = self.factory.federation
         self.peer_node = request.headers.get(NODE_HEADER)
         # A link from this node to itself is accepted, not refused: an HTTP
@@ -160,20 +164,23 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):
         return protocol, {NODE_HEADER: federation.node_id}
 
     def onOpen(self) -> None:
+        """Start the session in the cluster's listening role."""
         federation: Federation = self.factory.federation
         if self.peer_node == federation.node_id:
             self.sendClose(CLOSE_SELF, "a node never links to itself")
             return
-        self._start_session(federation.listen_role, self.peer)
+        self._start_session(federation.listen_role, str(self.peer))
 
 
-class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):
+class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ignore[misc]
     """The dialling side of a PSC link; it pings."""
 
     def onConnect(self, response: ConnectionResponse) -> None:
+        """Learn the server's node id from its handshake answer."""
         self.peer_node = response.headers.get(NODE_HEADER)
 
     def onOpen(self) -> None:
+        """Start the session in the role opposite to the listeners'."""
         federation: Federation = self.factory.federation
         if self.peer_node is not None and self.peer_node == federation.node_id:
             log.warn("{url} is this node itself; not linking to it", url=self.factory.url)

@@ -99,8 +99,8 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         try:
             # Twisted Web's HTTPChannel is still registered from before the
             # WebSocket takeover; after it, nothing else produces here.
-            transport.unregisterProducer()
-            transport.registerProducer(backlog, True)
+            transport.unregisterProducer()  # type: ignore[attr-defined]
+            transport.registerProducer(backlog, True)  # type: ignore[attr-defined]
         except Exception:
             log.failure("cannot watch the send buffer; slow consumers will not be dropped")
             return
