@@ -378,6 +378,23 @@ def test_interest_resent_after_reconnect(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
+def test_clean_close_by_a_configured_server_is_retried(net: Net) -> None:
+    """A server that closes the link cleanly (1000) is redialled about a second later, while still configured."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    first = _link(net, a, 9002)
+    first.server.sendClose(1000, "going away for a bit")
+    net.flush()
+    assert a.open_links() == 0
+    net.advance(RETRY.initial - 0.01)
+    assert net.dials() == 1
+    net.advance(0.01)
+    [second] = net.answer()
+    assert a.open_links() == 1 and b.open_links() == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
 # -- publishing -----------------------------------------------------------
 
 
