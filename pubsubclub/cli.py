@@ -34,6 +34,13 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise", metavar="URL", help="the PSC URL other nodes use for this node")
     p.add_argument("--max-message-size", type=int, metavar="BYTES", help="largest WAMP/PSC message accepted")
     p.add_argument("--no-chat-page", action="store_true", help="do not serve the browser chat page at /")
+    p.add_argument("--http", metavar="ENDPOINT", help="operations listener serving /health (default: off)")
+    p.add_argument("--consul", metavar="URL", help="Consul agent URL, e.g. http://127.0.0.1:8500 (discovery)")
+    p.add_argument("--service", help="Consul service name (default pubsubclub)")
+    p.add_argument("--consul-token", metavar="TOKEN", help="Consul ACL token")
+    p.add_argument("--consul-dc", metavar="DC", help="Consul datacenter")
+    p.add_argument("--cluster-secret-file", metavar="FILE", help="links must prove this secret (HMAC)")
+    p.add_argument("--ca-file", metavar="PEM", help="CA certificates that wss:// peers are verified against")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
 
 
@@ -79,6 +86,13 @@ def _node_config(args: argparse.Namespace) -> Any:
         "advertise": args.advertise,
         "max_message_size": args.max_message_size,
         "chat_page": False if args.no_chat_page else None,
+        "http": args.http,
+        "consul": args.consul,
+        "service": args.service,
+        "consul_token": args.consul_token,
+        "consul_dc": args.consul_dc,
+        "cluster_secret_file": args.cluster_secret_file,
+        "ca_file": args.ca_file,
     }
     return build(file_values, flags)
 

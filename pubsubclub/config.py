@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
@@ -43,6 +44,20 @@ class NodeConfig:
     max_message_size: int = 1024 * 1024
     #: Serve the browser chat page at ``/`` of the WAMP listener.
     chat_page: bool = True
+    #: Twisted endpoint of the operations listener (``/health``); None: off.
+    http: str | None = None
+    #: Consul agent URL (``http://127.0.0.1:8500``); None: static discovery only.
+    consul: str | None = None
+    #: Consul service name the nodes register under and watch.
+    service: str = "pubsubclub"
+    #: Consul ACL token.
+    consul_token: str | None = None
+    #: Consul datacenter.
+    consul_dc: str | None = None
+    #: File holding the cluster secret; links must prove it (HMAC) when set.
+    cluster_secret_file: str | None = None
+    #: CA certificates (PEM) that ``wss://`` peers are verified against.
+    ca_file: str | None = None
     #: Extra fields kept for later front-ends.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -61,6 +76,16 @@ class NodeConfig:
             _check_url("advertise", self.advertise)
         if self.listen_role not in LISTEN_ROLES:
             raise ConfigError("listen-role", f"must be one of {', '.join(LISTEN_ROLES)}, not {self.listen_role!r}")
+        if self.http is not None:
+            _check_endpoint("http", self.http)
+        if self.consul is not None:
+            _check_http_url("consul", self.consul)
+        if not self.service or len(self.service) > 128:
+            raise ConfigError("service", "must be 1-128 characters")
+        for key in ("cluster_secret_file", "ca_file"):
+            path = getattr(self, key)
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(key.replace("_", "-"), f"no such file: {path}")
         if not isinstance(self.max_message_size, int) or not 1024 <= self.max_message_size <= 64 * 1024 * 1024:
             raise ConfigError("max-message-size", "must be an integer between 1024 and 67108864")
         return self
@@ -73,6 +98,12 @@ def _check_endpoint(key: str, value: Any) -> None:
         _parseServer(value, None)
     except Exception as e:  # Twisted raises assorted errors for bad strings.
         raise ConfigError(key, f"bad endpoint {value!r}: {e}") from None
+
+
+def _check_http_url(key: str, value: Any) -> None:
+    parts = urlsplit(value) if isinstance(value, str) else None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ConfigError(key, f"must be an http:// or https:// URL, not {value!r}")
 
 
 def _check_url(key: str, value: Any) -> None:
@@ -115,8 +146,10 @@ def load_toml(path: str) -> dict[str, Any]:
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise ConfigError(name, "must be a list of URLs")
             value = tuple(value)
-        elif key in ("wamp", "psc", "realm", "name", "listen_role", "advertise") and not isinstance(value, str):
+        elif key not in ("peer", "chat_page", "max_message_size") and not isinstance(value, str):
             raise ConfigError(name, "must be a string")
+        elif key == "max_message_size" and (not isinstance(value, int) or isinstance(value, bool)):
+            raise ConfigError(name, "must be an integer")
         elif key == "chat_page" and not isinstance(value, bool):
             raise ConfigError(name, "must be true or false")
         values[key] = value

@@ -54,6 +54,36 @@ class StatsResource(Resource):
         return json.dumps(self._node.stats()).encode()
 
 
+class HealthResource(Resource):
+    """``GET /health``: 200 once every listener is up, 503 while starting or stopping.
+
+    The body lists the node's links and their states, for Consul's HTTP
+    check, load balancers and operators.
+    """
+
+    isLeaf = True
+
+    def __init__(self, node: Node) -> None:
+        super().__init__()
+        self._node = node
+
+    def render_GET(self, request: Request) -> bytes:
+        """Readiness and links as JSON."""
+        node = self._node
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"cache-control", b"no-store")
+        if node.state != "ready":
+            request.setResponseCode(503)
+        body = {
+            "status": node.state,
+            "node": node.hub.node_id,
+            "links": node.federation.links(),
+            "open_links": node.federation.open_links(),
+            "wamp_sessions": len(node.server.router.sessions),
+        }
+        return json.dumps(body).encode()
+
+
 def _url(port: IListeningPort, scheme: str, path: str) -> str:
     host = port.getHost()
     address = getattr(host, "host", "127.0.0.1")
@@ -84,6 +114,10 @@ class Node:
         self.federation = self.server.pubsubclub
         self.ports: list[IListeningPort] = []
         self.urls: dict[str, str] = {}
+        #: ``starting`` -> ``ready`` -> ``stopping`` -> ``stopped``.
+        self.state = "starting"
+        #: Things to stop first on shutdown (discovery deregisters here).
+        self.before_stop: list[Any] = []
 
     def stats(self) -> dict[str, Any]:
         """Counters and link states."""
@@ -121,15 +155,39 @@ class Node:
             self.urls["psc"] = _url(psc_port, "ws", "/psc")
             if self.federation.advertise_url is None:
                 self.federation.advertise_url = self.urls["psc"]
+        if self.config.http is not None:
+            from twisted.internet.endpoints import serverFromString
+            from twisted.web.server import Site
+
+            ops = Resource()
+            ops.putChild(b"health", HealthResource(self))
+            ops.putChild(b"stats", StatsResource(self))
+            http_site = Site(ops)
+            http_site.noisy = False
+            http_port = await serverFromString(self.reactor, self.config.http).listen(http_site)
+            self.ports.append(http_port)
+            self.urls["health"] = _url(http_port, "http", "/health")
         for url in self.config.peer:
             self.federation.add_server(url)
+        self.state = "ready"
         log.info("node {name} ready: {urls}", name=self.hub.node_id, urls=self.urls)
         return self.urls
 
     async def stop(self) -> None:
-        """Close links with a reason, then stop listening."""
-        await self.federation.stop()
+        """Graceful shutdown: leave discovery, stop accepting, say goodbye to clients, close links."""
+        if self.state in ("stopping", "stopped"):
+            return
+        self.state = "stopping"
+        log.info("node {name} shutting down", name=self.hub.node_id)
+        for hook in self.before_stop:
+            try:
+                await defer.maybeDeferred(hook)
+            except Exception:  # shutdown goes on; the failure is logged
+                log.failure("shutdown step failed")
         await defer.gatherResults([defer.maybeDeferred(p.stopListening) for p in self.ports])
+        self.server.router.shutdown("node shutting down")
+        await self.federation.stop()
+        self.state = "stopped"
 
 
 def print_ready(node: Node, urls: dict[str, str]) -> None:

@@ -39,6 +39,7 @@ class NodeProcess:
         self.listen_role = listen_role
         self.extra = extra
         self.peers: list[str] = []
+        self.http_port = free_port()
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[str] | None = None
         self.ready: dict[str, Any] = {}
@@ -71,6 +72,8 @@ class NodeProcess:
             f"tcp:{self.wamp_port}:interface=127.0.0.1",
             "--psc",
             f"tcp:{self.psc_port}:interface=127.0.0.1",
+            "--http",
+            f"tcp:{self.http_port}:interface=127.0.0.1",
             "--listen-role",
             self.listen_role,
             "--log-level",
@@ -101,6 +104,16 @@ class NodeProcess:
         """The node's /stats JSON."""
         with urllib.request.urlopen(self.http_url + "stats", timeout=5) as r:
             return dict(json.loads(r.read()))
+
+    def health(self) -> tuple[int, dict[str, Any]]:
+        """Status code and JSON body of ``GET /health``."""
+        import urllib.error
+
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{self.http_port}/health", timeout=5) as r:
+                return r.status, dict(json.loads(r.read()))
+        except urllib.error.HTTPError as e:
+            return e.code, dict(json.loads(e.read()))
 
     def kill(self) -> None:
         """``kill -9``."""

@@ -205,6 +205,15 @@ class WampRouter:
         self.new_id = new_id
         self._subscriptions: dict[str, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()
+        #: Sessions with an open transport.
+        self.sessions: dict[BrokerSession, None] = {}
+
+    def shutdown(self, text: str = "node shutting down") -> int:
+        """Say GOODBYE (``wamp.close.system_shutdown``) to every session and close it."""
+        sessions = list(self.sessions)
+        for session in sessions:
+            session.goodbye("wamp.close.system_shutdown", text)
+        return len(sessions)
 
     def session_factory(self) -> BrokerSession:
         """A new router-side session for one transport."""
@@ -293,6 +302,7 @@ class BrokerSession:
     def onOpen(self, transport: WampTransport) -> None:  # noqa: N802 - Autobahn API
         """The transport is up: wait for HELLO."""
         self._transport = transport
+        self._router.sessions[self] = None
 
     def onClose(self, wasClean: bool) -> None:  # noqa: N802, N803 - Autobahn API
         """The transport is gone: drop every subscription."""
@@ -303,6 +313,7 @@ class BrokerSession:
         )
         self._end()
         self._transport = None
+        self._router.sessions.pop(self, None)
 
     def onMessage(self, msg: Message) -> None:  # noqa: N802 - Autobahn API
         """Handle one decoded WAMP message; never raises."""
@@ -379,6 +390,13 @@ class BrokerSession:
             )
 
     # -- closing ---------------------------------------------------------------
+
+    def goodbye(self, reason: str, text: str) -> None:
+        """End an established session from the router's side (GOODBYE), or just close it."""
+        if self._state is _State.ESTABLISHED:
+            self._send(message.Goodbye(reason, text))
+        self._end()
+        self._close_transport()
 
     def abort(self, reason: str, text: str) -> None:
         """Send ABORT ``reason`` with ``text``, then close the transport."""
