@@ -26,7 +26,7 @@ class Envelope:
     origin: str | None = None
     #: Publish time at the origin, in seconds since the epoch.
     published_at: float | None = None
-    #: Cluster-unique message id (``<origin>-<counter>``).
+    #: Cluster-unique message id (``<origin>-<boot>-<counter>``).
     message_id: str | None = None
     #: True when ``payload`` is a WAMP ``{"args": [...], "kwargs": {...}}``
     #: wrapper rather than a single value (see docs/protocol-mapping.md).
@@ -59,6 +59,13 @@ class PublishListener(Protocol):
         """``envelope`` was published by a local client."""
 
 
+class RemoteInterestListener(Protocol):
+    """Told when another node starts listening to one of this node's topics."""
+
+    def remote_subscribed(self, topic: str, peer: str) -> None:
+        """Node ``peer`` asked this node for ``topic`` (a PSC201 arrived)."""
+
+
 class Hub:
     """Topic -> local sinks, plus the node's identity for new envelopes."""
 
@@ -67,7 +74,10 @@ class Hub:
         self._sinks: dict[str, dict[Sink, None]] = {}
         self._interest: list[InterestListener] = []
         self._publish: list[PublishListener] = []
+        self._remote_interest: list[RemoteInterestListener] = []
         self._counter = itertools.count(1)
+        # Message ids stay unique across restarts of a node with the same id.
+        self._boot = os.urandom(3).hex()
         #: Simple counters, read by /health, tests and metrics.
         self.stats = {"published": 0, "delivered": 0, "received": 0}
 
@@ -80,6 +90,15 @@ class Hub:
     def add_publish_listener(self, listener: PublishListener) -> None:
         """Register ``listener`` for every local publish."""
         self._publish.append(listener)
+
+    def add_remote_interest_listener(self, listener: RemoteInterestListener) -> None:
+        """Register ``listener`` for other nodes' new interest in this node's topics."""
+        self._remote_interest.append(listener)
+
+    def remote_subscribed(self, topic: str, peer: str) -> None:
+        """Called by the federation: ``peer`` now wants ``topic`` from this node."""
+        for listener in self._remote_interest:
+            listener.remote_subscribed(topic, peer)
 
     # -- subscriptions -----------------------------------------------------
 
@@ -126,7 +145,7 @@ class Hub:
             payload=payload,
             origin=self.node_id,
             published_at=time.time(),
-            message_id=f"{self.node_id}-{next(self._counter)}",
+            message_id=f"{self.node_id}-{self._boot}-{next(self._counter)}",
             wamp_wrapped=wamp_wrapped,
         )
 

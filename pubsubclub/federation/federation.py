@@ -238,6 +238,9 @@ class Federation:
         """A consumer asked us (its producer) for ``topics``."""
         for topic in topics:
             self._by_topic.setdefault(topic, {})[session] = None
+        peer = session.peer_node or session.peer
+        for topic in topics:
+            self.hub.remote_subscribed(topic, peer)
 
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A consumer no longer wants ``topic`` from us."""
