@@ -10,7 +10,7 @@ not announce in WELCOME).
 Realms and topics
     The router serves a fixed list of realms. The *first* realm maps WAMP
     topic ``t`` to hub topic ``t``; every other realm ``r`` maps it to hub
-    topic ``f"{r}|{t}"``. ``|`` cannot appear in a strict WAMP URI, so the
+    topic ``f"{r}#{t}"``. ``#`` cannot appear in a (loose) WAMP URI, so the
     mapping never collides. :func:`hub_topic` is the one place that does this.
 
 Payloads
@@ -69,7 +69,10 @@ TOO_MANY_SUBSCRIPTIONS = "pubsubclub.error.too_many_subscriptions"
 
 #: Strict WAMP URI (spec: "URIs"): lower-case letters, digits and ``_`` in
 #: non-empty dot-separated components.
-_STRICT_URI = re.compile(r"^([0-9a-z_]+\.)*[0-9a-z_]+$")
+# The WAMP spec's loose URI rule: dot-separated non-empty components without
+# whitespace, '.' or '#'. Loose, not strict, because the topic space is shared
+# with NSD channels and TEP channels, whose names are not lower-case URIs.
+_LOOSE_URI = re.compile(r"^([^\s\.#]+\.)*[^\s\.#]+$")
 
 #: Messages only a dealer (or a client) would receive; we have no dealer.
 _RPC_MESSAGES = (
@@ -133,15 +136,15 @@ def hub_topic(realm: str, topic: str, default_realm: str) -> str:
     """The hub topic for WAMP ``topic`` in ``realm`` (see module docstring)."""
     if realm == default_realm:
         return topic
-    return f"{realm}|{topic}"
+    return f"{realm}#{topic}"
 
 
 def uri_problem(uri: str, max_length: int) -> str | None:
-    """Why ``uri`` is not an acceptable strict WAMP URI, or None if it is."""
+    """Why ``uri`` is not an acceptable (loose) WAMP URI, or None if it is."""
     if len(uri) > max_length:
         return f"URI is {len(uri)} characters long; the limit is {max_length}"
-    if not _STRICT_URI.match(uri):
-        return f"URI {uri!r} is not a strict WAMP URI (dot-separated non-empty components of [0-9a-z_])"
+    if not _LOOSE_URI.match(uri):
+        return f"URI {uri!r:.80} is not a WAMP URI (dot-separated non-empty components without whitespace or '#')"
     return None
 
 
@@ -197,7 +200,7 @@ class WampRouter:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
         for realm in realms:
-            if not isinstance(realm, str) or not realm or "|" in realm:
+            if not isinstance(realm, str) or not realm or "#" in realm:
                 raise ValueError(f"invalid WAMP realm name {realm!r}")
         self.hub = hub
         self.realms: tuple[str, ...] = tuple(realms)
