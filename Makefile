@@ -5,7 +5,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JS     := js/node_modules/.installed
 
-.PHONY: demo test lint unit js browser bench clean
+.PHONY: demo test lint unit js browser sysdeps bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,10 @@ js: $(JS)
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
+# System packages the tests use: Chromium and docker-compose (validates deploy/; no engine needed).
+sysdeps: browser
+	@command -v docker-compose >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
+
 demo: $(STAMP) $(JS)
 	$(PY) examples/demo.py
 
@@ -30,7 +34,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pubsubclub tests examples
 	$(VENV)/bin/mypy
 
-test: $(STAMP) $(JS) browser lint
+test: $(STAMP) $(JS) sysdeps lint
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)

@@ -39,8 +39,24 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--service", help="Consul service name (default pubsubclub)")
     p.add_argument("--consul-token", metavar="TOKEN", help="Consul ACL token")
     p.add_argument("--consul-dc", metavar="DC", help="Consul datacenter")
+    p.add_argument(
+        "--consul-check", choices=["ttl", "http"], help="health check: ttl heartbeats (default) or http on /health"
+    )
+    p.add_argument("--consul-ttl", type=float, metavar="SECONDS", help="TTL of the Consul check (default 10)")
+    # Advanced: tests shorten it; operators rarely need to.
+    p.add_argument("--consul-debounce", type=float, metavar="SECONDS", help=argparse.SUPPRESS)
     p.add_argument("--cluster-secret-file", metavar="FILE", help="links must prove this secret (HMAC)")
     p.add_argument("--ca-file", metavar="PEM", help="CA certificates that wss:// peers are verified against")
+    p.add_argument("--nsd", metavar="ENDPOINT", help="NSD listener (TCP, JSON lines), e.g. tcp:7000")
+    p.add_argument("--data-dir", metavar="DIR", help="folder for the node's stores (default pubsubclub-data)")
+    p.add_argument("--nsd-prefix", metavar="PREFIX", help="hub topic prefix of NSD channels (default none)")
+    p.add_argument("--nsd-max-message-chars", type=int, metavar="N", help="largest NSD message (default 65536)")
+    p.add_argument("--nsd-retention-count", type=int, metavar="N", help="NSD messages kept per channel (0: all)")
+    p.add_argument("--nsd-retention-seconds", type=float, metavar="S", help="NSD history age limit (0: none)")
+    p.add_argument("--tep", metavar="ENDPOINT", help="TEP listener (WebSocket at /tep), e.g. tcp:7100")
+    p.add_argument("--tep-prefix", metavar="PREFIX", help="hub topic prefix of TEP channels (default none)")
+    p.add_argument("--no-tep-client-publish", action="store_true", help="TEP clients may not publish (they get #error)")
+    p.add_argument("--tep-max-channels", type=int, metavar="N", help="channels one TEP client may join (default 100)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
 
 
@@ -87,12 +103,25 @@ def _node_config(args: argparse.Namespace) -> Any:
         "max_message_size": args.max_message_size,
         "chat_page": False if args.no_chat_page else None,
         "http": args.http,
+        "nsd": args.nsd,
+        "data_dir": args.data_dir,
+        "nsd_prefix": args.nsd_prefix,
+        "nsd_max_message_chars": args.nsd_max_message_chars,
+        "nsd_retention_count": args.nsd_retention_count,
+        "nsd_retention_seconds": args.nsd_retention_seconds,
         "consul": args.consul,
         "service": args.service,
         "consul_token": args.consul_token,
         "consul_dc": args.consul_dc,
+        "consul_check": args.consul_check,
+        "consul_ttl": args.consul_ttl,
+        "consul_debounce": args.consul_debounce,
         "cluster_secret_file": args.cluster_secret_file,
         "ca_file": args.ca_file,
+        "tep": args.tep,
+        "tep_prefix": args.tep_prefix,
+        "tep_client_publish": False if args.no_tep_client_publish else None,
+        "tep_max_channels": args.tep_max_channels,
     }
     return build(file_values, flags)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
@@ -20,6 +21,7 @@ class ConfigError(ValueError):
 
 
 LISTEN_ROLES = ("producer", "consumer")
+CONSUL_CHECKS = ("ttl", "http")
 
 
 @dataclass(frozen=True)
@@ -54,10 +56,36 @@ class NodeConfig:
     consul_token: str | None = None
     #: Consul datacenter.
     consul_dc: str | None = None
+    #: Consul health check: ``ttl`` (the node heartbeats) or ``http`` (the agent polls ``/health``).
+    consul_check: str = "ttl"
+    #: Seconds the TTL check lives without a heartbeat (heartbeats and HTTP polls every ttl/3).
+    consul_ttl: float = 10.0
+    #: Seconds of quiet before a membership change is applied to the links.
+    consul_debounce: float = 0.5
     #: File holding the cluster secret; links must prove it (HMAC) when set.
     cluster_secret_file: str | None = None
     #: CA certificates (PEM) that ``wss://`` peers are verified against.
     ca_file: str | None = None
+    #: Twisted endpoint of the NSD listener (TCP, JSON lines); None: off.
+    nsd: str | None = None
+    #: Folder for the node's stores (SQLite files).
+    data_dir: str = "pubsubclub-data"
+    #: Hub topic of NSD channel ``c`` is ``nsd_prefix + c``.
+    nsd_prefix: str = ""
+    #: Largest NSD message, in characters of its JSON text.
+    nsd_max_message_chars: int = 65_536
+    #: NSD history kept per channel (0: unlimited).
+    nsd_retention_count: int = 10_000
+    #: NSD history kept, in seconds (0: unlimited).
+    nsd_retention_seconds: float = 0.0
+    #: Twisted endpoint of the TEP listener (WebSocket at ``/tep``); None: off.
+    tep: str | None = None
+    #: Hub topic of TEP channel ``c`` is ``tep_prefix + c``.
+    tep_prefix: str = ""
+    #: TEP clients may publish to channels (else they get an ``#error`` frame).
+    tep_client_publish: bool = True
+    #: Channels one TEP client may join at once.
+    tep_max_channels: int = 100
     #: Extra fields kept for later front-ends.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -80,15 +108,119 @@ class NodeConfig:
             _check_endpoint("http", self.http)
         if self.consul is not None:
             _check_http_url("consul", self.consul)
+        if self.consul_check not in CONSUL_CHECKS:
+            raise ConfigError("consul-check", f"must be one of {', '.join(CONSUL_CHECKS)}, not {self.consul_check!r}")
+        if self.consul is not None and self.consul_check == "http" and self.http is None:
+            raise ConfigError("consul-check", "http needs --http (the agent polls its /health)")
+        if not isinstance(self.consul_ttl, (int, float)) or not 0.3 <= self.consul_ttl <= 86400:
+            raise ConfigError("consul-ttl", "must be a number of seconds between 0.3 and 86400")
+        if not isinstance(self.consul_debounce, (int, float)) or not 0 <= self.consul_debounce <= 60:
+            raise ConfigError("consul-debounce", "must be a number of seconds between 0 and 60")
         if not self.service or len(self.service) > 128:
             raise ConfigError("service", "must be 1-128 characters")
         for key in ("cluster_secret_file", "ca_file"):
             path = getattr(self, key)
             if path is not None and not os.path.isfile(path):
                 raise ConfigError(key.replace("_", "-"), f"no such file: {path}")
+        self.cluster_secret()
+        self.trust_root()
+        if self.nsd is not None:
+            _check_endpoint("nsd", self.nsd)
+        if not self.data_dir:
+            raise ConfigError("data-dir", "must be a folder path")
+        if not isinstance(self.nsd_max_message_chars, int) or self.nsd_max_message_chars < 1:
+            raise ConfigError("nsd-max-message-chars", "must be a positive integer")
+        if self.nsd_retention_count < 0 or self.nsd_retention_seconds < 0:
+            raise ConfigError(
+                "nsd-retention-count" if self.nsd_retention_count < 0 else "nsd-retention-seconds",
+                "must not be negative",
+            )
+        if self.tep is not None:
+            _check_endpoint("tep", self.tep)
+        if (
+            not isinstance(self.tep_prefix, str)
+            or len(self.tep_prefix) > 128
+            or self.tep_prefix.startswith("$")
+            or not self.tep_prefix.isprintable()
+            or " " in self.tep_prefix
+        ):
+            raise ConfigError("tep-prefix", "must be at most 128 printable characters, no spaces, not starting with $")
+        if not isinstance(self.tep_max_channels, int) or not 1 <= self.tep_max_channels <= 100_000:
+            raise ConfigError("tep-max-channels", "must be an integer between 1 and 100000")
         if not isinstance(self.max_message_size, int) or not 1024 <= self.max_message_size <= 64 * 1024 * 1024:
             raise ConfigError("max-message-size", "must be an integer between 1024 and 67108864")
         return self
+
+    def cluster_secret(self) -> bytes | None:
+        """The cluster secret (file contents without the trailing line break), or None."""
+        if self.cluster_secret_file is None:
+            return None
+        return read_cluster_secret(self.cluster_secret_file)
+
+    def trust_root(self) -> Any:
+        """The CAs of ``ca_file`` as a Twisted trust root, or None (the platform's CAs)."""
+        if self.ca_file is None:
+            return None
+        from pubsubclub.federation.tls import load_trust_root
+
+        try:
+            return load_trust_root(self.ca_file)
+        except OSError as e:
+            raise ConfigError("ca-file", f"cannot read {self.ca_file}: {e.strerror}") from None
+        except ValueError:
+            raise ConfigError("ca-file", f"{self.ca_file} holds no PEM certificate") from None
+
+    def public_listeners(self) -> list[str]:
+        """Keys of the TCP/TLS listeners not bound to a loopback address (no interface: every address)."""
+        public = []
+        for key in _LISTENER_KEYS:
+            value = getattr(self, key, None)
+            if value is not None and _binds_beyond_loopback(value):
+                public.append(key)
+        return public
+
+
+#: Largest cluster secret file read, in bytes (a secret is a line, not a document).
+MAX_SECRET_FILE = 4096
+#: Config keys holding listener endpoint strings.
+_LISTENER_KEYS = ("psc", "wamp", "http", "nsd", "tep")
+
+
+def read_cluster_secret(path: str) -> bytes:
+    """The secret in ``path``; :class:`ConfigError` naming ``cluster-secret-file`` when unusable."""
+    from pubsubclub.federation.auth import MIN_SECRET_LENGTH
+
+    key = "cluster-secret-file"
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_SECRET_FILE + 1)
+    except OSError as e:
+        raise ConfigError(key, f"cannot read {path}: {e.strerror}") from None
+    if len(data) > MAX_SECRET_FILE:
+        raise ConfigError(key, f"{path} is longer than {MAX_SECRET_FILE} bytes")
+    secret = data.rstrip(b"\r\n")
+    if not secret:
+        raise ConfigError(key, f"{path} is empty")
+    if len(secret) < MIN_SECRET_LENGTH:
+        raise ConfigError(key, f"the secret in {path} is shorter than {MIN_SECRET_LENGTH} bytes")
+    return secret
+
+
+def _binds_beyond_loopback(endpoint: str) -> bool:
+    try:
+        kind, _args, kwargs = _parseServer(endpoint, None)
+    except Exception:  # validate() reports bad strings; nothing to warn about here
+        return False
+    name = kind if isinstance(kind, str) else type(kind).__name__
+    if name not in ("TCP", "SSL", "_TCP6ServerParser"):
+        return False  # UNIX sockets, systemd-passed sockets, plugins: not ours to judge
+    interface = str(kwargs.get("interface", "")).strip("[]").split("%")[0]
+    if interface == "localhost":
+        return False
+    try:
+        return not ipaddress.ip_address(interface).is_loopback
+    except ValueError:  # "" (every address) or a name
+        return True
 
 
 def _check_endpoint(key: str, value: Any) -> None:
@@ -124,6 +256,8 @@ def _key(name: str) -> str:
 
 
 _FIELDS = {f.name for f in fields(NodeConfig)} - {"extra"}
+#: Declared type of each field, as text (annotations are strings here).
+_TYPES = {f.name: str(f.type) for f in fields(NodeConfig)}
 
 
 def load_toml(path: str) -> dict[str, Any]:
@@ -142,18 +276,30 @@ def load_toml(path: str) -> dict[str, Any]:
             key = "peer"
         if key not in _FIELDS:
             raise ConfigError(name, f"unknown key in {path}")
-        if key == "peer":
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise ConfigError(name, "must be a list of URLs")
-            value = tuple(value)
-        elif key not in ("peer", "chat_page", "max_message_size") and not isinstance(value, str):
-            raise ConfigError(name, "must be a string")
-        elif key == "max_message_size" and (not isinstance(value, int) or isinstance(value, bool)):
-            raise ConfigError(name, "must be an integer")
-        elif key == "chat_page" and not isinstance(value, bool):
-            raise ConfigError(name, "must be true or false")
-        values[key] = value
+        values[key] = _typed(name, key, value)
     return values
+
+
+def _typed(name: str, key: str, value: Any) -> Any:
+    """Check a TOML value against the field's declared type."""
+    kind = _TYPES[key]
+    if "tuple" in kind:
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ConfigError(name, "must be a list of strings")
+        return tuple(value)
+    if kind.startswith("bool"):
+        if not isinstance(value, bool):
+            raise ConfigError(name, "must be true or false")
+    elif kind.startswith("int"):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise ConfigError(name, "must be an integer")
+    elif kind.startswith("float"):
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            raise ConfigError(name, "must be a number")
+        value = float(value)
+    elif not isinstance(value, str):
+        raise ConfigError(name, "must be a string")
+    return value
 
 
 def build(file_values: dict[str, Any], flag_values: dict[str, Any]) -> NodeConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -15,7 +16,10 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 from twisted.web.static import File
 
+from pubsubclub.adapters.tep import TEPOperationsResource, TEPServer
+from pubsubclub.adapters.tep_codec import TEPLimits
 from pubsubclub.config import NodeConfig
+from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.psc import Limits
 from pubsubclub.wamp.broker import WampLimits
 from pubsubclub.wamp.server import WampServer
@@ -109,6 +113,8 @@ class Node:
             reactor=reactor,
             psc_limits=Limits(max_message_size=size),
             advertise_url=config.advertise,
+            secret=config.cluster_secret(),
+            endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
         )
         self.hub = self.server.pubsubclub_hub
         self.federation = self.server.pubsubclub
@@ -116,8 +122,20 @@ class Node:
         self.urls: dict[str, str] = {}
         #: ``starting`` -> ``ready`` -> ``stopping`` -> ``stopped``.
         self.state = "starting"
+        self.nsd: Any = None
+        #: The TEP front-end, when ``config.tep`` is set (it listens in :meth:`start`).
+        self.tep: TEPServer | None = None
+        if config.tep is not None:
+            self.tep = TEPServer(
+                self.hub,
+                TEPLimits(max_frame_bytes=size, max_channels_per_client=config.tep_max_channels),
+                prefix=config.tep_prefix,
+                client_publish=config.tep_client_publish,
+            )
         #: Things to stop first on shutdown (discovery deregisters here).
         self.before_stop: list[Any] = []
+        #: Consul discovery, when ``config.consul`` is set (started in :meth:`start`).
+        self.discovery: Any = None
 
     def stats(self) -> dict[str, Any]:
         """Counters and link states."""
@@ -129,6 +147,9 @@ class Node:
             "links": self.federation.links(),
             "servers": self.federation.servers(),
             "remote_interest": self.federation.remote_interest(),
+            "discovery": None if self.discovery is None else self.discovery.status(),
+            "nsd": None if self.nsd is None else {**self.nsd.store.stats(), **self.nsd.stats},
+            "tep": None if self.tep is None else {"clients": len(self.tep.clients), **self.tep.stats},
         }
 
     def _wamp_site(self) -> Any:
@@ -145,14 +166,23 @@ class Node:
 
     async def start(self) -> dict[str, str]:
         """Listen, link to the configured peers, and return the node's URLs."""
+        public = self.config.public_listeners()
+        if public and self.config.cluster_secret_file is None:
+            log.warn(
+                "SECURITY WARNING: listeners {keys} accept connections beyond this host and there is no"
+                " --cluster-secret-file: any host that reaches the PSC listener can join the cluster,"
+                " read every message and publish into it",
+                keys=", ".join(public),
+            )
+        wamp_tls = self.config.wamp.startswith("ssl:")
         wamp_port = await self.server.listen(self.config.wamp, self._wamp_site())
         self.ports.append(wamp_port)
-        self.urls["wamp"] = _url(wamp_port, "ws", "/ws")
-        self.urls["http"] = _url(wamp_port, "http", "/")
+        self.urls["wamp"] = _url(wamp_port, "wss" if wamp_tls else "ws", "/ws")
+        self.urls["http"] = _url(wamp_port, "https" if wamp_tls else "http", "/")
         if self.config.psc is not None:
             psc_port = await self.server.pubsubclub_listen(self.config.psc)
             self.ports.append(psc_port)
-            self.urls["psc"] = _url(psc_port, "ws", "/psc")
+            self.urls["psc"] = _url(psc_port, "wss" if self.config.psc.startswith("ssl:") else "ws", "/psc")
             if self.federation.advertise_url is None:
                 self.federation.advertise_url = self.urls["psc"]
         if self.config.http is not None:
@@ -162,16 +192,84 @@ class Node:
             ops = Resource()
             ops.putChild(b"health", HealthResource(self))
             ops.putChild(b"stats", StatsResource(self))
+            if self.tep is not None:
+                ops.putChild(b"tep", TEPOperationsResource(self.tep))
             http_site = Site(ops)
             http_site.noisy = False
             http_port = await serverFromString(self.reactor, self.config.http).listen(http_site)
             self.ports.append(http_port)
             self.urls["health"] = _url(http_port, "http", "/health")
+        if self.config.nsd is not None:
+            await self._start_nsd()
+        if self.tep is not None:
+            await self._start_tep(self.tep)
         for url in self.config.peer:
             self.federation.add_server(url)
         self.state = "ready"
+        if self.config.consul is not None:
+            self._start_discovery()
         log.info("node {name} ready: {urls}", name=self.hub.node_id, urls=self.urls)
         return self.urls
+
+    def _start_discovery(self) -> None:
+        """Register in Consul and follow the service's healthy instances (after the listeners are up)."""
+        from pubsubclub.discovery.consul import ConsulDiscovery
+
+        config = self.config
+        assert config.consul is not None
+        self.discovery = ConsulDiscovery(
+            self.federation,
+            consul_url=config.consul,
+            service=config.service,
+            node_id=self.hub.node_id,
+            advertise_url=config.advertise or self.urls.get("psc"),
+            token=config.consul_token,
+            dc=config.consul_dc,
+            check=config.consul_check,
+            health_url=self.urls.get("health"),
+            ttl=config.consul_ttl,
+            debounce=config.consul_debounce,
+            reactor=self.reactor,
+        )
+        self.discovery.start()
+        self.before_stop.append(self.discovery.stop)
+
+    async def _start_nsd(self) -> None:
+        from twisted.internet.endpoints import serverFromString
+
+        from pubsubclub.adapters.nsd import NSDFactory, NSDService, NSDSettings
+        from pubsubclub.adapters.nsd_codec import NSDLimits
+        from pubsubclub.adapters.nsd_store import NSDStore
+
+        config = self.config
+        os.makedirs(config.data_dir, exist_ok=True)
+        store = NSDStore(os.path.join(config.data_dir, "nsd.sqlite3"))
+        settings = NSDSettings(
+            limits=NSDLimits(max_message_chars=config.nsd_max_message_chars),
+            prefix=config.nsd_prefix,
+            retention_count=config.nsd_retention_count or None,
+            retention_seconds=config.nsd_retention_seconds or None,
+        )
+        self.nsd = NSDService(self.hub, store, self.reactor.seconds, settings)
+        self.nsd.start()
+        port = await serverFromString(self.reactor, config.nsd).listen(NSDFactory(self.nsd))
+        self.ports.append(port)
+        host = port.getHost()
+        self.urls["nsd"] = f"tcp://{getattr(host, 'host', '127.0.0.1')}:{host.port}"  # type: ignore[attr-defined]
+
+    async def _start_tep(self, tep: TEPServer) -> None:
+        from twisted.internet.endpoints import serverFromString
+        from twisted.web.server import Site
+
+        assert self.config.tep is not None
+        root = Resource()
+        # Autobahn declares IResource with zope, which mypy cannot see.
+        root.putChild(b"tep", tep.resource())  # type: ignore[arg-type]
+        site = Site(root)
+        site.noisy = False
+        port = await serverFromString(self.reactor, self.config.tep).listen(site)
+        self.ports.append(port)
+        self.urls["tep"] = _url(port, "ws", "/tep")
 
     async def stop(self) -> None:
         """Graceful shutdown: leave discovery, stop accepting, say goodbye to clients, close links."""
@@ -186,7 +284,13 @@ class Node:
                 log.failure("shutdown step failed")
         await defer.gatherResults([defer.maybeDeferred(p.stopListening) for p in self.ports])
         self.server.router.shutdown("node shutting down")
+        # TEP clients finish their closing handshake while the links close.
+        tep_closed = self.tep.stop("node shutting down") if self.tep is not None else None
         await self.federation.stop()
+        if tep_closed is not None:
+            await tep_closed
+        if self.nsd is not None:
+            self.nsd.stop()
         self.state = "stopped"
 
 

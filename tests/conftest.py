@@ -32,14 +32,26 @@ def free_port() -> int:
 class NodeProcess:
     """One ``python -m pubsubclub node`` process, started with fixed ports."""
 
-    def __init__(self, name: str, log_dir: Path, listen_role: str = "producer", extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self,
+        name: str,
+        log_dir: Path,
+        listen_role: str = "producer",
+        extra: tuple[str, ...] = (),
+        frontends: bool = True,
+    ) -> None:
         self.name = name
+        #: Also serve NSD and TEP (their replication topics show up in PSC traffic).
+        self.frontends = frontends
         self.wamp_port = free_port()
         self.psc_port = free_port()
         self.listen_role = listen_role
         self.extra = extra
         self.peers: list[str] = []
         self.http_port = free_port()
+        self.nsd_port = free_port()
+        self.tep_port = free_port()
+        self.data_dir = log_dir / f"{name}-data"
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[str] | None = None
         self.ready: dict[str, Any] = {}
@@ -53,6 +65,11 @@ class NodeProcess:
     def wamp_url(self) -> str:
         """The WAMP WebSocket URL."""
         return f"ws://127.0.0.1:{self.wamp_port}/ws"
+
+    @property
+    def tep_url(self) -> str:
+        """The TEP WebSocket URL."""
+        return f"ws://127.0.0.1:{self.tep_port}/tep"
 
     @property
     def http_url(self) -> str:
@@ -80,6 +97,9 @@ class NodeProcess:
             "info",
             *self.extra,
         ]
+        if self.frontends:
+            cmd += ["--nsd", f"tcp:{self.nsd_port}:interface=127.0.0.1", "--data-dir", str(self.data_dir)]
+            cmd += ["--tep", f"tcp:{self.tep_port}:interface=127.0.0.1"]
         for peer in self.peers:
             cmd += ["--peer", peer]
         return cmd
@@ -170,9 +190,11 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S
         time.sleep(0.02)
 
 
-def start_cluster(tmp_path: Path, n: int, listen_role: str = "producer", extra: tuple[str, ...] = ()) -> Cluster:
+def start_cluster(
+    tmp_path: Path, n: int, listen_role: str = "producer", extra: tuple[str, ...] = (), frontends: bool = True
+) -> Cluster:
     """Start ``n`` nodes that list each other as peers."""
-    nodes = [NodeProcess(f"node{i + 1}", tmp_path, listen_role, extra) for i in range(n)]
+    nodes = [NodeProcess(f"node{i + 1}", tmp_path, listen_role, extra, frontends) for i in range(n)]
     for node in nodes:
         node.peers = [other.psc_url for other in nodes if other is not node]
     for node in nodes:
@@ -185,8 +207,10 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     """Start clusters; every node is stopped at the end of the test."""
     started: list[Cluster] = []
 
-    def make(n: int = 3, listen_role: str = "producer", extra: tuple[str, ...] = ()) -> Cluster:
-        cluster = start_cluster(tmp_path, n, listen_role, extra)
+    def make(
+        n: int = 3, listen_role: str = "producer", extra: tuple[str, ...] = (), frontends: bool = True
+    ) -> Cluster:
+        cluster = start_cluster(tmp_path, n, listen_role, extra, frontends)
         started.append(cluster)
         return cluster
 

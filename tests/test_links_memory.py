@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import formatEvent, globalLogPublisher
+from twisted.python.failure import Failure
 from twisted.test import iosim
 
 from pubsubclub import psc
@@ -27,6 +29,7 @@ from pubsubclub.federation.session import (
     CLOSE_NO_COMMON_VERSION,
     CLOSE_REMOVED,
     CLOSE_SELF,
+    CLOSE_UNAUTHENTICATED,
 )
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol
 from pubsubclub.hub import Envelope, Hub
@@ -615,3 +618,108 @@ def test_remove_server_with_silent_peer_leaves_no_timers(net: Net) -> None:
     assert link.client_wire.disconnected and link.server_wire.disconnected
     assert net.reactor.getDelayedCalls() == []
     net.stop()
+
+
+# -- link authentication ----------------------------------------------------
+
+SECRET = b"cluster secret for tests, 32 b.."
+
+
+def _headers(wire: Wire) -> dict[str, str]:
+    """The HTTP handshake headers a wire wrote (lower-case names), and its status line under ``""``."""
+    head = bytes(wire.written).split(b"\r\n\r\n", 1)[0].decode()
+    status, *lines = head.split("\r\n")
+    headers = {name.lower(): value.strip() for name, value in (line.split(":", 1) for line in lines)}
+    return {"": status, **headers}
+
+
+def test_same_secret_links_with_proofs_both_ways(net: Net) -> None:
+    """With one secret the dialler sends a proof, the listener answers with one, and the link opens."""
+    a = net.node("a", 9001, secret=SECRET)
+    b = net.node("b", 9002, secret=SECRET)
+    link = _link(net, a, 9002)
+    request, answer = _headers(link.client_wire), _headers(link.server_wire)
+    assert request["x-pubsubclub-auth"].startswith("v1:")
+    assert answer[""].startswith("HTTP/1.1 101") and answer["x-pubsubclub-auth"].startswith("v1:")
+    assert SECRET not in bytes(link.client_wire.written) + bytes(link.server_wire.written)
+    assert a.open_links() == b.open_links() == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize(("dialler_secret", "status"), [(None, 401), (b"another secret, 32 bytes long...", 403)])
+def test_missing_or_wrong_secret_refused_at_handshake(net: Net, dialler_secret: bytes | None, status: int) -> None:
+    """No proof gets HTTP 401, a wrong one 403; no session starts on either side, and the dialler backs off."""
+    a = net.node("a", 9001, secret=dialler_secret)
+    b = net.node("b", 9002, secret=SECRET)
+    link = _link(net, a, 9002)
+    assert _headers(link.server_wire)[""].startswith(f"HTTP/1.1 {status} ")
+    assert link.client.session is None and link.server.session is None
+    assert b.links() == [] and a.open_links() == 0
+    assert b.stats["auth_refused"] == 1 and b.stats["received"] == 0
+    net.advance(RETRY.initial)
+    [again] = net.answer()
+    assert _headers(again.server_wire)[""].startswith(f"HTTP/1.1 {status} ")
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_every_attempt_gets_a_fresh_proof(net: Net) -> None:
+    """A redial after a dropped link sends a new nonce, so the listener's replay cache lets it in."""
+    a = net.node("a", 9001, secret=SECRET)
+    b = net.node("b", 9002, secret=SECRET)
+    first = _link(net, a, 9002)
+    first.server_wire.loseConnection()
+    net.flush()
+    net.advance(RETRY.initial)
+    [second] = net.answer()
+    assert _headers(first.client_wire)["x-pubsubclub-auth"] != _headers(second.client_wire)["x-pubsubclub-auth"]
+    assert a.open_links() == b.open_links() == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_replayed_handshake_refused(net: Net) -> None:
+    """Bytes of an accepted handshake sent again on a new connection get HTTP 403."""
+    a = net.node("a", 9001, secret=SECRET)
+    b = net.node("b", 9002, secret=SECRET)
+    first = _link(net, a, 9002)
+    handshake = bytes(first.client_wire.written).split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
+    server = net.listeners[9002].buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+    wire = Wire(server, True, IPv4Address("TCP", "127.0.0.1", 9002), IPv4Address("TCP", "127.0.0.1", 50000))
+    server.makeConnection(wire)
+    server.dataReceived(handshake)
+    assert _headers(wire)[""].startswith("HTTP/1.1 403 cluster secret proof replayed")
+    assert b.open_links() == 1 and b.stats["auth_refused"] == 1
+    server.connectionLost(Failure(ConnectionDone()))
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize("listener_secret", [None, b"another secret, 32 bytes long..."])
+def test_listener_that_cannot_prove_the_secret_is_dropped(net: Net, listener_secret: bytes | None) -> None:
+    """A listener that lets us in without proving the secret is closed with 4401 before any PSC message."""
+    a = net.node("a", 9001, secret=SECRET)
+    b = net.node("b", 9002, secret=listener_secret)
+    if listener_secret is not None:
+        # A listener that checks nothing but answers with a proof made from its own secret.
+        b.check_request = lambda request: {"x-pubsubclub-auth": "v1:" + "0" * 64}  # type: ignore[method-assign]
+    link = _link(net, a, 9002)
+    assert link.client_wire.close() == (CLOSE_UNAUTHENTICATED, "listener did not prove the cluster secret")
+    assert link.client.session is None
+    assert link.client_wire.messages() == []
+    assert a.open_links() == b.open_links() == 0 and a.stats["auth_refused"] == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_server_with_our_node_id_is_dropped_with_a_secret(net: Net) -> None:
+    """With a secret, a node dialling itself still passes the check and drops the URL (no retry loop)."""
+    a = net.node("a", 9001, secret=SECRET)
+    net.listeners[9100] = net.listeners[9001]
+    a.add_server(url(9100))
+    [link] = net.answer()
+    assert link.client_wire.close()[0] == CLOSE_SELF
+    assert a.servers() == [] and a.stats["auth_refused"] == 0
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []

@@ -10,7 +10,8 @@ from autobahn.twisted.websocket import WampWebSocketClientFactory
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig, PublishOptions
 from twisted.internet import defer, reactor
-from twisted.internet.endpoints import TCP4ClientEndpoint
+from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
+from twisted.internet.ssl import optionsForClientTLS
 
 TIMEOUT = 15
 
@@ -49,8 +50,10 @@ class Recorder:
         return d
 
 
-async def connect(url: str, realm: str = "realm1", serializer: str = "json") -> ApplicationSession:
-    """Open a WAMP session to ``url`` and wait until it joined ``realm``."""
+async def connect(
+    url: str, realm: str = "realm1", serializer: str = "json", trust_root: Any = None
+) -> ApplicationSession:
+    """Open a WAMP session to ``url``, joined to ``realm``; ``wss://`` is verified against ``trust_root``."""
     joined: defer.Deferred[ApplicationSession] = defer.Deferred()
 
     class Session(ApplicationSession):  # type: ignore[misc]
@@ -66,7 +69,10 @@ async def connect(url: str, realm: str = "realm1", serializer: str = "json") -> 
     ser = {"json": JsonSerializer(), "msgpack": MsgPackSerializer()}[serializer]
     factory = WampWebSocketClientFactory(lambda: Session(ComponentConfig(realm)), url=url, serializers=[ser])
     parts = urlsplit(url)
-    await TCP4ClientEndpoint(reactor, parts.hostname, parts.port, timeout=5).connect(factory)
+    endpoint: Any = TCP4ClientEndpoint(reactor, parts.hostname, parts.port, timeout=5)
+    if parts.scheme == "wss":
+        endpoint = wrapClientTLS(optionsForClientTLS(parts.hostname, trustRoot=trust_root), endpoint)
+    await endpoint.connect(factory)
     joined.addTimeout(TIMEOUT, reactor)
     return await joined
 

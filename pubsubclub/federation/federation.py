@@ -17,17 +17,19 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from autobahn.twisted.resource import WebSocketResource
-from autobahn.websocket.types import ConnectionRequest
+from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
 from twisted.application.internet import ClientService
 from twisted.internet import defer
 from twisted.internet.abstract import isIPAddress
-from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub import psc
+from pubsubclub.federation.auth import AUTH_HEADER, DEFAULT_WINDOW, AuthRefused, LinkAuth
 from pubsubclub.federation.session import CLOSE_DUPLICATE, CLOSE_REMOVED, LinkSession, LinkState, Role
-from pubsubclub.federation.transport import PSCClientFactory, PSCServerFactory
+from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
+from pubsubclub.federation.transport import NODE_HEADER, PSCClientFactory, PSCServerFactory
 from pubsubclub.hub import Envelope, Hub
 
 log = Logger()
@@ -64,17 +66,25 @@ class _Server:
     failures: int = 0
 
 
-def endpoint_for_url(reactor: Any, url: str) -> IStreamClientEndpoint:
-    """A client endpoint for a ``ws://host:port/path`` URL."""
+def endpoint_for_url(reactor: Any, url: str, trust_root: IOpenSSLTrustRoot | None = None) -> IStreamClientEndpoint:
+    """A client endpoint for a ``ws://`` or ``wss://host:port/path`` URL.
+
+    ``wss://`` verifies the peer's certificate chain against ``trust_root``
+    (the platform's CAs when None) and its name or IP address against the URL's host.
+    """
     parts = urlsplit(url)
     if parts.scheme not in ("ws", "wss") or not parts.hostname:
         raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
-    if parts.scheme == "wss":
-        raise ValueError("wss:// peers need TLS support, which is not configured")
-    port = parts.port or 80
+    secure = parts.scheme == "wss"
+    port = parts.port or (443 if secure else 80)
+    endpoint: IStreamClientEndpoint
     if isIPAddress(parts.hostname):
-        return TCP4ClientEndpoint(reactor, parts.hostname, port, timeout=5)
-    return HostnameEndpoint(reactor, parts.hostname.encode("idna"), port, timeout=5)
+        endpoint = TCP4ClientEndpoint(reactor, parts.hostname, port, timeout=5)
+    else:
+        endpoint = HostnameEndpoint(reactor, parts.hostname.encode("idna"), port, timeout=5)
+    if secure:
+        endpoint = wrapClientTLS(client_tls(parts.hostname, trust_root), endpoint)
+    return endpoint
 
 
 class Federation:
@@ -93,6 +103,8 @@ class Federation:
         limits: psc.Limits = psc.DEFAULT_LIMITS,
         advertise_url: str | None = None,
         endpoint_factory: Callable[[Any, str], IStreamClientEndpoint] = endpoint_for_url,
+        secret: bytes | None = None,
+        auth_window: float = DEFAULT_WINDOW,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -109,6 +121,8 @@ class Federation:
         self._retry = retry
         self._rand = rand
         self._endpoint_factory = endpoint_factory
+        #: Proves and checks the cluster secret on every link; None: links are not authenticated.
+        self.auth = None if secret is None else LinkAuth(secret, clock=reactor.seconds, window=auth_window)
         self._servers: dict[str, _Server] = {}
         #: Every live link -> its Autobahn protocol.
         self._links: dict[LinkSession, Any] = {}
@@ -116,7 +130,14 @@ class Federation:
         self._producers: dict[LinkSession, None] = {}
         #: topic -> open links whose consumer asked for it (we are the producer).
         self._by_topic: dict[str, dict[LinkSession, None]] = {}
-        self.stats = {"forwarded": 0, "received": 0, "links_opened": 0, "links_refused": 0, "dropped_not_json": 0}
+        self.stats = {
+            "forwarded": 0,
+            "received": 0,
+            "links_opened": 0,
+            "links_refused": 0,
+            "dropped_not_json": 0,
+            "auth_refused": 0,
+        }
         hub.add_interest_listener(self)
         hub.add_publish_listener(self)
 
@@ -130,11 +151,35 @@ class Federation:
         """A twisted.web resource accepting links."""
         return WebSocketResource(self.server_factory())
 
-    def check_request(self, request: ConnectionRequest) -> None:
-        """Hook to refuse a link at the WebSocket handshake (raise ConnectionDeny)."""
+    def check_request(self, request: ConnectionRequest) -> dict[str, str]:
+        """Refuse a link at the WebSocket handshake (raise ConnectionDeny), else return answer headers.
+
+        With a cluster secret the dialler must prove it (HTTP 401 when it
+        sends no proof, 403 when the proof is wrong, stale or replayed); the
+        answer proves it back.
+        """
+        if self.auth is None:
+            return {}
+        node = request.headers.get(NODE_HEADER) or ""
+        try:
+            proof = self.auth.check(
+                request.headers.get(AUTH_HEADER), node, request.headers.get("host", "").strip(), request.path
+            )
+        except AuthRefused as e:
+            self.stats["auth_refused"] += 1
+            status = e.refusal.http_status
+            log.warn(
+                "refused PSC link from {peer} (node {node}): HTTP {status}, {reason}",
+                peer=request.peer,
+                node=node[:128] or None,
+                status=status,
+                reason=e.refusal.value,
+            )
+            raise ConnectionDeny(status, e.refusal.value) from None
+        return {AUTH_HEADER: self.auth.answer(self.node_id, proof)}
 
     def client_headers(self, url: str) -> dict[str, str]:
-        """Extra handshake headers sent when dialling ``url``."""
+        """Extra handshake headers sent when dialling ``url`` (asked again on every attempt)."""
         return {}
 
     # -- servers (driven by discovery) -------------------------------------

@@ -52,6 +52,7 @@ class LinkError(Exception):
 
 #: WebSocket close codes used on PSC links (application range 4000-4999).
 CLOSE_BAD_MESSAGE = 4400
+CLOSE_UNAUTHENTICATED = 4401
 CLOSE_NO_COMMON_VERSION = 4406
 CLOSE_DUPLICATE = 4409
 CLOSE_REMOVED = 4410

@@ -2,7 +2,8 @@
 
 Parsing and protocol rules live in :mod:`pubsubclub.federation.session`; this
 module only moves bytes, learns the peer's node id from the handshake headers,
-and turns :class:`~pubsubclub.federation.session.LinkError` into a close frame
+carries the cluster-secret proofs that :mod:`pubsubclub.federation.auth` makes
+and checks, and turns :class:`~pubsubclub.federation.session.LinkError` into a close frame
 with a reason.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
 
 from autobahn.twisted.websocket import (
     WebSocketClientFactory,
@@ -17,15 +19,17 @@ from autobahn.twisted.websocket import (
     WebSocketServerFactory,
     WebSocketServerProtocol,
 )
-from autobahn.websocket.types import ConnectionRequest, ConnectionResponse
+from autobahn.websocket.types import ConnectingRequest, ConnectionRequest, ConnectionResponse
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pubsubclub.federation.auth import AUTH_HEADER, AuthRefused, Proof, Refusal
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_SELF,
+    CLOSE_UNAUTHENTICATED,
     LinkError,
     LinkSession,
     LinkState,
@@ -152,16 +156,16 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
     """The listening side of a PSC link."""
 
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
-        """Learn the peer's node id; answer with ours and the subprotocol."""
+        """Learn the peer's node id, check its proof; answer with ours and the subprotocol."""
         federation: Federation = self.factory.federation
         self.peer_node = request.headers.get(NODE_HEADER)
-        # A link from this node to itself is accepted, not refused: an HTTP
-        # error would only make the dialler retry forever, while our node
-        # header tells it to drop the URL (PSCClientProtocol.onOpen).
-        if self.peer_node != federation.node_id:
-            federation.check_request(request)
+        # Raises ConnectionDeny (HTTP 401/403) when the cluster secret is not
+        # proven. A node dialling itself holds the secret, so it passes and
+        # learns from our node header that it should drop the URL
+        # (PSCClientProtocol.onOpen) instead of retrying forever.
+        answer = federation.check_request(request)
         protocol = SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
-        return protocol, {NODE_HEADER: federation.node_id}
+        return protocol, {NODE_HEADER: federation.node_id, **answer}
 
     def onOpen(self) -> None:
         """Start the session in the cluster's listening role."""
@@ -175,19 +179,74 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
 class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ignore[misc]
     """The dialling side of a PSC link; it pings."""
 
+    #: This attempt's proof of the cluster secret, when the cluster has one.
+    _proof: Proof | None = None
+    #: Why the listener's answer to our proof was refused, if it was.
+    _answer_refused: Refusal | None = None
+    #: Whether the WebSocket handshake completed.
+    _opened = False
+
+    def onConnecting(self, transport_details: Any) -> ConnectingRequest:
+        """Handshake headers made per attempt: a proof must carry a fresh nonce and time."""
+        factory = self.factory
+        federation: Federation = factory.federation
+        headers = {NODE_HEADER: federation.node_id, **federation.client_headers(factory.url)}
+        if federation.auth is not None:
+            # Autobahn sends ``Host: host:port`` built from these same values.
+            host = f"{factory.host}:{factory.port}"
+            self._proof = federation.auth.prove(federation.node_id, host, urlsplit(factory.resource).path)
+            headers[AUTH_HEADER] = self._proof.header()
+        return ConnectingRequest(
+            host=factory.host,
+            port=factory.port,
+            resource=factory.resource,
+            headers=headers,
+            useragent=factory.useragent,
+            origin=factory.origin,
+            protocols=factory.protocols,
+        )
+
     def onConnect(self, response: ConnectionResponse) -> None:
-        """Learn the server's node id from its handshake answer."""
+        """Learn the server's node id from its handshake answer; check its proof."""
         self.peer_node = response.headers.get(NODE_HEADER)
+        auth = self.factory.federation.auth
+        if auth is not None and self._proof is not None:
+            try:
+                auth.check_answer(response.headers.get(AUTH_HEADER), self.peer_node or "", self._proof)
+            except AuthRefused as e:
+                self._answer_refused = e.refusal
 
     def onOpen(self) -> None:
         """Start the session in the role opposite to the listeners'."""
+        self._opened = True
         federation: Federation = self.factory.federation
+        if self._answer_refused is not None:
+            # It accepted us without proving the secret: it is not a cluster
+            # node, and anything it sent would be injected into our hub.
+            log.warn(
+                "{url} did not prove the cluster secret ({reason}); not linking to it",
+                url=self.factory.url,
+                reason=self._answer_refused.value,
+            )
+            federation.stats["auth_refused"] += 1
+            self.sendClose(CLOSE_UNAUTHENTICATED, "listener did not prove the cluster secret")
+            return
         if self.peer_node is not None and self.peer_node == federation.node_id:
             log.warn("{url} is this node itself; not linking to it", url=self.factory.url)
             federation.found_self(self.factory.url)
             self.sendClose(CLOSE_SELF, "a node never links to itself")
             return
         self._start_session(federation.listen_role.opposite, self.factory.url)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """Say why a connection ended before its WebSocket handshake (HTTP refusal, TLS failure)."""
+        if not self._opened:
+            log.warn(
+                "could not link to {url}: {reason}",
+                url=self.factory.url,
+                reason=getattr(self, "wasNotCleanReason", None) or reason.getErrorMessage(),
+            )
+        super().connectionLost(reason)
 
 
 class PSCServerFactory(WebSocketServerFactory):
@@ -219,7 +278,6 @@ class PSCClientFactory(WebSocketClientFactory):
             url,
             reactor=clock,
             protocols=[SUBPROTOCOL],
-            headers={NODE_HEADER: federation.node_id, **federation.client_headers(url)},
         )
         self.federation = federation
         self.setProtocolOptions(

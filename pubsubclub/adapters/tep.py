@@ -1,0 +1,494 @@
+"""The TEP front-end: Transport Exchange Protocol clients on the node's hub.
+
+* :class:`TEPServer` is the front-end of one node: its settings (limits,
+  topic prefix, whether clients may publish), its connected clients, the
+  server API (:meth:`~TEPServer.emit`, :meth:`~TEPServer.broadcast`) and the
+  WebSocket resource served at ``/tep``.
+* :class:`TEPClient` is one client: the channels it joined, what it may
+  do, and its hub sink. It only sees a small :class:`TEPTransport`, so it is
+  tested in memory.
+* :class:`TEPServerProtocol` is the Autobahn WebSocket connection: frames in
+  and out, limits, close codes; it parses nothing itself (``tep_codec`` does).
+
+Channels and hub topics
+    TEP channel ``c`` is hub topic ``prefix + c`` (``tep_prefix``, default
+    ``""``), so TEP, WAMP and the other front-ends share one topic space.
+
+Broadcasts
+    A broadcast is published on the reserved hub topic :data:`BROADCAST_TOPIC`
+    (never prefixed). While a node has TEP clients, its TEP server subscribes
+    one sink to it, so the federation carries a broadcast to every such node,
+    where it goes to every TEP client as ``{"payload": ...}``. ``$`` cannot start a TEP channel, so
+    no TEP client can publish there; hub topics starting with ``$`` are meant
+    to be node-internal for every front-end (docs/tep.md).
+
+Payloads
+    Sent as they are in the envelope. A WAMP publication with several
+    arguments or keyword arguments arrives as its ``{"args": [...],
+    "kwargs": {...}}`` wrapper object (docs/protocol-mapping.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import orjson
+from autobahn.twisted.resource import WebSocketResource
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from twisted.internet import defer
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+from pubsubclub.adapters.tep_codec import (
+    DEFAULT_LIMITS,
+    Broadcast,
+    ClientChannels,
+    ClientPublish,
+    ErrorFrame,
+    Event,
+    Join,
+    Leave,
+    ServerFrame,
+    TEPDecodeError,
+    TEPLimits,
+    channel_problem,
+    decode_client,
+    echo_of,
+    encode_server,
+)
+from pubsubclub.hub import Envelope, Hub
+from pubsubclub.wamp.transport import _SendBacklog
+
+__all__ = [
+    "BROADCAST_TOPIC",
+    "TEPClient",
+    "TEPOperationsResource",
+    "TEPServer",
+    "TEPServerProtocol",
+    "TEPTransport",
+]
+
+log = Logger()
+
+#: The hub topic that carries TEP broadcasts across the cluster.
+BROADCAST_TOPIC = "$tep.broadcast"
+
+#: Close code for a server-initiated close (Autobahn lets an application send
+#: only 1000 or 3000-4999; the reason says why).
+NORMAL_CLOSE = 1000
+
+
+class TEPTransport(Protocol):
+    """What a :class:`TEPClient` needs from its connection."""
+
+    def send_text(self, data: bytes) -> None:
+        """Send one text frame (``data`` is UTF-8 JSON)."""
+
+    def unsent_bytes(self) -> int:
+        """Bytes handed to the transport that the peer has not yet taken."""
+
+    def close(self, code: int, reason: str) -> None:
+        """Close the WebSocket with ``code`` and ``reason``."""
+
+    def drop(self, reason: str) -> None:
+        """Abort the connection at once, logging ``reason``."""
+
+
+class TEPServer:
+    """The TEP front-end of one node, on top of its :class:`Hub`."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        limits: TEPLimits = DEFAULT_LIMITS,
+        *,
+        prefix: str = "",
+        client_publish: bool = True,
+    ) -> None:
+        if prefix.startswith("$"):
+            raise ValueError(f"TEP prefix {prefix!r} must not start with '$' (reserved hub topics)")
+        self.hub = hub
+        self.limits = limits
+        self.prefix = prefix
+        self.client_publish = client_publish
+        #: Connected clients.
+        self.clients: dict[TEPClient, None] = {}
+        #: Counters for /stats.
+        self.stats = {
+            "frames_received": 0,
+            "bad_frames": 0,
+            "published": 0,
+            "events_sent": 0,
+            "broadcasts_sent": 0,
+            "undeliverable": 0,
+            "dropped_slow": 0,
+        }
+        self._broadcast_sink = _BroadcastSink(self)
+        self._wire_key = f"tep|{prefix}"
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def add_client(self, client: TEPClient) -> None:
+        """Count ``client`` in; the first one subscribes the node to broadcasts."""
+        if not self.clients:
+            self.hub.subscribe(BROADCAST_TOPIC, self._broadcast_sink)
+        self.clients[client] = None
+
+    def remove_client(self, client: TEPClient) -> None:
+        """Count ``client`` out; after the last one the node stops asking for broadcasts."""
+        if client not in self.clients:
+            return
+        del self.clients[client]
+        if not self.clients:
+            self.hub.unsubscribe(BROADCAST_TOPIC, self._broadcast_sink)
+
+    def stop(self, reason: str = "node shutting down") -> defer.Deferred[int]:
+        """Close every client with 1000 ``reason`` (so broadcasts stop too).
+
+        Fires with the number of clients once every connection is gone
+        (Autobahn drops a client that does not answer the close within
+        ``closeHandshakeTimeout``).
+        """
+        closed = [client.close(NORMAL_CLOSE, reason) for client in list(self.clients)]
+        return defer.gatherResults(closed).addCallback(lambda _: len(closed))
+
+    def resource(self, url: str | None = None) -> WebSocketResource:
+        """A Twisted Web resource speaking TEP, to serve at ``/tep``."""
+        factory = WebSocketServerFactory(url=url)
+        factory.protocol = TEPServerProtocol
+        factory.tep_server = self  # type: ignore[attr-defined]
+        limit = self.limits.max_frame_bytes
+        factory.setProtocolOptions(
+            maxFramePayloadSize=limit,
+            maxMessagePayloadSize=limit,
+            # Send the close frame (1009, 1007, ...) rather than just dropping TCP.
+            failByDrop=False,
+            # Clients ping if they want to; the server stays passive.
+            autoPingInterval=0,
+            # Bounds how long a server-initiated close (shutdown) waits for the client.
+            closeHandshakeTimeout=1,
+            # No HTML status page (with version) on a plain GET.
+            webStatus=False,
+        )
+        return WebSocketResource(factory)
+
+    # -- topics ------------------------------------------------------------------
+
+    def hub_topic(self, channel: str) -> str:
+        """The hub topic of TEP ``channel``."""
+        return self.prefix + channel
+
+    def channel(self, topic: str) -> str:
+        """The TEP channel of hub ``topic`` (one this server subscribed)."""
+        return topic[len(self.prefix) :]
+
+    # -- the server API ----------------------------------------------------------
+
+    def emit(self, channel: str, payload: Any) -> int:
+        """Publish ``payload`` to ``channel`` cluster-wide; local deliveries returned.
+
+        Raises ValueError for a name that cannot be a channel.
+        """
+        problem = channel_problem(channel, self.limits)
+        if problem is not None:
+            raise ValueError(problem)
+        return self.hub.publish(self.hub.envelope(self.hub_topic(channel), payload))
+
+    def broadcast(self, payload: Any) -> int:
+        """Send ``payload`` (without topic) to every TEP client on every node."""
+        return self.hub.publish(self.hub.envelope(BROADCAST_TOPIC, payload))
+
+    # -- encoding once per message -------------------------------------------------
+
+    def event_bytes(self, envelope: Envelope) -> bytes | None:
+        """The event frame for ``envelope``, built once; None if it is not JSON."""
+        data = envelope.wire.get(self._wire_key)
+        if data is None:
+            if envelope.topic == BROADCAST_TOPIC:
+                frame: ServerFrame = Broadcast(envelope.payload)
+            else:
+                frame = Event(self.channel(envelope.topic), envelope.payload)
+            try:
+                data = encode_server(frame)[0]
+            except TypeError as e:
+                # e.g. MessagePack bytes from a WAMP publisher.
+                log.info("TEP cannot carry message {message_id}: {error}", message_id=envelope.message_id, error=str(e))
+                data = b""
+            envelope.wire[self._wire_key] = data
+        return data or None
+
+
+class _BroadcastSink:
+    """The one hub sink of a :class:`TEPServer` for :data:`BROADCAST_TOPIC`."""
+
+    def __init__(self, server: TEPServer) -> None:
+        self._server = server
+
+    def deliver(self, envelope: Envelope) -> None:
+        """Send a broadcast to every connected client."""
+        server = self._server
+        data = server.event_bytes(envelope)
+        if data is None:
+            server.stats["undeliverable"] += 1
+            return
+        for client in list(server.clients):
+            if client.send(data):
+                server.stats["broadcasts_sent"] += 1
+
+
+class TEPClient:
+    """One TEP client: its channels, its requests and its hub sink."""
+
+    def __init__(self, server: TEPServer, transport: TEPTransport, peer: str = "?") -> None:
+        self._server = server
+        self._hub = server.hub
+        self._limits = server.limits
+        self._transport: TEPTransport | None = transport
+        self.peer = peer
+        self.channels = ClientChannels(server.limits)
+        #: Fired once the connection is gone (see :meth:`close`).
+        self._closed_waiters: list[defer.Deferred[None]] = []
+        self._lost = False
+        server.add_client(self)
+
+    # -- input -------------------------------------------------------------------
+
+    def frame_received(self, data: bytes) -> None:
+        """Handle one text frame from the client; never raises."""
+        if self._transport is None:
+            return
+        server = self._server
+        server.stats["frames_received"] += 1
+        try:
+            frame = decode_client(data, self._limits)
+        except TEPDecodeError as e:
+            self.refuse(str(e), data)
+            return
+        try:
+            if isinstance(frame, Join):
+                self._join(frame)
+            elif isinstance(frame, Leave):
+                self._leave(frame)
+            else:
+                self._publish(frame, data)
+        except Exception:
+            log.failure("TEP client {peer}: internal error handling a frame", peer=self.peer)
+            self.refuse("internal error while handling the frame", data)
+
+    def binary_received(self, data: bytes) -> None:
+        """A binary frame: TEP is JSON in text frames only."""
+        if self._transport is not None:
+            self._server.stats["frames_received"] += 1
+            self.refuse("binary frames are not supported; send one JSON object per text frame", None)
+
+    def refuse(self, problem: str, data: bytes | None) -> None:
+        """Answer a bad frame with ``#error``; the connection stays open."""
+        self._server.stats["bad_frames"] += 1
+        log.debug("TEP client {peer}: bad frame: {problem}", peer=self.peer, problem=problem)
+        self._send_frame(ErrorFrame(problem, None if data is None else echo_of(data)))
+
+    def _join(self, frame: Join) -> None:
+        reply, new = self.channels.join(frame.channels)
+        for channel in new:
+            self._hub.subscribe(self._server.hub_topic(channel), self)
+        self._send_frame(reply)
+
+    def _leave(self, frame: Leave) -> None:
+        reply = self.channels.leave(frame.channels)
+        for channel in reply.accepted:
+            self._hub.unsubscribe(self._server.hub_topic(channel), self)
+        self._send_frame(reply)
+
+    def _publish(self, frame: ClientPublish, data: bytes) -> None:
+        server = self._server
+        if not server.client_publish:
+            self.refuse("client publishing is disabled on this node", data)
+            return
+        server.stats["published"] += 1
+        envelope = self._hub.envelope(server.hub_topic(frame.topic), frame.payload)
+        # Like WAMP's default: the publisher does not get its own message.
+        self._hub.publish(envelope, exclude=self)
+
+    # -- output ------------------------------------------------------------------
+
+    def deliver(self, envelope: Envelope) -> None:
+        """The hub sink: send ``envelope`` as an event."""
+        server = self._server
+        data = server.event_bytes(envelope)
+        if data is None:
+            server.stats["undeliverable"] += 1
+        elif self.send(data):
+            server.stats["events_sent"] += 1
+
+    def send(self, data: bytes) -> bool:
+        """Send one text frame, or drop this client if it lags too far; True if sent."""
+        transport = self._transport
+        if transport is None:
+            return False
+        unsent = transport.unsent_bytes()
+        limit = self._limits.max_send_buffer
+        if unsent > limit:
+            reason = f"slow consumer: {unsent} bytes unsent, limit is {limit}"
+            log.warn("dropping TEP client {peer}: {reason}", peer=self.peer, reason=reason)
+            self._server.stats["dropped_slow"] += 1
+            self._detach()
+            transport.drop(reason)
+            return False
+        transport.send_text(data)
+        return True
+
+    def _send_frame(self, frame: ServerFrame) -> None:
+        for data in encode_server(frame):
+            self.send(data)
+
+    # -- closing -------------------------------------------------------------------
+
+    def close(self, code: int, reason: str) -> defer.Deferred[None]:
+        """Close the connection with ``code`` and ``reason``; fires once it is gone."""
+        if self._lost:
+            return defer.succeed(None)
+        gone: defer.Deferred[None] = defer.Deferred()
+        self._closed_waiters.append(gone)
+        transport = self._transport
+        self._detach()
+        if transport is not None:
+            transport.close(code, reason)
+        return gone
+
+    def connection_lost(self) -> None:
+        """The connection is gone: leave every channel; idempotent."""
+        self._detach()
+        self._lost = True
+        waiters, self._closed_waiters = self._closed_waiters, []
+        for waiter in waiters:
+            waiter.callback(None)
+
+    def _detach(self) -> None:
+        """Stop sending: leave every channel and the server's client list."""
+        if self._transport is None:
+            return
+        self._transport = None
+        self._hub.unsubscribe_all(self)
+        self._server.remove_client(self)
+
+
+class TEPServerProtocol(WebSocketServerProtocol):
+    """One TEP WebSocket connection, driving one :class:`TEPClient`."""
+
+    _client: TEPClient | None = None
+    _backlog: _SendBacklog | None = None
+
+    def onOpen(self) -> None:  # noqa: N802 - Autobahn API
+        """The handshake is done: create the client and watch the send buffer."""
+        server: TEPServer = self.factory.tep_server
+        self._client = TEPClient(server, self, peer=str(self.peer))
+        self._watch_send_buffer()
+
+    def _watch_send_buffer(self) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        backlog = _SendBacklog()
+        try:
+            # Twisted Web's HTTPChannel is still registered from before the
+            # WebSocket takeover; after it, nothing else produces here.
+            transport.unregisterProducer()  # type: ignore[attr-defined]
+            transport.registerProducer(backlog, True)  # type: ignore[attr-defined]
+        except Exception:
+            log.failure("cannot watch the send buffer; slow TEP consumers will not be dropped")
+            return
+        self._backlog = backlog
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803 - Autobahn API
+        """Hand one complete message to the client (Autobahn checked size and UTF-8)."""
+        client = self._client
+        if client is None:
+            return
+        if isBinary:
+            client.binary_received(payload)
+        else:
+            client.frame_received(payload)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:  # noqa: N802, N803
+        """The connection is gone: the client leaves every channel."""
+        client = self._client
+        if client is not None:
+            log.debug("TEP client {peer} closed: {code} {reason}", peer=client.peer, code=code, reason=reason)
+            client.connection_lost()
+
+    # -- TEPTransport ----------------------------------------------------------------
+
+    def send_text(self, data: bytes) -> None:
+        """Send one text frame; nothing once the closing handshake has begun."""
+        # Autobahn raises Disconnected after the peer's close frame, and this
+        # runs inside the hub's delivery loop.
+        if self.state != WebSocketServerProtocol.STATE_OPEN:
+            return
+        self.sendMessage(data, False)
+        if self._backlog is not None:
+            self._backlog.written(len(data))
+
+    def unsent_bytes(self) -> int:
+        """Upper bound on bytes written but not yet taken by the client."""
+        return self._backlog.unsent() if self._backlog is not None else 0
+
+    def close(self, code: int, reason: str) -> None:
+        """Start the closing handshake."""
+        self.sendClose(code, reason)
+
+    def drop(self, reason: str) -> None:
+        """Abort the TCP connection now (a close frame would queue behind the backlog)."""
+        self.wasClean = False
+        self.wasNotCleanReason = reason
+        self.dropConnection(abort=True)
+
+
+class TEPOperationsResource(Resource):
+    """``/tep`` of the operations listener: the server API over HTTP.
+
+    ``POST /tep/broadcast`` with ``{"payload": X}`` and ``POST /tep/emit``
+    with ``{"channel": C, "payload": X}``; the answer is
+    ``{"delivered_locally": N}``, or 400/413 with ``{"error": ...}``.
+    """
+
+    def __init__(self, server: TEPServer) -> None:
+        super().__init__()
+        self.putChild(b"broadcast", _OperationResource(server, "broadcast"))
+        self.putChild(b"emit", _OperationResource(server, "emit"))
+
+
+class _OperationResource(Resource):
+    """One server API call over ``POST``."""
+
+    isLeaf = True
+
+    def __init__(self, server: TEPServer, operation: str) -> None:
+        super().__init__()
+        self._server = server
+        self._operation = operation
+
+    def render_POST(self, request: Request) -> bytes:  # noqa: N802 - Twisted Web API
+        """Run the call with the JSON body's fields."""
+        request.setHeader(b"content-type", b"application/json")
+        limit = self._server.limits.max_frame_bytes
+        assert request.content is not None
+        body = request.content.read(limit + 1)
+        if len(body) > limit:
+            request.setResponseCode(413)
+            return orjson.dumps({"error": f"body over the limit of {limit} bytes"})
+        try:
+            value = orjson.loads(body)
+            if not isinstance(value, dict) or "payload" not in value:
+                raise ValueError('the body must be a JSON object with a "payload"')
+            if self._operation == "broadcast":
+                delivered = self._server.broadcast(value["payload"])
+            else:
+                channel = value.get("channel")
+                if not isinstance(channel, str):
+                    raise ValueError('the body needs a string "channel"')
+                delivered = self._server.emit(channel, value["payload"])
+        except ValueError as e:  # orjson.JSONDecodeError is a ValueError
+            request.setResponseCode(400)
+            return orjson.dumps({"error": str(e)})
+        return orjson.dumps({"delivered_locally": delivered})

@@ -1,0 +1,703 @@
+"""Consul discovery: register this node, watch the healthy ones, drive the federation.
+
+Two parts:
+
+- :class:`TwistedConsul`, python-consul's ``Consul`` API on :class:`TreqHTTPClient`,
+  our own Twisted HTTP client for it. python-consul 1.1.0 ships ``consul.twisted``,
+  which cannot be used: a refused connection raises ``AttributeError`` (it reads
+  ``e.message``), GET query parameters are sent twice (in the URL and again as
+  treq ``params``), it calls the deprecated ``returnValue``, has no time limit
+  per request and always uses the global reactor.
+- :class:`ConsulDiscovery`, which registers the node (with a TTL check it
+  heartbeats, or an HTTP check on ``/health``), watches the service's passing
+  instances with blocking queries and turns each change into
+  ``Federation.add_server`` / ``remove_server`` calls, debounced.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
+from typing import Any
+from urllib.parse import urlsplit
+
+import consul.base
+from consul.base import CB, ConsulException
+from treq.client import HTTPClient as TreqClient
+from twisted.internet import defer, error, task
+from twisted.internet.interfaces import IConsumer, IDelayedCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web import _newclient
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IBodyProducer
+from zope.interface import implementer
+
+from pubsubclub import psc
+from pubsubclub.federation.federation import RetryPolicy
+
+log = Logger()
+
+#: Time limit of a request that is not a blocking query, in seconds.
+DEFAULT_TIMEOUT = 10.0
+#: Consul's own default and maximum ``wait`` of a blocking query (seconds).
+CONSUL_DEFAULT_WAIT = 300.0
+CONSUL_MAX_WAIT = 600.0
+
+_DURATION_PART = re.compile(r"(\d+\.?\d*|\.\d+)(ns|us|µs|ms|s|m|h)")
+_DURATION_UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in a Go duration string (``10s``, ``1m30s``, ``250ms``), as Consul parses ``wait``."""
+    if text == "0":
+        return 0.0
+    pos, total = 0, 0.0
+    while pos < len(text):
+        m = _DURATION_PART.match(text, pos)
+        if m is None:
+            raise ValueError(f"not a duration: {text!r}")
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if not text:
+        raise ValueError("empty duration")
+    return total
+
+
+def format_duration(seconds: float) -> str:
+    """A Go duration string Consul accepts: whole seconds, else milliseconds."""
+    if seconds == int(seconds):
+        return f"{int(seconds)}s"
+    return f"{max(1, round(seconds * 1000))}ms"
+
+
+# -- errors ------------------------------------------------------------------
+
+
+class ConsulUnreachable(ConsulException):
+    """The agent could not be reached, or the connection broke before an answer."""
+
+
+class ConsulTimeout(consul.base.Timeout):
+    """No complete answer within the request's time limit."""
+
+
+class ConsulBadResponse(ConsulException):
+    """The agent answered, but not with what its API documents (junk body, missing header)."""
+
+
+#: Failures that mean "no answer from the agent"; everything else the agent said itself.
+TRANSPORT_ERRORS = (ConsulUnreachable, ConsulTimeout)
+
+_CONNECTION_FAILURES = (
+    error.ConnectError,
+    error.ConnectionLost,
+    error.ConnectionDone,
+    error.DNSLookupError,
+    _newclient.ResponseNeverReceived,
+    _newclient.RequestTransmissionFailed,
+    _newclient.ResponseFailed,
+)
+
+
+# -- the HTTP client ---------------------------------------------------------
+
+
+@implementer(IBodyProducer)
+class _BytesProducer:
+    """A request body written at once (treq's default body producer runs on the global reactor)."""
+
+    def __init__(self, body: bytes) -> None:
+        self._body = body
+        self.length = len(body) if body else UNKNOWN_LENGTH
+
+    def startProducing(self, consumer: IConsumer) -> defer.Deferred[None]:
+        """Write the whole body."""
+        consumer.write(self._body)
+        return defer.succeed(None)
+
+    def pauseProducing(self) -> None:
+        """Nothing to pause: everything is written at once."""
+
+    def resumeProducing(self) -> None:
+        """Nothing to resume."""
+
+    def stopProducing(self) -> None:
+        """Nothing to stop."""
+
+
+def _query_value(params: Any, name: str) -> Any:
+    """The value of query parameter ``name`` in python-consul's params (a list of pairs or a dict)."""
+    if not params:
+        return None
+    pairs = params.items() if isinstance(params, Mapping) else params
+    for key, value in pairs:
+        if key == name:
+            return value
+    return None
+
+
+class TreqHTTPClient(consul.base.HTTPClient):  # type: ignore[misc]
+    """python-consul's HTTP client contract on treq.
+
+    ``get``/``put``/``post``/``delete`` return a Deferred that fires with
+    ``callback(Response)`` (python-consul's parser for the endpoint) or fails
+    with a :class:`ConsulException`: :class:`ConsulUnreachable`,
+    :class:`ConsulTimeout`, :class:`ConsulBadResponse`, or python-consul's own
+    errors for 4xx/5xx answers. Query parameters are put in the URL once.
+    Every request has a time limit; a blocking query's limit is its ``wait``
+    plus Consul's jitter (wait/16) plus ``timeout``.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8500,
+        scheme: str = "http",
+        verify: bool = True,
+        cert: Any = None,
+        *,
+        reactor: Any = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        agent: IAgent | None = None,
+    ) -> None:
+        super().__init__(host, port, scheme, verify, cert)
+        if not verify or cert is not None:
+            raise ValueError("TreqHTTPClient verifies TLS with the system CAs; verify=False and cert are not supported")
+        if reactor is None:
+            from twisted.internet import reactor
+        self._reactor = reactor
+        self.timeout = timeout
+        self._pool: HTTPConnectionPool | None = None
+        if agent is None:
+            # The watch holds one connection for its blocking query while
+            # heartbeats use another.
+            self._pool = HTTPConnectionPool(reactor, persistent=True)
+            self._pool.maxPersistentPerHost = 4
+            agent = Agent(reactor, pool=self._pool)
+        self._client = TreqClient(agent, data_to_body_producer=_BytesProducer)
+
+    def get(self, callback: Callable[[Any], Any], path: str, params: Any = None) -> defer.Deferred[Any]:
+        """GET ``path``; fires with ``callback(response)``."""
+        return self._request(callback, "GET", path, params)
+
+    def put(self, callback: Callable[[Any], Any], path: str, params: Any = None, data: Any = "") -> defer.Deferred[Any]:
+        """PUT ``data`` to ``path``; fires with ``callback(response)``."""
+        return self._request(callback, "PUT", path, params, data)
+
+    def post(
+        self, callback: Callable[[Any], Any], path: str, params: Any = None, data: Any = ""
+    ) -> defer.Deferred[Any]:
+        """POST ``data`` to ``path``; fires with ``callback(response)``."""
+        return self._request(callback, "POST", path, params, data)
+
+    def delete(self, callback: Callable[[Any], Any], path: str, params: Any = None) -> defer.Deferred[Any]:
+        """DELETE ``path``; fires with ``callback(response)``."""
+        return self._request(callback, "DELETE", path, params)
+
+    def request_timeout(self, params: Any) -> float:
+        """Time limit of one request: a blocking query may rightly hang for its whole wait."""
+        index = _query_value(params, "index")
+        if not index:
+            return self.timeout
+        wait = _query_value(params, "wait")
+        try:
+            seconds = parse_duration(str(wait)) if wait else CONSUL_DEFAULT_WAIT
+        except ValueError:
+            seconds = CONSUL_DEFAULT_WAIT
+        seconds = min(seconds, CONSUL_MAX_WAIT)
+        return seconds + seconds / 16 + self.timeout
+
+    def close(self) -> defer.Deferred[None]:
+        """Close idle pooled connections (in-flight requests are cancelled by their callers)."""
+        if self._pool is None:
+            return defer.succeed(None)
+        return self._pool.closeCachedConnections()  # type: ignore[no-any-return]
+
+    def _request(
+        self, callback: Callable[[Any], Any], method: str, path: str, params: Any, data: Any = None
+    ) -> defer.Deferred[Any]:
+        url = self.uri(path, params)
+        timeout = self.request_timeout(params)
+        body = data.encode("utf-8") if isinstance(data, str) else data
+        d = defer.ensureDeferred(self._exchange(method, url, body or None))
+        expired: list[bool] = []
+
+        def expire() -> None:
+            expired.append(True)
+            d.cancel()
+
+        timer = self._reactor.callLater(timeout, expire)
+
+        def settled(result: Any) -> Any:
+            if timer.active():
+                timer.cancel()
+            return result
+
+        d.addBoth(settled)
+        d.addErrback(self._translate, method, url, timeout, expired)
+        d.addCallback(self._parse, callback, method, url)
+        return d
+
+    async def _exchange(self, method: str, url: str, body: bytes | None) -> consul.base.Response:
+        response = await self._client.request(method, url, data=body)
+        content = await response.content()
+        headers = {
+            name.decode("latin-1"): ",".join(v.decode("latin-1") for v in values)
+            for name, values in response.headers.getAllRawHeaders()
+        }
+        return consul.base.Response(response.code, headers, content.decode("utf-8", errors="replace"))
+
+    @staticmethod
+    def _translate(failure: Failure, method: str, url: str, timeout: float, expired: list[bool]) -> Failure:
+        if expired:
+            raise ConsulTimeout(f"{method} {url}: no answer within {timeout:g}s")
+        if _cancelled(failure):
+            # The caller cancelled (a stopping watch): let it see a cancellation.
+            raise defer.CancelledError(f"{method} {url} cancelled")
+        if failure.check(*_CONNECTION_FAILURES):
+            raise ConsulUnreachable(f"{method} {url}: {_describe(failure.value)}")
+        return failure
+
+    @staticmethod
+    def _parse(response: consul.base.Response, callback: Callable[[Any], Any], method: str, url: str) -> Any:
+        try:
+            return callback(response)
+        except ConsulException:
+            raise
+        except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+            # python-consul's parsers fail like this on a junk body or a missing header.
+            raise ConsulBadResponse(f"{method} {url}: {response.code} with an unusable answer ({e!r})") from e
+
+
+def _cancelled(failure: Failure) -> bool:
+    """A cancellation, possibly wrapped by twisted.web's client in ResponseNeverReceived & co."""
+    if failure.check(defer.CancelledError):
+        return True
+    reasons = getattr(failure.value, "reasons", None) or []
+    return any(isinstance(r, Failure) and _cancelled(r) for r in reasons)
+
+
+def _describe(exc: BaseException | None) -> str:
+    reasons = getattr(exc, "reasons", None)
+    if reasons:
+        return "; ".join(_describe(r.value) for r in reasons if r.value is not None)
+    return f"{type(exc).__name__}: {exc}"
+
+
+class TwistedConsul(consul.base.Consul):  # type: ignore[misc]
+    """python-consul's ``Consul`` API on :class:`TreqHTTPClient`: every call returns a Deferred.
+
+    ``reactor`` (for connections and time limits), ``timeout`` and ``agent``
+    (any ``IAgent``, e.g. treq's in-memory ``RequestTraversalAgent`` in tests)
+    are passed to the HTTP client.
+    """
+
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8500,
+        *,
+        reactor: Any = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        agent: IAgent | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._reactor = reactor
+        self._timeout = timeout
+        self._agent = agent
+        super().__init__(host, port, **kwargs)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> TwistedConsul:
+        """A client for the agent at ``url`` (``http://host:port``)."""
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"not an http:// or https:// URL: {url!r}")
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        client = cls(parts.hostname, port, scheme=parts.scheme, **kwargs)
+        # python-consul lets CONSUL_HTTP_ADDR and CONSUL_HTTP_TOKEN override its
+        # arguments; an explicit URL (a --consul flag) wins here.
+        client.http = client.connect(parts.hostname, port, parts.scheme)
+        if kwargs.get("token"):
+            client.token = kwargs["token"]
+        return client
+
+    def connect(self, host: str, port: int, scheme: str, verify: bool = True, cert: Any = None) -> TreqHTTPClient:
+        """The HTTP client python-consul's endpoint classes call."""
+        return TreqHTTPClient(
+            host, port, scheme, verify, cert, reactor=self._reactor, timeout=self._timeout, agent=self._agent
+        )
+
+    def register_service(self, definition: Mapping[str, Any], token: str | None = None) -> defer.Deferred[bool]:
+        """``PUT /v1/agent/service/register`` with a full service definition.
+
+        python-consul 1.1.0's ``agent.service.register`` cannot send ``Meta``,
+        so the definition (Consul's JSON field names) is sent as given.
+        """
+        params = [("token", token or self.token)] if (token or self.token) else []
+        d: defer.Deferred[bool] = self.http.put(
+            CB.bool(), "/v1/agent/service/register", params=params, data=json.dumps(dict(definition))
+        )
+        return d
+
+    def close(self) -> defer.Deferred[None]:
+        """Close idle connections."""
+        d: defer.Deferred[None] = self.http.close()
+        return d
+
+
+# -- discovery ---------------------------------------------------------------
+
+
+class Registration(Enum):
+    """Where this node's registration stands with the agent."""
+
+    #: Not registered yet, or the agent forgot us (restarted, check unknown): register next.
+    UNREGISTERED = "unregistered"
+    #: The agent has our definition; the heartbeat keeps the check passing.
+    REGISTERED = "registered"
+    #: Stopped: deregistered (or tried to) and no longer heartbeating.
+    LEFT = "left"
+
+
+class _Forgotten(ConsulException):
+    """The agent answered a heartbeat but no longer knows our service or check."""
+
+
+def _versions() -> str:
+    return ",".join(f"{major}.{minor}" for major, minor in psc.SUPPORTED_VERSIONS)
+
+
+class ConsulDiscovery:
+    """Keeps this node registered in Consul and the federation linked to the service's healthy instances.
+
+    ``start()`` registers (service id = ``node_id``; address and port of
+    ``advertise_url``; node id, PSC versions, path and scheme in ``Meta``)
+    with a TTL check heartbeated every ``ttl/3`` (``check="ttl"``) or an HTTP
+    check of ``health_url`` every ``ttl/3`` (``check="http"``). A refused
+    heartbeat (the agent restarted and forgot us) re-registers at once.
+
+    The watch is a blocking query on ``/v1/health/service/<service>?passing``;
+    each answer becomes the wanted set of PSC URLs (never this node's own).
+    Changes are applied after ``debounce`` seconds without further change
+    (held at most ``max_hold``), so a flapping check does not churn links.
+    Errors (refused, 5xx, junk, time-outs) are logged and retried with
+    ``backoff``; the last applied membership stays meanwhile. With
+    ``advertise_url`` None the node only watches. All timers run on
+    ``reactor``.
+    """
+
+    def __init__(
+        self,
+        federation: Any,
+        *,
+        consul_url: str = "http://127.0.0.1:8500",
+        service: str = "pubsubclub",
+        node_id: str,
+        advertise_url: str | None,
+        token: str | None = None,
+        dc: str | None = None,
+        check: str = "ttl",
+        health_url: str | None = None,
+        ttl: float = 10.0,
+        debounce: float = 0.5,
+        max_hold: float | None = None,
+        watch_wait: float = 60.0,
+        deregister_after: float = 600.0,
+        backoff: RetryPolicy = RetryPolicy(initial=0.5, factor=2.0, max_delay=15.0, jitter=0.2),
+        stop_timeout: float = 3.0,
+        reactor: Any = None,
+        rand: Callable[[], float] = random.random,
+        client: TwistedConsul | None = None,
+    ) -> None:
+        if reactor is None:
+            from twisted.internet import reactor
+        if check not in ("ttl", "http"):
+            raise ValueError(f"check must be 'ttl' or 'http', not {check!r}")
+        if check == "http" and advertise_url is not None and health_url is None:
+            raise ValueError("an HTTP check needs health_url")
+        self.federation = federation
+        self.service = service
+        self.service_id = node_id
+        self.node_id = node_id
+        self.advertise_url = advertise_url
+        self.check = check
+        self.check_id = f"service:{node_id}"
+        self.health_url = health_url
+        self.ttl = ttl
+        self.debounce = debounce
+        self.max_hold = max_hold if max_hold is not None else max(5 * debounce, debounce)
+        self.watch_wait = watch_wait
+        self.deregister_after = deregister_after
+        self._backoff = backoff
+        self._stop_timeout = stop_timeout
+        self._reactor = reactor
+        self._rand = rand
+        self._token = token
+        self.consul = (
+            client if client is not None else TwistedConsul.from_url(consul_url, token=token, dc=dc, reactor=reactor)
+        )
+        self.registration = Registration.UNREGISTERED
+        #: The blocking query's index (0: read without blocking next).
+        self.index = 0
+        #: PSC URL -> service id, as last handed to the federation.
+        self.applied: dict[str, str] = {}
+        #: PSC URL -> service id, as last seen in Consul.
+        self.wanted: dict[str, str] = {}
+        self.errors = 0
+        self.last_error: str | None = None
+        self._running = False
+        self._tasks: list[defer.Deferred[None]] = []
+        self._apply_call: IDelayedCall | None = None
+        self._pending_since = 0.0
+
+    # -- lifecycle ---------------------------------------------------------
+
+    def start(self) -> None:
+        """Register (retried until it works) and start watching."""
+        if self._running:
+            return
+        self._running = True
+        if self.advertise_url is not None:
+            self._tasks.append(self._spawn(self._keep_registered()))
+        else:
+            log.info("consul: no PSC address to advertise; watching {service} only", service=self.service)
+        self._tasks.append(self._spawn(self._watch()))
+
+    async def stop(self) -> None:
+        """Stop watching and heartbeating, then deregister (bounded by ``stop_timeout``)."""
+        if not self._running:
+            return
+        self._running = False
+        for d in self._tasks:
+            d.cancel()
+        self._tasks.clear()
+        if self._apply_call is not None and self._apply_call.active():
+            self._apply_call.cancel()
+        self._apply_call = None
+        if self.advertise_url is not None:
+            d = self.consul.agent.service.deregister(self.service_id)
+            d.addTimeout(self._stop_timeout, self._reactor)
+            try:
+                await d
+                log.info("consul: deregistered {sid}", sid=self.service_id)
+            except (ConsulException, defer.TimeoutError) as e:
+                log.warn("consul: could not deregister {sid}: {error}", sid=self.service_id, error=e)
+        self.registration = Registration.LEFT
+        await self.consul.close()
+
+    def status(self) -> dict[str, Any]:
+        """State for ``/stats``."""
+        return {
+            "service": self.service,
+            "service_id": self.service_id,
+            "registration": self.registration.value,
+            "index": self.index,
+            "members": sorted(self.applied),
+            "pending": self._apply_call is not None and self._apply_call.active(),
+            "errors": self.errors,
+            "last_error": self.last_error,
+        }
+
+    def definition(self) -> dict[str, Any]:
+        """The service definition registered with the agent."""
+        assert self.advertise_url is not None
+        parts = urlsplit(self.advertise_url)
+        interval = format_duration(self.ttl / 3)
+        check: dict[str, Any] = {
+            "CheckID": self.check_id,
+            "DeregisterCriticalServiceAfter": format_duration(self.deregister_after),
+        }
+        if self.check == "ttl":
+            check.update(Name="PubSubClub node heartbeat", TTL=format_duration(self.ttl))
+        else:
+            check.update(
+                Name="PubSubClub node /health",
+                HTTP=self.health_url,
+                Method="GET",
+                Interval=interval,
+                Timeout=format_duration(min(self.ttl / 3, 5.0)),
+            )
+        return {
+            "ID": self.service_id,
+            "Name": self.service,
+            "Address": parts.hostname,
+            "Port": parts.port or (443 if parts.scheme == "wss" else 80),
+            "Tags": ["psc"],
+            "Meta": {
+                "node_id": self.node_id,
+                "psc_versions": _versions(),
+                "psc_path": parts.path or "/",
+                "scheme": parts.scheme,
+            },
+            "Check": check,
+        }
+
+    # -- helpers -----------------------------------------------------------
+
+    def _spawn(self, coro: Any) -> defer.Deferred[None]:
+        d: defer.Deferred[None] = defer.ensureDeferred(coro)
+        d.addErrback(lambda f: f.trap(defer.CancelledError))
+        d.addErrback(lambda f: log.failure("consul: discovery task failed", f))
+        return d
+
+    def _sleep(self, seconds: float) -> defer.Deferred[None]:
+        return task.deferLater(self._reactor, seconds)
+
+    def _delay(self, failures: int) -> float:
+        return self._backoff.delay(failures, self._rand)
+
+    def _failed(self, what: str, e: Exception) -> None:
+        self.errors += 1
+        self.last_error = f"{what}: {e}"
+        log.warn("consul: {what} failed: {error}", what=what, error=e)
+
+    # -- registration ------------------------------------------------------
+
+    async def _keep_registered(self) -> None:
+        failures = 0
+        while self._running:
+            try:
+                if self.registration is Registration.UNREGISTERED:
+                    if not await self.consul.register_service(self.definition()):
+                        raise ConsulException("registration refused")
+                    self.registration = Registration.REGISTERED
+                    log.info(
+                        "consul: registered {sid} ({url}) in service {service}",
+                        sid=self.service_id,
+                        url=self.advertise_url,
+                        service=self.service,
+                    )
+                await self._refresh()
+            except TRANSPORT_ERRORS as e:
+                # No answer: the agent may still hold our registration.
+                failures += 1
+                self._failed("heartbeat", e)
+                await self._sleep(self._delay(failures))
+                continue
+            except ConsulException as e:
+                # The agent answered and refused: it lost our registration
+                # (restarted) or is unwell. Register again; at once the first time.
+                failures += 1
+                self.registration = Registration.UNREGISTERED
+                self._failed("registration" if isinstance(e, _Forgotten) else "heartbeat", e)
+                await self._sleep(0 if failures == 1 else self._delay(failures - 1))
+                continue
+            failures = 0
+            await self._sleep(self.ttl / 3)
+
+    async def _refresh(self) -> None:
+        """TTL: mark the check passing. HTTP: make sure the agent still knows us."""
+        if self.check == "ttl":
+            if not await self.consul.agent.check.ttl_pass(self.check_id):
+                raise _Forgotten(f"the agent does not know check {self.check_id}")
+        else:
+            services = await self.consul.agent.services()
+            if not isinstance(services, dict) or self.service_id not in services:
+                raise _Forgotten(f"the agent does not know service {self.service_id}")
+
+    # -- watch -------------------------------------------------------------
+
+    async def _watch(self) -> None:
+        failures = 0
+        while self._running:
+            try:
+                index, entries = await self.consul.health.service(
+                    self.service,
+                    index=self.index or None,
+                    wait=format_duration(self.watch_wait),
+                    passing=True,
+                )
+                new_index = int(index)
+                members = self._members(entries)
+            except (ConsulException, ValueError, TypeError) as e:
+                failures += 1
+                self._failed("watch", e)
+                # The agent may come back restarted, its index behind ours:
+                # read afresh instead of blocking on an index it may never reach.
+                self.index = 0
+                await self._sleep(self._delay(failures))
+                continue
+            failures = 0
+            # Consul's rules for blocking clients: an index that went backwards
+            # restarts the loop from 0; an index of 0 is never waited on.
+            if new_index < self.index:
+                log.info("consul: index went backwards ({old} -> {new}); reading afresh", old=self.index, new=new_index)
+                self.index = 0
+            else:
+                self.index = max(new_index, 1)
+            self._observe(members)
+
+    def _members(self, entries: Any) -> dict[str, str]:
+        if not isinstance(entries, Sequence) or isinstance(entries, (str, bytes)):
+            raise ConsulBadResponse(f"health answer is not a list: {entries!r:.100}")
+        members: dict[str, str] = {}
+        for entry in entries:
+            try:
+                sid, url = self._member_url(entry)
+            except (KeyError, TypeError, ValueError, AttributeError) as e:
+                log.warn("consul: ignoring malformed instance {entry!r:.200}: {error!r}", entry=entry, error=e)
+                continue
+            if sid == self.service_id or url == self.advertise_url:
+                continue
+            members[url] = sid
+        return members
+
+    @staticmethod
+    def _member_url(entry: Mapping[str, Any]) -> tuple[str, str]:
+        service = entry["Service"]
+        sid = str(service["ID"])
+        address = service.get("Address") or entry["Node"]["Address"]
+        port = int(service["Port"])
+        if not address or not 0 < port < 65536:
+            raise ValueError("no address or port")
+        meta = service.get("Meta") or {}
+        scheme = meta.get("scheme", "ws")
+        path = meta.get("psc_path", "/psc")
+        if scheme not in ("ws", "wss") or not str(path).startswith("/"):
+            raise ValueError(f"bad scheme or path {scheme!r} {path!r}")
+        host = f"[{address}]" if ":" in address else address
+        return sid, f"{scheme}://{host}:{port}{path}"
+
+    # -- debounce and apply ------------------------------------------------
+
+    def _observe(self, members: dict[str, str]) -> None:
+        self.wanted = members
+        now = self._reactor.seconds()
+        if set(members) == set(self.applied):
+            # Back where we are (a flap undone within the quiet period): nothing to do.
+            if self._apply_call is not None and self._apply_call.active():
+                self._apply_call.cancel()
+            self._apply_call = None
+            return
+        if self._apply_call is not None and self._apply_call.active():
+            deadline = self._pending_since + self.max_hold
+            self._apply_call.reset(max(0.0, min(self.debounce, deadline - now)))
+            return
+        self._pending_since = now
+        self._apply_call = self._reactor.callLater(self.debounce, self._apply)
+
+    @staticmethod
+    def _log_removal_failure(failure: Failure, url: str) -> None:
+        log.failure("consul: removing {url} failed", failure, url=url)
+
+    def _apply(self) -> None:
+        self._apply_call = None
+        wanted, applied = self.wanted, self.applied
+        added = [url for url in wanted if url not in applied]
+        removed = [url for url in applied if url not in wanted]
+        self.applied = dict(wanted)
+        if added or removed:
+            log.info("consul: membership change: +{added} -{removed}", added=added, removed=removed)
+        for url in removed:
+            d = defer.maybeDeferred(self.federation.remove_server, url)
+            d.addErrback(self._log_removal_failure, url)
+        for url in added:
+            try:
+                self.federation.add_server(url)
+            except Exception:  # one bad URL must not stop the others
+                log.failure("consul: adding {url} failed", url=url)

@@ -1,0 +1,346 @@
+"""Secure links between real node processes: the cluster secret, TLS listeners and ``wss://`` peers.
+
+Certificates are made inside the tests (tests/certs.py). Node-side
+conditions are polled over the operations listener's ``/stats`` and the
+nodes' logs with bounded waits; WAMP traffic uses Autobahn-Python clients.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from certs import CA, make_ca
+from conftest import REPO, WAIT_SECONDS, NodeProcess, wait_until
+from twisted.internet.ssl import Certificate
+from wampclient import connect as wamp_connect
+from wampclient import leave, publish_acked, subscribe
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect as ws_connect
+
+from pubsubclub.config import ConfigError, NodeConfig, build
+from pubsubclub.federation.auth import LinkAuth
+
+pytestmark = pytest.mark.slow
+
+SECRET = "a cluster secret of the tests, long enough\n"
+OTHER_SECRET = "some other cluster's secret, also long\n"
+TOPIC = "com.example.secure"
+
+
+# -- helpers ------------------------------------------------------------------
+
+
+def stats(node: NodeProcess) -> dict[str, Any]:
+    """``/stats`` from the operations listener (plain HTTP even when the WAMP listener is TLS)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/stats", timeout=5) as r:
+        return dict(json.loads(r.read()))
+
+
+def open_links(node: NodeProcess) -> list[dict[str, Any]]:
+    """The node's links past their PSC handshake."""
+    return [link for link in stats(node)["links"] if link["state"] == "open"]
+
+
+def log_of(node: NodeProcess) -> str:
+    """Everything the node logged so far."""
+    return node.log_path.read_text()
+
+
+def wait_for_log(node: NodeProcess, text: str) -> None:
+    """Until ``text`` shows up in the node's log."""
+    wait_until(lambda: text in log_of(node), f"{text!r} in the log of {node.name}")
+
+
+def write(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path`` and return it."""
+    path.write_text(text)
+    return path
+
+
+def tls_listener(port: int, cert: Path) -> str:
+    """A Twisted ``ssl:`` endpoint on 127.0.0.1 serving the key and certificate in ``cert``."""
+    return f"ssl:{port}:interface=127.0.0.1:privateKey={cert}:certKey={cert}"
+
+
+class Nodes:
+    """Start nodes for one test; every one is stopped at its end."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp_path = tmp_path
+        self.started: list[NodeProcess] = []
+
+    def make(self, name: str, *extra: str) -> NodeProcess:
+        """A node (not yet started) with extra flags; later flags override the harness's."""
+        node = NodeProcess(name, self.tmp_path, extra=extra)
+        self.started.append(node)
+        return node
+
+    def stop(self) -> None:
+        """Stop every node."""
+        for node in self.started:
+            node.stop()
+
+
+@pytest.fixture
+def nodes(tmp_path: Path) -> Iterator[Nodes]:
+    """A node factory; its nodes are stopped after the test."""
+    made = Nodes(tmp_path)
+    yield made
+    made.stop()
+
+
+async def assert_publish_crosses(
+    publisher: NodeProcess, subscriber: NodeProcess, pub_url: str, sub_url: str, trust_root: Any = None
+) -> None:
+    """A WAMP publish at ``pub_url`` (on ``publisher``) reaches a subscriber at ``sub_url`` (on ``subscriber``)."""
+    sub = await wamp_connect(sub_url, trust_root=trust_root)
+    pub = await wamp_connect(pub_url, trust_root=trust_root)
+    rec, _ = await subscribe(sub, TOPIC)
+    wait_until(
+        lambda: stats(publisher)["remote_interest"].get(TOPIC) == [subscriber.name],
+        f"{publisher.name} to learn the interest of {subscriber.name}",
+    )
+    await publish_acked(pub, TOPIC, "across")
+    await rec.wait_for(1)
+    assert rec.args == ["across"]
+    await leave(pub, sub)
+
+
+# -- cluster secret ---------------------------------------------------------
+
+
+@pytest_twisted.ensureDeferred
+async def test_same_secret_links_and_wamp_crosses(nodes: Nodes, tmp_path: Path) -> None:
+    """Two nodes with one secret file link both ways, and a WAMP publish on one reaches the other."""
+    secret = write(tmp_path / "secret", SECRET)
+    a = nodes.make("a", "--cluster-secret-file", str(secret))
+    b = nodes.make("b", "--cluster-secret-file", str(secret))
+    a.peers, b.peers = [b.psc_url], [a.psc_url]
+    a.start(), b.start()
+    wait_until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "links both ways")
+    await assert_publish_crosses(a, b, a.wamp_url, b.wamp_url)
+    assert stats(a)["federation"]["auth_refused"] == stats(b)["federation"]["auth_refused"] == 0
+    assert "SECURITY WARNING" not in log_of(a)
+
+
+@pytest.fixture
+def guarded(nodes: Nodes, tmp_path: Path) -> NodeProcess:
+    """A running node whose links must prove SECRET."""
+    return nodes.make("guarded", "--cluster-secret-file", str(write(tmp_path / "secret", SECRET))).start()
+
+
+def test_wrong_or_missing_secret_refused(guarded: NodeProcess, nodes: Nodes, tmp_path: Path) -> None:
+    """A node with another secret gets 403, one with none 401; neither gets a link or a PSC message in."""
+    other = write(tmp_path / "other-secret", OTHER_SECRET)
+    wrong = nodes.make("wrong", "--cluster-secret-file", str(other))
+    missing = nodes.make("missing")
+    for node in (wrong, missing):
+        node.peers = [guarded.psc_url]
+        node.start()
+    wait_for_log(guarded, "(node wrong): HTTP 403, wrong cluster secret proof")
+    wait_for_log(guarded, "(node missing): HTTP 401, no cluster secret proof")
+    wait_for_log(wrong, f"could not link to {guarded.psc_url}: WebSocket connection upgrade failed [403]")
+    wait_for_log(missing, f"could not link to {guarded.psc_url}: WebSocket connection upgrade failed [401]")
+    seen = stats(guarded)
+    assert seen["links"] == []
+    assert seen["federation"]["received"] == seen["federation"]["links_opened"] == 0
+    assert seen["federation"]["auth_refused"] >= 2
+    assert seen["remote_interest"] == {}
+    assert open_links(wrong) == open_links(missing) == []
+    # The refused side logs the peer's address, as an operator needs it.
+    assert "refused PSC link from tcp4:127.0.0.1:" in log_of(guarded)
+
+
+def test_raw_client_needs_a_proof(guarded: NodeProcess) -> None:
+    """A raw WebSocket client gets 401 without a proof, 403 with a wrong or replayed one, 101 with a good one."""
+
+    def status(headers: dict[str, str]) -> int:
+        try:
+            with ws_connect(guarded.psc_url, subprotocols=["pubsubclub"], additional_headers=headers, open_timeout=5):
+                return 101
+        except InvalidStatus as e:
+            return int(e.response.status_code)
+
+    host, path = f"127.0.0.1:{guarded.psc_port}", "/psc"
+    good = LinkAuth(SECRET.strip().encode()).prove("raw", host, path).header()
+    wrong = LinkAuth(OTHER_SECRET.strip().encode()).prove("raw", host, path).header()
+    assert status({"X-PubSubClub-Node": "raw"}) == 401
+    assert status({"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": wrong}) == 403
+    assert status({"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": "v1:junk"}) == 403
+    assert status({"X-PubSubClub-Node": "someone-else", "X-PubSubClub-Auth": good}) == 403
+    assert status({"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": good}) == 101
+    assert status({"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": good}) == 403  # replayed
+
+
+# -- TLS ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def ca(tmp_path: Path) -> CA:
+    """The cluster's CA, made for this test."""
+    return make_ca(tmp_path, "cluster-ca")
+
+
+@pytest.fixture
+def server_cert(ca: CA, tmp_path: Path) -> Path:
+    """Key and certificate for ``localhost`` and ``127.0.0.1``, signed by the cluster's CA."""
+    return ca.issue(tmp_path, "node", dns=("localhost",), ips=("127.0.0.1",))
+
+
+@pytest_twisted.ensureDeferred
+async def test_tls_links_and_wamp_cross(nodes: Nodes, ca: CA, server_cert: Path, tmp_path: Path) -> None:
+    """TLS PSC listeners, wss:// peers by name and by IP checked against the CA, TLS WAMP: traffic crosses."""
+    secret = write(tmp_path / "secret", SECRET)
+    # A bundle: the cluster's CA after an unrelated one.
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(make_ca(tmp_path, "unrelated-ca").pem.read_bytes() + ca.pem.read_bytes())
+    a = nodes.make("a")
+    b = nodes.make("b")
+    for node in (a, b):
+        node.extra = (
+            "--psc",
+            tls_listener(node.psc_port, server_cert),
+            "--wamp",
+            tls_listener(node.wamp_port, server_cert),
+            "--ca-file",
+            str(bundle),
+            "--cluster-secret-file",
+            str(secret),
+        )
+    a.peers = [f"wss://localhost:{b.psc_port}/psc"]
+    b.peers = [f"wss://127.0.0.1:{a.psc_port}/psc"]
+    a.start(), b.start()
+    assert a.ready["psc"] == f"wss://127.0.0.1:{a.psc_port}/psc"
+    assert a.ready["wamp"] == f"wss://127.0.0.1:{a.wamp_port}/ws"
+    wait_until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "TLS links both ways")
+    trust = Certificate.loadPEM(ca.pem.read_bytes())
+    await assert_publish_crosses(
+        a, b, f"wss://localhost:{a.wamp_port}/ws", f"wss://127.0.0.1:{b.wamp_port}/ws", trust_root=trust
+    )
+
+
+def test_certificate_from_another_ca_refused(nodes: Nodes, ca: CA, server_cert: Path, tmp_path: Path) -> None:
+    """A node trusting a different CA refuses the listener's certificate: no link, the log says why."""
+    listener = nodes.make("listener")
+    listener.extra = ("--psc", tls_listener(listener.psc_port, server_cert))
+    listener.start()
+    stranger_ca = make_ca(tmp_path, "stranger-ca")
+    dialler = nodes.make("dialler", "--ca-file", str(stranger_ca.pem))
+    dialler.peers = [f"wss://127.0.0.1:{listener.psc_port}/psc"]
+    dialler.start()
+    wait_for_log(dialler, f"could not link to wss://127.0.0.1:{listener.psc_port}/psc")
+    wait_for_log(dialler, "certificate verify failed")
+    assert open_links(dialler) == []
+    assert stats(listener)["links"] == [] and stats(listener)["federation"]["links_opened"] == 0
+
+
+def test_certificate_for_another_name_refused(nodes: Nodes, ca: CA, tmp_path: Path) -> None:
+    """A certificate from the right CA but for another name than the dialled one is refused."""
+    elsewhere = ca.issue(tmp_path, "elsewhere", dns=("elsewhere.example",), ips=("192.0.2.7",))
+    listener = nodes.make("listener")
+    listener.extra = ("--psc", tls_listener(listener.psc_port, elsewhere))
+    listener.start()
+    dialler = nodes.make("dialler", "--ca-file", str(ca.pem))
+    dialler.peers = [f"wss://127.0.0.1:{listener.psc_port}/psc"]
+    dialler.start()
+    wait_for_log(dialler, f"could not link to wss://127.0.0.1:{listener.psc_port}/psc")
+    wait_for_log(dialler, "IPAddressMismatch")
+    assert open_links(dialler) == []
+    assert stats(listener)["links"] == [] and stats(listener)["federation"]["links_opened"] == 0
+
+
+# -- the warning --------------------------------------------------------------
+
+
+def test_public_listener_without_secret_warns(nodes: Nodes, tmp_path: Path) -> None:
+    """Binding the PSC listener to 0.0.0.0 without a secret logs a security warning; with a secret it does not."""
+    open_node = nodes.make("open")
+    open_node.extra = ("--psc", f"tcp:{open_node.psc_port}:interface=0.0.0.0")
+    closed = nodes.make("closed", "--cluster-secret-file", str(write(tmp_path / "secret", SECRET)))
+    closed.extra = (*closed.extra, "--psc", f"tcp:{closed.psc_port}:interface=0.0.0.0")
+    loopback = nodes.make("loopback")
+    for node in (open_node, closed, loopback):
+        node.start()
+    warnings = [line for line in log_of(open_node).splitlines() if "SECURITY WARNING" in line]
+    assert len(warnings) == 1 and "listeners psc " in warnings[0], warnings
+    assert "SECURITY WARNING" not in log_of(closed)
+    assert "SECURITY WARNING" not in log_of(loopback)
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "public"),
+    [
+        ("tcp:9001:interface=127.0.0.1", False),
+        ("tcp:9001:interface=127.0.0.2", False),
+        ("tcp:9001:interface=localhost", False),
+        ("tcp6:9001:interface=\\:\\:1", False),
+        ("unix:/tmp/psc.sock", False),
+        ("tcp:9001", True),
+        ("tcp:9001:interface=0.0.0.0", True),
+        ("tcp:9001:interface=10.1.2.3", True),
+        ("tcp6:9001", True),
+        ("tcp6:9001:interface=\\:\\:", True),
+    ],
+)
+def test_public_listeners(endpoint: str, public: bool) -> None:
+    """Listeners without an interface, or on a non-loopback one, count as public; UNIX sockets do not."""
+    config = NodeConfig(psc=endpoint, wamp="tcp:8080:interface=127.0.0.1").validate()
+    assert config.public_listeners() == (["psc"] if public else [])
+
+
+# -- configuration ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [(b"", "is empty"), (b"\n", "is empty"), (b"short\n", "shorter than 16 bytes"), (b"x" * 5000, "longer than")],
+)
+def test_unusable_secret_file_names_the_key(tmp_path: Path, content: bytes, problem: str) -> None:
+    """An empty, too short or too long secret file is a ConfigError naming cluster-secret-file."""
+    path = tmp_path / "secret"
+    path.write_bytes(content)
+    with pytest.raises(ConfigError, match=problem) as e:
+        build({}, {"cluster_secret_file": str(path)})
+    assert e.value.key == "cluster-secret-file"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
+def test_unreadable_secret_file_names_the_key(tmp_path: Path) -> None:
+    """A secret file that cannot be read is a ConfigError naming cluster-secret-file."""
+    path = write(tmp_path / "secret", SECRET)
+    path.chmod(0)
+    with pytest.raises(ConfigError, match="cannot read") as e:
+        build({}, {"cluster_secret_file": str(path)})
+    assert e.value.key == "cluster-secret-file"
+
+
+@pytest.mark.parametrize("ending", ["\n", "\r\n", ""])
+def test_secret_is_the_file_without_its_line_break(tmp_path: Path, ending: str) -> None:
+    """The secret is the file's bytes without the trailing line break, however it ends."""
+    path = write(tmp_path / "secret", "0123456789abcdef-secret" + ending)
+    assert build({}, {"cluster_secret_file": str(path)}).cluster_secret() == b"0123456789abcdef-secret"
+
+
+def test_bad_secret_or_ca_file_exits_2(tmp_path: Path) -> None:
+    """``pubsubclub node`` with an empty secret file or a CA file without certificates exits 2 naming the key."""
+    empty = write(tmp_path / "empty", "")
+    junk = write(tmp_path / "junk.pem", "not a certificate\n")
+    for flag, path in (("--cluster-secret-file", empty), ("--ca-file", junk)):
+        result = subprocess.run(
+            [sys.executable, "-m", "pubsubclub", "node", flag, str(path)],
+            capture_output=True,
+            text=True,
+            timeout=WAIT_SECONDS,
+            cwd=REPO,
+        )
+        assert result.returncode == 2, result
+        assert repr(flag[2:]) in result.stderr
