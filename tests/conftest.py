@@ -38,7 +38,7 @@ class NodeProcess:
         log_dir: Path,
         listen_role: str = "producer",
         extra: tuple[str, ...] = (),
-        frontends: bool = True,
+        frontends: bool = False,
     ) -> None:
         self.name = name
         #: Also serve NSD and TEP (their replication topics show up in PSC traffic).
@@ -191,7 +191,7 @@ def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_S
 
 
 def start_cluster(
-    tmp_path: Path, n: int, listen_role: str = "producer", extra: tuple[str, ...] = (), frontends: bool = True
+    tmp_path: Path, n: int, listen_role: str = "producer", extra: tuple[str, ...] = (), frontends: bool = False
 ) -> Cluster:
     """Start ``n`` nodes that list each other as peers."""
     nodes = [NodeProcess(f"node{i + 1}", tmp_path, listen_role, extra, frontends) for i in range(n)]
@@ -208,7 +208,7 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
     started: list[Cluster] = []
 
     def make(
-        n: int = 3, listen_role: str = "producer", extra: tuple[str, ...] = (), frontends: bool = True
+        n: int = 3, listen_role: str = "producer", extra: tuple[str, ...] = (), frontends: bool = False
     ) -> Cluster:
         cluster = start_cluster(tmp_path, n, listen_role, extra, frontends)
         started.append(cluster)

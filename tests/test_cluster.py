@@ -43,13 +43,13 @@ async def _publish_reaches_all_nodes_exactly_once(cluster: Cluster) -> None:
 @pytest_twisted.ensureDeferred
 async def test_publish_on_node1_reaches_nodes_2_and_3_exactly_once(cluster_factory: Callable[..., Cluster]) -> None:
     """A publish on node 1 reaches subscribers on nodes 2 and 3 once each, in order."""
-    await _publish_reaches_all_nodes_exactly_once(cluster_factory(3, frontends=False))
+    await _publish_reaches_all_nodes_exactly_once(cluster_factory(3))
 
 
 @pytest_twisted.ensureDeferred
 async def test_consumers_listen_mode_federates_too(cluster_factory: Callable[..., Cluster]) -> None:
     """With consumers listening and producers dialling, the same guarantees hold."""
-    cluster = cluster_factory(3, listen_role="consumer", frontends=False)
+    cluster = cluster_factory(3, listen_role="consumer")
     links = cluster[0].stats()["links"]
     await _publish_reaches_all_nodes_exactly_once(cluster)
     roles = {(link["direction"], link["role"]) for link in cluster[0].stats()["links"]}
@@ -59,7 +59,7 @@ async def test_consumers_listen_mode_federates_too(cluster_factory: Callable[...
 @pytest_twisted.ensureDeferred
 async def test_node_without_subscribers_receives_no_psc301(cluster_factory: Callable[..., Cluster]) -> None:
     """Node 3 has no subscriber for the topic, so node 1 sends it no PSC301 for it."""
-    cluster = cluster_factory(3, frontends=False)
+    cluster = cluster_factory(3)
     cluster.wait_linked()
     pub = await connect(cluster[0].wamp_url)
     sub2 = await connect(cluster[1].wamp_url)
@@ -82,7 +82,7 @@ async def test_node_without_subscribers_receives_no_psc301(cluster_factory: Call
 @pytest_twisted.ensureDeferred
 async def test_unsubscribing_stops_the_flow(cluster_factory: Callable[..., Cluster]) -> None:
     """After the last subscriber on node 2 leaves the topic, node 1 stops sending it."""
-    cluster = cluster_factory(2, frontends=False)
+    cluster = cluster_factory(2)
     cluster.wait_linked()
     pub = await connect(cluster[0].wamp_url)
     sub = await connect(cluster[1].wamp_url)
@@ -104,7 +104,7 @@ async def test_unsubscribing_stops_the_flow(cluster_factory: Callable[..., Clust
 @pytest_twisted.ensureDeferred
 async def test_kill_and_restart_restores_links_and_subscriptions(cluster_factory: Callable[..., Cluster]) -> None:
     """``kill -9`` of node 2, then a restart: links come back, subscribers get each message once."""
-    cluster = cluster_factory(3, frontends=False)
+    cluster = cluster_factory(3)
     cluster.wait_linked()
     pub = await connect(cluster[0].wamp_url)
     sub3 = await connect(cluster[2].wamp_url)
@@ -132,7 +132,7 @@ async def test_kill_and_restart_restores_links_and_subscriptions(cluster_factory
 @pytest_twisted.ensureDeferred
 async def test_binary_payload_is_delivered_locally_and_not_forwarded(cluster_factory: Callable[..., Cluster]) -> None:
     """MessagePack bytes (not JSON) reach local subscribers only and are counted as dropped."""
-    cluster = cluster_factory(2, frontends=False)
+    cluster = cluster_factory(2)
     cluster.wait_linked()
     pub = await connect(cluster[0].wamp_url, serializer="msgpack")
     local = await connect(cluster[0].wamp_url, serializer="msgpack")

@@ -380,3 +380,23 @@ async def test_http_check_mode(consul_cluster: ConsulCluster) -> None:
     consul_cluster.nodes["node3"].stop()
     consul_cluster.wait_meshed(timeout=5.0)
     await assert_traffic_flows(consul_cluster)
+
+
+def test_consul_settings_are_validated_and_read_from_toml(tmp_path: Path) -> None:
+    """An HTTP check without --http, a bad TTL or debounce names the key; TOML numbers are read as seconds."""
+    from pubsubclub.config import ConfigError, build, load_toml
+
+    consul = {"consul": "http://127.0.0.1:8500"}
+    for flags, key in (
+        ({"consul_check": "http"}, "consul-check"),
+        ({"consul_check": "script"}, "consul-check"),
+        ({"consul_ttl": 0.0}, "consul-ttl"),
+        ({"consul_debounce": -1.0}, "consul-debounce"),
+    ):
+        with pytest.raises(ConfigError) as info:
+            build({}, {**consul, **flags})
+        assert info.value.key == key
+    path = tmp_path / "node.toml"
+    path.write_text('consul = "http://127.0.0.1:8500"\nconsul-ttl = 5\nconsul-check = "http"\nhttp = "tcp:8001"\n')
+    config = build(load_toml(str(path)), {})
+    assert (config.consul_ttl, config.consul_check, config.consul_debounce) == (5.0, "http", 0.5)

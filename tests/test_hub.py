@@ -65,7 +65,12 @@ def test_local_publish_delivers_then_tells_listeners_and_honours_exclude() -> No
     assert hub.publish(env, exclude=a) == 1
     assert a.got == [] and b.got == [env]
     assert listener.calls[-1] == ("published", "t")
-    assert env.origin == "n1" and env.message_id.startswith("n1-") and env.message_id.endswith("-1") and env.published_at is not None
+    assert (
+        env.origin == "n1"
+        and env.message_id.startswith("n1-")
+        and env.message_id.endswith("-1")
+        and env.published_at is not None
+    )
 
 
 def test_remote_delivery_is_local_only() -> None:

@@ -21,7 +21,7 @@ def nsd_stats(node: NodeProcess) -> dict[str, int]:
 
 def test_spec_exchange_on_one_node(tmp_path: Path) -> None:
     """Open, Publish, Subscribe, Unsubscribe and Get answer exactly as the spec's examples."""
-    node = NodeProcess("n1", tmp_path, extra=("--nsd-max-message-chars", "200")).start()
+    node = NodeProcess("n1", tmp_path, extra=("--nsd-max-message-chars", "200"), frontends=True).start()
     try:
         alice, bob = NSDClient(node.nsd_port, "Alice"), NSDClient(node.nsd_port, "Bob")
         assert alice.open() == SUCCESS
@@ -58,7 +58,7 @@ def test_spec_exchange_on_one_node(tmp_path: Path) -> None:
 
 def test_bad_input_gets_errors_and_harms_nobody(tmp_path: Path) -> None:
     """Invalid JSON, unknown _class, bad fields, invalid UTF-8, oversize lines and half lines break nothing."""
-    node = NodeProcess("n1", tmp_path).start()
+    node = NodeProcess("n1", tmp_path, frontends=True).start()
     try:
         good = NSDClient(node.nsd_port, "Good")
         assert good.open() == SUCCESS
@@ -89,7 +89,7 @@ def test_bad_input_gets_errors_and_harms_nobody(tmp_path: Path) -> None:
 @pytest_twisted.ensureDeferred
 async def test_cluster_wide_channels_history_and_cross_protocol(cluster_factory: Callable[..., Cluster]) -> None:
     """A channel opened on node 1 is subscribable on node 3; NSD and WAMP messages cross nodes both ways."""
-    cluster = cluster_factory(3)
+    cluster = cluster_factory(3, frontends=True)
     cluster.wait_linked()
     alice = NSDClient(cluster[0].nsd_port, "Alice")
     assert alice.open() == SUCCESS
@@ -124,7 +124,7 @@ def test_history_and_channels_survive_a_restart_and_reach_a_late_node(
     cluster_factory: Callable[..., Cluster], tmp_path: Path
 ) -> None:
     """Restarting a node keeps NSD state; a node that joins later gets channels, subscriptions and history."""
-    cluster = cluster_factory(2)
+    cluster = cluster_factory(2, frontends=True)
     cluster.wait_linked()
     alice = NSDClient(cluster[0].nsd_port, "Alice")
     assert alice.open() == SUCCESS
@@ -137,7 +137,7 @@ def test_history_and_channels_survive_a_restart_and_reach_a_late_node(
     again = NSDClient(cluster[0].nsd_port, "Alice")
     assert again.get(0) == before
     assert again.publish("after restart") == SUCCESS
-    late = NodeProcess("late", tmp_path)
+    late = NodeProcess("late", tmp_path, frontends=True)
     late.peers = [node.psc_url for node in cluster.nodes]
     late.start()
     try:

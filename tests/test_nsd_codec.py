@@ -17,9 +17,7 @@ def test_spec_requests_decode() -> None:
         b'{"_class":"PublishRequest", "identity":"Alice", "message":{"_class":"Message", "from":"Bob", '
         b'"when":0, "body":"Hello again!"}}'
     )
-    assert pub == codec.PublishRequest(
-        "Alice", {"_class": "Message", "from": "Bob", "when": 0, "body": "Hello again!"}
-    )
+    assert pub == codec.PublishRequest("Alice", {"_class": "Message", "from": "Bob", "when": 0, "body": "Hello again!"})
     assert codec.decode_request(
         b'{"_class":"SubscribeRequest", "identity":"Alice", "channel":"Bob"}'
     ) == codec.SubscribeRequest("Alice", "Bob")
@@ -51,6 +49,7 @@ def test_extra_message_fields_are_kept() -> None:
         b'{"_class":"OpenRequest","identity":5}',
         b'{"_class":"OpenRequest","identity":""}',
         b'{"_class":"OpenRequest","identity":"a\\nb"}',
+        b'{"_class":"OpenRequest","identity":"$nsd.control"}',
         b'{"_class":"SubscribeRequest","identity":"A"}',
         b'{"_class":"SubscribeRequest","identity":"A","channel":["B"]}',
         b'{"_class":"GetRequest","identity":"A"}',
@@ -146,7 +145,5 @@ def test_fuzz_framer_is_bounded_and_loses_no_short_line(chunks: list[bytes]) -> 
         assert framer.pending <= 32
     stream = b"".join(chunks)
     complete = stream.split(b"\n")[:-1]
-    expected = [
-        codec.Line(line[:-1] if line.endswith(b"\r") else line) for line in complete if len(line) <= 32
-    ]
+    expected = [codec.Line(line[:-1] if line.endswith(b"\r") else line) for line in complete if len(line) <= 32]
     assert [item for item in out if isinstance(item, codec.Line)] == expected

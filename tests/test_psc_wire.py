@@ -103,9 +103,7 @@ def link_rows(node: NodeProcess, peer: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
     """One node listening as producer (the default), shared by the tests that dial it."""
-    proc = NodeProcess(
-        "wire1", tmp_path_factory.mktemp("wire"), extra=("--max-message-size", str(MAX_MESSAGE)), frontends=False
-    )
+    proc = NodeProcess("wire1", tmp_path_factory.mktemp("wire"), extra=("--max-message-size", str(MAX_MESSAGE)))
     proc.start()
     yield proc
     proc.stop()
@@ -117,7 +115,7 @@ def spawn(tmp_path: Path) -> Iterator[Callable[..., NodeProcess]]:
     started: list[NodeProcess] = []
 
     def make(name: str, listen_role: str = "producer", peers: tuple[str, ...] = ()) -> NodeProcess:
-        proc = NodeProcess(name, tmp_path, listen_role, frontends=False)
+        proc = NodeProcess(name, tmp_path, listen_role)
         proc.peers = list(peers)
         started.append(proc)
         return proc.start()

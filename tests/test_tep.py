@@ -99,7 +99,9 @@ def interest(node: NodeProcess, topic: str) -> list[str]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Three linked nodes with TEP on, shared by the tests of this module (each uses its own channels)."""
-    cluster = start_cluster(tmp_path_factory.mktemp("tep"), 3, extra=("--max-message-size", str(MAX_MESSAGE)))
+    cluster = start_cluster(
+        tmp_path_factory.mktemp("tep"), 3, extra=("--max-message-size", str(MAX_MESSAGE)), frontends=True
+    )
     try:
         cluster.wait_linked()
         yield cluster
@@ -232,7 +234,7 @@ def test_operations_api_refuses_bad_requests(cluster: Cluster) -> None:
 
 def test_client_publishing_can_be_forbidden(tmp_path: Path) -> None:
     """With --no-tep-client-publish a publish gets '#error' and reaches no one; a stopping node closes with 1000."""
-    node = NodeProcess("nopub", tmp_path, extra=("--no-tep-client-publish",)).start()
+    node = NodeProcess("nopub", tmp_path, extra=("--no-tep-client-publish",), frontends=True).start()
     try:
         listener = tep(node)
         join(listener, "locked")

@@ -324,7 +324,7 @@ def test_invalid_topic_uri(make_server: Callable[..., Server], serializer: str) 
     """Topics that are not (loose) WAMP URIs, or too long, get ERROR invalid_uri."""
     server = make_server(WampLimits(max_uri_length=40))
     session = yield server.join(serializer)
-    for topic in ("com..topic", ".com", "com.example." + "x" * 40):
+    for topic in ("com..topic", ".com", "$tep.broadcast", "com.example." + "x" * 40):
         with pytest.raises(ApplicationError) as info:
             yield session.subscribe(Inbox().handler, topic)
         assert info.value.error == "wamp.error.invalid_uri"
@@ -394,9 +394,9 @@ def test_hub_publish_reaches_wamp(server: Server, serializer: str) -> Any:
 
 @pytest_twisted.inlineCallbacks
 def test_second_realm_is_prefixed_and_isolated(server: Server) -> Any:
-    """Realm 2's topics live under 'realm2#' in the hub and do not leak into realm 1."""
+    """Realm 2's topics live under '$realm.realm2#' in the hub and do not leak into realm 1."""
     sink = RecordingSink()
-    server.hub.subscribe("realm2#com.example.t", sink)
+    server.hub.subscribe("$realm.realm2#com.example.t", sink)
     one = yield server.join(realm="realm1")
     two = yield server.join(realm="realm2")
     one_inbox, two_inbox = Inbox(), Inbox()
@@ -708,11 +708,11 @@ def test_uri_problem_accepts_only_loose_uris(uri: str) -> None:
     """Accepted URIs are loose WAMP URIs, short enough, and never contain the realm separator."""
     if uri_problem(uri, 20) is None:
         assert len(uri) <= 20
-        assert "#" not in uri
+        assert "#" not in uri and not uri.startswith("$")
         assert all(part and not any(c.isspace() for c in part) for part in uri.split("."))
 
 
 def test_hub_topic_mapping() -> None:
-    """The first realm maps topics unchanged; others are prefixed with 'realm#'."""
+    """The first realm maps topics unchanged; others go to the reserved '$realm.<realm>#' space."""
     assert hub_topic("realm1", "a.b", "realm1") == "a.b"
-    assert hub_topic("realm2", "a.b", "realm1") == "realm2#a.b"
+    assert hub_topic("realm2", "a.b", "realm1") == "$realm.realm2#a.b"

@@ -158,6 +158,8 @@ def _name(value: Any, field: str, line: str, limits: NSDLimits) -> str:
         raise NSDRequestError(line, f"{field} must be 1-{limits.max_name_chars} characters")
     if any(ord(c) < 32 for c in value):
         raise NSDRequestError(line, f"{field} must not contain control characters")
+    if value.startswith("$"):
+        raise NSDRequestError(line, f"{field} must not start with '$' (reserved for the cluster)")
     return value
 
 

@@ -75,8 +75,9 @@ def parse_lines(lines: DataFrame) -> DataFrame:
     """Parse raw dump lines (column ``value``) against the declared schema and classify each one.
 
     Returns the ``RECORD_SCHEMA`` columns plus ``bad_reason`` (null for a good
-    record, else one of ``schema.BAD_REASONS``) and ``line`` (the raw line,
-    kept only for bad records). Blank lines are not records and are dropped.
+    record, else one of ``schema.BAD_REASONS``), ``line`` (the raw line, kept
+    only for bad records) and ``lines`` (1: the input lines a row stands for,
+    see ``compact``). Blank lines are not records and are dropped.
     ``corrupt_json`` covers a line that is not a JSON object or has a field of
     the wrong type; a record whose ``v`` is readable but not 1 is
     ``unknown_version`` whatever else it holds.
@@ -93,16 +94,17 @@ def parse_lines(lines: DataFrame) -> DataFrame:
         *_RECORD_COLUMNS,
         reason.alias("bad_reason"),
         F.when(reason.isNotNull(), F.col("line")).alias("line"),
+        F.lit(1).cast("long").alias("lines"),
     )
 
 
 def valid_records(parsed: DataFrame) -> DataFrame:
-    """The good records of ``parse_lines`` output, with exactly the ``RECORD_SCHEMA`` columns."""
+    """The good records of ``parse_lines`` (or ``compact``) output, with exactly the ``RECORD_SCHEMA`` columns."""
     return parsed.where(F.col("bad_reason").isNull()).select(*_RECORD_COLUMNS)
 
 
 def bad_record_counts(parsed: DataFrame) -> DataFrame:
-    """Bad lines of ``parse_lines`` output counted by reason: ``reason``, ``lines``, ``example``.
+    """Bad lines of ``parse_lines`` (or ``compact``) output counted by reason: ``reason``, ``lines``, ``example``.
 
     ``example`` is the smallest bad line of that reason (cut to ``EXAMPLE_CHARS``), a
     deterministic sample to show an operator.
@@ -110,41 +112,59 @@ def bad_record_counts(parsed: DataFrame) -> DataFrame:
     return (
         parsed.where(F.col("bad_reason").isNotNull())
         .groupBy(F.col("bad_reason").alias("reason"))
-        .agg(F.count(F.lit(1)).alias("lines"), F.min(F.substring("line", 1, EXAMPLE_CHARS)).alias("example"))
+        .agg(F.sum("lines").alias("lines"), F.min(F.substring("line", 1, EXAMPLE_CHARS)).alias("example"))
     )
 
 
-def filter_window(records: DataFrame, since: float | None = None, until: float | None = None) -> DataFrame:
-    """Records whose dump time ``ts`` lies in ``[since, until)`` (epoch seconds; None leaves a side open)."""
-    if since is not None:
-        records = records.where(F.col("ts") >= F.lit(float(since)))
-    if until is not None:
-        records = records.where(F.col("ts") < F.lit(float(until)))
-    return records
+def filter_window(parsed: DataFrame, since: float | None = None, until: float | None = None) -> DataFrame:
+    """Rows of ``parse_lines`` output whose dump time ``ts`` lies in ``[since, until)``, and all bad lines.
 
-
-def compact_counters(records: DataFrame) -> DataFrame:
-    """Merge counter records of one (node, topic, frontend, kind, peer, reason, minute of ``ts``).
-
-    Counts and bytes are summed, ``start`` is the earliest and ``ts`` the latest
-    of the merged records, so every table below gives the same result on the
-    compacted frame as on the records themselves (filter by time first). Other
-    record types pass through unchanged. The job uses this to shrink millions of
-    records to a few thousand rows before computing the tables.
+    Times are epoch seconds; None leaves a side open. Bad lines are kept
+    whatever their time (most have none) so that they are always counted.
     """
-    keys = ["v", "type", "node", "topic", "frontend", "kind", "peer", "reason"]
-    counters = (
-        records.where(F.col("type") == "counter")
-        .groupBy(*keys, F.floor(F.col("ts") / 60).alias("_minute"))
-        .agg(
-            F.min("start").alias("start"),
-            F.max("ts").alias("ts"),
-            F.sum("count").alias("count"),
-            F.sum("bytes").alias("bytes"),
-        )
+    keep = F.lit(True)
+    if since is not None:
+        keep = keep & (F.col("ts") >= F.lit(float(since)))
+    if until is not None:
+        keep = keep & (F.col("ts") < F.lit(float(until)))
+    return parsed.where(F.col("bad_reason").isNotNull() | keep)
+
+
+def compact(parsed: DataFrame) -> DataFrame:
+    """Merge rows of ``parse_lines`` output that the tables cannot tell apart, in one aggregation.
+
+    Good records of one type, node, minute of ``ts`` and identical descriptive
+    fields (topic, frontend, kind, peer, reason, origin, bucket bounds, gauge
+    name, link fields) become one row: ``count``, ``bytes``, ``sum_ms`` and
+    latency ``counts`` (element-wise) are summed, ``start`` is the earliest and
+    ``ts`` the latest, a gauge keeps its largest ``value``. Bad lines merge per
+    ``bad_reason``, keeping the smallest ``line``. ``lines`` counts the input
+    lines of each row. Every table below gives the same result on the
+    compacted frame as on the rows themselves (filter by time first); the job
+    uses it to shrink millions of records to a few thousand rows in one pass
+    over the input.
+    """
+    bad = F.col("bad_reason").isNotNull()
+    good_key = ["v", "type", "node", "topic", "frontend", "kind", "peer", "reason", "origin", "bounds_ms", "name"]
+    good_key += ["peer_node", "role", "direction", "state"]
+    keys = [F.when(~bad, F.col(k)).alias(k) for k in good_key]
+    keys.append(F.when(~bad, F.floor(F.col("ts") / 60)).alias("_minute"))
+    merged = parsed.groupBy("bad_reason", *keys).agg(
+        F.min("start").alias("start"),
+        F.max("ts").alias("ts"),
+        F.sum("count").alias("count"),
+        F.sum("bytes").alias("bytes"),
+        F.collect_list("counts").alias("_counts"),
+        F.sum("sum_ms").alias("sum_ms"),
+        F.max("value").alias("value"),
+        F.sum("lines").alias("lines"),
+        F.min("line").alias("line"),
     )
-    others = records.where(F.col("type") != "counter")
-    return others.unionByName(counters.drop("_minute"), allowMissingColumns=True).select(*_RECORD_COLUMNS)
+    zero = F.array_repeat(F.lit(0).cast("long"), F.size("bounds_ms") + 1)
+    summed = F.aggregate("_counts", zero, lambda acc, c: F.zip_with(acc, c, lambda a, b: a + b))
+    counts = F.when(F.size("_counts") > 0, summed).alias("counts")
+    columns = [counts if name == "counts" else F.col(name) for name in _RECORD_COLUMNS]
+    return merged.select(*columns, "bad_reason", "line", "lines")
 
 
 def observation_window(records: DataFrame) -> DataFrame:
@@ -252,7 +272,8 @@ def latency_percentiles(records: DataFrame) -> DataFrame:
     """
     lat = records.where(F.col("type") == "latency")
     moments = lat.groupBy("origin", "node").agg(
-        F.sum("count").alias("count"), (F.sum("sum_ms") / F.sum("count")).alias("mean_ms")
+        F.sum("count").alias("count"),
+        F.when(F.sum("count") > 0, F.sum("sum_ms") / F.sum("count")).alias("mean_ms"),
     )
     upper = F.when(F.col("pos") < F.size("bounds_ms"), F.element_at("bounds_ms", F.col("pos") + 1)).otherwise(
         F.lit(float("inf"))

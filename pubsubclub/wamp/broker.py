@@ -10,7 +10,8 @@ not announce in WELCOME).
 Realms and topics
     The router serves a fixed list of realms. The *first* realm maps WAMP
     topic ``t`` to hub topic ``t``; every other realm ``r`` maps it to hub
-    topic ``f"{r}#{t}"``. ``#`` cannot appear in a (loose) WAMP URI, so the
+    topic ``f"$realm.{r}#{t}"``. Topics starting with ``$`` are reserved for the
+    cluster's own use (no front-end accepts them from clients), so the
     mapping never collides. :func:`hub_topic` is the one place that does this.
 
 Payloads
@@ -136,13 +137,15 @@ def hub_topic(realm: str, topic: str, default_realm: str) -> str:
     """The hub topic for WAMP ``topic`` in ``realm`` (see module docstring)."""
     if realm == default_realm:
         return topic
-    return f"{realm}#{topic}"
+    return f"$realm.{realm}#{topic}"
 
 
 def uri_problem(uri: str, max_length: int) -> str | None:
     """Why ``uri`` is not an acceptable (loose) WAMP URI, or None if it is."""
     if len(uri) > max_length:
         return f"URI is {len(uri)} characters long; the limit is {max_length}"
+    if uri.startswith("$"):
+        return f"URI {uri!r:.80} is reserved: topics starting with '$' are the cluster's own"
     if not _LOOSE_URI.match(uri):
         return f"URI {uri!r:.80} is not a WAMP URI (dot-separated non-empty components without whitespace or '#')"
     return None

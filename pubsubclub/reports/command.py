@@ -1,0 +1,106 @@
+"""The flags of ``pubsubclub report`` and what they run; imports PySpark only when a report runs."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from datetime import UTC, datetime
+
+#: Exit codes of ``pubsubclub report`` (docs/report.md).
+EXIT_OK = 0
+EXIT_USAGE = 2
+EXIT_NO_RECORDS = 3
+
+
+def parse_time(text: str) -> float:
+    """Epoch seconds from ``text``: a number of seconds, or ISO-8601 (UTC unless it names an offset)."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not epoch seconds or ISO-8601: {text!r}") from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.timestamp()
+
+
+def _conf_pair(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key, value
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Add the report flags to ``p``."""
+    p.add_argument("--metrics", metavar="DIR", help="folder (or Spark URI) of the nodes' dumps, read recursively")
+    p.add_argument("--out", metavar="DIR", required=True, help="folder for the Parquet tables and report.html")
+    p.add_argument(
+        "--master",
+        metavar="URL",
+        help="Spark master, e.g. local[2] or spark://host:7077 (default: spark-submit's --master, else local[*])",
+    )
+    p.add_argument("--since", type=parse_time, metavar="T", help="keep records dumped at or after T (ISO-8601/epoch)")
+    p.add_argument("--until", type=parse_time, metavar="T", help="keep records dumped before T (ISO-8601/epoch)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="rows of the top-topics table (default 10)")
+    p.add_argument(
+        "--conf",
+        type=_conf_pair,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra Spark setting, e.g. spark.ui.enabled=true (repeatable)",
+    )
+    gen = p.add_argument_group("synthetic dumps (no Spark)")
+    gen.add_argument("--generate", type=int, metavar="N", help="write N synthetic records under --out and exit")
+    gen.add_argument("--nodes", type=int, default=3, metavar="K", help="synthetic nodes (default 3)")
+    gen.add_argument("--topics", type=int, default=100, metavar="M", help="synthetic topics (default 100)")
+    gen.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
+    gen.add_argument("--workers", type=int, metavar="P", help="generator processes (default: CPU count)")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run what the parsed flags ask for: generate dumps or build the report; the exit code."""
+    if args.generate is not None:
+        from pubsubclub.reports.generate import generate
+
+        try:
+            made = generate(args.out, args.generate, args.nodes, args.topics, args.seed, workers=args.workers)
+        except ValueError as e:
+            print(f"pubsubclub report: error: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        rate = made.records / made.seconds if made.seconds else 0.0
+        print(
+            f"wrote {made.records:,} records in {made.files:,} files under {args.out} "
+            f"in {made.seconds:.1f} s ({rate:,.0f} records/s)"
+        )
+        return EXIT_OK
+    if not args.metrics:
+        print("pubsubclub report: error: --metrics DIR is required (or --generate N)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.top < 1:
+        print("pubsubclub report: error: --top must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    from pubsubclub.reports.job import InputError, NoRecordsError, print_summary, run_report
+
+    try:
+        result = run_report(
+            args.metrics,
+            args.out,
+            master=args.master,
+            since=args.since,
+            until=args.until,
+            top=args.top,
+            conf=dict(args.conf),
+        )
+    except InputError as e:
+        print(f"pubsubclub report: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    except NoRecordsError as e:
+        print(f"pubsubclub report: {e}", file=sys.stderr)
+        return EXIT_NO_RECORDS
+    print_summary(result)
+    return EXIT_OK
