@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+import json
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ import pytest_twisted
 from conftest import Cluster, NodeProcess, wait_until
 from nsdclient import SUCCESS, NSDClient, error
 from wampclient import connect, leave, publish_acked, subscribe
+from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow
 
@@ -113,10 +115,20 @@ async def test_cluster_wide_channels_history_and_cross_protocol(cluster_factory:
     assert first == event  # identical, 'when' included, on every node
     assert second["body"] == '{"via":"wamp"}' and second["payload"] == {"via": "wamp"}
     assert second["from"] == "node1" and second["when"] > first["when"]
+    # A TEP client on node 2 sees NSD publishes as the Message object.
+    with ws_connect(cluster[1].tep_url, open_timeout=10) as tep:
+        tep.send(json.dumps({"topic": "join", "payload": ["Alice"]}))
+        assert json.loads(tep.recv(timeout=10)) == {"topic": "@join", "payload": ["Alice"]}
+        wait_until(lambda: "node2" in cluster[0].stats()["remote_interest"].get("Alice", []), "interest")
+        assert alice.publish("to tep") == SUCCESS
+        frame = json.loads(tep.recv(timeout=10))
+        assert frame["topic"] == "Alice" and frame["payload"]["body"] == "to tep"
+        assert frame["payload"]["_class"] == "Message" and frame["payload"]["from"] == "Alice"
+    assert len(carol.get(0)) == 3
     # A client moving to node 2 with its cursor sees the same thing.
     carol_on_2 = NSDClient(cluster[1].nsd_port, "Carol")
-    wait_until(lambda: len(carol_on_2.get(0)) == 2, "node2 history")
-    assert carol_on_2.get(first["when"]) == [second]
+    wait_until(lambda: len(carol_on_2.get(0)) == 3, "node2 history")
+    assert carol_on_2.get(first["when"])[0] == second
     await leave(wamp_sub, wamp_pub)
 
 

@@ -1,0 +1,257 @@
+"""The report job's edge: read the dumps, run the transforms, write Parquet, ``report.html`` and a summary.
+
+Runs from ``pubsubclub report`` or as a script under ``spark-submit``
+(docs/report.md). Progress goes to stderr as ``[k/6] ...`` lines plus Spark's
+console progress bar.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+if __name__ == "__main__" and not __package__:
+    # Run as a script (spark-submit .../job.py): import the package from the
+    # checkout, not this folder, whose module names would shadow others.
+    _here = str(Path(__file__).resolve().parent)
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_here)]
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import argparse  # noqa: E402  (imports below may need the path set above)
+import os  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from typing import Any  # noqa: E402
+
+from pyspark.sql import DataFrame, SparkSession  # noqa: E402
+from pyspark.sql import functions as F  # noqa: E402
+
+from pubsubclub.reports import page  # noqa: E402
+from pubsubclub.reports import transforms as X  # noqa: E402
+from pubsubclub.reports.command import add_arguments, run  # noqa: E402
+
+#: Settings the job starts Spark with; ``conf`` given to ``run_report`` wins.
+DEFAULT_CONF = {
+    "spark.app.name": "pubsubclub-report",
+    "spark.ui.enabled": "false",
+    "spark.ui.showConsoleProgress": "true",
+    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.session.timeZone": "UTC",
+}
+
+#: Sort order of each written table, so that Parquet files and the page read the same way every run.
+TABLE_ORDER: dict[str, list[Any]] = {
+    "topic_totals": [F.col("published").desc(), "topic"],
+    "node_minute": ["node", "minute"],
+    "top_topics": ["rank"],
+    "fanout": ["topic"],
+    "traffic_matrix": ["node", "peer"],
+    "drops": ["node", "frontend", "reason"],
+    "latency": ["origin", "node"],
+    "bad_records": ["reason"],
+}
+
+STEPS = 6
+
+
+class InputError(Exception):
+    """The metrics location does not exist."""
+
+
+class NoRecordsError(Exception):
+    """No dump files, or no valid record in them (or in the time window)."""
+
+
+@dataclass(frozen=True)
+class ReportResult:
+    """What one report run produced."""
+
+    out: Path
+    records: int
+    bad: dict[str, int]
+    tables: dict[str, Path]
+    html: Path
+    top_topic: str | None
+    observed_seconds: float | None
+    seconds: float
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _is_local(location: str) -> bool:
+    return "://" not in location or location.startswith("file://")
+
+
+def _count_dump_files(location: str) -> int:
+    root = Path(location.removeprefix("file://"))
+    if not root.exists():
+        raise InputError(f"no such folder: {location}")
+    if root.is_file():
+        return 1
+    return sum(1 for _dir, _subdirs, files in os.walk(root) for name in files if name.endswith(".jsonl"))
+
+
+def start_spark(master: str | None, conf: dict[str, str] | None = None) -> SparkSession:
+    """A SparkSession on ``master`` (None: what spark-submit set, else ``local[*]``) with ``DEFAULT_CONF``."""
+    builder = SparkSession.builder
+    for key, value in {**DEFAULT_CONF, **(conf or {})}.items():
+        builder = builder.config(key, value)
+    if master is not None:
+        builder = builder.master(master)
+    elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit: nobody chose a master
+        builder = builder.master("local[*]")
+    spark = builder.getOrCreate()
+    if master is not None and spark.sparkContext.master != master:
+        raise RuntimeError(f"this process already runs Spark on {spark.sparkContext.master}, not {master}")
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def read_lines(spark: SparkSession, location: str) -> DataFrame:
+    """Every line of every ``*.jsonl`` file under ``location`` (one ``value`` column).
+
+    Hive folders (``node=``/``date=``/``hour=``) are walked but not turned into
+    columns: records carry their node and times. ``.tmp`` files being written
+    are skipped.
+    """
+    return spark.read.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl").text(location)
+
+
+def build_tables(records: DataFrame, top: int) -> dict[str, DataFrame]:
+    """The report's tables from valid (possibly compacted) records, by name."""
+    totals = X.topic_totals(records)
+    return {
+        "topic_totals": totals,
+        "node_minute": X.node_minute_series(records),
+        "top_topics": X.top_topics(totals, top),
+        "fanout": X.fanout(records),
+        "traffic_matrix": X.traffic_matrix(records),
+        "drops": X.drops_by_reason(records),
+        "latency": X.latency_percentiles(records),
+    }
+
+
+def run_report(
+    metrics_dir: str | os.PathLike[str],
+    out_dir: str | os.PathLike[str],
+    master: str | None = "local[2]",
+    since: float | None = None,
+    until: float | None = None,
+    *,
+    top: int = 10,
+    conf: dict[str, str] | None = None,
+    spark: SparkSession | None = None,
+    progress: Callable[[str], None] = _stderr,
+) -> ReportResult:
+    """Build the report of the dumps under ``metrics_dir`` into ``out_dir``.
+
+    Uses ``spark`` if given (and leaves it running), else starts a session on
+    ``master`` and stops it at the end. Raises ``InputError`` when a local
+    ``metrics_dir`` does not exist and ``NoRecordsError`` when it holds no
+    dump file or no valid record in ``[since, until)``.
+    """
+    began = time.monotonic()
+    location, out = os.fspath(metrics_dir), Path(out_dir)
+    if _is_local(location) and _count_dump_files(location) == 0:
+        raise NoRecordsError(f"no metrics files (*.jsonl) under {location}")
+    own_session = spark is None
+    progress(f"[1/{STEPS}] starting Spark ({master or 'from spark-submit'})")
+    session = spark or start_spark(master, conf)
+    try:
+        return _run(session, location, out, since, until, top, progress, began)
+    finally:
+        if own_session:
+            session.stop()
+
+
+def _run(
+    spark: SparkSession,
+    location: str,
+    out: Path,
+    since: float | None,
+    until: float | None,
+    top: int,
+    progress: Callable[[str], None],
+    began: float,
+) -> ReportResult:
+    progress(f"[2/{STEPS}] reading, parsing and compacting the dumps under {location} (one pass)")
+    parsed = X.parse_lines(read_lines(spark, location))
+    compacted = X.compact(X.filter_window(parsed, since, until)).cache()
+    try:
+        bad_rows = [r.asDict() for r in X.bad_record_counts(compacted).orderBy("reason").collect()]
+        bad = {r["reason"]: r["lines"] for r in bad_rows}
+        records = X.valid_records(compacted)
+        count = compacted.where(F.col("bad_reason").isNull()).agg(F.sum("lines")).first()
+        valid = int(count[0] or 0) if count is not None else 0
+        if valid == 0:
+            what = "in the time window" if since is not None or until is not None else "in the dumps"
+            skipped = ", ".join(f"{n:,} {reason}" for reason, n in bad.items()) or "none"
+            raise NoRecordsError(f"no valid records {what} under {location} (bad lines: {skipped})")
+
+        progress(f"[3/{STEPS}] computing tables from {valid:,} records")
+        tables = build_tables(records, top)
+        tables["bad_records"] = X.bad_record_counts(compacted)
+        progress(f"[4/{STEPS}] writing Parquet under {out}")
+        paths: dict[str, Path] = {}
+        rows: dict[str, list[dict[str, Any]]] = {}
+        for name, frame in tables.items():
+            path = out / name
+            ordered = frame.orderBy(*TABLE_ORDER[name]).coalesce(1)
+            ordered.write.mode("overwrite").parquet(str(path))
+            paths[name] = path
+            rows[name] = [r.asDict() for r in ordered.collect()]
+        rows["window"] = [r.asDict() for r in X.observation_window(records).collect()]
+    finally:
+        compacted.unpersist()
+
+    progress(f"[5/{STEPS}] writing {out / 'report.html'}")
+    html = out / "report.html"
+    data = page.PageData(location, valid, (since, until), bad_rows, rows)
+    html.write_text(page.render(data), encoding="utf-8")
+    progress(f"[6/{STEPS}] done in {time.monotonic() - began:.1f} s")
+    top_rows = rows["top_topics"]
+    return ReportResult(
+        out=out,
+        records=valid,
+        bad=bad,
+        tables=paths,
+        html=html,
+        top_topic=top_rows[0]["topic"] if top_rows else None,
+        observed_seconds=rows["window"][0]["seconds"],
+        seconds=time.monotonic() - began,
+        rows=rows,
+    )
+
+
+def print_summary(result: ReportResult, file: Any = None) -> None:
+    """A few lines for the console: records, bad lines, top topics, where the output is."""
+    out = file or sys.stdout
+    bad = sum(result.bad.values())
+    print(f"records: {result.records:,} valid, {bad:,} bad lines skipped", file=out)
+    for reason, n in result.bad.items():
+        print(f"  bad {reason}: {n:,}", file=out)
+    if result.observed_seconds is not None:
+        print(f"observed: {result.observed_seconds:,.0f} s", file=out)
+    print(f"top topic: {result.top_topic or '-'}", file=out)
+    for r in result.rows.get("top_topics", [])[:5]:
+        print(f"  {r['rank']:>2}. {r['topic']}  {r['published']:,} published, {r['delivered']:,} delivered", file=out)
+    drops = sum(r["count"] for r in result.rows.get("drops", []))
+    forwarded = sum(r["count"] for r in result.rows.get("traffic_matrix", []))
+    print(f"forwarded between nodes: {forwarded:,}; dropped: {drops:,}", file=out)
+    print(f"tables: {result.out}/<table>/ (Parquet); page: {result.html}", file=out)
+    print(f"took {result.seconds:.1f} s", file=out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point as a script (``spark-submit job.py --metrics ... --out ...``); the exit code."""
+    parser = argparse.ArgumentParser(prog="pubsubclub-report", description="The pubsubclub cluster report.")
+    add_arguments(parser)
+    return run(parser.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
