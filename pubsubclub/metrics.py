@@ -1,0 +1,261 @@
+"""Node metrics: cheap counters on the hot path, periodic JSON-lines dumps, Prometheus.
+
+Front-ends and the federation call :meth:`Metrics.count` (one dict lookup and
+two integer additions) and :meth:`Metrics.latency`. Every interval a
+:class:`MetricsDumper` writes the interval's counts as one file in the layout
+and schema of docs/metrics.md (written to a temporary name, then renamed), and
+folds them into the running totals that the Prometheus collector reports.
+"""
+
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import orjson
+from twisted.logger import Logger
+
+log = Logger()
+
+SCHEMA_VERSION = 1
+
+#: Latency histogram bucket upper bounds, milliseconds.
+LATENCY_BOUNDS_MS: tuple[float, ...] = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+
+#: (topic, frontend, kind, peer, reason)
+CounterKey = tuple[str, str, str, str | None, str | None]
+
+
+def payload_size(envelope: Any) -> int:
+    """JSON size of an envelope's payload, computed once per envelope."""
+    wire = envelope.wire
+    size = wire.get("size")
+    if size is None:
+        try:
+            size = len(orjson.dumps(envelope.payload))
+        except TypeError:  # not JSON (msgpack bytes)
+            payload = envelope.payload
+            size = len(payload) if isinstance(payload, (bytes, bytearray)) else 0
+        wire["size"] = size
+    return int(size)
+
+
+class _Histogram:
+    """Counts per bucket, plus count and sum."""
+
+    __slots__ = ("counts", "count", "sum_ms")
+
+    def __init__(self) -> None:
+        self.counts = [0] * (len(LATENCY_BOUNDS_MS) + 1)
+        self.count = 0
+        self.sum_ms = 0.0
+
+    def add(self, ms: float) -> None:
+        self.counts[bisect.bisect_left(LATENCY_BOUNDS_MS, ms)] += 1
+        self.count += 1
+        self.sum_ms += ms
+
+    def merge(self, other: _Histogram) -> None:
+        for i, n in enumerate(other.counts):
+            self.counts[i] += n
+        self.count += other.count
+        self.sum_ms += other.sum_ms
+
+
+class Metrics:
+    """Counters and latency histograms of one node."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        #: This interval's counts: key -> [count, bytes].
+        self._interval: dict[CounterKey, list[int]] = {}
+        self._interval_latency: dict[str, _Histogram] = {}
+        #: Everything before this interval (for Prometheus).
+        self._totals: dict[CounterKey, list[int]] = {}
+        self._total_latency: dict[str, _Histogram] = {}
+        self.interval_start = time.time()
+
+    def count(
+        self,
+        topic: str,
+        frontend: str,
+        kind: str,
+        n: int = 1,
+        nbytes: int = 0,
+        peer: str | None = None,
+        reason: str | None = None,
+    ) -> None:
+        """Add ``n`` messages (``nbytes`` bytes) to a counter."""
+        key = (topic, frontend, kind, peer, reason)
+        cell = self._interval.get(key)
+        if cell is None:
+            self._interval[key] = [n, nbytes]
+        else:
+            cell[0] += n
+            cell[1] += nbytes
+
+    def latency(self, origin: str, seconds: float) -> None:
+        """One cross-node delivery from ``origin`` that took ``seconds``."""
+        hist = self._interval_latency.get(origin)
+        if hist is None:
+            hist = self._interval_latency[origin] = _Histogram()
+        hist.add(max(seconds, 0.0) * 1000.0)
+
+    def take_interval(self, now: float) -> tuple[float, dict[CounterKey, list[int]], dict[str, _Histogram]]:
+        """Hand over this interval's counts and start a new interval."""
+        start = self.interval_start
+        counters, latency = self._interval, self._interval_latency
+        self._interval, self._interval_latency = {}, {}
+        self.interval_start = now
+        for key, (n, nbytes) in counters.items():
+            cell = self._totals.setdefault(key, [0, 0])
+            cell[0] += n
+            cell[1] += nbytes
+        for origin, hist in latency.items():
+            self._total_latency.setdefault(origin, _Histogram()).merge(hist)
+        return start, counters, latency
+
+    def totals(self) -> Iterator[tuple[CounterKey, int, int]]:
+        """Cumulative counts (past intervals plus the current one)."""
+        keys = set(self._totals) | set(self._interval)
+        for key in keys:
+            past = self._totals.get(key, (0, 0))
+            now = self._interval.get(key, (0, 0))
+            yield key, past[0] + now[0], past[1] + now[1]
+
+    def total_latency(self) -> dict[str, _Histogram]:
+        """Cumulative latency histograms per origin."""
+        merged: dict[str, _Histogram] = {}
+        for source in (self._total_latency, self._interval_latency):
+            for origin, hist in source.items():
+                merged.setdefault(origin, _Histogram()).merge(hist)
+        return merged
+
+
+def records(
+    node_id: str,
+    start: float,
+    end: float,
+    counters: dict[CounterKey, list[int]],
+    latency: dict[str, _Histogram],
+    gauges: dict[str, int],
+    links: list[dict[str, Any]],
+) -> list[dict[str, Any]]:
+    """The schema-v1 records of one interval."""
+    base = {"v": SCHEMA_VERSION, "node": node_id, "start": start, "ts": end}
+    out: list[dict[str, Any]] = []
+    for (topic, frontend, kind, peer, reason), (n, nbytes) in counters.items():
+        out.append({**base, "type": "counter", "topic": topic, "frontend": frontend, "kind": kind,
+                    "peer": peer, "reason": reason, "count": n, "bytes": nbytes})  # fmt: skip
+    for origin, hist in latency.items():
+        out.append({**base, "type": "latency", "origin": origin, "bounds_ms": list(LATENCY_BOUNDS_MS),
+                    "counts": hist.counts, "count": hist.count, "sum_ms": hist.sum_ms})  # fmt: skip
+    for topic, value in gauges.items():
+        out.append({**base, "type": "gauge", "name": "subscribers", "topic": topic, "value": float(value)})
+    for link in links:
+        out.append({**base, "type": "link", "peer": link["peer"], "peer_node": link.get("peer_node"),
+                    "role": link["role"], "direction": link["direction"], "state": link["state"]})  # fmt: skip
+    return out
+
+
+class MetricsDumper:
+    """Writes one JSON-lines file per interval under ``directory``."""
+
+    def __init__(
+        self,
+        metrics: Metrics,
+        directory: str,
+        gauges: Callable[[], dict[str, int]],
+        links: Callable[[], list[dict[str, Any]]],
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.metrics = metrics
+        self.directory = directory
+        self._gauges = gauges
+        self._links = links
+        self._clock = clock
+        self._seq = 0
+        self.files_written = 0
+
+    def dump(self) -> str | None:
+        """Write the interval's records; return the file's path (None when there was nothing)."""
+        now = self._clock()
+        start, counters, latency = self.metrics.take_interval(now)
+        if not counters and not latency:
+            return None
+        rows = records(self.metrics.node_id, start, now, counters, latency, self._gauges(), self._links())
+        stamp = time.gmtime(now)
+        folder = os.path.join(
+            self.directory,
+            f"node={self.metrics.node_id}",
+            time.strftime("date=%Y-%m-%d", stamp),
+            time.strftime("hour=%H", stamp),
+        )
+        os.makedirs(folder, exist_ok=True)
+        self._seq += 1
+        name = f"part-{int(now * 1000)}-{self._seq:06d}.jsonl"
+        temporary = os.path.join(folder, f".{name}.tmp")
+        with open(temporary, "wb") as f:
+            f.write(b"".join(orjson.dumps(row) + b"\n" for row in rows))
+            f.flush()
+            os.fsync(f.fileno())
+        final = os.path.join(folder, name)
+        os.replace(temporary, final)
+        self.files_written += 1
+        return final
+
+    def safe_dump(self) -> None:
+        """Dump, logging instead of raising (called from a timer)."""
+        try:
+            self.dump()
+        except OSError as e:
+            log.error("cannot write metrics to {dir}: {error}", dir=self.directory, error=e)
+
+
+class PrometheusCollector:
+    """prometheus-client collector over a node's :class:`Metrics`, hub and links."""
+
+    def __init__(
+        self, metrics: Metrics, gauges: Callable[[], dict[str, int]], links: Callable[[], list[dict[str, Any]]]
+    ):
+        self._metrics = metrics
+        self._gauges = gauges
+        self._links = links
+
+    def collect(self) -> Iterator[Any]:
+        """Yield the metric families."""
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+
+        labels = ["topic", "frontend", "kind", "peer", "reason"]
+        messages = CounterMetricFamily("pubsubclub_messages", "Messages by topic, front-end and kind", labels=labels)
+        nbytes = CounterMetricFamily("pubsubclub_bytes", "Payload bytes by topic, front-end and kind", labels=labels)
+        for (topic, frontend, kind, peer, reason), n, b in self._metrics.totals():
+            values = [topic, frontend, kind, peer or "", reason or ""]
+            messages.add_metric(values, n)
+            nbytes.add_metric(values, b)
+        yield messages
+        yield nbytes
+        subscribers = GaugeMetricFamily("pubsubclub_subscribers", "Local subscribers per topic", labels=["topic"])
+        for topic, value in self._gauges().items():
+            subscribers.add_metric([topic], value)
+        yield subscribers
+        links = GaugeMetricFamily(
+            "pubsubclub_link_open", "1 when a PSC link is open", labels=["peer", "role", "direction"]
+        )
+        for link in self._links():
+            links.add_metric([link["peer"], link["role"], link["direction"]], 1.0 if link["state"] == "open" else 0.0)
+        yield links
+        latency = HistogramMetricFamily(
+            "pubsubclub_cross_node_latency_seconds", "Origin publish to local delivery", labels=["origin"]
+        )
+        for origin, hist in self._metrics.total_latency().items():
+            cumulative, buckets = 0, []
+            for bound, n in zip(LATENCY_BOUNDS_MS, hist.counts, strict=False):
+                cumulative += n
+                buckets.append((str(bound / 1000.0), cumulative))
+            buckets.append(("+Inf", hist.count))
+            latency.add_metric([origin], buckets, hist.sum_ms / 1000.0)
+        yield latency

@@ -1,0 +1,89 @@
+"""Node metrics: counters, intervals, dump files, Prometheus text."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from pubsubclub.hub import Envelope
+from pubsubclub.metrics import LATENCY_BOUNDS_MS, Metrics, MetricsDumper, PrometheusCollector, payload_size
+
+
+def test_counters_accumulate_per_key_and_reset_per_interval() -> None:
+    """Counts add up per (topic, frontend, kind, peer, reason); an interval hands them over and starts empty."""
+    m = Metrics("n1")
+    m.count("t", "wamp", "published", nbytes=10)
+    m.count("t", "wamp", "published", nbytes=5)
+    m.count("t", "psc", "forwarded", nbytes=7, peer="n2")
+    m.count("t", "wamp", "dropped", reason="slow_consumer")
+    _, counters, _ = m.take_interval(100.0)
+    assert counters == {
+        ("t", "wamp", "published", None, None): [2, 15],
+        ("t", "psc", "forwarded", "n2", None): [1, 7],
+        ("t", "wamp", "dropped", None, "slow_consumer"): [1, 0],
+    }
+    _, again, _ = m.take_interval(110.0)
+    assert again == {}
+    m.count("t", "wamp", "published", nbytes=1)
+    totals = {key: (n, b) for key, n, b in m.totals()}
+    assert totals[("t", "wamp", "published", None, None)] == (3, 16)
+
+
+def test_latency_histogram_buckets() -> None:
+    """Latencies land in the bucket whose upper bound they do not exceed; the last bucket takes the rest."""
+    m = Metrics("n1")
+    m.latency("n2", 0.0001)  # 0.1 ms
+    m.latency("n2", 0.003)  # 3 ms
+    m.latency("n2", 60.0)  # off the scale
+    _, _, latency = m.take_interval(1.0)
+    hist = latency["n2"]
+    assert hist.count == 3 and len(hist.counts) == len(LATENCY_BOUNDS_MS) + 1
+    assert hist.counts[0] == 1 and hist.counts[LATENCY_BOUNDS_MS.index(5)] == 1 and hist.counts[-1] == 1
+
+
+def test_dump_writes_partitioned_schema_v1_file_atomically(tmp_path: Path) -> None:
+    """A dump is one .jsonl file under node=/date=/hour= with schema-v1 records, and no temporary file is left."""
+    m = Metrics("n1")
+    m.count("t", "wamp", "published", nbytes=3)
+    m.latency("n2", 0.002)
+    dumper = MetricsDumper(m, str(tmp_path), lambda: {"t": 2}, lambda: [], clock=lambda: 1_763_776_800.5)
+    path = dumper.dump()
+    assert path is not None
+    rel = Path(path).relative_to(tmp_path)
+    assert rel.parts[:3] == ("node=n1", "date=2025-11-22", "hour=02")
+    assert rel.name.startswith("part-1763776800500-") and rel.name.endswith(".jsonl")
+    rows = [json.loads(line) for line in Path(path).read_text().splitlines()]
+    assert {r["type"] for r in rows} == {"counter", "latency", "gauge"}
+    assert all(r["v"] == 1 and r["node"] == "n1" and r["ts"] == 1_763_776_800.5 for r in rows)
+    [counter] = [r for r in rows if r["type"] == "counter"]
+    assert (counter["topic"], counter["kind"], counter["count"], counter["bytes"]) == ("t", "published", 1, 3)
+    assert [p.name for p in tmp_path.rglob("*") if p.is_file()] == [rel.name]
+    assert dumper.dump() is None  # nothing new, no file
+
+
+def test_prometheus_text_has_the_same_counters() -> None:
+    """The Prometheus collector reports the cumulative counts, gauges and the latency histogram."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    m = Metrics("n1")
+    m.count("t", "wamp", "published", nbytes=4)
+    m.take_interval(1.0)
+    m.count("t", "wamp", "published", nbytes=4)
+    m.latency("n2", 0.001)
+    registry = CollectorRegistry()
+    links = [{"peer": "ws://x/psc", "role": "consumer", "direction": "out", "state": "open"}]
+    registry.register(PrometheusCollector(m, lambda: {"t": 1}, lambda: links))
+    text = generate_latest(registry).decode()
+    assert 'pubsubclub_messages_total{frontend="wamp",kind="published",peer="",reason="",topic="t"} 2.0' in text
+    assert 'pubsubclub_bytes_total{frontend="wamp",kind="published",peer="",reason="",topic="t"} 8.0' in text
+    assert 'pubsubclub_subscribers{topic="t"} 1.0' in text
+    assert 'pubsubclub_link_open{direction="out",peer="ws://x/psc",role="consumer"} 1.0' in text
+    assert 'pubsubclub_cross_node_latency_seconds_count{origin="n2"} 1.0' in text
+
+
+def test_payload_size_is_computed_once() -> None:
+    """The JSON size of a payload is cached on the envelope."""
+    env = Envelope("t", {"a": 1})
+    assert payload_size(env) == len(b'{"a":1}')
+    env.wire["size"] = 99
+    assert payload_size(env) == 99
