@@ -40,9 +40,9 @@ DEFAULT_CONF = {
     "spark.sql.session.timeZone": "UTC",
 }
 
-#: Sort order of each written table, so that Parquet files and the page read the same way every run.
-TABLE_ORDER: dict[str, list[Any]] = {
-    "topic_totals": [F.col("published").desc(), "topic"],
+#: Sort order of each written table ("-" first: descending), so that Parquet files and the page read the same.
+TABLE_ORDER: dict[str, list[str]] = {
+    "topic_totals": ["-published", "topic"],
     "node_minute": ["node", "minute"],
     "top_topics": ["rank"],
     "fanout": ["topic"],
@@ -159,7 +159,7 @@ def run_report(
     if _is_local(location) and _count_dump_files(location) == 0:
         raise NoRecordsError(f"no metrics files (*.jsonl) under {location}")
     own_session = spark is None
-    progress(f"[1/{STEPS}] starting Spark ({master or 'from spark-submit'})")
+    progress(f"{time.monotonic() - began:6.1f}s [1/{STEPS}] starting Spark ({master or 'from spark-submit'})")
     session = spark or start_spark(master, conf)
     try:
         return _run(session, location, out, since, until, top, progress, began)
@@ -178,7 +178,7 @@ def _run(
     progress: Callable[[str], None],
     began: float,
 ) -> ReportResult:
-    progress(f"[2/{STEPS}] reading, parsing and compacting the dumps under {location} (one pass)")
+    progress(f"{time.monotonic() - began:6.1f}s [2/{STEPS}] reading, parsing and compacting the dumps under {location} (one pass)")
     parsed = X.parse_lines(read_lines(spark, location))
     compacted = X.compact(X.filter_window(parsed, since, until)).cache()
     try:
@@ -192,27 +192,30 @@ def _run(
             skipped = ", ".join(f"{n:,} {reason}" for reason, n in bad.items()) or "none"
             raise NoRecordsError(f"no valid records {what} under {location} (bad lines: {skipped})")
 
-        progress(f"[3/{STEPS}] computing tables from {valid:,} records")
+        progress(f"{time.monotonic() - began:6.1f}s [3/{STEPS}] computing tables from {valid:,} records")
         tables = build_tables(records, top)
         tables["bad_records"] = X.bad_record_counts(compacted)
-        progress(f"[4/{STEPS}] writing Parquet under {out}")
+        progress(f"{time.monotonic() - began:6.1f}s [4/{STEPS}] writing Parquet under {out}")
         paths: dict[str, Path] = {}
         rows: dict[str, list[dict[str, Any]]] = {}
         for name, frame in tables.items():
             path = out / name
-            ordered = frame.orderBy(*TABLE_ORDER[name]).coalesce(1)
+            order = [F.col(c[1:]).desc() if c.startswith("-") else F.col(c) for c in TABLE_ORDER[name]]
+            # Tables are small: one sorted partition, kept for the page.
+            ordered = frame.coalesce(1).sortWithinPartitions(*order).cache()
             ordered.write.mode("overwrite").parquet(str(path))
             paths[name] = path
             rows[name] = [r.asDict() for r in ordered.collect()]
+            ordered.unpersist()
         rows["window"] = [r.asDict() for r in X.observation_window(records).collect()]
     finally:
         compacted.unpersist()
 
-    progress(f"[5/{STEPS}] writing {out / 'report.html'}")
+    progress(f"{time.monotonic() - began:6.1f}s [5/{STEPS}] writing {out / 'report.html'}")
     html = out / "report.html"
     data = page.PageData(location, valid, (since, until), bad_rows, rows)
     html.write_text(page.render(data), encoding="utf-8")
-    progress(f"[6/{STEPS}] done in {time.monotonic() - began:.1f} s")
+    progress(f"{time.monotonic() - began:6.1f}s [6/{STEPS}] done in {time.monotonic() - began:.1f} s")
     top_rows = rows["top_topics"]
     return ReportResult(
         out=out,

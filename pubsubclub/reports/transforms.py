@@ -30,6 +30,10 @@ PERCENTILES = (50, 90, 99)
 
 _RECORD_COLUMNS = [f.name for f in RECORD_SCHEMA.fields]
 
+#: What tells two good records apart for every table: all descriptive fields (``compact``).
+_COMPACT_KEYS = ["v", "type", "node", "topic", "frontend", "kind", "peer", "reason", "origin", "bounds_ms", "name"]
+_COMPACT_KEYS += ["peer_node", "role", "direction", "state"]
+
 
 def _all_present(names: tuple[str, ...]) -> Column:
     cond = F.lit(True)
@@ -145,24 +149,37 @@ def compact(parsed: DataFrame) -> DataFrame:
     over the input.
     """
     bad = F.col("bad_reason").isNotNull()
-    good_key = ["v", "type", "node", "topic", "frontend", "kind", "peer", "reason", "origin", "bounds_ms", "name"]
-    good_key += ["peer_node", "role", "direction", "state"]
-    keys = [F.when(~bad, F.col(k)).alias(k) for k in good_key]
+    keys = [F.when(~bad, F.col(k)).alias(k) for k in _COMPACT_KEYS]
     keys.append(F.when(~bad, F.floor(F.col("ts") / 60)).alias("_minute"))
-    merged = parsed.groupBy("bad_reason", *keys).agg(
+    keys.append(F.when(bad, F.substring("line", 1, EXAMPLE_CHARS)).alias("line"))
+    # Pass 1 over every input row keeps only fixed-width aggregation buffers
+    # (Spark then hashes instead of sorting): latency buckets are exploded and
+    # summed per position; a record's other numbers are taken on its first bucket.
+    once = F.col("_pos").isNull() | (F.col("_pos") == 0)
+    buckets = parsed.select("*", F.posexplode_outer("counts").alias("_pos", "_n"))
+    per_bucket = buckets.groupBy("bad_reason", *keys, "_pos").agg(
+        F.min("start").alias("start"),
+        F.max("ts").alias("ts"),
+        F.sum(F.when(once, F.col("count"))).alias("count"),
+        F.sum(F.when(once, F.col("bytes"))).alias("bytes"),
+        F.sum("_n").alias("_n"),
+        F.sum(F.when(once, F.col("sum_ms"))).alias("sum_ms"),
+        F.max("value").alias("value"),
+        F.sum(F.when(once, F.col("lines"))).alias("lines"),
+    )
+    # Pass 2, over the few rows left, puts the buckets back into arrays.
+    group = ["bad_reason", *_COMPACT_KEYS, "_minute", "line"]
+    merged = per_bucket.groupBy(*group).agg(
         F.min("start").alias("start"),
         F.max("ts").alias("ts"),
         F.sum("count").alias("count"),
         F.sum("bytes").alias("bytes"),
-        F.collect_list("counts").alias("_counts"),
+        F.sort_array(F.collect_list(F.when(F.col("_pos").isNotNull(), F.struct("_pos", "_n")))).alias("_b"),
         F.sum("sum_ms").alias("sum_ms"),
         F.max("value").alias("value"),
         F.sum("lines").alias("lines"),
-        F.min("line").alias("line"),
     )
-    zero = F.array_repeat(F.lit(0).cast("long"), F.size("bounds_ms") + 1)
-    summed = F.aggregate("_counts", zero, lambda acc, c: F.zip_with(acc, c, lambda a, b: a + b))
-    counts = F.when(F.size("_counts") > 0, summed).alias("counts")
+    counts = F.when(F.size("_b") > 0, F.transform("_b", lambda b: b["_n"])).alias("counts")
     columns = [counts if name == "counts" else F.col(name) for name in _RECORD_COLUMNS]
     return merged.select(*columns, "bad_reason", "line", "lines")
 

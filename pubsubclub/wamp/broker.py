@@ -146,7 +146,7 @@ def uri_problem(uri: str, max_length: int) -> str | None:
         return f"URI is {len(uri)} characters long; the limit is {max_length}"
     if uri.startswith("$"):
         return f"URI {uri!r:.80} is reserved: topics starting with '$' are the cluster's own"
-    if not _LOOSE_URI.match(uri):
+    if not _LOOSE_URI.fullmatch(uri):
         return f"URI {uri!r:.80} is not a WAMP URI (dot-separated non-empty components without whitespace or '#')"
     return None
 
