@@ -47,6 +47,8 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--consul-debounce", type=float, metavar="SECONDS", help=argparse.SUPPRESS)
     p.add_argument("--cluster-secret-file", metavar="FILE", help="links must prove this secret (HMAC)")
     p.add_argument("--ca-file", metavar="PEM", help="CA certificates that wss:// peers are verified against")
+    p.add_argument("--metrics-dir", metavar="DIR", help="write metrics dumps here (docs/metrics.md)")
+    p.add_argument("--metrics-interval", type=float, metavar="S", help="seconds between metrics dumps (default 10)")
     p.add_argument("--nsd", metavar="ENDPOINT", help="NSD listener (TCP, JSON lines), e.g. tcp:7000")
     p.add_argument("--data-dir", metavar="DIR", help="folder for the node's stores (default pubsubclub-data)")
     p.add_argument("--nsd-prefix", metavar="PREFIX", help="hub topic prefix of NSD channels (default none)")
@@ -104,6 +106,8 @@ def _node_config(args: argparse.Namespace) -> Any:
         "chat_page": False if args.no_chat_page else None,
         "http": args.http,
         "nsd": args.nsd,
+        "metrics_dir": args.metrics_dir,
+        "metrics_interval": args.metrics_interval,
         "data_dir": args.data_dir,
         "nsd_prefix": args.nsd_prefix,
         "nsd_max_message_chars": args.nsd_max_message_chars,

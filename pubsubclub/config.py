@@ -66,6 +66,10 @@ class NodeConfig:
     cluster_secret_file: str | None = None
     #: CA certificates (PEM) that ``wss://`` peers are verified against.
     ca_file: str | None = None
+    #: Folder for metrics dumps (docs/metrics.md); None: no dumps.
+    metrics_dir: str | None = None
+    #: Seconds between metrics dumps.
+    metrics_interval: float = 10.0
     #: Twisted endpoint of the NSD listener (TCP, JSON lines); None: off.
     nsd: str | None = None
     #: Folder for the node's stores (SQLite files).
@@ -126,6 +130,8 @@ class NodeConfig:
         self.trust_root()
         if self.nsd is not None:
             _check_endpoint("nsd", self.nsd)
+        if not 0.05 <= self.metrics_interval <= 86_400:
+            raise ConfigError("metrics-interval", "must be between 0.05 and 86400 seconds")
         if not self.data_dir:
             raise ConfigError("data-dir", "must be a folder path")
         if not isinstance(self.nsd_max_message_chars, int) or self.nsd_max_message_chars < 1:

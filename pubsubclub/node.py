@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from twisted.internet import defer
+from twisted.internet import defer, task
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.web.resource import Resource
@@ -20,6 +20,7 @@ from pubsubclub.adapters.tep import TEPOperationsResource, TEPServer
 from pubsubclub.adapters.tep_codec import TEPLimits
 from pubsubclub.config import NodeConfig
 from pubsubclub.federation.federation import endpoint_for_url
+from pubsubclub.metrics import Metrics, MetricsDumper, PrometheusCollector
 from pubsubclub.psc import Limits
 from pubsubclub.wamp.broker import WampLimits
 from pubsubclub.wamp.server import WampServer
@@ -132,10 +133,25 @@ class Node:
                 prefix=config.tep_prefix,
                 client_publish=config.tep_client_publish,
             )
+        #: One set of counters for every part of the node (docs/metrics.md).
+        self.metrics = Metrics(self.hub.node_id)
+        self.federation.metrics = self.metrics
+        self.server.router.metrics = self.metrics
+        if self.tep is not None:
+            self.tep.metrics = self.metrics
+        self.dumper: MetricsDumper | None = None
+        if config.metrics_dir is not None:
+            self.dumper = MetricsDumper(
+                self.metrics, config.metrics_dir, self._subscriber_gauges, self.federation.links
+            )
+        self._dump_loop: task.LoopingCall | None = None
         #: Things to stop first on shutdown (discovery deregisters here).
         self.before_stop: list[Any] = []
         #: Consul discovery, when ``config.consul`` is set (started in :meth:`start`).
         self.discovery: Any = None
+
+    def _subscriber_gauges(self) -> dict[str, int]:
+        return {topic: self.hub.subscribers(topic) for topic in self.hub.topics() if not topic.startswith("$")}
 
     def stats(self) -> dict[str, Any]:
         """Counters and link states."""
@@ -192,6 +208,7 @@ class Node:
             ops = Resource()
             ops.putChild(b"health", HealthResource(self))
             ops.putChild(b"stats", StatsResource(self))
+            ops.putChild(b"metrics", self._prometheus_resource())
             if self.tep is not None:
                 ops.putChild(b"tep", TEPOperationsResource(self.tep))
             http_site = Site(ops)
@@ -205,6 +222,10 @@ class Node:
             await self._start_tep(self.tep)
         for url in self.config.peer:
             self.federation.add_server(url)
+        if self.dumper is not None:
+            self._dump_loop = task.LoopingCall(self.dumper.safe_dump)
+            self._dump_loop.clock = self.reactor
+            self._dump_loop.start(self.config.metrics_interval, now=False)
         self.state = "ready"
         if self.config.consul is not None:
             self._start_discovery()
@@ -234,6 +255,15 @@ class Node:
         self.discovery.start()
         self.before_stop.append(self.discovery.stop)
 
+    def _prometheus_resource(self) -> Any:
+        """``GET /metrics`` in the Prometheus text format (same counters as the dumps)."""
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.twisted import MetricsResource
+
+        registry = CollectorRegistry()
+        registry.register(PrometheusCollector(self.metrics, self._subscriber_gauges, self.federation.links))
+        return MetricsResource(registry)
+
     async def _start_nsd(self) -> None:
         from twisted.internet.endpoints import serverFromString
 
@@ -251,6 +281,7 @@ class Node:
             retention_seconds=config.nsd_retention_seconds or None,
         )
         self.nsd = NSDService(self.hub, store, self.reactor.seconds, settings)
+        self.nsd.metrics = self.metrics
         self.nsd.start()
         port = await serverFromString(self.reactor, config.nsd).listen(NSDFactory(self.nsd))
         self.ports.append(port)
@@ -291,6 +322,10 @@ class Node:
             await tep_closed
         if self.nsd is not None:
             self.nsd.stop()
+        if self._dump_loop is not None and self._dump_loop.running:
+            self._dump_loop.stop()
+        if self.dumper is not None:
+            self.dumper.safe_dump()  # the last partial interval, so totals are complete
         self.state = "stopped"
 
 

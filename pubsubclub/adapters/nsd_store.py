@@ -102,19 +102,19 @@ class NSDStore:
         )
         return cur.rowcount > 0
 
-    def messages_after(self, channels: Iterable[str], after: int, limit: int) -> list[bytes]:
-        """Messages of ``channels`` with ``when > after`` in publish order (the newest ``limit``)."""
+    def messages_after(self, channels: Iterable[str], after: int, limit: int) -> list[tuple[str, bytes]]:
+        """(channel, message) of ``channels`` with ``when > after`` in publish order (the newest ``limit``)."""
         names = list(channels)
         if not names:
             return []
         marks = ",".join("?" * len(names))
         rows = self._db.execute(
-            f'SELECT message FROM (SELECT message, "when", message_id FROM messages '
+            f'SELECT channel, message FROM (SELECT channel, message, "when", message_id FROM messages '
             f'WHERE channel IN ({marks}) AND "when" > ? ORDER BY "when" DESC, message_id DESC LIMIT ?) '
             f'ORDER BY "when", message_id',
             (*names, after, limit),
         )
-        return [row[0] for row in rows]
+        return [(row[0], row[1]) for row in rows]
 
     def history(self, after: int = 0) -> list[tuple[str, int, str, bytes]]:
         """Every stored message after ``after`` (for replication), oldest first."""

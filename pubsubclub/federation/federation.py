@@ -31,6 +31,7 @@ from pubsubclub.federation.session import CLOSE_DUPLICATE, CLOSE_REMOVED, LinkSe
 from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
 from pubsubclub.federation.transport import NODE_HEADER, PSCClientFactory, PSCServerFactory
 from pubsubclub.hub import Envelope, Hub
+from pubsubclub.metrics import Metrics, payload_size
 
 log = Logger()
 
@@ -138,6 +139,8 @@ class Federation:
             "dropped_not_json": 0,
             "auth_refused": 0,
         }
+        #: Counters for metrics dumps; the node shares one Metrics between its parts.
+        self.metrics = Metrics(self.node_id)
         hub.add_interest_listener(self)
         hub.add_publish_listener(self)
 
@@ -310,6 +313,10 @@ class Federation:
                 wamp_wrapped=meta.wamp_wrapped,
             )
         self.stats["received"] += 1
+        metrics = self.metrics
+        metrics.count(message.topic, "psc", "received", 1, session.last_size, peer=session.peer_node or session.peer)
+        if envelope.published_at is not None and envelope.origin is not None:
+            metrics.latency(envelope.origin, self._reactor.seconds() - envelope.published_at)
         self.hub.deliver_remote(envelope)
 
     # -- hub listeners -----------------------------------------------------
@@ -335,6 +342,8 @@ class Federation:
             return
         plain: bytes | None = None
         rich: bytes | None = None
+        count = self.metrics.count
+        topic = envelope.topic
         try:
             for session in sessions:
                 if session.with_metadata:
@@ -342,14 +351,17 @@ class Federation:
                         meta = psc.Meta(
                             envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped
                         )
-                        rich = psc.encode_publish(envelope.topic, envelope.payload, meta)
-                    session.send_raw(rich)
+                        rich = psc.encode_publish(topic, envelope.payload, meta)
+                    data = rich
                 else:
                     if plain is None:
-                        plain = psc.encode_publish(envelope.topic, envelope.payload)
-                    session.send_raw(plain)
+                        plain = psc.encode_publish(topic, envelope.payload)
+                    data = plain
+                session.send_raw(data)
+                count(topic, "psc", "forwarded", 1, len(data), peer=session.peer_node or session.peer)
         except TypeError as e:  # orjson: the payload is not JSON (e.g. msgpack bytes)
             self.stats["dropped_not_json"] += 1
+            self.metrics.count(topic, "psc", "dropped", 1, payload_size(envelope), reason="not_json")
             log.warn(
                 "not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e
             )

@@ -92,6 +92,8 @@ class LinkSession:
         #: The peer's node id, when the transport learned it.
         self.peer_node: str | None = None
         self.state = LinkState.HANDSHAKING
+        #: Size of the last message received (for metrics).
+        self.last_size = 0
         self.version: psc.Version | None = None
         #: Topics the consumer at the other end asked for (producer role).
         self.topics: set[str] = set()
@@ -132,6 +134,7 @@ class LinkSession:
         """Handle one message from the peer; raise :class:`LinkError` on violations."""
         if self.state is LinkState.CLOSED:
             return
+        self.last_size = len(data)
         try:
             message = psc.decode(data, self._limits)
         except psc.PSCDecodeError as e:

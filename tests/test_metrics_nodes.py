@@ -1,0 +1,74 @@
+"""Metrics on real nodes: dump files with exact counts, Prometheus text on /metrics."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import pytest_twisted
+from conftest import Cluster, wait_until
+from wampclient import connect, leave, publish_acked, subscribe
+
+pytestmark = pytest.mark.slow
+
+
+def read_dumps(folder: Path) -> list[dict]:
+    """Every record of every dump file under ``folder``."""
+    rows = []
+    for path in sorted(folder.rglob("*.jsonl")):
+        rows += [json.loads(line) for line in path.read_text().splitlines()]
+    return rows
+
+
+@pytest_twisted.ensureDeferred
+async def test_dumps_count_exactly_the_traffic_sent(cluster_factory: Callable[..., Cluster], tmp_path: Path) -> None:
+    """Published, delivered, forwarded and received counts in the dumps equal the WAMP traffic, per node."""
+    metrics = tmp_path / "metrics"
+    cluster = cluster_factory(3, extra=("--metrics-dir", str(metrics), "--metrics-interval", "0.2"))
+    cluster.wait_linked()
+    pub = await connect(cluster[0].wamp_url)
+    subs = [await connect(node.wamp_url) for node in cluster.nodes[1:]]
+    recs = [(await subscribe(s, "hot.topic"))[0] for s in subs]
+    cold, _ = await subscribe(subs[0], "cold.topic")
+    wait_until(lambda: cluster[0].stats()["remote_interest"].get("hot.topic") == ["node2", "node3"], "interest")
+    wait_until(lambda: cluster[0].stats()["remote_interest"].get("cold.topic") == ["node2"], "interest")
+    for i in range(30):
+        await publish_acked(pub, "hot.topic", {"i": i})
+    for i in range(7):
+        await publish_acked(pub, "cold.topic", i)
+    for rec in recs:
+        await rec.wait_for(30)
+    await cold.wait_for(7)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{cluster[0].http_port}/metrics", timeout=5).read().decode()
+    assert (
+        'pubsubclub_messages_total{frontend="wamp",kind="published",peer="",reason="",topic="hot.topic"} 30.0' in text
+    )
+    await leave(pub, *subs)
+    for node in cluster.nodes:
+        assert node.stop() == 0  # the final dump is written on shutdown
+    rows = read_dumps(metrics)
+    assert {r["v"] for r in rows} == {1}
+    totals: Counter[tuple[str, str, str, str | None]] = Counter()
+    for r in rows:
+        if r["type"] == "counter":
+            totals[(r["node"], r["topic"], r["kind"], r["peer"])] += r["count"]
+    assert totals[("node1", "hot.topic", "published", None)] == 30
+    assert totals[("node1", "cold.topic", "published", None)] == 7
+    assert totals[("node1", "hot.topic", "forwarded", "node2")] == 30
+    assert totals[("node1", "hot.topic", "forwarded", "node3")] == 30
+    assert totals[("node1", "cold.topic", "forwarded", "node2")] == 7
+    assert totals[("node1", "cold.topic", "forwarded", "node3")] == 0
+    assert totals[("node2", "hot.topic", "received", "node1")] == 30
+    assert totals[("node2", "hot.topic", "delivered", None)] == 30
+    assert totals[("node3", "hot.topic", "delivered", None)] == 30
+    assert totals[("node2", "cold.topic", "delivered", None)] == 7
+    assert totals[("node1", "hot.topic", "delivered", None)] == 0
+    latency = [r for r in rows if r["type"] == "latency" and r["node"] == "node2"]
+    assert sum(r["count"] for r in latency) == 37 and {r["origin"] for r in latency} == {"node1"}
+    files = list(metrics.rglob("*"))
+    assert not [f for f in files if f.name.endswith(".tmp")]
+    assert {f.relative_to(metrics).parts[0] for f in files} == {"node=node1", "node=node2", "node=node3"}
