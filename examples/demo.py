@@ -7,8 +7,10 @@
 3. keeps the cluster up with the browser chat page served by every node: open
    two of the printed chat URLs in two browsers and chat across nodes.
 
-Ctrl-C stops everything. Ports: WAMP 8080-8082 and PSC 9001-9003, or set
-DEMO_WAMP_PORT / DEMO_PSC_PORT.
+Ctrl-C stops everything. Ports (node k uses base + k - 1): WAMP 8080, PSC 9001,
+NSD 7001, TEP 7101, ops 8181, or set DEMO_WAMP_PORT, DEMO_PSC_PORT,
+DEMO_NSD_PORT, DEMO_TEP_PORT, DEMO_HTTP_PORT; stores and metrics go to
+DEMO_DATA_DIR (default pubsubclub-data).
 """
 
 from __future__ import annotations
@@ -33,28 +35,10 @@ from autobahn.wamp.types import ComponentConfig, PublishOptions  # noqa: E402
 from twisted.internet import defer, reactor, task  # noqa: E402
 from twisted.internet.endpoints import TCP4ClientEndpoint  # noqa: E402
 
-from pubsubclub.cluster import node_command  # noqa: E402
+from pubsubclub.cluster import ClusterLayout, print_table, start_nodes, stop_nodes  # noqa: E402
 
 TOPIC = "pubsubclub.demo.hello"
 NODES = 3
-
-
-def start_nodes(wamp_base: int, psc_base: int) -> tuple[list[subprocess.Popen[str]], list[dict[str, Any]]]:
-    """Start the nodes and read their ready lines."""
-    procs = [
-        subprocess.Popen(
-            node_command(i, NODES, wamp_base, psc_base, "producer", "warn"), stdout=subprocess.PIPE, text=True
-        )
-        for i in range(1, NODES + 1)
-    ]
-    ready = []
-    for proc in procs:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"a node failed to start (ports {wamp_base}.. / {psc_base}.. in use?)")
-        ready.append(json.loads(line))
-    return procs, ready
 
 
 def wait_for_mesh(nodes: list[dict[str, Any]], timeout: float = 15.0) -> None:
@@ -125,32 +109,40 @@ async def show_fan_out(nodes: list[dict[str, Any]]) -> None:
 
 def main() -> int:
     """Run the demo until Ctrl-C."""
-    wamp_base = int(os.environ.get("DEMO_WAMP_PORT", "8080"))
-    psc_base = int(os.environ.get("DEMO_PSC_PORT", "9001"))
-    procs, nodes = start_nodes(wamp_base, psc_base)
+    layout = ClusterLayout(
+        count=NODES,
+        wamp_base=int(os.environ.get("DEMO_WAMP_PORT", "8080")),
+        psc_base=int(os.environ.get("DEMO_PSC_PORT", "9001")),
+        nsd_base=int(os.environ.get("DEMO_NSD_PORT", "7001")),
+        tep_base=int(os.environ.get("DEMO_TEP_PORT", "7101")),
+        http_base=int(os.environ.get("DEMO_HTTP_PORT", "8181")),
+        data_dir=os.environ.get("DEMO_DATA_DIR", "pubsubclub-data"),
+        log_level="warn",
+    )
+    procs, nodes = start_nodes(layout)
     try:
         wait_for_mesh(nodes)
-        print(f"{'node':<8} {'WAMP':<28} {'chat page (open in a browser)':<32} PSC")
-        for n in nodes:
-            print(f"{n['name']:<8} {n['wamp']:<28} {n['http']:<32} {n['psc']}")
+        print_table(nodes)
         task.react(lambda r: defer.ensureDeferred(show_fan_out(nodes)))
     except SystemExit as e:
         if e.code not in (0, None):
+            stop_nodes(procs)
             raise
-    finally:
-        pass
-    print("\nchat: open two of the chat pages above (different nodes) and type; Ctrl-C stops the cluster")
+    print(
+        "\nchat: open two of the chat pages above (different nodes) and type."
+        f"\nNSD (telnet/nc, JSON lines) and TEP (WebSocket /tep) are served too; stores and metrics are in"
+        f" {layout.data_dir}/.\nCtrl-C stops the cluster."
+    )
     try:
+        # The reactor above left its own handlers installed; Ctrl-C is ours again.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         for proc in procs:
             proc.wait()
     except KeyboardInterrupt:
         pass
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(10)
+        stop_nodes(procs)
     return 0
 
 

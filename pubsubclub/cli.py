@@ -75,6 +75,11 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
     cluster.add_argument("--wamp-base-port", type=int, default=8080, help="WAMP port of node 1; node k uses base+k-1")
     cluster.add_argument("--psc-base-port", type=int, default=9001, help="PSC port of node 1; node k uses base+k-1")
+    cluster.add_argument("--nsd-base-port", type=int, default=7001, help="NSD port of node 1")
+    cluster.add_argument("--tep-base-port", type=int, default=7101, help="TEP port of node 1")
+    cluster.add_argument("--http-base-port", type=int, default=8181, help="ops (/health, /metrics) port of node 1")
+    cluster.add_argument("--data-dir", default="pubsubclub-data", help="stores and metrics folder")
+    cluster.add_argument("--metrics-interval", type=float, default=10.0, help="seconds between metrics dumps")
     cluster.add_argument("--listen-role", choices=["producer", "consumer"], default="producer")
     cluster.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
 
@@ -142,9 +147,21 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cluster":
             if not 1 <= args.nodes <= 64:
                 raise ConfigError("nodes", "must be between 1 and 64")
-            from pubsubclub.cluster import run_cluster
+            from pubsubclub.cluster import ClusterLayout, run_cluster
 
-            return run_cluster(args.nodes, args.wamp_base_port, args.psc_base_port, args.listen_role, args.log_level)
+            layout = ClusterLayout(
+                count=args.nodes,
+                wamp_base=args.wamp_base_port,
+                psc_base=args.psc_base_port,
+                nsd_base=args.nsd_base_port,
+                tep_base=args.tep_base_port,
+                http_base=args.http_base_port,
+                data_dir=args.data_dir,
+                listen_role=args.listen_role,
+                log_level=args.log_level,
+                metrics_interval=args.metrics_interval,
+            )
+            return run_cluster(layout)
         if args.command == "bench":
             from pubsubclub.bench import run_bench
 

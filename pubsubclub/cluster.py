@@ -1,61 +1,104 @@
-"""``pubsubclub cluster``: N local nodes with static discovery, stopped together."""
+"""``pubsubclub cluster``: N local nodes with static discovery, stopped together.
+
+The embedded defaults: every node lists every other as a PSC peer, serves
+WAMP, NSD and TEP, keeps its NSD store (SQLite) under ``<data-dir>/<node>``,
+writes metrics dumps to ``<data-dir>/metrics`` and serves ``/health`` and
+``/metrics`` on its ops port. Node k uses ``base + k - 1`` for each port.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+from dataclasses import dataclass
 from typing import Any
 
 
-def node_command(index: int, count: int, wamp_base: int, psc_base: int, listen_role: str, log_level: str) -> list[str]:
+@dataclass(frozen=True)
+class ClusterLayout:
+    """Ports and folders of a local cluster."""
+
+    count: int = 3
+    wamp_base: int = 8080
+    psc_base: int = 9001
+    nsd_base: int = 7001
+    tep_base: int = 7101
+    http_base: int = 8181
+    data_dir: str = "pubsubclub-data"
+    listen_role: str = "producer"
+    log_level: str = "info"
+    metrics_interval: float = 10.0
+
+
+def node_command(layout: ClusterLayout, index: int) -> list[str]:
     """The ``pubsubclub node`` command line of node ``index`` (1-based)."""
-    peers = [f"ws://127.0.0.1:{psc_base + k - 1}/psc" for k in range(1, count + 1) if k != index]
-    cmd = [
-        sys.executable,
-        "-m",
-        "pubsubclub",
-        "node",
-        "--name",
-        f"node{index}",
-        "--wamp",
-        f"tcp:{wamp_base + index - 1}:interface=127.0.0.1",
-        "--psc",
-        f"tcp:{psc_base + index - 1}:interface=127.0.0.1",
-        "--listen-role",
-        listen_role,
-        "--log-level",
-        log_level,
-    ]
-    for peer in peers:
-        cmd += ["--peer", peer]
+    name = f"node{index}"
+    offset = index - 1
+
+    def listen(base: int) -> str:
+        return f"tcp:{base + offset}:interface=127.0.0.1"
+
+    cmd = [sys.executable, "-m", "pubsubclub", "node", "--name", name,
+           "--wamp", listen(layout.wamp_base), "--psc", listen(layout.psc_base),
+           "--nsd", listen(layout.nsd_base), "--tep", listen(layout.tep_base), "--http", listen(layout.http_base),
+           "--data-dir", os.path.join(layout.data_dir, name),
+           "--metrics-dir", os.path.join(layout.data_dir, "metrics"),
+           "--metrics-interval", str(layout.metrics_interval),
+           "--listen-role", layout.listen_role, "--log-level", layout.log_level]  # fmt: skip
+    for k in range(1, layout.count + 1):
+        if k != index:
+            cmd += ["--peer", f"ws://127.0.0.1:{layout.psc_base + k - 1}/psc"]
     return cmd
 
 
-def run_cluster(count: int, wamp_base: int, psc_base: int, listen_role: str, log_level: str) -> int:
-    """Start ``count`` nodes, print their endpoints, wait for Ctrl-C, stop them all."""
-    procs: list[subprocess.Popen[str]] = []
-    rows: list[dict[str, Any]] = []
+def start_nodes(layout: ClusterLayout) -> tuple[list[subprocess.Popen[str]], list[dict[str, Any]]]:
+    """Start the nodes and read their ready lines; raise SystemExit if one fails to start."""
+    procs = [
+        subprocess.Popen(node_command(layout, i), stdout=subprocess.PIPE, text=True) for i in range(1, layout.count + 1)
+    ]
+    rows = []
+    for proc in procs:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        if not line:
+            stop_nodes(procs)
+            raise SystemExit(f"pubsubclub: error: a node exited during start (code {proc.wait()}); ports in use?")
+        rows.append(json.loads(line))
+    return procs, rows
+
+
+def stop_nodes(procs: list[subprocess.Popen[str]]) -> None:
+    """SIGTERM every node (graceful), then wait; kill what does not stop."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def print_table(rows: list[dict[str, Any]]) -> None:
+    """The endpoints of every node."""
+    columns = [("node", "name"), ("WAMP", "wamp"), ("chat page", "http"), ("PSC", "psc"), ("NSD", "nsd"),
+               ("TEP", "tep"), ("health", "health")]  # fmt: skip
+    widths = [max(len(title), *(len(str(row.get(key, "-"))) for row in rows)) for title, key in columns]
+    print("  ".join(title.ljust(w) for (title, _), w in zip(columns, widths, strict=True)))
+    for row in rows:
+        print("  ".join(str(row.get(key, "-")).ljust(w) for (_, key), w in zip(columns, widths, strict=True)))
+    sys.stdout.flush()
+
+
+def run_cluster(layout: ClusterLayout) -> int:
+    """Start the nodes, print their endpoints, wait for Ctrl-C, stop them all."""
+    procs, rows = start_nodes(layout)
     try:
-        for i in range(1, count + 1):
-            proc = subprocess.Popen(
-                node_command(i, count, wamp_base, psc_base, listen_role, log_level),
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-            procs.append(proc)
-        for proc in procs:
-            assert proc.stdout is not None
-            line = proc.stdout.readline()
-            if not line:
-                print(f"pubsubclub: error: a node exited during start (code {proc.wait()})", file=sys.stderr)
-                return 1
-            rows.append(json.loads(line))
-        print(f"{'node':<8} {'WAMP (ws)':<30} {'chat page':<28} {'PSC':<30}")
-        for row in rows:
-            print(f"{row['name']:<8} {row['wamp']:<30} {row['http']:<28} {row.get('psc', '-'):<30}")
-        print("cluster running; Ctrl-C stops every node", flush=True)
+        print_table(rows)
+        print(f"stores and metrics under {layout.data_dir}/; cluster running; Ctrl-C stops every node", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
         for proc in procs:
             proc.wait()
@@ -63,11 +106,4 @@ def run_cluster(count: int, wamp_base: int, psc_base: int, listen_role: str, log
     except KeyboardInterrupt:
         return 0
     finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_nodes(procs)

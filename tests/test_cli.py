@@ -110,14 +110,16 @@ def test_node_listener_in_use_exits_nonzero(tmp_path: Path) -> None:
     assert "cannot start node" in result.stderr
 
 
-def test_cluster_command_starts_links_and_stops_nodes() -> None:
+def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
     """``pubsubclub cluster --nodes 2`` prints a table of endpoints, and Ctrl-C stops every node."""
+    data = tmp_path / "data"
     wamp, psc = free_run(2), free_run(2)
     while psc - 1 <= wamp <= psc + 1:
         psc = free_run(2)
     proc = subprocess.Popen(
         [sys.executable, "-m", "pubsubclub", "cluster", "--nodes", "2", "--wamp-base-port", str(wamp),
-         "--psc-base-port", str(psc), "--log-level", "warn"],
+         "--psc-base-port", str(psc), "--nsd-base-port", str(free_run(2)), "--tep-base-port", str(free_run(2)),
+         "--http-base-port", str(free_run(2)), "--data-dir", str(data), "--log-level", "warn"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO,
     )  # fmt: skip
     assert proc.stdout is not None

@@ -1,0 +1,44 @@
+"""``make demo``'s example: a publish on node 1 shown arriving on nodes 2 and 3, then Ctrl-C."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import REPO, WAIT_SECONDS
+from test_cli import free_run
+
+pytestmark = pytest.mark.slow
+
+
+def test_demo_shows_fan_out_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    """The demo prints the endpoint table, the message received on node2 and node3, and stops on SIGINT."""
+    env = dict(os.environ)
+    for key in ("DEMO_WAMP_PORT", "DEMO_PSC_PORT", "DEMO_NSD_PORT", "DEMO_TEP_PORT", "DEMO_HTTP_PORT"):
+        env[key] = str(free_run(3))
+    env["DEMO_DATA_DIR"] = str(tmp_path / "data")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "examples" / "demo.py")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO, env=env,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    out = b""
+    while b"Ctrl-C stops the cluster" not in out:
+        assert sel.select(WAIT_SECONDS * 2), out
+        chunk = os.read(proc.stdout.fileno(), 65536)
+        assert chunk, (out, proc.stderr.read() if proc.stderr else b"")
+        out += chunk
+    text = out.decode()
+    assert "node2 received: {'text': 'hello from node1'" in text
+    assert "node3 received: {'text': 'hello from node1'" in text
+    assert f"http://127.0.0.1:{env['DEMO_WAMP_PORT']}/" in text
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(WAIT_SECONDS) == 0
+    assert (tmp_path / "data" / "node1" / "nsd.sqlite3").exists()
