@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import selectors
@@ -120,27 +121,33 @@ def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
         [sys.executable, "-m", "pubsubclub", "cluster", "--nodes", "2", "--wamp-base-port", str(wamp),
          "--psc-base-port", str(psc), "--nsd-base-port", str(free_run(2)), "--tep-base-port", str(free_run(2)),
          "--http-base-port", str(free_run(2)), "--data-dir", str(data), "--log-level", "warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO, start_new_session=True,
     )  # fmt: skip
-    assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
-    out = b""
-    while b"Ctrl-C" not in out:
-        assert sel.select(WAIT_SECONDS), out
-        chunk = os.read(proc.stdout.fileno(), 65536)
-        assert chunk, (out, proc.stderr.read() if proc.stderr else "")
-        out += chunk
-    lines = [out.decode()]
-    table = "".join(lines)
-    assert f"ws://127.0.0.1:{wamp}/ws" in table and f"ws://127.0.0.1:{wamp + 1}/ws" in table
-    assert f"ws://127.0.0.1:{psc + 1}/psc" in table
-    import urllib.request
+    try:
+        assert proc.stdout is not None
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        out = b""
+        while b"Ctrl-C" not in out:
+            assert sel.select(WAIT_SECONDS), out
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            assert chunk, (out, proc.stderr.read() if proc.stderr else "")
+            out += chunk
+        lines = [out.decode()]
+        table = "".join(lines)
+        assert f"ws://127.0.0.1:{wamp}/ws" in table and f"ws://127.0.0.1:{wamp + 1}/ws" in table
+        assert f"ws://127.0.0.1:{psc + 1}/psc" in table
+        import urllib.request
 
-    with urllib.request.urlopen(f"http://127.0.0.1:{wamp}/stats", timeout=5) as r:
-        assert json.loads(r.read())["servers"] == [f"ws://127.0.0.1:{psc + 1}/psc"]
-    proc.send_signal(signal.SIGINT)
-    assert proc.wait(WAIT_SECONDS) == 0
-    # Every node is gone: its port refuses connections.
-    with pytest.raises(OSError):
-        urllib.request.urlopen(f"http://127.0.0.1:{wamp}/stats", timeout=5)
+        with urllib.request.urlopen(f"http://127.0.0.1:{wamp}/stats", timeout=5) as r:
+            assert json.loads(r.read())["servers"] == [f"ws://127.0.0.1:{psc + 1}/psc"]
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(WAIT_SECONDS) == 0
+        # Every node is gone: its port refuses connections.
+        with pytest.raises(OSError):
+            urllib.request.urlopen(f"http://127.0.0.1:{wamp}/stats", timeout=5)
+    finally:
+        # Whatever happened, no node outlives the test.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(WAIT_SECONDS)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -24,8 +25,18 @@ def test_demo_shows_fan_out_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     env["DEMO_DATA_DIR"] = str(tmp_path / "data")
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "examples" / "demo.py")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO, env=env,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO, env=env, start_new_session=True,
     )  # fmt: skip
+    try:
+        _check_demo(proc, env, tmp_path)
+    finally:
+        # Whatever happened, no node outlives the test.
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(WAIT_SECONDS)
+
+
+def _check_demo(proc: subprocess.Popen[bytes], env: dict[str, str], tmp_path: Path) -> None:
     assert proc.stdout is not None
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
@@ -39,6 +50,6 @@ def test_demo_shows_fan_out_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     assert "node2 received: {'text': 'hello from node1'" in text
     assert "node3 received: {'text': 'hello from node1'" in text
     assert f"http://127.0.0.1:{env['DEMO_WAMP_PORT']}/" in text
-    proc.send_signal(signal.SIGINT)
+    os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
     assert proc.wait(WAIT_SECONDS) == 0
     assert (tmp_path / "data" / "node1" / "nsd.sqlite3").exists()
