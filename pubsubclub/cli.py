@@ -1,4 +1,4 @@
-"""The ``pubsubclub`` command: ``node``, ``cluster`` and ``bench``."""
+"""The ``pubsubclub`` command: ``node``, ``cluster``, ``bench`` and ``report``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any
 
 from pubsubclub import __version__
 from pubsubclub.config import ConfigError, build, load_toml
+from pubsubclub.reports.command import add_arguments as add_report_arguments
 
 EXIT_USAGE = 2
 
@@ -94,6 +95,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--latency-count", type=int, default=5000, help="messages in the latency run")
     bench.add_argument("--max-seconds", type=float, default=60.0, help="time bound of each run")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    report = sub.add_parser("report", help="PySpark report over the nodes' metrics dumps (docs/report.md)")
+    add_report_arguments(report)
     return top
 
 
@@ -166,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
             from pubsubclub.bench import run_bench
 
             return run_bench(args)
+        if args.command == "report":
+            from pubsubclub.reports.command import run as run_report
+
+            return run_report(args)
     except ConfigError as e:
         print(f"pubsubclub: error: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -31,9 +31,7 @@ PARALLEL_THRESHOLD = 100_000
 #: Latency histogram bounds of the synthetic nodes, milliseconds.
 BOUNDS_MS = [0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
 
-_KIND_TABLE = (
-    ["published"] * 6 + ["delivered"] * 6 + ["forwarded"] * 3 + ["received"] * 3 + ["dropped", "gauge"]
-)
+_KIND_TABLE = ["published"] * 6 + ["delivered"] * 6 + ["forwarded"] * 3 + ["received"] * 3 + ["dropped", "gauge"]
 _FRONTENDS = ["wamp"] * 6 + ["nsd", "tep"]
 _DROP_REASONS = ["slow_consumer", "not_json", "link_down"]
 _TOPIC_TABLE_BITS = 12
@@ -94,12 +92,12 @@ def _file_records(plan: _Plan, index: int, topic_table: list[int]) -> tuple[Path
     n = min(plan.per_file, plan.records - index * plan.per_file)
     head: dict[str, Any] = {"v": 1, "node": node, "start": start, "ts": ts}
     records: list[dict[str, Any]] = []
-    for peer in peers:
-        records.append({**head, "type": "link", "peer": f"ws://{peer}:9001/psc", "peer_node": peer,
+    for other in peers:
+        records.append({**head, "type": "link", "peer": f"ws://{other}:9001/psc", "peer_node": other,
                         "role": "consumer", "direction": "out", "state": "open"})  # fmt: skip
         counts = [rng.getrandbits(7) for _ in range(len(BOUNDS_MS) + 1)]
         total = sum(counts)
-        records.append({**head, "type": "latency", "origin": peer, "bounds_ms": BOUNDS_MS, "counts": counts,
+        records.append({**head, "type": "latency", "origin": other, "bounds_ms": BOUNDS_MS, "counts": counts,
                         "count": total, "sum_ms": round(total * 3.5, 3)})  # fmt: skip
     table_len = len(topic_table)
     while len(records) < n:
@@ -111,7 +109,8 @@ def _file_records(plan: _Plan, index: int, topic_table: list[int]) -> tuple[Path
                             "value": float(rng.getrandbits(5))})  # fmt: skip
             continue
         count = 1 + rng.getrandbits(6)
-        peer = reason = None
+        peer: str | None = None
+        reason: str | None = None
         frontend = _FRONTENDS[rng.randrange(len(_FRONTENDS))]
         if kind in ("forwarded", "received"):
             frontend = "psc"

@@ -88,9 +88,9 @@ def parse_lines(lines: DataFrame) -> DataFrame:
     """
     parsed = lines.where(F.trim("value") != "").select(
         F.col("value").alias("line"),
-        F.from_json(
-            "value", PARSE_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}
-        ).alias("r"),
+        F.from_json("value", PARSE_SCHEMA, {"mode": "PERMISSIVE", "columnNameOfCorruptRecord": CORRUPT_COLUMN}).alias(
+            "r"
+        ),
     )
     flat = parsed.select("line", "r.*")
     reason = _bad_reason()
@@ -149,10 +149,13 @@ def compact(parsed: DataFrame) -> DataFrame:
     over the input.
     """
     bad = F.col("bad_reason").isNotNull()
-    keys = [F.when(~bad, F.col(k)).alias(k) for k in _COMPACT_KEYS]
+    # Bucket bounds join the key as text: cheaper to hash than an array of doubles; Spark's
+    # double -> string -> double round trip is exact.
+    bounds_text = F.array_join(F.col("bounds_ms").cast("array<string>"), ",")
+    keys = [F.when(~bad, bounds_text if k == "bounds_ms" else F.col(k)).alias(k) for k in _COMPACT_KEYS]
     keys.append(F.when(~bad, F.floor(F.col("ts") / 60)).alias("_minute"))
     keys.append(F.when(bad, F.substring("line", 1, EXAMPLE_CHARS)).alias("line"))
-    # Pass 1 over every input row keeps only fixed-width aggregation buffers
+    # The pass over every input row keeps only fixed-width aggregation buffers
     # (Spark then hashes instead of sorting): latency buckets are exploded and
     # summed per position; a record's other numbers are taken on its first bucket.
     once = F.col("_pos").isNull() | (F.col("_pos") == 0)
@@ -167,7 +170,9 @@ def compact(parsed: DataFrame) -> DataFrame:
         F.max("value").alias("value"),
         F.sum(F.when(once, F.col("lines"))).alias("lines"),
     )
-    # Pass 2, over the few rows left, puts the buckets back into arrays.
+    # Then, over the few rows left, the buckets go back into arrays. (One
+    # branch: a filter on _pos here would be pushed below the aggregation
+    # above and scan the input twice.)
     group = ["bad_reason", *_COMPACT_KEYS, "_minute", "line"]
     merged = per_bucket.groupBy(*group).agg(
         F.min("start").alias("start"),
@@ -180,7 +185,9 @@ def compact(parsed: DataFrame) -> DataFrame:
         F.sum("lines").alias("lines"),
     )
     counts = F.when(F.size("_b") > 0, F.transform("_b", lambda b: b["_n"])).alias("counts")
-    columns = [counts if name == "counts" else F.col(name) for name in _RECORD_COLUMNS]
+    bounds = F.split("bounds_ms", ",").cast("array<double>").alias("bounds_ms")
+    replace = {"counts": counts, "bounds_ms": bounds}
+    columns = [replace.get(name, F.col(name)) for name in _RECORD_COLUMNS]
     return merged.select(*columns, "bad_reason", "line", "lines")
 
 
@@ -235,9 +242,7 @@ def top_topics(totals: DataFrame, n: int) -> DataFrame:
     """
     top = totals.orderBy(F.col("published").desc(), F.col("topic")).limit(n)
     rank = F.row_number().over(Window.orderBy(F.col("published").desc(), F.col("topic")))
-    return top.select(
-        rank.alias("rank"), "topic", "published", "published_bytes", "published_per_s", "delivered"
-    )
+    return top.select(rank.alias("rank"), "topic", "published", "published_bytes", "published_per_s", "delivered")
 
 
 def fanout(records: DataFrame) -> DataFrame:
@@ -253,9 +258,7 @@ def fanout(records: DataFrame) -> DataFrame:
             F.sum(F.when(F.col("kind") == "delivered", F.col("count")).otherwise(F.lit(0))).alias("delivered"),
         )
     )
-    return sums.withColumn(
-        "fanout", F.when(F.col("published") > 0, F.col("delivered") / F.col("published"))
-    )
+    return sums.withColumn("fanout", F.when(F.col("published") > 0, F.col("delivered") / F.col("published")))
 
 
 def traffic_matrix(records: DataFrame) -> DataFrame:

@@ -1,0 +1,239 @@
+"""The report job end to end on hand-written and generated dumps: tables, page, bad input, exit codes."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from pyspark.sql import SparkSession
+from report_spark import assert_frame
+
+from pubsubclub import cli
+from pubsubclub.reports.generate import generate
+from pubsubclub.reports.job import NoRecordsError, ReportResult, run_report
+
+pytest_plugins = ["report_spark"]
+
+REPO = Path(__file__).resolve().parent.parent
+T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
+BOUNDS = [1.0, 5.0]
+
+
+def counter(
+    node: str, topic: str, kind: str, count: int, nbytes: int, ts: float = T0 + 10, **kw: Any
+) -> dict[str, Any]:
+    """A counter record of one 10 s interval."""
+    frontend = "psc" if kind in ("forwarded", "received") else "wamp"
+    return {"v": 1, "type": "counter", "node": node, "start": ts - 10, "ts": ts, "topic": topic,
+            "frontend": frontend, "kind": kind, "peer": None, "reason": None, "count": count,
+            "bytes": nbytes} | kw  # fmt: skip
+
+
+def write_dump(root: Path, node: str, ts: float, records: list[Any], seq: int = 0, tail: str = "") -> Path:
+    """One dump file in the documented layout; ``records`` may hold raw lines (str); ``tail`` is appended as is."""
+    folder = root / f"node={node}" / "date=2026-01-01" / "hour=00"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"part-{int(ts * 1000)}-{seq}.jsonl"
+    text = "".join((r if isinstance(r, str) else orjson.dumps(r).decode()) + "\n" for r in records)
+    path.write_text(text + tail)
+    return path
+
+
+@pytest.fixture
+def cluster_dumps(tmp_path: Path) -> Path:
+    """Three nodes' dumps with known traffic, plus a truncated file, junk, an unknown version and a .tmp file.
+
+    Node a publishes t.hot 100 + 50 (second minute) and t.cold 10; it forwards the first 100 to b and c.
+    b and c each receive 100 and deliver them (b to two clients); a delivers t.hot 100 locally.
+    """
+    root = tmp_path / "metrics"
+    write_dump(root, "a", T0 + 10, [
+        counter("a", "t.hot", "published", 100, 1000),
+        counter("a", "t.cold", "published", 10, 50),
+        counter("a", "t.hot", "delivered", 100, 1000),
+        counter("a", "t.hot", "forwarded", 100, 1000, peer="b"),
+        counter("a", "t.hot", "forwarded", 100, 1000, peer="c"),
+        {"v": 1, "type": "link", "node": "a", "start": T0, "ts": T0 + 10, "peer": "ws://b/psc", "peer_node": "b",
+         "role": "producer", "direction": "in", "state": "open"},
+    ])  # fmt: skip
+    write_dump(root, "a", T0 + 70, [counter("a", "t.hot", "published", 50, 500, ts=T0 + 70)])
+    write_dump(root, "b", T0 + 10, [
+        counter("b", "t.hot", "received", 100, 1000, peer="a"),
+        counter("b", "t.hot", "delivered", 200, 2000),
+        counter("b", "t.hot", "dropped", 3, 30, reason="slow_consumer"),
+        {"v": 1, "type": "latency", "node": "b", "start": T0, "ts": T0 + 10, "origin": "a", "bounds_ms": BOUNDS,
+         "counts": [90, 10, 0], "count": 100, "sum_ms": 80.0},
+        "this is not json",
+        counter("b", "t.hot", "published", 999, 999) | {"v": 2},
+        {"v": 1, "type": "gauge", "node": "b", "start": T0, "ts": T0 + 10, "name": "subscribers", "topic": "t.hot",
+         "value": 2.0},
+    ])  # fmt: skip
+    write_dump(root, "c", T0 + 10, [
+        counter("c", "t.hot", "received", 100, 1000, peer="a"),
+        counter("c", "t.hot", "delivered", 100, 1000),
+        {"v": 1, "type": "latency", "node": "c", "start": T0, "ts": T0 + 10, "origin": "a", "bounds_ms": BOUNDS,
+         "counts": [50, 49, 1], "count": 100, "sum_ms": 200.0},
+    ])  # fmt: skip
+    # a dump cut short: its last line ends mid-JSON
+    write_dump(root, "c", T0 + 20, [counter("c", "t.cold", "delivered", 1, 5, ts=T0 + 20)], seq=1,
+               tail='{"v": 1, "type": "counter", "node": "c", "start": 1767225610.0, "ts": 17672')  # fmt: skip
+    # a dump being written: never read
+    (root / "node=c" / "date=2026-01-01" / "hour=00" / "part-1767225630000-0.jsonl.tmp").write_text("junk\n")
+    return root
+
+
+def table(spark: SparkSession, result: ReportResult, name: str) -> Any:
+    """The Parquet table ``name`` that the report wrote."""
+    assert (result.out / name).is_dir()
+    return spark.read.parquet(str(result.out / name))
+
+
+def test_report_tables_hold_the_exact_traffic(spark: SparkSession, cluster_dumps: Path, tmp_path: Path) -> None:
+    """Published, delivered, forwarded, received and dropped counts in Parquet equal the dumps' traffic."""
+    result = run_report(cluster_dumps, tmp_path / "out", spark=spark, progress=lambda _m: None)
+    assert result.records == 16
+    assert result.bad == {"corrupt_json": 2, "unknown_version": 1}
+    assert result.top_topic == "t.hot"
+    assert result.observed_seconds == 70.0
+    totals = table(spark, result, "topic_totals").select(
+        "topic", "published", "delivered", "forwarded", "received", "dropped", "published_bytes", "published_per_s"
+    )
+    assert_frame(
+        totals,
+        totals.columns,
+        [("t.hot", 150, 400, 200, 200, 3, 1500, 150 / 70), ("t.cold", 10, 1, 0, 0, 0, 50, 10 / 70)],
+    )
+    assert_frame(
+        table(spark, result, "fanout"),
+        ["topic", "published", "delivered", "fanout"],
+        [("t.hot", 150, 400, 400 / 150), ("t.cold", 10, 1, 0.1)],
+    )
+    assert_frame(
+        table(spark, result, "traffic_matrix"),
+        ["node", "peer", "count", "bytes"],
+        [("a", "b", 100, 1000), ("a", "c", 100, 1000)],
+    )
+    assert_frame(
+        table(spark, result, "drops"),
+        ["node", "frontend", "reason", "count", "bytes"],
+        [("b", "wamp", "slow_consumer", 3, 30)],
+    )
+    assert_frame(
+        table(spark, result, "latency"),
+        ["origin", "node", "count", "mean_ms", "p50_ms", "p90_ms", "p99_ms"],
+        [("a", "b", 100, 0.8, 1.0, 1.0, 5.0), ("a", "c", 100, 2.0, 1.0, 5.0, 5.0)],
+    )
+    top = table(spark, result, "top_topics").select("rank", "topic", "published")
+    assert [tuple(r) for r in top.collect()] == [(1, "t.hot", 150), (2, "t.cold", 10)]
+    series = table(spark, result, "node_minute").select("node", "published", "delivered")
+    assert_frame(
+        series, ["node", "published", "delivered"], [("a", 110, 100), ("a", 50, 0), ("b", 0, 200), ("c", 0, 101)]
+    )
+    bad = table(spark, result, "bad_records").select("reason", "lines")
+    assert_frame(bad, ["reason", "lines"], [("corrupt_json", 2), ("unknown_version", 1)])
+
+
+def test_report_html_is_self_contained_and_names_the_top_topic(
+    spark: SparkSession, cluster_dumps: Path, tmp_path: Path
+) -> None:
+    """report.html embeds its charts, links nothing outside, names the top topic and the bad lines."""
+    result = run_report(cluster_dumps, tmp_path / "out", spark=spark, progress=lambda _m: None)
+    page = result.html.read_text()
+    assert re.search(r'Top topic: <strong id="top-topic">t\.hot</strong>', page)
+    assert page.count("data:image/png;base64,") == 4
+    assert not re.search(r"(src|href)=[\"'](?!data:)", page)
+    assert "//" not in re.sub(r"data:image/png;base64,[A-Za-z0-9+/=]+", "", page)  # no URL of any scheme
+    assert "unknown_version" in page and "corrupt_json" in page
+
+
+def test_report_keeps_only_the_time_window(spark: SparkSession, cluster_dumps: Path, tmp_path: Path) -> None:
+    """``since`` and ``until`` keep records dumped in [since, until); bad lines are still counted."""
+    result = run_report(
+        cluster_dumps, tmp_path / "out", since=T0 + 60, until=T0 + 71, spark=spark, progress=lambda _m: None
+    )
+    assert result.records == 1
+    assert result.bad == {"corrupt_json": 2, "unknown_version": 1}
+    assert [tuple(r) for r in table(spark, result, "topic_totals").select("topic", "published").collect()] == [
+        ("t.hot", 50)
+    ]
+
+
+def test_only_bad_lines_is_no_records(spark: SparkSession, tmp_path: Path) -> None:
+    """Dumps without one valid record raise NoRecordsError naming what was skipped."""
+    write_dump(tmp_path / "m", "a", T0, ["junk", '{"v": 9, "type": "counter"}'])
+    with pytest.raises(NoRecordsError, match="no valid records.*1 corrupt_json, 1 unknown_version"):
+        run_report(tmp_path / "m", tmp_path / "out", spark=spark, progress=lambda _m: None)
+
+
+def test_empty_folder_exits_3_with_a_message(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A folder without dump files gives exit code 3 and says so, without starting Spark."""
+    (tmp_path / "m" / "node=a").mkdir(parents=True)
+    code = cli.main(["report", "--metrics", str(tmp_path / "m"), "--out", str(tmp_path / "out")])
+    assert code == 3
+    assert "no metrics files (*.jsonl) under" in capsys.readouterr().err
+
+
+def test_missing_folder_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A --metrics folder that does not exist is exit code 2."""
+    assert cli.main(["report", "--metrics", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
+def test_generated_dumps_follow_the_layout_and_add_up(spark: SparkSession, tmp_path: Path) -> None:
+    """The generator writes N valid records in the dump layout; the report's totals equal its tally."""
+    made = generate(tmp_path / "m", 5000, nodes=3, topics=7, seed=4, per_file=400)
+    assert (made.records, made.files) == (5000, 13)
+    files = sorted(p.relative_to(tmp_path / "m").as_posix() for p in (tmp_path / "m").rglob("*") if p.is_file())
+    assert len(files) == 13
+    assert all(re.fullmatch(r"node=node[123]/date=2026-01-01/hour=00/part-\d{13}-0\.jsonl", f) for f in files)
+    result = run_report(tmp_path / "m", tmp_path / "out", spark=spark, progress=lambda _m: None)
+    assert (result.records, result.bad) == (5000, {})
+    sums = table(spark, result, "topic_totals").groupBy().sum(*made.counts).collect()[0]
+    assert list(sums) == list(made.counts.values())
+
+
+def test_generate_is_deterministic(tmp_path: Path) -> None:
+    """The same arguments give the same bytes, whatever the number of worker processes."""
+    generate(tmp_path / "one", 3000, seed=9, per_file=250, workers=1)
+    generate(tmp_path / "two", 3000, seed=9, per_file=250, workers=2)
+    one = {p.relative_to(tmp_path / "one"): p.read_bytes() for p in (tmp_path / "one").rglob("*.jsonl")}
+    two = {p.relative_to(tmp_path / "two"): p.read_bytes() for p in (tmp_path / "two").rglob("*.jsonl")}
+    assert one == two and len(one) == 12
+
+
+def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``pubsubclub report --generate N`` writes N records and says where."""
+    assert cli.main(["report", "--generate", "100", "--out", str(tmp_path / "m"), "--nodes", "2"]) == 0
+    assert "wrote 100 records in 1 files" in capsys.readouterr().out
+    assert sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "m").rglob("*.jsonl")) == 100
+
+
+def test_spark_submit_runs_the_same_job(spark: SparkSession, cluster_dumps: Path, tmp_path: Path) -> None:
+    """``spark-submit --py-files pubsubclub.zip .../job.py`` writes the same tables as the library call."""
+    package = tmp_path / "pubsubclub.zip"
+    with zipfile.ZipFile(package, "w") as zf:
+        for path in (REPO / "pubsubclub").rglob("*.py"):
+            zf.write(path, path.relative_to(REPO).as_posix())
+    submit = Path(sys.executable).parent / "spark-submit"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": "127.0.0.1"}  # fmt: skip
+    proc = subprocess.run(
+        [str(submit), "--master", "local[1]", "--py-files", str(package), str(REPO / "pubsubclub/reports/job.py"),
+         "--metrics", str(cluster_dumps), "--out", str(tmp_path / "submitted"), "--conf", "spark.ui.enabled=false"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "top topic: t.hot" in proc.stdout
+    assert "[2/6] reading" in proc.stdout  # spark-submit merges the driver's stderr into its stdout
+    local = run_report(cluster_dumps, tmp_path / "local", spark=spark, progress=lambda _m: None)
+    for name in local.tables:
+        expected = spark.read.parquet(str(local.out / name))
+        got = spark.read.parquet(str(tmp_path / "submitted" / name))
+        assert_frame(got, expected.columns, [tuple(r) for r in expected.collect()])
