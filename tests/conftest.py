@@ -17,6 +17,9 @@ from typing import Any
 
 import pytest
 
+#: The session-scoped local ``spark`` fixture for the report tests.
+pytest_plugins = ["report_spark"]
+
 REPO = Path(__file__).resolve().parent.parent
 #: Upper bound for any single wait on a node (start, a condition, a process exit).
 WAIT_SECONDS = 20.0

@@ -72,3 +72,51 @@ async def test_dumps_count_exactly_the_traffic_sent(cluster_factory: Callable[..
     files = list(metrics.rglob("*"))
     assert not [f for f in files if f.name.endswith(".tmp")]
     assert {f.relative_to(metrics).parts[0] for f in files} == {"node=node1", "node=node2", "node=node3"}
+
+
+@pytest_twisted.ensureDeferred
+async def test_report_over_a_real_clusters_dumps_counts_exactly(
+    cluster_factory: Callable[..., Cluster], tmp_path: Path, spark: object
+) -> None:
+    """Report over 3 real nodes' dumps: Parquet totals equal the WAMP traffic; the page names the top topic."""
+    import pyarrow.parquet as pq
+
+    from pubsubclub.reports.job import run_report
+
+    metrics = tmp_path / "metrics"
+    cluster = cluster_factory(3, extra=("--metrics-dir", str(metrics), "--metrics-interval", "0.3"))
+    cluster.wait_linked()
+    sessions = [await connect(node.wamp_url) for node in cluster.nodes]
+    # Every node subscribes "busy" and "quiet"; each node publishes 20 "busy" and 5 "quiet".
+    recorders = []
+    for s in sessions:
+        for topic in ("busy", "quiet"):
+            recorders.append((await subscribe(s, topic))[0])
+    for node in cluster.nodes:
+        wait_until(lambda n=node: all(len(n.stats()["remote_interest"].get(t, [])) == 2 for t in ("busy", "quiet")),
+                   "full interest")  # fmt: skip
+    for s in sessions:
+        for i in range(20):
+            await publish_acked(s, "busy", i)
+        for i in range(5):
+            await publish_acked(s, "quiet", i)
+    # exclude_me: each session gets the other two nodes' messages only.
+    for rec in recorders[0::2]:
+        await rec.wait_for(40)
+    for rec in recorders[1::2]:
+        await rec.wait_for(10)
+    await leave(*sessions)
+    for node in cluster.nodes:
+        assert node.stop() == 0
+    out = tmp_path / "report"
+    result = run_report(metrics, out, spark=spark, progress=lambda _m: None)
+    totals = {row["topic"]: row for row in pq.read_table(out / "topic_totals").to_pylist()}
+    assert (totals["busy"]["published"], totals["busy"]["delivered"], totals["busy"]["forwarded"]) == (60, 120, 120)
+    assert (totals["quiet"]["published"], totals["quiet"]["delivered"], totals["quiet"]["forwarded"]) == (15, 30, 30)
+    assert totals["busy"]["received"] == 120
+    matrix = {(r["node"], r["peer"]): r["count"] for r in pq.read_table(out / "traffic_matrix").to_pylist()}
+    assert matrix == {(a, b): 25 for a in ("node1", "node2", "node3") for b in ("node1", "node2", "node3") if a != b}
+    fanout = {r["topic"]: r["fanout"] for r in pq.read_table(out / "fanout").to_pylist()}
+    assert fanout == {"busy": 2.0, "quiet": 2.0}
+    assert result.top_topic == "busy"
+    assert "busy" in result.html.read_text()

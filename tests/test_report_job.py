@@ -19,8 +19,6 @@ from pubsubclub import cli
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import NoRecordsError, ReportResult, run_report
 
-pytest_plugins = ["report_spark"]
-
 REPO = Path(__file__).resolve().parent.parent
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 BOUNDS = [1.0, 5.0]

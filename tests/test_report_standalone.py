@@ -19,8 +19,6 @@ from report_spark import assert_frame
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import run_report
 
-pytest_plugins = ["report_spark"]
-
 #: Upper bound of the wait for the worker to register with the master.
 REGISTER_SECONDS = 60.0
 

@@ -13,8 +13,6 @@ from report_spark import assert_frame
 from pubsubclub.reports import transforms as X
 from pubsubclub.reports.schema import LINES_SCHEMA, RECORD_SCHEMA
 
-pytest_plugins = ["report_spark"]
-
 T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z, a minute boundary
 INF = math.inf
 COLUMNS = [f.name for f in RECORD_SCHEMA.fields]
