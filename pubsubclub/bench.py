@@ -92,10 +92,14 @@ def _client_main(argv: list[str]) -> int:
                 result["timed_out"] = True
             result.update(received=state["n"], first=state["first"], last=state["last"])
             if latencies:
+                # Which messages were slowest (by position): tells warm-up from steady-state tails.
+                slowest = sorted(range(len(latencies)), key=latencies.__getitem__)[-5:]
+                result["slowest_positions"] = sorted(slowest)
                 latencies.sort()
                 result["latency_ms"] = {
                     "p50": latencies[len(latencies) // 2] * 1000,
                     "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
+                    "p999": latencies[min(len(latencies) - 1, int(len(latencies) * 0.999))] * 1000,
                     "max": latencies[-1] * 1000,
                 }
         else:
@@ -209,6 +213,7 @@ def _one_run(
         "publish_rate": p["sent"] / max(p["end"] - p["start"], 1e-9),
         "delivered_rate": s["received"] / duration,
         "latency_ms": s.get("latency_ms"),
+        "slowest_positions": s.get("slowest_positions"),
     }
 
 
@@ -250,8 +255,8 @@ def run_bench(args: argparse.Namespace) -> int:
         if lat["latency_ms"]:
             lm = lat["latency_ms"]
             print(
-                f"latency at {args.rate}/s: p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms, max {lm['max']:.2f} ms, "
-                f"lost {lat['lost']}"
+                f"latency at {args.rate}/s: p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms, p99.9 {lm['p999']:.2f} ms, "
+                f"max {lm['max']:.2f} ms, lost {lat['lost']}; slowest messages at positions {lat['slowest_positions']}"
             )
     return 0
 
