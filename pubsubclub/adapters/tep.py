@@ -59,7 +59,7 @@ from pubsubclub.adapters.tep_codec import (
 )
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import Metrics, payload_size
-from pubsubclub.wamp.transport import _SendBacklog
+from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 
 __all__ = [
     "BROADCAST_TOPIC",
@@ -383,7 +383,7 @@ class TEPServerProtocol(WebSocketServerProtocol):
     """One TEP WebSocket connection, driving one :class:`TEPClient`."""
 
     _client: TEPClient | None = None
-    _backlog: _SendBacklog | None = None
+    _backlog: SendBacklog | None = None
 
     def onOpen(self) -> None:  # noqa: N802 - Autobahn API
         """The handshake is done: create the client and watch the send buffer."""
@@ -392,19 +392,7 @@ class TEPServerProtocol(WebSocketServerProtocol):
         self._watch_send_buffer()
 
     def _watch_send_buffer(self) -> None:
-        transport = self.transport
-        if transport is None:
-            return
-        backlog = _SendBacklog()
-        try:
-            # Twisted Web's HTTPChannel is still registered from before the
-            # WebSocket takeover; after it, nothing else produces here.
-            transport.unregisterProducer()  # type: ignore[attr-defined]
-            transport.registerProducer(backlog, True)  # type: ignore[attr-defined]
-        except Exception:
-            log.failure("cannot watch the send buffer; slow TEP consumers will not be dropped")
-            return
-        self._backlog = backlog
+        self._backlog = watch_send_buffer(self.transport, "TEP")
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803 - Autobahn API
         """Hand one complete message to the client (Autobahn checked size and UTF-8)."""

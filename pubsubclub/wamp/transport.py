@@ -10,7 +10,7 @@ module adds what a public-facing router needs on top:
   (Autobahn's own check; we turn off ``failByDrop`` so the close frame is
   actually sent);
 * the bytes a client has not yet taken are tracked, so the broker can drop
-  a slow consumer (see :class:`_SendBacklog`).
+  a slow consumer (see :class:`SendBacklog`).
 """
 
 from __future__ import annotations
@@ -25,13 +25,12 @@ from autobahn.twisted.websocket import (
 from autobahn.wamp.exception import InvalidUriError, ProtocolError, TransportLost
 from autobahn.wamp.message import Message
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
-from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 from twisted.web.static import File
-from zope.interface import implementer
 
+from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
@@ -39,52 +38,11 @@ __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 log = Logger()
 
 
-@implementer(IPushProducer)
-class _SendBacklog:
-    """Estimates how many bytes a connection has queued but not yet sent.
-
-    Registered as the streaming producer of the TCP transport, it is paused
-    when Twisted's write buffer grows past its ``bufferSize`` and resumed only
-    once that buffer has fully drained. So while paused, the backlog is at
-    most the buffer size plus everything written since the pause; while
-    running it is small. This uses only Twisted's public producer API.
-    """
-
-    #: Twisted's default write buffer size (``FileDescriptor.bufferSize``).
-    BUFFER_SIZE = 2**16
-
-    def __init__(self) -> None:
-        self.paused = False
-        self.since_pause = 0
-
-    def written(self, nbytes: int) -> None:
-        """Account for ``nbytes`` just written to the transport."""
-        if self.paused:
-            self.since_pause += nbytes
-
-    def unsent(self) -> int:
-        """Upper bound on the bytes not yet taken by the peer."""
-        return self.BUFFER_SIZE + self.since_pause if self.paused else 0
-
-    def pauseProducing(self) -> None:  # noqa: N802 - IPushProducer
-        """The transport's buffer is full."""
-        self.paused = True
-        self.since_pause = 0
-
-    def resumeProducing(self) -> None:  # noqa: N802 - IPushProducer
-        """The transport's buffer has drained."""
-        self.paused = False
-        self.since_pause = 0
-
-    def stopProducing(self) -> None:  # noqa: N802 - IPushProducer
-        """The connection is closing; nothing to stop."""
-
-
 class WampServerProtocol(WampWebSocketServerProtocol):
     """A WAMP-over-WebSocket server connection driving one BrokerSession."""
 
     _session: Any
-    _backlog: _SendBacklog | None = None
+    _backlog: SendBacklog | None = None
 
     def onOpen(self) -> None:  # noqa: N802 - Autobahn API
         """Create the session, then start watching the send buffer."""
@@ -92,19 +50,7 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         self._watch_send_buffer()
 
     def _watch_send_buffer(self) -> None:
-        transport = self.transport
-        if transport is None:
-            return
-        backlog = _SendBacklog()
-        try:
-            # Twisted Web's HTTPChannel is still registered from before the
-            # WebSocket takeover; after it, nothing else produces here.
-            transport.unregisterProducer()  # type: ignore[attr-defined]
-            transport.registerProducer(backlog, True)  # type: ignore[attr-defined]
-        except Exception:
-            log.failure("cannot watch the send buffer; slow consumers will not be dropped")
-            return
-        self._backlog = backlog
+        self._backlog = watch_send_buffer(self.transport, "WAMP")
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803
         """Decode WAMP messages; answer undecodable input with ABORT."""
