@@ -23,9 +23,11 @@ js: $(JS)
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-# System packages the tests use: Chromium and docker-compose (validates deploy/; no engine needed).
+# System packages the tests use: Chromium, docker-compose (validates deploy/; no engine needed)
+# and systemd-analyze (verifies the unit in deploy/systemd).
 sysdeps: browser
 	@command -v docker-compose >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
+	@command -v systemd-analyze >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd)
 
 demo: $(STAMP) $(JS)
 	$(PY) examples/demo.py
