@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from pubsubclub.metrics import Metrics
+
 
 @dataclass(frozen=True, slots=True)
 class Envelope:
@@ -78,6 +80,8 @@ class Hub:
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
         self._boot = os.urandom(3).hex()
+        #: The node's metrics counters; every front-end and the federation count here.
+        self.metrics = Metrics(self.node_id)
         #: Simple counters, read by /health, tests and metrics.
         self.stats = {"published": 0, "delivered": 0, "received": 0}
 

@@ -20,7 +20,7 @@ from pubsubclub.adapters.tep import TEPOperationsResource, TEPServer
 from pubsubclub.adapters.tep_codec import TEPLimits
 from pubsubclub.config import NodeConfig
 from pubsubclub.federation.federation import endpoint_for_url
-from pubsubclub.metrics import Metrics, MetricsDumper, PrometheusCollector
+from pubsubclub.metrics import MetricsDumper, PrometheusCollector
 from pubsubclub.psc import Limits
 from pubsubclub.wamp.broker import WampLimits
 from pubsubclub.wamp.server import WampServer
@@ -133,12 +133,8 @@ class Node:
                 prefix=config.tep_prefix,
                 client_publish=config.tep_client_publish,
             )
-        #: One set of counters for every part of the node (docs/metrics.md).
-        self.metrics = Metrics(self.hub.node_id)
-        self.federation.metrics = self.metrics
-        self.server.router.metrics = self.metrics
-        if self.tep is not None:
-            self.tep.metrics = self.metrics
+        #: One set of counters for every part of the node, kept by the hub (docs/metrics.md).
+        self.metrics = self.hub.metrics
         self.dumper: MetricsDumper | None = None
         if config.metrics_dir is not None:
             self.dumper = MetricsDumper(
@@ -281,7 +277,6 @@ class Node:
             retention_seconds=config.nsd_retention_seconds or None,
         )
         self.nsd = NSDService(self.hub, store, self.reactor.seconds, settings)
-        self.nsd.metrics = self.metrics
         self.nsd.start()
         port = await serverFromString(self.reactor, config.nsd).listen(NSDFactory(self.nsd))
         self.ports.append(port)

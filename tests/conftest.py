@@ -11,11 +11,12 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import pytest_twisted
 
 #: The session-scoped local ``spark`` fixture for the report tests.
 pytest_plugins = ["report_spark"]
@@ -227,3 +228,15 @@ def cluster_factory(tmp_path: Path) -> Iterator[Callable[..., Cluster]]:
 def node_env() -> dict[str, str]:
     """Environment for child processes."""
     return dict(os.environ)
+
+
+@pytest_twisted.async_yield_fixture
+async def double() -> AsyncIterator[Any]:
+    """An in-process Consul double on a free port, without jitter on waits or HTTP-check stagger."""
+    from pubsubclub.testing import ConsulDouble
+
+    d = ConsulDouble(rand=lambda: 0.0)
+    await d.listen()
+    yield d
+    await d.stop()
+    d.shutdown()

@@ -7,7 +7,6 @@ it passes with ours and is a strict expected failure with python-consul's.
 from __future__ import annotations
 
 import warnings
-from collections.abc import AsyncIterator
 from typing import Any
 
 import consul.twisted
@@ -37,16 +36,6 @@ def client(kind: str, port: int) -> Any:
 def theirs(reason: str, raises: type[BaseException]) -> Any:
     """python-consul's adapter, expected to show the bug."""
     return pytest.param("python-consul", marks=pytest.mark.xfail(strict=True, raises=raises, reason=reason))
-
-
-@pytest_twisted.async_yield_fixture
-async def double() -> AsyncIterator[ConsulDouble]:
-    """An in-process Consul double."""
-    d = ConsulDouble(rand=lambda: 0.0)
-    await d.listen()
-    yield d
-    await d.stop()
-    d.shutdown()
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest_twisted
@@ -45,16 +44,6 @@ async def call(double: ConsulDouble, method: str, path: str, body: Any = None) -
     content = await response.content()
     headers = {k.decode().lower(): v[0].decode() for k, v in response.headers.getAllRawHeaders()}
     return Answer(response.code, headers, content)
-
-
-@pytest_twisted.async_yield_fixture
-async def double() -> AsyncIterator[ConsulDouble]:
-    """An in-process double on a free port, without jitter on waits or HTTP-check stagger."""
-    d = ConsulDouble(rand=lambda: 0.0)
-    await d.listen()
-    yield d
-    await d.stop()
-    d.shutdown()
 
 
 @pytest_twisted.ensureDeferred

@@ -19,9 +19,9 @@ from typing import Any
 import pytest
 import pytest_twisted
 from conftest import WAIT_SECONDS, NodeProcess, wait_until
+from rawws import RECV_SECONDS, close_of
 from wampclient import connect as wamp_connect
 from wampclient import leave, publish_acked, subscribe
-from websockets.exceptions import ConnectionClosed
 from websockets.frames import Frame, Opcode
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import ServerConnection, serve
@@ -29,7 +29,6 @@ from websockets.sync.server import ServerConnection, serve
 pytestmark = pytest.mark.slow
 
 #: Bound for a single frame to arrive from a node.
-RECV_SECONDS = 5.0
 #: --max-message-size of the shared node.
 MAX_MESSAGE = 65536
 #: The spec's ping period is 5 s; allow one period plus slack.
@@ -52,21 +51,6 @@ def recv_json(ws: ClientConnection | ServerConnection, timeout: float = RECV_SEC
 def send_json(ws: ClientConnection | ServerConnection, message: Any) -> None:
     """Send one PSC message as a text frame."""
     ws.send(json.dumps(message))
-
-
-def close_of(ws: ClientConnection, timeout: float = RECV_SECONDS) -> tuple[int | None, str | None]:
-    """Read until the node closes the link; its close (code, reason), None if it sent no close frame."""
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"the node did not close the link within {timeout} s")
-        try:
-            ws.recv(timeout=remaining)
-        except TimeoutError:
-            continue
-        except ConnectionClosed as e:
-            return (None, None) if e.rcvd is None else (e.rcvd.code, e.rcvd.reason)
 
 
 def dial(node: NodeProcess) -> ClientConnection:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import socket
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -20,15 +19,14 @@ from typing import Any
 import pytest
 import pytest_twisted
 from conftest import Cluster, NodeProcess, start_cluster, wait_until
+from rawws import RECV_SECONDS, close_of
 from wampclient import connect as wamp_connect
 from wampclient import leave, publish_acked, subscribe
-from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection, connect
 
 pytestmark = pytest.mark.slow
 
 #: Bound for one frame to arrive from a node.
-RECV_SECONDS = 5.0
 #: --max-message-size of the nodes, which is also their TEP frame limit.
 MAX_MESSAGE = 65536
 BROADCAST_TOPIC = "$tep.broadcast"
@@ -62,21 +60,6 @@ def join(ws: ClientConnection, *channels: str) -> None:
     """Join ``channels`` and check they were all accepted."""
     send(ws, "join", list(channels))
     assert recv(ws) == {"topic": "@join", "payload": list(channels)}
-
-
-def close_of(ws: ClientConnection, timeout: float = RECV_SECONDS) -> tuple[int | None, str | None]:
-    """Read until the node closes; its close (code, reason), or None if it sent no close frame."""
-    deadline = time.monotonic() + timeout
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise AssertionError(f"the node did not close within {timeout} s")
-        try:
-            ws.recv(timeout=remaining)
-        except TimeoutError:
-            continue
-        except ConnectionClosed as e:
-            return (None, None) if e.rcvd is None else (e.rcvd.code, e.rcvd.reason)
 
 
 def ops_post(node: NodeProcess, path: str, body: Any) -> tuple[int, Any]:

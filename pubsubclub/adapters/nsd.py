@@ -44,7 +44,7 @@ from twisted.logger import Logger
 from pubsubclub.adapters import nsd_codec as codec
 from pubsubclub.adapters.nsd_store import NSDStore
 from pubsubclub.hub import Envelope, Hub
-from pubsubclub.metrics import Metrics, payload_size
+from pubsubclub.metrics import payload_size
 
 log = Logger()
 
@@ -107,8 +107,6 @@ class NSDService:
         self._log = _Sink(self._on_log)
         self._control = _Sink(self._on_control)
         self._since_retention = 0
-        #: Counters for metrics dumps (the node shares one Metrics between its parts).
-        self.metrics = Metrics(hub.node_id)
         self.stats = {"requests": 0, "errors": 0, "transfers_sent": 0, "transfers_applied": 0}
 
     def start(self) -> None:
@@ -142,7 +140,7 @@ class NSDService:
         if isinstance(request, codec.GetRequest):
             channels = self.store.subscribed(request.identity)
             found = self.store.messages_after(channels, request.after, self.settings.limits.max_get_messages)
-            count = self.metrics.count
+            count = self.hub.metrics.count
             for channel, message in found:
                 count(self._topic(channel), "nsd", "delivered", 1, len(message))
             return codec.encode_message_list([message for _, message in found])
@@ -169,7 +167,7 @@ class NSDService:
         stored = {**message, "from": message.get("from", channel), "when": when}
         stored["_class"] = codec.MESSAGE_CLASS
         envelope = self.hub.envelope(self._topic(channel), stored)
-        self.metrics.count(envelope.topic, "nsd", "published", 1, payload_size(envelope))
+        self.hub.metrics.count(envelope.topic, "nsd", "published", 1, payload_size(envelope))
         message_id = envelope.message_id or uuid.uuid4().hex
         self._store(channel, when, message_id, stored)
         # The log reaches every NSD node; the channel topic reaches everyone else.

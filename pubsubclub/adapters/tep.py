@@ -58,7 +58,7 @@ from pubsubclub.adapters.tep_codec import (
     encode_server,
 )
 from pubsubclub.hub import Envelope, Hub
-from pubsubclub.metrics import Metrics, payload_size
+from pubsubclub.metrics import payload_size
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 
 __all__ = [
@@ -116,8 +116,6 @@ class TEPServer:
         #: Connected clients.
         self.clients: dict[TEPClient, None] = {}
         #: Counters for /stats.
-        #: Counters for metrics dumps (the node shares one Metrics between its parts).
-        self.metrics = Metrics(hub.node_id)
         self.stats = {
             "frames_received": 0,
             "bad_frames": 0,
@@ -310,7 +308,7 @@ class TEPClient:
             return
         server.stats["published"] += 1
         envelope = self._hub.envelope(server.hub_topic(frame.topic), frame.payload)
-        server.metrics.count(envelope.topic, "tep", "published", 1, payload_size(envelope))
+        server.hub.metrics.count(envelope.topic, "tep", "published", 1, payload_size(envelope))
         # Like WAMP's default: the publisher does not get its own message.
         self._hub.publish(envelope, exclude=self)
 
@@ -322,10 +320,10 @@ class TEPClient:
         data = server.event_bytes(envelope)
         if data is None:
             server.stats["undeliverable"] += 1
-            server.metrics.count(envelope.topic, "tep", "dropped", 1, payload_size(envelope), reason="not_json")
+            server.hub.metrics.count(envelope.topic, "tep", "dropped", 1, payload_size(envelope), reason="not_json")
         elif self.send(data):
             server.stats["events_sent"] += 1
-            server.metrics.count(envelope.topic, "tep", "delivered", 1, len(data))
+            server.hub.metrics.count(envelope.topic, "tep", "delivered", 1, len(data))
 
     def send(self, data: bytes) -> bool:
         """Send one text frame, or drop this client if it lags too far; True if sent."""

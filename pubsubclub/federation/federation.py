@@ -31,7 +31,7 @@ from pubsubclub.federation.session import CLOSE_DUPLICATE, CLOSE_REMOVED, LinkSe
 from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
 from pubsubclub.federation.transport import NODE_HEADER, PSCClientFactory, PSCServerFactory
 from pubsubclub.hub import Envelope, Hub
-from pubsubclub.metrics import Metrics, payload_size
+from pubsubclub.metrics import payload_size
 
 log = Logger()
 
@@ -139,8 +139,6 @@ class Federation:
             "dropped_not_json": 0,
             "auth_refused": 0,
         }
-        #: Counters for metrics dumps; the node shares one Metrics between its parts.
-        self.metrics = Metrics(self.node_id)
         hub.add_interest_listener(self)
         hub.add_publish_listener(self)
 
@@ -313,7 +311,7 @@ class Federation:
                 wamp_wrapped=meta.wamp_wrapped,
             )
         self.stats["received"] += 1
-        metrics = self.metrics
+        metrics = self.hub.metrics
         metrics.count(message.topic, "psc", "received", 1, session.last_size, peer=session.peer_node or session.peer)
         if envelope.published_at is not None and envelope.origin is not None:
             metrics.latency(envelope.origin, self._reactor.seconds() - envelope.published_at)
@@ -342,7 +340,7 @@ class Federation:
             return
         plain: bytes | None = None
         rich: bytes | None = None
-        count = self.metrics.count
+        count = self.hub.metrics.count
         topic = envelope.topic
         try:
             for session in sessions:
@@ -361,7 +359,7 @@ class Federation:
                 count(topic, "psc", "forwarded", 1, len(data), peer=session.peer_node or session.peer)
         except TypeError as e:  # orjson: the payload is not JSON (e.g. msgpack bytes)
             self.stats["dropped_not_json"] += 1
-            self.metrics.count(topic, "psc", "dropped", 1, payload_size(envelope), reason="not_json")
+            self.hub.metrics.count(topic, "psc", "dropped", 1, payload_size(envelope), reason="not_json")
             log.warn(
                 "not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e
             )

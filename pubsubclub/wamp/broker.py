@@ -45,7 +45,7 @@ from autobahn.wamp.role import RoleBrokerFeatures
 from twisted.logger import Logger
 
 from pubsubclub.hub import Envelope, Hub
-from pubsubclub.metrics import Metrics, payload_size
+from pubsubclub.metrics import payload_size
 
 __all__ = [
     "BrokerSession",
@@ -214,8 +214,6 @@ class WampRouter:
         self._subscription_ids: set[int] = set()
         #: Sessions with an open transport.
         self.sessions: dict[BrokerSession, None] = {}
-        #: Counters for metrics dumps (the node shares one Metrics between its parts).
-        self.metrics = Metrics(hub.node_id)
 
     def shutdown(self, text: str = "node shutting down") -> int:
         """Say GOODBYE (``wamp.close.system_shutdown``) to every session and close it."""
@@ -384,7 +382,7 @@ class BrokerSession:
                 session=self._session_id,
                 reason=reason,
             )
-            self._router.metrics.count(
+            self._hub.metrics.count(
                 envelope.topic, "wamp", "dropped", 1, payload_size(envelope), reason="slow_consumer"
             )
             self._end()
@@ -392,7 +390,7 @@ class BrokerSession:
             return
         try:
             transport.send(self._router.event_for(envelope, subscription))
-            self._router.metrics.count(envelope.topic, "wamp", "delivered", 1, payload_size(envelope))
+            self._hub.metrics.count(envelope.topic, "wamp", "delivered", 1, payload_size(envelope))
         except Exception:
             # Called from the hub's delivery loop: one bad recipient or
             # payload must not stop delivery to the others.
@@ -591,7 +589,7 @@ class BrokerSession:
             )
         publication = envelope.wire["wamp.publication"] = self._router.new_id()
         exclude_me = msg.exclude_me is not False
-        self._router.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
+        self._hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
         self._hub.publish(envelope, exclude=self if exclude_me else None)
         if acknowledge:
             self._send(message.Published(msg.request, publication))
