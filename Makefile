@@ -23,9 +23,12 @@ js: $(JS)
 browser:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium)
 
-# System packages the tests use: Chromium, docker-compose (validates deploy/; no engine needed)
-# and systemd-analyze (verifies the unit in deploy/systemd).
+# System packages the tests use: Chromium, docker-compose (validates deploy/; no engine needed),
+# systemd-analyze (verifies the unit in deploy/systemd), and ip + nft (iproute2, nftables) for the
+# network-namespace partition tests (tests/netns.py; they run as root).
 sysdeps: browser
+	@command -v ip >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2)
+	@command -v nft >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables)
 	@command -v docker-compose >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
 	@command -v systemd-analyze >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd)
 

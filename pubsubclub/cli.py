@@ -60,6 +60,32 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tep-prefix", metavar="PREFIX", help="hub topic prefix of TEP channels (default none)")
     p.add_argument("--no-tep-client-publish", action="store_true", help="TEP clients may not publish (they get #error)")
     p.add_argument("--tep-max-channels", type=int, metavar="N", help="channels one TEP client may join (default 100)")
+    p.add_argument(
+        "--replay-buffer-bytes",
+        type=int,
+        metavar="BYTES",
+        help="PSC 0.3 replay buffer per consumer node (default 16777216)",
+    )
+    p.add_argument(
+        "--replay-window-seconds",
+        type=float,
+        metavar="S",
+        help="a dropped link that comes back within S seconds loses nothing (default 60; 0: extension off)",
+    )
+    p.add_argument(
+        "--auth",
+        metavar="FILE.toml",
+        help="WAMP principals and roles, also applied to TEP and NSD (docs/security.md; default: none, all anonymous)",
+    )
+    p.add_argument(
+        "--max-json-depth", type=int, metavar="N", help="deepest array/object nesting clients may send (default 64)"
+    )
+    p.add_argument(
+        "--nsd-max-clock-skew",
+        type=float,
+        metavar="S",
+        help="seconds an NSD when/stamp from another node may be ahead of this clock (default 3600)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
 
 
@@ -134,6 +160,11 @@ def _node_config(args: argparse.Namespace) -> Any:
         "tep_prefix": args.tep_prefix,
         "tep_client_publish": False if args.no_tep_client_publish else None,
         "tep_max_channels": args.tep_max_channels,
+        "replay_buffer_bytes": args.replay_buffer_bytes,
+        "replay_window_seconds": args.replay_window_seconds,
+        "auth": args.auth,
+        "max_json_depth": args.max_json_depth,
+        "nsd_max_clock_skew": args.nsd_max_clock_skew,
     }
     return build(file_values, flags)
 

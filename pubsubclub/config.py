@@ -6,10 +6,13 @@ import ipaddress
 import os
 import tomllib
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 from twisted.internet.endpoints import _parseServer  # type: ignore[attr-defined]
+
+if TYPE_CHECKING:
+    from pubsubclub.wamp.auth import AuthPolicy
 
 
 class ConfigError(ValueError):
@@ -90,6 +93,16 @@ class NodeConfig:
     tep_client_publish: bool = True
     #: Channels one TEP client may join at once.
     tep_max_channels: int = 100
+    #: PSC 0.3 replay buffer kept per consumer node, in bytes.
+    replay_buffer_bytes: int = 16 * 1024 * 1024
+    #: Seconds a dropped link can come back without loss (PSC 0.3); 0 turns the extension off.
+    replay_window_seconds: float = 60.0
+    #: TOML file of WAMP principals and roles (docs/security.md); None: everyone anonymous, all allowed.
+    auth: str | None = None
+    #: Deepest nesting of arrays/objects accepted from any client or peer (docs/security.md).
+    max_json_depth: int = 64
+    #: Seconds an NSD ``when`` or stamp from another node may be ahead of this node's clock.
+    nsd_max_clock_skew: float = 3600.0
     #: Extra fields kept for later front-ends.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -155,7 +168,36 @@ class NodeConfig:
             raise ConfigError("tep-max-channels", "must be an integer between 1 and 100000")
         if not isinstance(self.max_message_size, int) or not 1024 <= self.max_message_size <= 64 * 1024 * 1024:
             raise ConfigError("max-message-size", "must be an integer between 1024 and 67108864")
+        if (
+            not isinstance(self.replay_buffer_bytes, int)
+            or isinstance(self.replay_buffer_bytes, bool)
+            or not 65_536 <= self.replay_buffer_bytes <= 2**40
+        ):
+            raise ConfigError("replay-buffer-bytes", "must be an integer between 65536 and 1099511627776")
+        if (
+            not isinstance(self.replay_window_seconds, (int, float))
+            or isinstance(self.replay_window_seconds, bool)
+            or not 0 <= self.replay_window_seconds <= 86_400
+        ):
+            raise ConfigError("replay-window-seconds", "must be a number of seconds between 0 (off) and 86400")
+        self.auth_policy()
+        if type(self.max_json_depth) is not int or not 2 <= self.max_json_depth <= 200:
+            raise ConfigError("max-json-depth", "must be an integer between 2 and 200")
+        if not isinstance(self.nsd_max_clock_skew, (int, float)) or not 1 <= self.nsd_max_clock_skew <= 366 * 86400:
+            raise ConfigError("nsd-max-clock-skew", "must be a number of seconds between 1 and 31622400")
         return self
+
+    def auth_policy(self) -> AuthPolicy | None:
+        """The :class:`~pubsubclub.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""
+        if self.auth is None:
+            return None
+        from pubsubclub.wamp.auth import AuthFileError, load_auth
+
+        try:
+            return load_auth(self.auth)
+        except AuthFileError as e:
+            where = self.auth if e.line is None else f"{self.auth} line {e.line}"
+            raise ConfigError("auth", f"{where}: {e.problem}") from None
 
     def cluster_secret(self) -> bytes | None:
         """The cluster secret (file contents without the trailing line break), or None."""

@@ -4,6 +4,11 @@ The hub knows nothing about front-ends or federation. Front-ends register
 sinks; the federation registers an :class:`InterestListener` (to hear about a
 topic's first and last local subscriber) and a :class:`PublishListener` (to
 forward local publishes to other nodes).
+
+Faults are isolated: a sink or listener that raises is logged and counted
+(``Metrics.sink_errors``, ``pubsubclub_sink_errors_total``) and the others
+still get the message; nothing it raises reaches the publisher's front-end
+or the PSC link the message came from.
 """
 
 from __future__ import annotations
@@ -11,10 +16,18 @@ from __future__ import annotations
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from twisted.logger import Logger
+
 from pubsubclub.metrics import Metrics
+
+#: Reserved hub topic on which the federation tells local subscribers that
+#: messages from another node were lost (PSC 0.3 gap reports, docs/protocol.md).
+GAP_TOPIC = "$cluster.gap"
+log = Logger()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +96,7 @@ class Hub:
         #: The node's metrics counters; every front-end and the federation count here.
         self.metrics = Metrics(self.node_id)
         #: Simple counters, read by /health, tests and metrics.
-        self.stats = {"published": 0, "delivered": 0, "received": 0}
+        self.stats = {"published": 0, "delivered": 0, "received": 0, "sink_errors": 0}
 
     # -- listeners ---------------------------------------------------------
 
@@ -102,7 +115,20 @@ class Hub:
     def remote_subscribed(self, topic: str, peer: str) -> None:
         """Called by the federation: ``peer`` now wants ``topic`` from this node."""
         for listener in self._remote_interest:
-            listener.remote_subscribed(topic, peer)
+            self._isolated(listener, listener.remote_subscribed, topic, peer)
+
+    def _isolated(self, owner: object, call: Callable[..., None], topic: str, *args: Any) -> None:
+        """Call ``call(topic, *args)``; if it raises, log and count instead of unwinding into our caller."""
+        try:
+            call(topic, *args)
+        except Exception:
+            self._failed(owner, getattr(call, "__name__", "call"), topic)
+
+    def _failed(self, owner: object, what: str, topic: str) -> None:
+        name = type(owner).__name__
+        self.stats["sink_errors"] += 1
+        self.metrics.sink_error(name)
+        log.failure("{sink}.{what} raised on topic {topic!r}; isolated", sink=name, what=what, topic=topic)
 
     # -- subscriptions -----------------------------------------------------
 
@@ -120,7 +146,7 @@ class Hub:
         if sinks is None:
             self._sinks[topic] = {sink: None}
             for listener in self._interest:
-                listener.topic_added(topic)
+                self._isolated(listener, listener.topic_added, topic)
         else:
             sinks[sink] = None
 
@@ -133,7 +159,7 @@ class Hub:
         if not sinks:
             del self._sinks[topic]
             for listener in self._interest:
-                listener.topic_removed(topic)
+                self._isolated(listener, listener.topic_removed, topic)
 
     def unsubscribe_all(self, sink: Sink) -> None:
         """Remove ``sink`` from every topic (a client went away)."""
@@ -161,7 +187,10 @@ class Hub:
         self.stats["published"] += 1
         delivered = self._deliver(envelope, exclude)
         for listener in self._publish:
-            listener.local_published(envelope)
+            try:
+                listener.local_published(envelope)
+            except Exception:
+                self._failed(listener, "local_published", envelope.topic)
         return delivered
 
     def deliver_remote(self, envelope: Envelope) -> int:
@@ -178,7 +207,12 @@ class Hub:
         for sink in list(sinks):
             if sink is exclude:
                 continue
-            sink.deliver(envelope)
+            try:
+                sink.deliver(envelope)
+            except Exception:
+                # One failing sink must not cost the others this message.
+                self._failed(sink, "deliver", envelope.topic)
+                continue
             count += 1
         self.stats["delivered"] += count
         return count

@@ -25,6 +25,14 @@ SCHEMA_VERSION = 1
 #: Latency histogram bucket upper bounds, milliseconds.
 LATENCY_BOUNDS_MS: tuple[float, ...] = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
+#: Per-link counters of the replay extension: kind -> (Prometheus family, help).
+LINK_COUNTS = {
+    "gaps": ("pubsubclub_link_gaps", "Gaps reported in the stream from a producer node (PSC 0.3)"),
+    "lost": ("pubsubclub_link_lost_messages", "Messages from a producer node known lost in gaps (PSC 0.3)"),
+    "replayed": ("pubsubclub_link_replayed_messages", "Messages resent to a consumer node on resume (PSC 0.3)"),
+    "duplicates": ("pubsubclub_link_duplicates_dropped", "Duplicate messages dropped by sequence (PSC 0.3)"),
+}
+
 #: (topic, frontend, kind, peer, reason)
 CounterKey = tuple[str, str, str, str | None, str | None]
 
@@ -77,6 +85,12 @@ class Metrics:
         self._totals: dict[CounterKey, list[int]] = {}
         self._total_latency: dict[str, _Histogram] = {}
         self.interval_start = time.time()
+        #: Cumulative per-link replay counts (PSC 0.3): (peer, kind) -> n; kinds in LINK_COUNTS.
+        self.link_counts: dict[tuple[str, str], int] = {}
+        #: Hub sinks (and listeners) that raised, by class name; cumulative (docs/security.md).
+        self.sink_errors: dict[str, int] = {}
+        #: Faults handled without closing anything, by (component, reason); cumulative.
+        self.errors: dict[tuple[str, str], int] = {}
 
     def count(
         self,
@@ -96,6 +110,19 @@ class Metrics:
         else:
             cell[0] += n
             cell[1] += nbytes
+
+    def link_count(self, peer: str, kind: str, n: int = 1) -> None:
+        """Add ``n`` to a per-link replay counter (``kind`` is a key of LINK_COUNTS)."""
+        key = (peer, kind)
+        self.link_counts[key] = self.link_counts.get(key, 0) + n
+    def sink_error(self, sink: str) -> None:
+        """A hub sink or listener of class ``sink`` raised; it was logged and skipped."""
+        self.sink_errors[sink] = self.sink_errors.get(sink, 0) + 1
+
+    def error(self, component: str, reason: str, n: int = 1) -> None:
+        """``n`` faults of ``component`` handled without closing anything (skipped records, handler errors)."""
+        key = (component, reason)
+        self.errors[key] = self.errors.get(key, 0) + n
 
     def latency(self, origin: str, seconds: float) -> None:
         """One cross-node delivery from ``origin`` that took ``seconds``."""
@@ -238,6 +265,18 @@ class PrometheusCollector:
             nbytes.add_metric(values, b)
         yield messages
         yield nbytes
+        sink_errors = CounterMetricFamily(
+            "pubsubclub_sink_errors", "Hub sinks or listeners that raised (logged, skipped)", labels=["sink"]
+        )
+        for sink, n in sorted(self._metrics.sink_errors.items()):
+            sink_errors.add_metric([sink], n)
+        yield sink_errors
+        errors = CounterMetricFamily(
+            "pubsubclub_errors", "Faults handled without closing anything", labels=["component", "reason"]
+        )
+        for (component, reason), n in sorted(self._metrics.errors.items()):
+            errors.add_metric([component, reason], n)
+        yield errors
         subscribers = GaugeMetricFamily("pubsubclub_subscribers", "Local subscribers per topic", labels=["topic"])
         for topic, value in self._gauges().items():
             subscribers.add_metric([topic], value)
@@ -248,6 +287,12 @@ class PrometheusCollector:
         for link in self._links():
             links.add_metric([link["peer"], link["role"], link["direction"]], 1.0 if link["state"] == "open" else 0.0)
         yield links
+        for kind, (name, text) in LINK_COUNTS.items():
+            family = CounterMetricFamily(name, text, labels=["peer"])
+            for (peer, counted), n in self._metrics.link_counts.items():
+                if counted == kind:
+                    family.add_metric([peer], n)
+            yield family
         latency = HistogramMetricFamily(
             "pubsubclub_cross_node_latency_seconds", "Origin publish to local delivery", labels=["origin"]
         )

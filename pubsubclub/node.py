@@ -20,6 +20,8 @@ from pubsubclub.adapters.tep import TEPOperationsResource, TEPServer
 from pubsubclub.adapters.tep_codec import TEPLimits
 from pubsubclub.config import NodeConfig
 from pubsubclub.federation.federation import endpoint_for_url
+from pubsubclub.federation.replay import ReplaySettings
+from pubsubclub.jsonbounds import JSONBounds
 from pubsubclub.metrics import MetricsDumper, PrometheusCollector
 from pubsubclub.psc import Limits
 from pubsubclub.wamp.broker import WampLimits
@@ -106,16 +108,23 @@ class Node:
         self.config = config
         self.reactor = reactor
         size = config.max_message_size
+        #: WAMP principals and roles (``--auth``); None: every client anonymous, everything allowed.
+        self.auth = config.auth_policy()
+        bounds = JSONBounds(max_depth=config.max_json_depth)
         self.server = WampServer(
             realms=(config.realm,),
-            limits=WampLimits(max_message_size=size),
+            limits=WampLimits(max_message_size=size, json=bounds),
             node_id=config.name,
             listen_role=config.listen_role,
             reactor=reactor,
-            psc_limits=Limits(max_message_size=size),
+            psc_limits=Limits(max_message_size=size, json=bounds),
+            auth=self.auth,
             advertise_url=config.advertise,
             secret=config.cluster_secret(),
             endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
+            replay=None
+            if not config.replay_window_seconds
+            else ReplaySettings(max_bytes=config.replay_buffer_bytes, window=config.replay_window_seconds),
         )
         self.hub = self.server.pubsubclub_hub
         self.federation = self.server.pubsubclub
@@ -129,9 +138,10 @@ class Node:
         if config.tep is not None:
             self.tep = TEPServer(
                 self.hub,
-                TEPLimits(max_frame_bytes=size, max_channels_per_client=config.tep_max_channels),
+                TEPLimits(max_frame_bytes=size, max_channels_per_client=config.tep_max_channels, json=bounds),
                 prefix=config.tep_prefix,
                 client_publish=config.tep_client_publish,
+                auth=self.auth,
             )
         #: One set of counters for every part of the node, kept by the hub (docs/metrics.md).
         self.metrics = self.hub.metrics
@@ -154,8 +164,11 @@ class Node:
         return {
             "node": self.hub.node_id,
             "hub": dict(self.hub.stats),
+            "errors": {f"{c}.{r}": n for (c, r), n in sorted(self.metrics.errors.items())},
+            "sink_errors": dict(self.metrics.sink_errors),
             "topics": len(self.hub.topics()),
             "federation": dict(self.federation.stats),
+            "replay": None if self.federation.outbox is None else self.federation.outbox.summary(),
             "links": self.federation.links(),
             "servers": self.federation.servers(),
             "remote_interest": self.federation.remote_interest(),
@@ -186,6 +199,24 @@ class Node:
                 " read every message and publish into it",
                 keys=", ".join(public),
             )
+        open_frontends = [key for key in public if key in ("wamp", "tep", "nsd")]
+        if open_frontends and self.auth is None:
+            log.warn(
+                "SECURITY WARNING: client listeners {keys} accept connections beyond this host and there is no"
+                " --auth: every client is welcomed anonymously and may publish and subscribe to every topic",
+                keys=", ".join(open_frontends),
+            )
+        if self.auth is not None and self.auth.holds_secrets and self.config.auth is not None:
+            try:
+                mode = os.stat(self.config.auth).st_mode
+            except OSError:
+                mode = 0
+            if mode & 0o004:
+                log.warn(
+                    "SECURITY WARNING: {path} holds tickets or WAMP-CRA secrets and every user of this host"
+                    " can read it (chmod 600 it)",
+                    path=self.config.auth,
+                )
         wamp_tls = self.config.wamp.startswith("ssl:")
         wamp_port = await self.server.listen(self.config.wamp, self._wamp_site())
         self.ports.append(wamp_port)
@@ -271,10 +302,16 @@ class Node:
         os.makedirs(config.data_dir, exist_ok=True)
         store = NSDStore(os.path.join(config.data_dir, "nsd.sqlite3"))
         settings = NSDSettings(
-            limits=NSDLimits(max_message_chars=config.nsd_max_message_chars),
+            limits=NSDLimits(
+                max_message_chars=config.nsd_max_message_chars, json=JSONBounds(max_depth=config.max_json_depth)
+            ),
             prefix=config.nsd_prefix,
             retention_count=config.nsd_retention_count or None,
             retention_seconds=config.nsd_retention_seconds or None,
+            auth=self.auth,
+            # A transfer chunk must fit in one PSC message (one NSD message more may follow the budget).
+            transfer_chunk_bytes=max(config.max_message_size // 4, 1024),
+            max_clock_skew=config.nsd_max_clock_skew,
         )
         self.nsd = NSDService(self.hub, store, self.reactor.seconds, settings)
         self.nsd.start()

@@ -8,7 +8,18 @@ is not exactly a valid message. :func:`encode` does the reverse.
 
 Version 0.1 is the spec. Version 0.2 (our extension, negotiated with
 PSC101/PSC102) adds an optional fourth item to PSC301: a metadata object
-``{"o": origin, "t": publish_time, "i": message_id, "w": 1}``.
+``{"o": origin, "t": publish_time, "i": message_id, "w": 1}``. Version 0.3
+(replay after short outages, :mod:`pubsubclub.federation.replay`) adds a
+sequence number ``"s"`` to that object and two handshake messages, PSC103
+(the consumer's resume position and interest) and PSC104 (the producer's
+answer: where the stream continues and how many messages were lost).
+
+Every value is held to :mod:`pubsubclub.jsonbounds` (depth, 64-bit integers,
+finite floats, no lone surrogates). A PSC301 that is well formed except for
+its message or metadata breaking those bounds raises
+:class:`PSCPayloadError`, a :class:`PSCDecodeError` that the link answers by
+dropping that one message (a producer relays its clients' messages; one bad
+message must not cut the link); anything else is the peer's protocol error.
 """
 
 from __future__ import annotations
@@ -18,15 +29,21 @@ from typing import Any, Union
 
 import orjson
 
+from pubsubclub import jsonbounds
+
 Version = tuple[int, int]
 
 V0_1: Version = (0, 1)
 V0_2: Version = (0, 2)
-#: Versions this implementation speaks, lowest first.
+#: Replay after short outages; spoken only by a federation that keeps a replay buffer.
+V0_3: Version = (0, 3)
+#: Versions every link speaks, lowest first (a federation with a replay buffer adds 0.3).
 SUPPORTED_VERSIONS: tuple[Version, ...] = (V0_1, V0_2)
 
 HELLO = 101
 CHOOSE_VERSION = 102
+RESUME = 103
+POSITION = 104
 SUBSCRIBE = 201
 UNSUBSCRIBE = 202
 PUBLISH = 301
@@ -34,6 +51,15 @@ PUBLISH = 301
 
 class PSCDecodeError(ValueError):
     """The peer sent bytes that are not a valid PubSubClub message."""
+
+
+class PSCPayloadError(PSCDecodeError):
+    """A well-formed PSC301 whose message or metadata breaks the JSON bounds; drop just it."""
+
+    def __init__(self, topic: str, problem: str) -> None:
+        super().__init__(f"PSC301 on {topic[:80]!r}: {problem}")
+        self.topic = topic
+        self.problem = problem
 
 
 @dataclass(frozen=True)
@@ -48,6 +74,10 @@ class Limits:
     max_topics_per_subscribe: int = 100_000
     #: Most versions in one PSC101.
     max_versions: int = 64
+    #: Longest replay stream epoch accepted (PSC103/PSC104), in characters.
+    max_epoch_length: int = 64
+    #: Depth, integer range, floats and strings of every value (docs/security.md).
+    json: jsonbounds.JSONBounds = jsonbounds.DEFAULT_BOUNDS
 
 
 DEFAULT_LIMITS = Limits()
@@ -90,6 +120,8 @@ class Meta:
     message_id: str | None = None
     #: The message is a WAMP ``{"args", "kwargs"}`` wrapper.
     wamp_wrapped: bool = False
+    #: Sequence number on the producer's stream to this consumer node (0.3).
+    seq: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +133,34 @@ class Publish:
     meta: Meta | None = None
 
 
-Message = Union[Hello, ChooseVersion, Subscribe, Unsubscribe, Publish]
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """PSC103 (0.3): the consumer's position on the producer's stream, and its whole interest.
+
+    ``epoch`` is None (and ``seq`` 0) when the consumer holds no position:
+    it never linked to this producer, or it restarted since.
+    """
+
+    epoch: str | None
+    #: The last sequence number the consumer received on ``epoch``.
+    seq: int
+    topics: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Position:
+    """PSC104 (0.3): the PSC301s that follow on this link carry ``seq + 1`` onwards, on ``epoch``."""
+
+    epoch: str
+    seq: int
+    #: Messages lost between the consumer's position and ``seq + 1``; None: unknown.
+    lost: int | None
+
+
+Message = Union[Hello, ChooseVersion, Subscribe, Unsubscribe, Publish, Resume, Position]
+
+#: Largest sequence number or count on the wire (JSON-safe integers).
+MAX_SEQ = 2**53 - 1
 
 
 def choose_version(offered: tuple[Version, ...], supported: tuple[Version, ...] = SUPPORTED_VERSIONS) -> Version | None:
@@ -127,10 +186,10 @@ def decode(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Message:
         raise PSCDecodeError("empty array: no message type")
     kind = value[0]
     if type(kind) is not int:
-        raise PSCDecodeError(f"message type must be an integer, got {kind!r:.40}")
+        raise PSCDecodeError(f"message type must be an integer, got {_brief(kind)}")
     params = value[1:]
     if kind == PUBLISH:
-        return _publish(params, limits)
+        return _publish(value, limits, data)
     if kind == SUBSCRIBE:
         if not params:
             raise PSCDecodeError("PSC201 needs at least one topic")
@@ -151,7 +210,34 @@ def decode(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Message:
     if kind == CHOOSE_VERSION:
         _arity("PSC102", params, 1)
         return ChooseVersion(_version(params[0]))
+    if kind == RESUME:
+        return _resume(params, limits)
+    if kind == POSITION:
+        _arity("PSC104", params, 3)
+        lost = params[2]
+        return Position(
+            _epoch("PSC104", params[0], limits),
+            _count("PSC104 sequence number", params[1]),
+            None if lost is None else _count("PSC104 lost count", lost),
+        )
     raise PSCDecodeError(f"unknown message type {kind}")
+
+
+def _brief(value: Any) -> str:
+    """A short, safe description of a bad value: never the repr of a (possibly deep) container."""
+    if isinstance(value, (list, dict)):
+        return f"{_json_type(value)} of {len(value)} item(s)"
+    if isinstance(value, str):
+        return repr(value[:40])
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 64:
+        return f"an integer of {value.bit_length()} bits"
+    return repr(value)[:40]
+
+
+def _json_type(value: Any) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}.get(
+        type(value), "null" if value is None else type(value).__name__
+    )
 
 
 def _arity(name: str, params: list[Any], n: int) -> None:
@@ -171,16 +257,54 @@ def _topic(value: Any, limits: Limits) -> str:
 
 def _version(value: Any) -> Version:
     if not isinstance(value, list) or len(value) != 2 or not all(type(n) is int and 0 <= n < 2**31 for n in value):
-        raise PSCDecodeError(f"version must be [major, minor] with non-negative integers, got {value!r:.60}")
+        raise PSCDecodeError(f"version must be [major, minor] with non-negative integers, got {_brief(value)}")
     return (value[0], value[1])
 
 
-def _publish(params: list[Any], limits: Limits) -> Publish:
+def _epoch(name: str, value: Any, limits: Limits) -> str:
+    if not isinstance(value, str) or not value:
+        raise PSCDecodeError(f"{name} epoch must be a non-empty string, got {_brief(value)}")
+    if len(value) > limits.max_epoch_length:
+        raise PSCDecodeError(f"{name} epoch of {len(value)} characters is over the limit of {limits.max_epoch_length}")
+    return value
+
+
+def _count(name: str, value: Any) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_SEQ:
+        raise PSCDecodeError(f"{name} must be an integer between 0 and 2**53-1, got {_brief(value)}")
+    return value
+
+
+def _resume(params: list[Any], limits: Limits) -> Resume:
+    _arity("PSC103", params, 3)
+    epoch, seq, topics = params
+    if not isinstance(topics, list):
+        raise PSCDecodeError(f"PSC103 topics must be an array, got {type(topics).__name__}")
+    if len(topics) > limits.max_topics_per_subscribe:
+        raise PSCDecodeError(f"PSC103 with {len(topics)} topics is over the limit of {limits.max_topics_per_subscribe}")
+    if epoch is None:
+        if type(seq) is not int or seq != 0:
+            raise PSCDecodeError("PSC103 without an epoch must have sequence number 0")
+        return Resume(None, 0, tuple(_topic(t, limits) for t in topics))
+    return Resume(
+        _epoch("PSC103", epoch, limits), _count("PSC103 sequence number", seq), tuple(_topic(t, limits) for t in topics)
+    )
+
+
+def _publish(frame: list[Any], limits: Limits, data: bytes | str) -> Publish:
+    params = frame[1:]
+    if len(params) not in (2, 3):
+        raise PSCDecodeError(f"PSC301 takes 2 parameters (3 with metadata), got {len(params)}")
+    topic = _topic(params[0], limits)
+    # The message type and the topic are sound, so whatever breaks the bounds
+    # is in the message or its metadata: that message's problem, not the link's.
+    try:
+        jsonbounds.check_decoded(data, frame, limits.json, wrapper_depth=1)
+    except jsonbounds.BoundsError as e:
+        raise PSCPayloadError(topic, str(e)) from None
     if len(params) == 2:
-        return Publish(_topic(params[0], limits), params[1])
-    if len(params) == 3:
-        return Publish(_topic(params[0], limits), params[1], _meta(params[2]))
-    raise PSCDecodeError(f"PSC301 takes 2 parameters (3 with metadata), got {len(params)}")
+        return Publish(topic, params[1])
+    return Publish(topic, params[1], _meta(params[2]))
 
 
 def _meta(value: Any) -> Meta:
@@ -190,6 +314,7 @@ def _meta(value: Any) -> Meta:
     published_at = value.get("t")
     message_id = value.get("i")
     wrapped = value.get("w", 0)
+    seq = value.get("s")
     if origin is not None and not isinstance(origin, str):
         raise PSCDecodeError("PSC301 metadata 'o' (origin) must be a string")
     if published_at is not None and (type(published_at) not in (int, float)):
@@ -198,7 +323,9 @@ def _meta(value: Any) -> Meta:
         raise PSCDecodeError("PSC301 metadata 'i' (message id) must be a string")
     if wrapped not in (0, 1) or type(wrapped) is not int:
         raise PSCDecodeError("PSC301 metadata 'w' must be 0 or 1")
-    return Meta(origin, None if published_at is None else float(published_at), message_id, bool(wrapped))
+    if seq is not None and (type(seq) is not int or not 1 <= seq <= MAX_SEQ):
+        raise PSCDecodeError("PSC301 metadata 's' (sequence number) must be an integer between 1 and 2**53-1")
+    return Meta(origin, None if published_at is None else float(published_at), message_id, bool(wrapped), seq)
 
 
 # -- encoding -----------------------------------------------------------------
@@ -220,6 +347,10 @@ def encode(message: Message) -> bytes:
         return orjson.dumps([HELLO, *[list(v) for v in message.versions]])
     if isinstance(message, ChooseVersion):
         return orjson.dumps([CHOOSE_VERSION, list(message.version)])
+    if isinstance(message, Resume):
+        return orjson.dumps([RESUME, message.epoch, message.seq, list(message.topics)])
+    if isinstance(message, Position):
+        return orjson.dumps([POSITION, message.epoch, message.seq, message.lost])
     raise TypeError(f"not a PSC message: {message!r}")
 
 
@@ -236,4 +367,16 @@ def encode_publish(topic: str, message: Any, meta: Meta | None = None) -> bytes:
         fields["i"] = meta.message_id
     if meta.wamp_wrapped:
         fields["w"] = 1
+    if meta.seq is not None:
+        fields["s"] = meta.seq
     return orjson.dumps([PUBLISH, topic, message, fields])
+
+
+def with_seq(publish_02: bytes, seq: int) -> bytes:
+    """The 0.3 PSC301 bytes: a 0.2 PSC301 (as :func:`encode_publish` makes it) plus ``"s": seq``.
+
+    The message is encoded once; each consumer node's copy only gets its own
+    number appended to the metadata object.
+    """
+    head = publish_02[:-2]  # drop the closing "}]"
+    return b"".join((head, b',"s":' if head[-1:] != b"{" else b'"s":', str(seq).encode(), b"}]"))

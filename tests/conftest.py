@@ -25,12 +25,59 @@ REPO = Path(__file__).resolve().parent.parent
 #: Upper bound for any single wait on a node (start, a condition, a process exit).
 WAIT_SECONDS = 20.0
 
+#: Log lines that mean a node hit an error nobody handled; any of them fails the test.
+UNHANDLED_MARKERS = ("Unhandled Error", "Unhandled error in Deferred", "Traceback (most recent call last)")
+#: Logs of the node processes started by the running test (checked after it).
+_node_logs: list[Path] = []
+
+
+def watch_log(path: Path) -> None:
+    """Check ``path`` for unhandled errors when the running test ends."""
+    _node_logs.append(path)
+
+
+def unhandled_errors(path: Path) -> list[str]:
+    """The lines of ``path`` that show an unhandled error."""
+    if not path.exists():
+        return []
+    return [line for line in path.read_text(errors="replace").splitlines() if any(m in line for m in UNHANDLED_MARKERS)]
+
+
+@pytest.fixture(autouse=True)
+def no_unhandled_errors_in_node_logs() -> Iterator[None]:
+    """Fail any test whose node processes logged an unhandled error (a traceback)."""
+    _node_logs.clear()
+    yield
+    found = {str(path): lines for path in _node_logs if (lines := unhandled_errors(path))}
+    _node_logs.clear()
+    if found:
+        report = "\n".join(f"{path}:\n  " + "\n  ".join(lines[:5]) for path, lines in found.items())
+        pytest.fail(f"node logs show unhandled errors:\n{report}", pytrace=False)
+
+
+#: Ports handed to test listeners come from below the kernel's ephemeral range
+#: (``net.ipv4.ip_local_port_range``, 32768-60999 by default). A port the kernel
+#: picked for ``bind(0)`` and we released can be taken again by any outgoing
+#: connection before the node binds it (CI saw exactly that: "Address already in
+#: use"); ports below the range are never auto-assigned, so only an explicit bind
+#: can race us. Each pytest process walks its own slice of the range.
+_PORT_FLOOR, _PORT_CEILING = 20000, 32000
+_next_port = _PORT_FLOOR + (os.getpid() * 97) % (_PORT_CEILING - _PORT_FLOOR)
+
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1, below the ephemeral range, free when checked and never handed out twice."""
+    global _next_port
+    for _ in range(_PORT_CEILING - _PORT_FLOOR):
+        port = _next_port
+        _next_port = _PORT_FLOOR + (_next_port + 1 - _PORT_FLOOR) % (_PORT_CEILING - _PORT_FLOOR)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise AssertionError("no free test port below the ephemeral range")
 
 
 class NodeProcess:
@@ -111,6 +158,7 @@ class NodeProcess:
     def start(self) -> NodeProcess:
         """Start the process and wait for its ready line."""
         log = open(self.log_path, "a")
+        watch_log(self.log_path)
         self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
         log.close()
         assert self.proc.stdout is not None

@@ -55,6 +55,8 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["node", "--peer", "ws://127.0.0.1/psc"], "'peer'"),
         (["node", "--name", "has space"], "'name'"),
         (["node", "--max-message-size", "12"], "'max-message-size'"),
+        (["node", "--max-json-depth", "1000"], "'max-json-depth'"),
+        (["node", "--nsd-max-clock-skew", "0"], "'nsd-max-clock-skew'"),
         (["node", "--no-such-flag"], "--no-such-flag"),
         (["cluster", "--nodes", "0"], "'nodes'"),
     ],

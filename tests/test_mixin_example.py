@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import REPO, WAIT_SECONDS, free_port
+from conftest import REPO, WAIT_SECONDS, free_port, watch_log
 from twisted.internet import task
 from wampclient import connect, leave, publish_acked, subscribe
 
@@ -41,6 +41,7 @@ class ExampleServer:
         ]
         for peer in peers:
             cmd += ["--peer", peer]
+        watch_log(self.log)
         with open(self.log, "w") as log:
             self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
         assert self.proc.stdout is not None

@@ -114,7 +114,7 @@ async def test_cluster_wide_channels_history_and_cross_protocol(cluster_factory:
     first, second = carol.get(0)
     assert first == event  # identical, 'when' included, on every node
     assert second["body"] == '{"via":"wamp"}' and second["payload"] == {"via": "wamp"}
-    assert second["from"] == "node1" and second["when"] > first["when"]
+    assert second["from"] == "$foreign@node1" and second["when"] > first["when"]  # NSD's from, never the payload's
     # A TEP client on node 2 sees NSD publishes as the Message object.
     with ws_connect(cluster[1].tep_url, open_timeout=10) as tep:
         tep.send(json.dumps({"topic": "join", "payload": ["Alice"]}))

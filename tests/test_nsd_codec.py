@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pubsubclub.adapters import nsd_codec as codec
+from pubsubclub.jsonbounds import check
 
 
 def test_spec_requests_decode() -> None:
@@ -147,3 +149,51 @@ def test_fuzz_framer_is_bounded_and_loses_no_short_line(chunks: list[bytes]) -> 
     complete = stream.split(b"\n")[:-1]
     expected = [codec.Line(line[:-1] if line.endswith(b"\r") else line) for line in complete if len(line) <= 32]
     assert [item for item in out if isinstance(item, codec.Line)] == expected
+
+
+# -- hostile input: depth, numbers, surrogates ---------------------------------------
+
+
+def publish_line(message: object) -> bytes:
+    """A PublishRequest line carrying ``message`` as written by a hostile client."""
+    return json_text({"_class": "PublishRequest", "identity": "A", "message": message})
+
+
+@pytest.mark.parametrize(
+    ("line", "problem"),
+    [
+        (publish_line({"_class": "Message", "body": "x", "x": [[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]}), None),
+        (b'{"_class":"PublishRequest","identity":"A","message":{"_class":"Message","body":"x","x":'
+         + b"[" * 256 + b"]" * 256 + b"}}", "nested deeper than 64 levels"),
+        (publish_line({"_class": "Message", "body": "x", "when": 2**63}), "out of range"),
+        (publish_line({"_class": "Message", "body": "x", "n": 2**64}), "out of range"),
+        (b'{"_class":"GetRequest","identity":"A","after":9223372036854775808}', "out of range"),
+        (b'{"_class":"GetRequest","identity":"A","after":1e400}', "not JSON"),
+        (b'{"_class":"PublishRequest","identity":"A","message":{"_class":"Message","body":NaN}}', "not JSON"),
+        (b'{"_class":"OpenRequest","identity":"a\\ud800"}', "not JSON"),
+    ],
+)  # fmt: skip
+def test_hostile_requests_get_invalid_request(line: bytes, problem: str | None) -> None:
+    """Deep, huge, non-finite and surrogate requests are INVALID REQUEST naming the problem (20 levels are fine)."""
+    if problem is None:
+        assert isinstance(codec.decode_request(line), codec.PublishRequest)
+        return
+    with pytest.raises(codec.NSDRequestError) as info:
+        codec.decode_request(line)
+    assert problem in info.value.problem
+    assert info.value.error == "INVALID REQUEST: " + line.decode()
+
+
+@given(hostile_values, st.sampled_from(["message", "after", "identity", "channel", "x"]))
+def test_fuzz_hostile_values_only_raise_the_request_error(value: object, field: str) -> None:
+    """Hostile values in any field of any request decode within the bounds or raise NSDRequestError."""
+    for kind in ("PublishRequest", "GetRequest", "SubscribeRequest"):
+        obj: dict[str, object] = {"_class": kind, "identity": "A", "channel": "B", "after": 0}
+        obj["message"] = {"_class": "Message", "body": "b", "extra": value}
+        obj[field] = value if field != "message" else obj["message"]
+        try:
+            request = codec.decode_request(json_text(obj))
+        except codec.NSDRequestError:
+            continue
+        if isinstance(request, codec.PublishRequest):
+            check(request.message)

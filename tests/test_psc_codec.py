@@ -6,11 +6,14 @@ from typing import Any
 
 import orjson
 import pytest
+from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 
 from pubsubclub import psc
+from pubsubclub.jsonbounds import check
 from pubsubclub.psc import (
+    PUBLISH,
     ChooseVersion,
     Hello,
     Limits,
@@ -32,7 +35,8 @@ topics = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_si
 json_values = st.recursive(
     st.none()
     | st.booleans()
-    | st.integers(min_value=-(2**63), max_value=2**64 - 1)
+    # Signed 64 bits: the JSON bounds (2**63 and up are refused, see the hostile tests below).
+    | st.integers(min_value=-(2**63), max_value=2**63 - 1)
     | st.floats(allow_nan=False, allow_infinity=False)
     | text,
     lambda inner: st.lists(inner, max_size=5) | st.dictionaries(text, inner, max_size=5),
@@ -281,3 +285,79 @@ def test_choose_version_defaults_to_what_we_speak() -> None:
     assert psc.SUPPORTED_VERSIONS == ((0, 1), (0, 2))
     assert choose_version(((0, 1), (0, 2), (0, 3))) == (0, 2)
     assert choose_version(((5, 5),)) is None
+
+
+# -- hostile input: depth, numbers, surrogates ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"[" * 1000 + b"]" * 1000, "message type must be an integer, got array of 1 item(s)"),
+        (b"[101," + b"[" * 999 + b"]" * 999 + b"]", "got array of 1 item(s)"),
+        (b"[201," + b"[" * 999 + b"]" * 999 + b"]", "topic must be a string, got list"),
+        (b'[301,"a\\ud800",1]', "not JSON"),
+        ('[301,"a\ud800",1]', "not JSON"),
+        (b'[301,"t",NaN]', "not JSON"),
+        (b'[301,"t",1e400]', "not JSON"),
+        (b"[" * 1100 + b"]" * 1100, "not JSON"),
+        (b"[18446744073709551616]", "message type must be an integer, got 1.8446744073709552e+19"),
+    ],
+)
+def test_hostile_frames_raise_decode_error_with_a_short_reason(data: bytes | str, problem: str) -> None:
+    """Deep, non-finite, surrogate or huge input outside a PSC301 message is the link's error, named briefly."""
+    with pytest.raises(PSCDecodeError) as info:
+        decode(data)
+    assert not isinstance(info.value, psc.PSCPayloadError)
+    assert problem in str(info.value)
+    assert len(str(info.value)) < 200
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b'[301,"t",' + b"[" * 65 + b"]" * 65 + b"]", "nested deeper than 64 levels"),
+        (b'[301,"t",{"n":9223372036854775808}]', "integer of 64 bits is out of range"),
+        (b'[301,"t",[-9223372036854775809]]', "integer of 64 bits is out of range"),
+        (b'[301,"t",123456789012345678901234567890]', "integer of 97 bits is out of range"),
+        (b'[301,"t",1,{"o":"n","x":' + b"[" * 70 + b"]" * 70 + b"}]", "nested deeper than 64 levels"),
+    ],
+)
+def test_out_of_bounds_psc301_message_raises_payload_error(data: bytes, problem: str) -> None:
+    """A sound PSC301 whose message or metadata breaks the bounds raises PSCPayloadError naming the topic."""
+    with pytest.raises(psc.PSCPayloadError) as info:
+        decode(data)
+    assert info.value.topic == "t"
+    assert problem in str(info.value)
+
+
+def test_psc301_message_at_the_bounds_decodes() -> None:
+    """64 levels of message and the 64-bit integer edges are accepted."""
+    deep = b"[" * 64 + b"]" * 64
+    assert decode(b'[301,"t",' + deep + b"]") == Publish("t", orjson.loads(deep))
+    assert decode(b'[301,"t",[9223372036854775807,-9223372036854775808]]') == Publish("t", [2**63 - 1, -(2**63)])
+
+
+@given(hostile_values, st.sampled_from([101, 102, 201, 202, 301]))
+def test_fuzz_hostile_values_only_raise_decode_error(value: Any, kind: int) -> None:
+    """Hostile values anywhere give PSCDecodeError (PSCPayloadError only for PSC301) or a message within bounds."""
+    for frame in ([kind, value], [kind, "t", value], [kind, "t", "x", {"o": "n", "v": value}]):
+        data = json_text(frame)
+        try:
+            message = decode(data)
+        except psc.PSCPayloadError:
+            assert kind == PUBLISH
+            continue
+        except PSCDecodeError:
+            continue
+        if isinstance(message, Publish):
+            check(message.message)
+
+
+@given(hostile_values)
+def test_fuzz_hostile_text_frames_only_raise_decode_error(value: Any) -> None:
+    """The same values handed over as ``str`` (as Autobahn could) still raise only PSCDecodeError."""
+    try:
+        decode(json_text(value).decode())
+    except PSCDecodeError:
+        pass

@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 import pytest
+from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -29,6 +30,7 @@ from pubsubclub.adapters.tep_codec import (
     encode_server,
 )
 from pubsubclub.hub import Hub
+from pubsubclub.jsonbounds import check
 
 LIMITS = TEPLimits(max_frame_bytes=4096, max_channel_length=32, max_channels_per_client=3, max_channels_per_request=5)
 
@@ -400,3 +402,37 @@ def test_broadcast_interest_follows_clients_and_lost_clients_leave() -> None:
     b.connection_lost()
     assert hub.topics() == []
     assert server.clients == {}
+
+
+# -- hostile input: depth, numbers, surrogates ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("frame", "problem"),
+    [
+        (b'{"topic":"c","payload":' + b"[" * 65 + b"]" * 65 + b"}", "nested deeper than 64 levels"),
+        (b'{"topic":"c","payload":' + b"[" * 1000 + b"]" * 1000 + b"}", "nested deeper than 64 levels"),
+        (b'{"topic":"c","payload":{"_class":"Message","when":9223372036854775808}}', "out of range"),
+        (b'{"topic":"c","payload":18446744073709551616}', "out of range"),
+        (b'{"topic":"c","payload":NaN}', "not valid JSON"),
+        (b'{"topic":"c","payload":-Infinity}', "not valid JSON"),
+        (b'{"topic":"c","payload":"a\\ud800"}', "not valid JSON"),
+        ('{"topic":"c","payload":"a\ud800"}', "lone surrogate"),
+    ],
+)
+def test_hostile_frames_get_a_decode_error(frame: bytes | str, problem: str) -> None:
+    """Deep, huge, non-finite and surrogate frames raise TEPDecodeError naming the problem."""
+    with pytest.raises(TEPDecodeError, match=problem):
+        decode_client(frame)
+
+
+@given(hostile_values, st.sampled_from(["c", "join", "leave"]))
+def test_fuzz_hostile_values_only_raise_decode_error(value: Any, topic: str) -> None:
+    """Hostile payloads decode within the bounds or raise TEPDecodeError, for clients and servers alike."""
+    data = json_text({"topic": topic, "payload": value})
+    for decode in (decode_client, decode_server):
+        try:
+            frame = decode(data)
+        except TEPDecodeError:
+            continue
+        check(getattr(frame, "payload", None))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import Callable, Generator, Sequence
 from typing import Any, cast
@@ -14,10 +15,11 @@ import websockets
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.twisted.websocket import WampWebSocketClientFactory
 from autobahn.wamp import message
-from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.exception import ApplicationError, InvalidUriError, ProtocolError
 from autobahn.wamp.role import RoleSubscriberFeatures
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig, PublishOptions
+from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet import defer, threads
@@ -26,8 +28,10 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.logger import ILogObserver, globalLogPublisher
 
 from pubsubclub.hub import Envelope, Hub
+from pubsubclub.jsonbounds import JSONBounds, check
 from pubsubclub.wamp import WampLimits, WampRouter, wamp_site
 from pubsubclub.wamp.broker import hub_topic, uri_problem
+from pubsubclub.wamp.transport import bounded_serializers
 
 reactor: Any = _reactor
 
@@ -716,3 +720,102 @@ def test_hub_topic_mapping() -> None:
     """The first realm maps topics unchanged; others go to the reserved '$realm.<realm>#' space."""
     assert hub_topic("realm1", "a.b", "realm1") == "a.b"
     assert hub_topic("realm2", "a.b", "realm1") == "$realm.realm2#a.b"
+
+
+# -- hostile input: depth, numbers, surrogates -------------------------------------
+
+
+def deep_list(levels: int) -> Any:
+    """``levels`` nested lists."""
+    value: Any = 1
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+@pytest.mark.parametrize(
+    ("frames", "problem"),
+    [
+        ([j(HELLO), j([32, 5, {}, "a\ud800"])], "lone surrogate"),
+        ([j(HELLO), j([16, 6, {}, "com.example.t", [float("nan")]])], "non-finite number"),
+        ([j(HELLO), j([16, 6, {}, "com.example.t", [float("inf")]])], "non-finite number"),
+        ([j(HELLO), j([16, 6, {}, "com.example.t", [2**64]])], "integer of 65 bits is out of range"),
+        ([j(HELLO), j([16, 6, {}, "com.example.t", [], {"k": -(2**63) - 1}])], "out of range"),
+        ([j(HELLO), j([16, 6, {}, "com.example.t", [deep_list(100)]])], "nested deeper than 64 levels"),
+        ([j([1, "realm1", {"roles": {"publisher": {}}, "x": deep_list(200)}])], "nested deeper than 64 levels"),
+        ([j(HELLO), '[16, 6, {"\\udc00": 1}, "com.example.t", []]'], "lone surrogate"),
+    ],
+)
+@pytest_twisted.inlineCallbacks
+def test_hostile_json_aborts_with_the_problem(server: Server, frames: list[str], problem: str) -> Any:
+    """Deep, huge, non-finite or surrogate JSON is answered with ABORT naming the problem; others carry on."""
+    replies, code, _ = yield raw(server, frames)
+    abort = replies[-1]
+    assert abort[0] == 3 and abort[2] == "wamp.error.protocol_violation", replies
+    assert problem in abort[1]["message"]
+    assert code == 1000
+    assert server.hub.topics() == []
+    sub = yield server.join()
+    inbox = Inbox()
+    yield sub.subscribe(inbox.handler, "com.example.still")
+    yield sub.publish("com.example.still", "ok", options=PublishOptions(acknowledge=True, exclude_me=False))
+    assert (yield inbox.get()) == (("ok",), {})
+
+
+@pytest.mark.parametrize(
+    ("payload", "problem"),
+    [
+        ([float("inf")], "non-finite number"),
+        ([msgpack.Timestamp(1, 0)], "type Timestamp is not JSON"),
+        ([msgpack.ExtType(5, b"x")], "type ExtType is not JSON"),
+        ([deep_list(100)], "nested deeper than 64 levels"),
+        ([2**64 - 1], "integer of 64 bits is out of range"),
+    ],
+)
+@pytest_twisted.inlineCallbacks
+def test_hostile_msgpack_aborts_with_the_problem(server: Server, payload: list[Any], problem: str) -> Any:
+    """MessagePack carries what JSON cannot (infinities, extension types, 2**64 - 1): ABORT naming it."""
+    hello = msgpack.packb(HELLO)
+    publish = msgpack.packb([16, 6, {}, "com.example.t", payload], datetime=False)
+    replies, code, _ = yield raw(server, [hello, publish], subprotocol="wamp.2.msgpack")
+    abort = replies[-1]
+    assert abort[0] == 3 and abort[2] == "wamp.error.protocol_violation", replies
+    assert problem in abort[1]["message"]
+    assert code == 1000
+
+
+@pytest_twisted.inlineCallbacks
+def test_msgpack_binary_payloads_still_pass(server: Server) -> Any:
+    """The bounds let MessagePack's binary values through (they are WAMP payloads, not JSON)."""
+    sub = yield server.join("msgpack")
+    inbox = Inbox()
+    yield sub.subscribe(inbox.handler, "com.example.bin")
+    yield sub.publish("com.example.bin", b"\x00\xff", options=PublishOptions(acknowledge=True, exclude_me=False))
+    assert (yield inbox.get()) == ((b"\x00\xff",), {})
+
+
+def test_uri_problem_refuses_lone_surrogates() -> None:
+    """A topic with a lone surrogate is not a URI, even if it reached the broker some other way."""
+    assert "lone surrogate" in (uri_problem("a\ud800", 100) or "")
+    assert uri_problem("caf\u00e9.\U0001f600", 100) is None
+
+
+@given(hostile_values)
+def test_fuzz_bounded_serializers_only_raise_protocol_error(value: Any) -> None:
+    """Hostile JSON and MessagePack give Autobahn's declared errors or messages within the bounds."""
+    json_serializer, msgpack_serializer = (copy.copy(s) for s in reversed(bounded_serializers(JSONBounds())))
+    frames = [[16, 1, {}, "com.example.t", [value]], [32, 1, {}, value], [1, "realm1", {"roles": {}, "x": value}]]
+    for frame in frames:
+        wire: list[tuple[Any, bytes, bool]] = [(json_serializer, json_text(frame), False)]
+        try:
+            wire.append((msgpack_serializer, msgpack.packb(frame), True))
+        except (OverflowError, ValueError, UnicodeEncodeError, TypeError):
+            pass  # MessagePack cannot carry it at all
+        for serializer, data, binary in wire:
+            try:
+                [decoded] = serializer.unserialize(data, binary)
+            except (ProtocolError, InvalidUriError):  # what WampServerProtocol answers with ABORT/ERROR
+                continue
+            topic = decoded.topic if isinstance(decoded, message.Subscribe) else None
+            for part in (getattr(decoded, "args", None), getattr(decoded, "kwargs", None), topic):
+                check(part, binary=True)

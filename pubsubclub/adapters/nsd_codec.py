@@ -16,6 +16,8 @@ from typing import Any, Union
 
 import orjson
 
+from pubsubclub import jsonbounds
+
 #: ``_class`` of a message object.
 MESSAGE_CLASS = "Message"
 
@@ -41,6 +43,8 @@ class NSDLimits:
     max_name_chars: int = 256
     #: Most messages one Get returns (the newest are kept if there are more).
     max_get_messages: int = 10_000
+    #: Depth, integer range, floats and strings of every request (docs/security.md).
+    json: jsonbounds.JSONBounds = jsonbounds.DEFAULT_BOUNDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,25 +155,57 @@ def _text(line: bytes) -> str:
     return line.decode("utf-8", errors="replace")
 
 
-def _name(value: Any, field: str, line: str, limits: NSDLimits) -> str:
+def name_problem(value: Any, field: str, limits: NSDLimits) -> str | None:
+    """Why ``value`` cannot be an identity or channel name, or None if it can."""
     if not isinstance(value, str):
-        raise NSDRequestError(line, f"{field} must be a string")
+        return f"{field} must be a string"
     if not value or len(value) > limits.max_name_chars:
-        raise NSDRequestError(line, f"{field} must be 1-{limits.max_name_chars} characters")
+        return f"{field} must be 1-{limits.max_name_chars} characters"
     if any(ord(c) < 32 for c in value):
-        raise NSDRequestError(line, f"{field} must not contain control characters")
+        return f"{field} must not contain control characters"
     if value.startswith("$"):
-        raise NSDRequestError(line, f"{field} must not start with '$' (reserved for the cluster)")
-    return value
+        return f"{field} must not start with '$' (reserved for the cluster)"
+    return None
+
+
+def _name(value: Any, field: str, line: str, limits: NSDLimits) -> str:
+    problem = name_problem(value, field, limits)
+    if problem is not None:
+        raise NSDRequestError(line, problem)
+    return str(value)
+
+
+def stored_message_problem(message: Any, when: int, limits: NSDLimits) -> str | None:
+    """Why ``message`` cannot be a stored Message with ``when``, or None if it can.
+
+    What NSD stores and replicates: an object with ``_class`` Message, string
+    ``from`` and ``body``, the record's ``when``, and nothing beyond the JSON
+    bounds. Used on every record that comes from another node or from disk.
+    """
+    if not isinstance(message, dict):
+        return "message is not an object"
+    if message.get("_class") != MESSAGE_CLASS:
+        return "message _class is not Message"
+    if not isinstance(message.get("from"), str) or not isinstance(message.get("body"), str):
+        return "message from and body must be strings"
+    if message.get("when") != when or type(message.get("when")) is not int:
+        return "message when does not match its record"
+    try:
+        jsonbounds.check(message, limits.json)
+    except jsonbounds.BoundsError as e:
+        return f"message out of bounds: {e}"
+    return None
 
 
 def decode_request(line: bytes, limits: NSDLimits = NSDLimits()) -> Request:
     """Parse one request line; raise :class:`NSDRequestError` for anything invalid."""
     text = _text(line)
     try:
-        obj = orjson.loads(line)
+        obj = jsonbounds.loads(line, limits.json)
     except orjson.JSONDecodeError:
         raise NSDRequestError(text, "not JSON (or not UTF-8)") from None
+    except jsonbounds.BoundsError as e:
+        raise NSDRequestError(text, f"out of bounds: {e}") from None
     if not isinstance(obj, dict):
         raise NSDRequestError(text, "not a JSON object")
     kind = obj.get("_class")
@@ -228,3 +264,8 @@ def no_such_channel(channel: str) -> str:
 def message_too_big(chars: int) -> str:
     """The spec's error text for an oversize message."""
     return f"MESSAGE TOO BIG: {chars} characters"
+
+
+def not_authorized(why: str) -> str:
+    """Error text for a request the auth policy refuses (in the spec's ``KIND: detail`` style)."""
+    return f"NOT AUTHORIZED: {why}"

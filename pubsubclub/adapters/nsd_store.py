@@ -10,9 +10,10 @@ well below what a thread hop would cost.
 
 from __future__ import annotations
 
+import json
 import sqlite3
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 _SCHEMA = """
@@ -36,7 +37,29 @@ CREATE TABLE IF NOT EXISTS messages (
     stored_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_channel ON messages (channel, "when");
+CREATE TABLE IF NOT EXISTS quarantine (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    source TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    row TEXT NOT NULL,
+    quarantined_at REAL NOT NULL
+);
 """
+
+#: Longest message id a stored row may have.
+_MAX_ID_CHARS = 256
+#: Why a messages row is bad, checked in SQL (a full scan in C: cheap even for big histories).
+_BAD_MESSAGE = f"""
+    CASE
+      WHEN typeof("when") != 'integer' OR "when" <= 0 OR "when" > :horizon THEN 'when out of range'
+      WHEN typeof(message_id) != 'text' OR length(message_id) NOT BETWEEN 1 AND {_MAX_ID_CHARS} THEN 'bad message id'
+      WHEN typeof(channel) != 'text' OR length(channel) = 0 THEN 'bad channel'
+      WHEN NOT json_valid(CAST(message AS TEXT)) OR json_type(CAST(message AS TEXT)) != 'object'
+        THEN 'not a JSON object'
+    END"""
+
+#: What a bad row is checked against: (table, row) -> problem or None.
+RowCheck = Callable[[str, tuple[Any, ...]], "str | None"]
 
 
 class NSDStore:
@@ -102,6 +125,10 @@ class NSDStore:
         )
         return cur.rowcount > 0
 
+    def has_message(self, message_id: str) -> bool:
+        """Whether a message with this id is stored."""
+        return self._db.execute("SELECT 1 FROM messages WHERE message_id = ?", (message_id,)).fetchone() is not None
+
     def messages_after(self, channels: Iterable[str], after: int, limit: int) -> list[tuple[str, bytes]]:
         """(channel, message) of ``channels`` with ``when > after`` in publish order (the newest ``limit``)."""
         names = list(channels)
@@ -146,6 +173,64 @@ class NSDStore:
             removed += cur.rowcount
         return removed
 
+    # -- repair ----------------------------------------------------------------------
+
+    def quarantine_bad_rows(self, horizon: int, row_problem: RowCheck) -> int:
+        """Move rows that older versions could store but NSD must not serve to ``quarantine``; return how many.
+
+        Messages are checked in SQL (``when`` in ``1..horizon``, id, channel,
+        a JSON object); channels and subscriptions (few) by ``row_problem``.
+        Quarantined rows keep their data (as JSON text) for an operator.
+        """
+        moved: list[tuple[str, str, str, tuple[Any, ...]]] = []
+        for seq, channel, when, message_id, message, reason in self._db.execute(
+            f'SELECT seq, channel, "when", message_id, message, {_BAD_MESSAGE} AS reason FROM messages '
+            "WHERE reason IS NOT NULL",
+            {"horizon": horizon},
+        ):
+            text = message.decode("utf-8", "replace") if isinstance(message, bytes) else str(message)
+            moved.append(
+                ("messages", reason, "DELETE FROM messages WHERE seq = ?", (seq, [channel, when, message_id, text]))
+            )
+        for name, created in self._db.execute("SELECT name, created FROM channels"):
+            reason = row_problem("channels", (name,))
+            if reason is not None:
+                moved.append(("channels", reason, "DELETE FROM channels WHERE name = ?", (name, [name, created])))
+        for identity, channel, active, stamp in self._db.execute(
+            "SELECT identity, channel, active, stamp FROM subscriptions"
+        ):
+            reason = row_problem("subscriptions", (identity, channel, bool(active), stamp))
+            if reason is not None:
+                moved.append(
+                    (
+                        "subscriptions",
+                        reason,
+                        "DELETE FROM subscriptions WHERE identity = ? AND channel = ?",
+                        ((identity, channel), [identity, channel, active, stamp]),
+                    )
+                )
+        if not moved:
+            return 0
+        now = time.time()
+        self._db.execute("BEGIN")
+        try:
+            for source, reason, delete, (key, row) in moved:
+                data = json.dumps(row, default=repr)
+                self._db.execute(
+                    "INSERT INTO quarantine (source, reason, row, quarantined_at) VALUES (?, ?, ?, ?)",
+                    (source, reason, data, now),
+                )
+                self._db.execute(delete, key if isinstance(key, tuple) else (key,))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return len(moved)
+
+    def quarantined(self) -> list[tuple[str, str, str]]:
+        """Every quarantined row: (table, reason, row as JSON text)."""
+        return [(s, r, d) for s, r, d in self._db.execute("SELECT source, reason, row FROM quarantine ORDER BY seq")]
+
     def stats(self) -> dict[str, Any]:
         """Row counts."""
         q = self._db.execute
@@ -153,4 +238,5 @@ class NSDStore:
             "channels": q("SELECT COUNT(*) FROM channels").fetchone()[0],
             "messages": q("SELECT COUNT(*) FROM messages").fetchone()[0],
             "subscriptions": q("SELECT COUNT(*) FROM subscriptions WHERE active = 1").fetchone()[0],
+            "quarantined": q("SELECT COUNT(*) FROM quarantine").fetchone()[0],
         }

@@ -22,6 +22,16 @@ Broadcasts
     no TEP client can publish there; hub topics starting with ``$`` are meant
     to be node-internal for every front-end (docs/tep.md).
 
+Authorization
+    TEP carries no credentials, so with an auth policy (``--auth``) every
+    TEP client has the policy's anonymous role: it may join only channels
+    whose hub topic the role may subscribe to (others come back in
+    ``#join``) and publish only where the role may publish (else ``#error``).
+    When the policy refuses anonymous sessions, a TEP client gets one
+    ``#error`` frame and the close code :data:`UNAUTHORIZED_CLOSE`.
+    Broadcasts are the operator's messages, not a topic a client chose: they
+    reach every admitted client.
+
 Payloads
     Sent as they are in the envelope. A WAMP publication with several
     arguments or keyword arguments arrives as its ``{"args": [...],
@@ -40,6 +50,7 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
+from pubsubclub import jsonbounds
 from pubsubclub.adapters.tep_codec import (
     DEFAULT_LIMITS,
     Broadcast,
@@ -60,6 +71,7 @@ from pubsubclub.adapters.tep_codec import (
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.wamp.auth import AuthPolicy, Role
 
 __all__ = [
     "BROADCAST_TOPIC",
@@ -78,6 +90,10 @@ BROADCAST_TOPIC = "$tep.broadcast"
 #: Close code for a server-initiated close (Autobahn lets an application send
 #: only 1000 or 3000-4999; the reason says why).
 NORMAL_CLOSE = 1000
+#: Close code for a client the auth policy refuses (IANA's 3000, "Unauthorized").
+UNAUTHORIZED_CLOSE = 3000
+#: What a refused client is told, in its ``#error`` frame and the close reason.
+ANONYMOUS_REFUSED = "not authorized: this node admits only authenticated clients, and TEP has no credentials"
 
 
 class TEPTransport(Protocol):
@@ -106,6 +122,7 @@ class TEPServer:
         *,
         prefix: str = "",
         client_publish: bool = True,
+        auth: AuthPolicy | None = None,
     ) -> None:
         if prefix.startswith("$"):
             raise ValueError(f"TEP prefix {prefix!r} must not start with '$' (reserved hub topics)")
@@ -113,6 +130,10 @@ class TEPServer:
         self.limits = limits
         self.prefix = prefix
         self.client_publish = client_publish
+        #: The role of every TEP client (the policy's anonymous role); None: no policy, all allowed.
+        self.role: Role | None = None if auth is None else auth.anonymous_role
+        #: The policy refuses anonymous clients, so every TEP client is turned away.
+        self.refuse_clients = auth is not None and self.role is None
         #: Connected clients.
         self.clients: dict[TEPClient, None] = {}
         #: Counters for /stats.
@@ -124,6 +145,8 @@ class TEPServer:
             "broadcasts_sent": 0,
             "undeliverable": 0,
             "dropped_slow": 0,
+            "refused_clients": 0,
+            "not_authorized": 0,
         }
         self._broadcast_sink = _BroadcastSink(self)
         self._wire_key = f"tep|{prefix}"
@@ -290,7 +313,17 @@ class TEPClient:
         self._send_frame(ErrorFrame(problem, None if data is None else echo_of(data)))
 
     def _join(self, frame: Join) -> None:
-        reply, new = self.channels.join(frame.channels)
+        server = self._server
+        role = server.role
+        allowed = None if role is None else (lambda channel: role.may_subscribe(server.hub_topic(channel)))
+        reply, new = self.channels.join(frame.channels, allowed)
+        if role is not None and reply.rejected:
+            log.debug(
+                "TEP client {peer}: role {role} may not join some of {channels}",
+                peer=self.peer,
+                role=role.name,
+                channels=reply.rejected,
+            )
         for channel in new:
             self._hub.subscribe(self._server.hub_topic(channel), self)
         self._send_frame(reply)
@@ -305,6 +338,11 @@ class TEPClient:
         server = self._server
         if not server.client_publish:
             self.refuse("client publishing is disabled on this node", data)
+            return
+        role = server.role
+        if role is not None and not role.may_publish(server.hub_topic(frame.topic)):
+            server.stats["not_authorized"] += 1
+            self.refuse(f"not authorized: role {role.name!r} may not publish to channel {frame.topic!r}", data)
             return
         server.stats["published"] += 1
         envelope = self._hub.envelope(server.hub_topic(frame.topic), frame.payload)
@@ -386,6 +424,13 @@ class TEPServerProtocol(WebSocketServerProtocol):
     def onOpen(self) -> None:  # noqa: N802 - Autobahn API
         """The handshake is done: create the client and watch the send buffer."""
         server: TEPServer = self.factory.tep_server
+        if server.refuse_clients:
+            server.stats["refused_clients"] += 1
+            log.info("TEP client {peer} refused: anonymous clients are not allowed", peer=self.peer)
+            for data in encode_server(ErrorFrame(ANONYMOUS_REFUSED)):
+                self.sendMessage(data, False)
+            self.sendClose(UNAUTHORIZED_CLOSE, "not authorized: anonymous clients are refused")
+            return
         self._client = TEPClient(server, self, peer=str(self.peer))
         self._watch_send_buffer()
 
@@ -470,7 +515,7 @@ class _OperationResource(Resource):
             request.setResponseCode(413)
             return orjson.dumps({"error": f"body over the limit of {limit} bytes"})
         try:
-            value = orjson.loads(body)
+            value = jsonbounds.loads(body, self._server.limits.json)
             if not isinstance(value, dict) or "payload" not in value:
                 raise ValueError('the body must be a JSON object with a "payload"')
             if self._operation == "broadcast":
@@ -480,7 +525,7 @@ class _OperationResource(Resource):
                 if not isinstance(channel, str):
                     raise ValueError('the body needs a string "channel"')
                 delivered = self._server.emit(channel, value["payload"])
-        except ValueError as e:  # orjson.JSONDecodeError is a ValueError
+        except ValueError as e:  # orjson.JSONDecodeError and jsonbounds.BoundsError are ValueErrors
             request.setResponseCode(400)
             return orjson.dumps({"error": str(e)})
         return orjson.dumps({"delivered_locally": delivered})

@@ -16,11 +16,13 @@ used by tests and by anyone writing a Python TEP client.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Union
 
 import orjson
+
+from pubsubclub import jsonbounds
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -84,6 +86,8 @@ class TEPLimits:
     max_channels_per_request: int = 100
     #: Unsent bytes queued for one client before it is dropped as too slow.
     max_send_buffer: int = 16 * 1024 * 1024
+    #: Depth, integer range, floats and strings of every frame (docs/security.md).
+    json: jsonbounds.JSONBounds = jsonbounds.DEFAULT_BOUNDS
 
     def __post_init__(self) -> None:
         for name in (
@@ -218,14 +222,20 @@ class ClientChannels:
     def __len__(self) -> int:
         return len(self._joined)
 
-    def join(self, channels: Iterable[str]) -> tuple[JoinReply, tuple[str, ...]]:
-        """The reply to a ``join``, and the channels newly joined by it."""
+    def join(
+        self, channels: Iterable[str], allowed: Callable[[str], bool] | None = None
+    ) -> tuple[JoinReply, tuple[str, ...]]:
+        """The reply to a ``join``, and the channels newly joined by it.
+
+        ``allowed`` (when given) says which valid channels the client may
+        join at all (its role's subscribe prefixes); the others are rejected.
+        """
         accepted: list[str] = []
         rejected: list[str] = []
         new: list[str] = []
         limit = self._limits.max_channels_per_client
         for channel in dict.fromkeys(channels):
-            if channel_problem(channel, self._limits) is not None:
+            if channel_problem(channel, self._limits) is not None or (allowed is not None and not allowed(channel)):
                 rejected.append(channel)
             elif channel in self._joined:
                 accepted.append(channel)
@@ -257,7 +267,7 @@ def _json_type(value: Any) -> str:
     return "null" if value is None else _JSON_TYPES.get(type(value), type(value).__name__)
 
 
-def _load_object(data: bytes | str, max_bytes: int) -> dict[str, Any]:
+def _load_object(data: bytes | str, max_bytes: int, bounds: jsonbounds.JSONBounds) -> dict[str, Any]:
     """One JSON object from a text frame; TEPDecodeError for anything else."""
     if isinstance(data, str):
         try:
@@ -276,6 +286,10 @@ def _load_object(data: bytes | str, max_bytes: int) -> dict[str, Any]:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError as e:
         raise TEPDecodeError(f"frame is not valid JSON: {e}") from None
+    try:
+        jsonbounds.check_decoded(raw, value, bounds)
+    except jsonbounds.BoundsError as e:
+        raise TEPDecodeError(f"frame is out of bounds: {e}") from None
     if not isinstance(value, dict):
         raise TEPDecodeError(f"frame must be a JSON object, not {_json_type(value)}")
     return value
@@ -283,7 +297,7 @@ def _load_object(data: bytes | str, max_bytes: int) -> dict[str, Any]:
 
 def decode_client(data: bytes | str, limits: TEPLimits = DEFAULT_LIMITS) -> ClientFrame:
     """Parse one client frame; raise :class:`TEPDecodeError` naming the problem."""
-    value = _load_object(data, limits.max_frame_bytes)
+    value = _load_object(data, limits.max_frame_bytes, limits.json)
     unknown = sorted(value.keys() - _FIELDS)
     if unknown:
         raise TEPDecodeError(f"unknown field(s) {', '.join(repr(k[:64]) for k in unknown[:5])}")
@@ -326,7 +340,7 @@ def decode_server(data: bytes | str, limits: TEPLimits = DEFAULT_LIMITS) -> Serv
     Each reply frame decodes on its own: ``@join`` gives a :class:`JoinReply`
     with no rejected channels, ``#join`` one with no accepted channels.
     """
-    value = _load_object(data, limits.max_frame_bytes)
+    value = _load_object(data, limits.max_frame_bytes, limits.json)
     unknown = sorted(value.keys() - _FIELDS)
     if unknown:
         raise TEPDecodeError(f"unknown field(s) {', '.join(repr(k[:64]) for k in unknown[:5])}")

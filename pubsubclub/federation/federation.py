@@ -10,6 +10,7 @@ again: one hop over a full mesh, so no loops and no duplicates.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,10 +28,19 @@ from twisted.logger import Logger
 
 from pubsubclub import psc
 from pubsubclub.federation.auth import AUTH_HEADER, DEFAULT_WINDOW, AuthRefused, LinkAuth
-from pubsubclub.federation.session import CLOSE_DUPLICATE, CLOSE_REMOVED, LinkSession, LinkState, Role
+from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused
+from pubsubclub.federation.session import (
+    CLOSE_BAD_MESSAGE,
+    CLOSE_DUPLICATE,
+    CLOSE_REMOVED,
+    LinkError,
+    LinkSession,
+    LinkState,
+    Role,
+)
 from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
 from pubsubclub.federation.transport import NODE_HEADER, PSCClientFactory, PSCServerFactory
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.metrics import payload_size
 
 log = Logger()
@@ -106,6 +116,7 @@ class Federation:
         endpoint_factory: Callable[[Any, str], IStreamClientEndpoint] = endpoint_for_url,
         secret: bytes | None = None,
         auth_window: float = DEFAULT_WINDOW,
+        replay: ReplaySettings | None = None,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -124,6 +135,14 @@ class Federation:
         self._endpoint_factory = endpoint_factory
         #: Proves and checks the cluster secret on every link; None: links are not authenticated.
         self.auth = None if secret is None else LinkAuth(secret, clock=reactor.seconds, window=auth_window)
+        #: PSC 0.3 (replay after short outages, federation/replay.py): offered when ``replay`` is given.
+        self.outbox: Outbox | None = None
+        self.inbox: Inbox | None = None
+        if replay is not None:
+            self.outbox = Outbox(replay, reactor.seconds, boot=os.urandom(6).hex())
+            self.inbox = Inbox(replay.max_positions)
+            if psc.V0_3 not in versions:
+                self.versions = (*versions, psc.V0_3)
         self._servers: dict[str, _Server] = {}
         #: Every live link -> its Autobahn protocol.
         self._links: dict[LinkSession, Any] = {}
@@ -138,6 +157,11 @@ class Federation:
             "links_refused": 0,
             "dropped_not_json": 0,
             "auth_refused": 0,
+            "gaps": 0,
+            "gap_messages": 0,
+            "duplicates_dropped": 0,
+            "dropped_bounds": 0,
+            "handler_errors": 0,
         }
         hub.add_interest_listener(self)
         hub.add_publish_listener(self)
@@ -253,8 +277,11 @@ class Federation:
                 self._links[session].close_link(CLOSE_DUPLICATE, f"already linked to node {session.peer_node}")
                 return
             self._producers[session] = None
-            topics = self.hub.topics()
-            if topics:
+            topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
+            if session.with_replay and self.inbox is not None:
+                epoch, seq = self.inbox.position(session.peer_node or session.peer)
+                session.send(psc.Resume(epoch, seq, tuple(topics)))
+            elif topics:
                 session.send(psc.Subscribe(tuple(topics)))
         protocol = self._links.get(session)
         for server in self._servers.values():
@@ -273,6 +300,8 @@ class Federation:
         """The transport closed (or we are closing it)."""
         self._links.pop(session, None)
         self._producers.pop(session, None)
+        if self.outbox is not None:
+            self.outbox.detach(session)
         for topic in session.topics:
             sessions = self._by_topic.get(topic)
             if sessions is not None:
@@ -282,23 +311,98 @@ class Federation:
 
     def link_subscribed(self, session: LinkSession, topics: tuple[str, ...]) -> None:
         """A consumer asked us (its producer) for ``topics``."""
-        for topic in topics:
-            self._by_topic.setdefault(topic, {})[session] = None
+        if session.with_replay and self.outbox is not None:
+            self.outbox.subscribe(session, topics)
+        else:
+            for topic in topics:
+                self._by_topic.setdefault(topic, {})[session] = None
         peer = session.peer_node or session.peer
         for topic in topics:
             self.hub.remote_subscribed(topic, peer)
 
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A consumer no longer wants ``topic`` from us."""
+        if session.with_replay and self.outbox is not None:
+            self.outbox.unsubscribe(session, topic)
         sessions = self._by_topic.get(topic)
         if sessions is not None:
             sessions.pop(session, None)
             if not sessions:
                 del self._by_topic[topic]
 
+    def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
+        """0.3: a consumer resumes its stream; answer PSC104, resend what it missed, then go live."""
+        assert self.outbox is not None  # 0.3 is offered only with an outbox
+        try:
+            plan = self.outbox.resume(session, session.peer_node, message)
+        except ResumeRefused as e:
+            raise LinkError(CLOSE_BAD_MESSAGE, e.reason) from None
+        session.send(plan.position)
+        for data in plan.replay:
+            session.send_raw(data)
+        peer = session.peer_node or session.peer
+        log.info(
+            "PSC stream to {peer}: epoch {epoch}, resumed after {seq}, {replayed} resent, {lost} lost",
+            peer=peer,
+            epoch=plan.position.epoch,
+            seq=plan.position.seq,
+            replayed=len(plan.replay),
+            lost=plan.position.lost,
+        )
+        if plan.replay:
+            self.hub.metrics.link_count(peer, "replayed", len(plan.replay))
+        old = self._links.get(plan.superseded)
+        if old is not None:
+            old.close_link(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
+        for topic in message.topics:
+            self.hub.remote_subscribed(topic, peer)
+
+    def link_position(self, session: LinkSession, message: psc.Position) -> None:
+        """0.3: the producer said where its stream continues; report a gap it announces."""
+        assert self.inbox is not None
+        gap = self.inbox.positioned(session.peer_node or session.peer, message)
+        if gap is not None:
+            self._report_gap(gap)
+
+    def _report_gap(self, gap: Gap) -> None:
+        """Log, count and tell local subscribers of GAP_TOPIC that messages from a producer are lost."""
+        self.stats["gaps"] += 1
+        self.stats["gap_messages"] += gap.lost or 0
+        self.hub.metrics.link_count(gap.producer, "gaps", 1)
+        if gap.lost:
+            self.hub.metrics.link_count(gap.producer, "lost", gap.lost)
+        log.warn(
+            "gap in the stream from {peer}: {lost} messages lost ({reason})",
+            peer=gap.producer,
+            lost="an unknown number of" if gap.lost is None else gap.lost,
+            reason=gap.reason,
+        )
+        now = self._reactor.seconds()
+        payload = {"origin": gap.producer, "lost": gap.lost, "reason": gap.reason}
+        self.hub.deliver_remote(Envelope(GAP_TOPIC, payload, origin=self.node_id, published_at=now))
+    def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
+        """A producer sent a PSC301 whose message breaks the JSON bounds: count it, keep the link."""
+        peer = session.peer_node or session.peer
+        self.stats["dropped_bounds"] += 1
+        self.hub.metrics.count(error.topic, "psc", "dropped", 1, session.last_size, peer=peer, reason="bounds")
+        log.warn("dropped a PSC301 from {peer}: {problem}", peer=peer, problem=str(error))
+
+    def link_error(self, session: LinkSession) -> None:
+        """Handling a message from ``session`` raised (logged by the transport); the link stays."""
+        self.stats["handler_errors"] += 1
+        self.hub.metrics.error("psc", "handler_error")
+
     def link_received(self, session: LinkSession, message: psc.Publish) -> None:
         """A producer sent a message: deliver it here, never forward it."""
         meta = message.meta
+        if session.with_replay and self.inbox is not None and meta is not None and meta.seq is not None:
+            skipped = self.inbox.accept(session.peer_node or session.peer, meta.seq)
+            if skipped:
+                if skipped == DUPLICATE:
+                    self.stats["duplicates_dropped"] += 1
+                    self.hub.metrics.link_count(session.peer_node or session.peer, "duplicates", 1)
+                    return
+                self._report_gap(Gap(session.peer_node or session.peer, skipped, "sequence"))
         if meta is None:
             envelope = Envelope(message.topic, message.message, origin=session.peer_node)
         else:
@@ -321,14 +425,14 @@ class Federation:
 
     def topic_added(self, topic: str) -> None:
         """First local subscriber: ask every producer for the topic."""
-        if self._producers:
+        if self._producers and topic != GAP_TOPIC:
             data = psc.encode(psc.Subscribe((topic,)))
             for session in self._producers:
                 session.send_raw(data)
 
     def topic_removed(self, topic: str) -> None:
         """Last local subscriber gone: tell every producer."""
-        if self._producers:
+        if self._producers and topic != GAP_TOPIC:
             data = psc.encode(psc.Unsubscribe(topic))
             for session in self._producers:
                 session.send_raw(data)
@@ -336,14 +440,24 @@ class Federation:
     def local_published(self, envelope: Envelope) -> None:
         """Forward a local publish to each consumer that asked for its topic."""
         sessions = self._by_topic.get(envelope.topic)
-        if not sessions:
+        outbox = self.outbox
+        replayed = outbox is not None and outbox.wants(envelope.topic)
+        if not sessions and not replayed:
             return
         plain: bytes | None = None
         rich: bytes | None = None
         count = self.hub.metrics.count
         topic = envelope.topic
+        sent = 0
         try:
-            for session in sessions:
+            if replayed:
+                assert outbox is not None
+                meta = psc.Meta(envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped)
+                rich = psc.encode_publish(topic, envelope.payload, meta)
+                for session, size in outbox.publish(topic, rich):
+                    count(topic, "psc", "forwarded", 1, size, peer=session.peer_node or session.peer)
+                    sent += 1
+            for session in sessions or ():
                 if session.with_metadata:
                     if rich is None:
                         meta = psc.Meta(
@@ -364,7 +478,7 @@ class Federation:
                 "not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e
             )
             return
-        self.stats["forwarded"] += len(sessions)
+        self.stats["forwarded"] += len(sessions or ()) + sent
 
     # -- introspection -----------------------------------------------------
 
@@ -408,7 +522,13 @@ class Federation:
 
     def remote_interest(self) -> dict[str, list[str]]:
         """topic -> the peers (node ids, else URLs) that asked us for it."""
-        return {topic: sorted(s.peer_node or s.peer for s in sessions) for topic, sessions in self._by_topic.items()}
+        interest = {
+            topic: sorted(s.peer_node or s.peer for s in sessions) for topic, sessions in self._by_topic.items()
+        }
+        if self.outbox is not None:
+            for topic, consumers in self.outbox.interest().items():
+                interest[topic] = sorted(interest.get(topic, []) + consumers)
+        return interest
 
     def open_links(self) -> int:
         """Number of links past their handshake."""

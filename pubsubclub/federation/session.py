@@ -74,6 +74,14 @@ class LinkOwner(Protocol):
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A producer link's consumer no longer wants ``topic``."""
 
+    def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
+        """A 0.3 producer link's consumer sent its position and interest (PSC103)."""
+
+    def link_position(self, session: LinkSession, message: psc.Position) -> None:
+        """A 0.3 consumer link's producer said where its stream continues (PSC104)."""
+    def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
+        """A consumer link received a PSC301 whose message breaks the JSON bounds; it was dropped."""
+
 
 class LinkSession:
     """Protocol state of one link, independent of any transport."""
@@ -97,6 +105,8 @@ class LinkSession:
         self.version: psc.Version | None = None
         #: Topics the consumer at the other end asked for (producer role).
         self.topics: set[str] = set()
+        #: 0.3: PSC103 (producer role) or PSC104 (consumer role) was received.
+        self.resumed = False
         self._send = send
         self._owner = owner
         self._versions = versions
@@ -109,6 +119,11 @@ class LinkSession:
     def with_metadata(self) -> bool:
         """Whether PSC301 on this link carries the 0.2 metadata."""
         return self.version is not None and self.version >= psc.V0_2
+
+    @property
+    def with_replay(self) -> bool:
+        """Whether this link speaks the 0.3 replay extension (numbered PSC301, PSC103/PSC104)."""
+        return self.version is not None and self.version >= psc.V0_3
 
     def start(self) -> None:
         """The transport opened: the consumer speaks first, whoever dialled."""
@@ -137,10 +152,19 @@ class LinkSession:
         self.last_size = len(data)
         try:
             message = psc.decode(data, self._limits)
+        except psc.PSCPayloadError as e:
+            if self.state is LinkState.OPEN and self.role is Role.CONSUMER:
+                # A producer relays what its clients (or an older node) sent:
+                # drop that one message, keep the link for everything else.
+                self._owner.link_dropped(self, e)
+                return
+            raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
         except psc.PSCDecodeError as e:
             raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
         if self.state is LinkState.HANDSHAKING:
             self._handshake(message)
+        elif self.with_replay and self._replay_step(message):
+            return
         elif self.role is Role.CONSUMER:
             if not isinstance(message, psc.Publish):
                 raise self._unexpected(message)
@@ -155,6 +179,30 @@ class LinkSession:
             self._owner.link_unsubscribed(self, message.topic)
         else:
             raise self._unexpected(message)
+
+    def _replay_step(self, message: psc.Message) -> bool:
+        """0.3 rules: PSC103 opens the producer's side, PSC104 the consumer's; True when handled here."""
+        if self.role is Role.PRODUCER:
+            if self.resumed:
+                return False
+            if not isinstance(message, psc.Resume):
+                raise LinkError(
+                    CLOSE_BAD_MESSAGE, f"a 0.3 consumer must send PSC103 first, got {type(message).__name__}"
+                )
+            self.resumed = True
+            self.topics.update(message.topics)
+            self._owner.link_resume(self, message)
+            return True
+        if isinstance(message, psc.Position) and not self.resumed:
+            self.resumed = True
+            self._owner.link_position(self, message)
+            return True
+        if isinstance(message, psc.Publish):
+            if not self.resumed:
+                raise LinkError(CLOSE_BAD_MESSAGE, "PSC301 before PSC104 on a 0.3 link")
+            if message.meta is None or message.meta.seq is None:
+                raise LinkError(CLOSE_BAD_MESSAGE, "PSC301 on a 0.3 link needs metadata with a sequence number 's'")
+        return False
 
     def _handshake(self, message: psc.Message) -> None:
         if self.role is Role.PRODUCER:

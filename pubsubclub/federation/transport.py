@@ -4,7 +4,8 @@ Parsing and protocol rules live in :mod:`pubsubclub.federation.session`; this
 module only moves bytes, learns the peer's node id from the handshake headers,
 carries the cluster-secret proofs that :mod:`pubsubclub.federation.auth` makes
 and checks, and turns :class:`~pubsubclub.federation.session.LinkError` into a close frame
-with a reason.
+with a reason. Nothing else closes a link: any other error while handling a
+message is logged and counted, and the link stays.
 """
 
 from __future__ import annotations
@@ -120,6 +121,11 @@ class _LinkProtocolBase:
         except LinkError as e:
             log.warn("closing PSC link to {peer}: {reason}", peer=session.peer, reason=e.reason)
             self.close_link(e.code, e.reason)
+        except Exception:
+            # Only the peer's protocol error (LinkError) closes a link; a fault
+            # of ours while handling a valid message costs that message only.
+            log.failure("PSC link to {peer}: error handling a message; the link stays", peer=session.peer)
+            self.factory.federation.link_error(session)
 
     def close_link(self, code: int, reason: str) -> None:
         """Close with a reason the peer can read; stop handling its messages."""

@@ -22,6 +22,16 @@ Payloads
     ``Envelope.wamp_wrapped`` set. On delivery a wrapped envelope is unpacked
     back into EVENT args/kwargs; anything else is sent as ``args=[payload]``.
 
+Authentication and authorization
+    Without a policy every HELLO is welcomed as anonymous with full access
+    (as before ``--auth`` existed). With an :class:`~pubsubclub.wamp.auth.AuthPolicy`
+    the session runs a :class:`~pubsubclub.wamp.auth.Authenticator` (HELLO,
+    maybe CHALLENGE/AUTHENTICATE, then WELCOME or ABORT) and keeps the
+    :class:`~pubsubclub.wamp.auth.Role` it was welcomed with; SUBSCRIBE and
+    PUBLISH on a hub topic outside the role's prefixes get ERROR
+    ``wamp.error.not_authorized`` (a PUBLISH only when acknowledged, as for
+    every refused publish) and nothing is delivered or forwarded.
+
 Hot path
     Subscription ids are broker-wide per hub topic (every session subscribed
     to a topic gets the same id), so one EVENT message serves every
@@ -33,8 +43,10 @@ Hot path
 from __future__ import annotations
 
 import enum
+import os
 import random
 import re
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -44,8 +56,10 @@ from autobahn.wamp.message import Message
 from autobahn.wamp.role import RoleBrokerFeatures
 from twisted.logger import Logger
 
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
+from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.metrics import payload_size
+from pubsubclub.wamp.auth import NOT_AUTHORIZED, Authenticator, AuthPolicy, Challenge, Deny, Role, Welcome
 
 __all__ = [
     "BrokerSession",
@@ -68,6 +82,12 @@ PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 GOODBYE_AND_OUT = "wamp.close.goodbye_and_out"
 TOO_MANY_SUBSCRIPTIONS = "pubsubclub.error.too_many_subscriptions"
+#: The router's meta event for lost cross-node messages (docs/protocol.md, "Gap reports").
+GAP_EVENT_TOPIC = "wamp.pubsubclub.gap"
+
+#: WAMP meta topics the router publishes itself -> their reserved hub topics (the same in every realm).
+#: Clients may subscribe to them; publishing to ``wamp.*`` is refused, so they cannot be forged.
+META_TOPICS = {GAP_EVENT_TOPIC: GAP_TOPIC}
 
 #: Strict WAMP URI (spec: "URIs"): lower-case letters, digits and ``_`` in
 #: non-empty dot-separated components.
@@ -98,6 +118,8 @@ class WampLimits:
     max_subscriptions_per_session: int = 1000
     #: Unsent bytes queued for one client before it is dropped as too slow.
     max_send_buffer: int = 16 * 1024 * 1024
+    #: Depth, integer range, floats and strings of every message (docs/security.md).
+    json: JSONBounds = DEFAULT_BOUNDS
 
     def __post_init__(self) -> None:
         for name in (
@@ -136,6 +158,9 @@ class WampTransport(Protocol):
 
 def hub_topic(realm: str, topic: str, default_realm: str) -> str:
     """The hub topic for WAMP ``topic`` in ``realm`` (see module docstring)."""
+    meta = META_TOPICS.get(topic)
+    if meta is not None:
+        return meta
     if realm == default_realm:
         return topic
     return f"$realm.{realm}#{topic}"
@@ -147,6 +172,8 @@ def uri_problem(uri: str, max_length: int) -> str | None:
         return f"URI is {len(uri)} characters long; the limit is {max_length}"
     if uri.startswith("$"):
         return f"URI {uri!r:.80} is reserved: topics starting with '$' are the cluster's own"
+    if not uri.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in uri):
+        return f"URI {uri!r:.80} holds a lone surrogate, which is not valid Unicode text"
     if not _LOOSE_URI.fullmatch(uri):
         return f"URI {uri!r:.80} is not a WAMP URI (dot-separated non-empty components without whitespace or '#')"
     return None
@@ -176,6 +203,8 @@ class _State(enum.Enum):
 
     #: Transport open; the first message must be HELLO.
     AWAIT_HELLO = "await_hello"
+    #: CHALLENGE sent; the next message must be AUTHENTICATE.
+    AWAIT_AUTHENTICATE = "await_authenticate"
     #: WELCOME sent: pub/sub allowed.
     ESTABLISHED = "established"
     #: ABORT or GOODBYE sent, or the transport is gone; input is ignored.
@@ -200,6 +229,9 @@ class WampRouter:
         limits: WampLimits = WampLimits(),  # noqa: B008 - frozen, so sharing is safe
         *,
         new_id: Callable[[], int] = random_wamp_id,
+        auth: AuthPolicy | None = None,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
@@ -210,6 +242,11 @@ class WampRouter:
         self.realms: tuple[str, ...] = tuple(realms)
         self.limits = limits
         self.new_id = new_id
+        #: Who may connect and what each role may do; None: everyone, anonymously, everything.
+        self.auth = auth
+        #: Randomness for authentication challenges, and the clock stamping them.
+        self.random_bytes = random_bytes
+        self.clock = clock
         self._subscriptions: dict[str, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()
         #: Sessions with an open transport.
@@ -290,19 +327,27 @@ class BrokerSession:
         #: Read by Autobahn's transport for its trace logging.
         self._session_id: int | None = None
         self._authid: str | None = None
+        #: The role welcomed with; None without an auth policy (everything allowed).
+        self._role: Role | None = None
+        self._authenticator: Authenticator | None = None
         #: subscription id -> hub topic, and back.
         self._subscriptions: dict[int, str] = {}
         self._topics: dict[str, int] = {}
 
     @property
     def session_id(self) -> int | None:
-        """The WAMP session id once WELCOME was sent."""
+        """The WAMP session id (drawn at HELLO; the session is up once WELCOME was sent)."""
         return self._session_id
 
     @property
     def realm(self) -> str | None:
         """The realm joined, once WELCOME was sent."""
         return self._realm
+
+    @property
+    def role(self) -> Role | None:
+        """The role this session was welcomed with (None without an auth policy)."""
+        return self._role
 
     # -- Autobahn's router-side transport contract ----------------------------
 
@@ -458,6 +503,11 @@ class BrokerSession:
                 self._on_hello(msg)
             else:
                 self.protocol_violation(f"{type(msg).__name__.upper()} received before the session was established")
+        elif state is _State.AWAIT_AUTHENTICATE:
+            if isinstance(msg, message.Authenticate):
+                self._on_authenticate(msg)
+            else:
+                self.protocol_violation(f"{type(msg).__name__.upper()} received while AUTHENTICATE was expected")
         elif isinstance(msg, message.Publish):
             self._on_publish(msg)
         elif isinstance(msg, message.Subscribe):
@@ -479,20 +529,57 @@ class BrokerSession:
             return
         self._realm = realm
         self._session_id = self._router.new_id()
+        policy = self._router.auth
+        if policy is None:
+            self._welcome(None, "anonymous", "anonymous", None)
+            return
+        self._authenticator = Authenticator(policy, random_bytes=self._router.random_bytes, clock=self._router.clock)
+        self._answer(self._authenticator.hello(msg.authmethods, msg.authid, msg.authextra, self._session_id))
+
+    def _on_authenticate(self, msg: message.Authenticate) -> None:
+        assert self._authenticator is not None
+        self._answer(self._authenticator.authenticate(msg.signature, msg.extra))
+
+    def _answer(self, outcome: Welcome | Challenge | Deny) -> None:
+        """Carry out the authenticator's answer: WELCOME, CHALLENGE or ABORT."""
+        if isinstance(outcome, Challenge):
+            self._state = _State.AWAIT_AUTHENTICATE
+            self._send(message.Challenge(outcome.method, dict(outcome.extra)))
+        elif isinstance(outcome, Deny):
+            log.info(
+                "WAMP session {session} refused: {reason}: {text}",
+                session=self._session_id,
+                reason=outcome.reason,
+                text=outcome.message,
+            )
+            self.abort(outcome.reason, outcome.message)
+        else:
+            assert self._router.auth is not None
+            self._role = self._router.auth.role(outcome.authrole)
+            self._welcome(outcome.authid, outcome.authrole, outcome.authmethod, outcome.authprovider)
+
+    def _welcome(self, authid: str | None, authrole: str, authmethod: str, authprovider: str | None) -> None:
+        self._authenticator = None
+        self._authid = authid
         self._state = _State.ESTABLISHED
         self._send(
             message.Welcome(
                 session=self._session_id,
                 roles={"broker": RoleBrokerFeatures(publisher_exclusion=True)},
-                realm=realm,
-                authrole="anonymous",
-                authmethod="anonymous",
+                realm=self._realm,
+                authid=authid,
+                authrole=authrole,
+                authmethod=authmethod,
+                authprovider=authprovider,
             )
         )
         log.debug(
-            "WAMP session {session} joined realm {realm}",
+            "WAMP session {session} joined realm {realm} as {authid} ({authrole}, {authmethod})",
             session=self._session_id,
-            realm=realm,
+            realm=self._realm,
+            authid=authid,
+            authrole=authrole,
+            authmethod=authmethod,
         )
 
     def _on_goodbye(self, msg: message.Goodbye) -> None:
@@ -524,6 +611,18 @@ class BrokerSession:
             return
         assert self._realm is not None
         topic = self._router.hub_topic(self._realm, msg.topic)
+        role = self._role
+        if role is not None and not role.may_subscribe(topic):
+            log.debug(
+                "WAMP session {session}: role {role} may not subscribe to {topic}",
+                session=self._session_id,
+                role=role.name,
+                topic=topic,
+            )
+            self._error(
+                request_type, msg.request, NOT_AUTHORIZED, f"role {role.name!r} may not subscribe to {msg.topic!r}"
+            )
+            return
         subscription = self._topics.get(topic)
         if subscription is None:
             limit = self._limits.max_subscriptions_per_session
@@ -580,6 +679,19 @@ class BrokerSession:
 
         assert self._realm is not None
         topic = self._router.hub_topic(self._realm, msg.topic)
+        role = self._role
+        if role is not None and not role.may_publish(topic):
+            log.debug(
+                "WAMP session {session}: role {role} may not publish to {topic}",
+                session=self._session_id,
+                role=role.name,
+                topic=topic,
+            )
+            if acknowledge:
+                self._error(
+                    request_type, msg.request, NOT_AUTHORIZED, f"role {role.name!r} may not publish to {msg.topic!r}"
+                )
+            return
         args, kwargs = msg.args, msg.kwargs
         if args is not None and len(args) == 1 and not kwargs:
             envelope = self._hub.envelope(topic, args[0])

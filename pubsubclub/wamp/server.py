@@ -11,6 +11,7 @@ from twisted.web.server import Site
 
 from pubsubclub.mixin import PubSubClubMixin
 from pubsubclub.psc import DEFAULT_LIMITS, Limits
+from pubsubclub.wamp.auth import AuthPolicy
 from pubsubclub.wamp.broker import WampLimits, WampRouter
 from pubsubclub.wamp.transport import wamp_site
 
@@ -32,12 +33,14 @@ class WampServer(PubSubClubMixin):
         listen_role: str = "producer",
         reactor: Any = None,
         psc_limits: Limits = DEFAULT_LIMITS,
+        auth: AuthPolicy | None = None,
         **federation_options: Any,
     ) -> None:
         self.pubsubclub_setup(
             node_id=node_id, listen_role=listen_role, reactor=reactor, limits=psc_limits, **federation_options
         )
-        self.router = WampRouter(self.pubsubclub_hub, realms, limits)
+        # No policy: every session is anonymous and may do everything (optional, as for the mixin).
+        self.router = WampRouter(self.pubsubclub_hub, realms, limits, auth=auth)
         self._reactor = reactor
 
     def site(self, static_dir: str | None = None) -> Site:

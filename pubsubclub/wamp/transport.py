@@ -10,7 +10,12 @@ module adds what a public-facing router needs on top:
   (Autobahn's own check; we turn off ``failByDrop`` so the close frame is
   actually sent);
 * the bytes a client has not yet taken are tracked, so the broker can drop
-  a slow consumer (see :class:`SendBacklog`).
+  a slow consumer (see :class:`SendBacklog`);
+* every decoded message, JSON or MessagePack, is held to the router's
+  :class:`~pubsubclub.jsonbounds.JSONBounds` (depth, 64-bit integers, finite
+  floats, no lone surrogates, no MessagePack extension types) before the
+  broker sees it; a message beyond them is answered with ABORT
+  ``wamp.error.protocol_violation`` naming the problem.
 """
 
 from __future__ import annotations
@@ -24,12 +29,19 @@ from autobahn.twisted.websocket import (
 )
 from autobahn.wamp.exception import InvalidUriError, ProtocolError, TransportLost
 from autobahn.wamp.message import Message
-from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
+from autobahn.wamp.serializer import (
+    JsonObjectSerializer,
+    JsonSerializer,
+    MsgPackObjectSerializer,
+    MsgPackSerializer,
+    Serializer,
+)
 from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 from twisted.web.static import File
 
+from pubsubclub.jsonbounds import JSONBounds, check
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
 
@@ -104,12 +116,52 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         self.dropConnection(abort=True)
 
 
+class _BoundedJsonObjectSerializer(JsonObjectSerializer):  # type: ignore[misc]
+    """Autobahn's JSON object serializer, then the bounds check on every message."""
+
+    def __init__(self, bounds: JSONBounds) -> None:
+        super().__init__()
+        self._bounds = bounds
+
+    def unserialize(self, payload: bytes) -> list[Any]:
+        """Decode, then check (Autobahn turns what we raise into a ProtocolError naming it)."""
+        messages = super().unserialize(payload)
+        for raw in messages:
+            # bytes: Autobahn's JSON carries binary values as "\0"-prefixed base64.
+            check(raw, self._bounds, binary=True)
+        return list(messages)
+
+
+class _BoundedMsgPackObjectSerializer(MsgPackObjectSerializer):  # type: ignore[misc]
+    """Autobahn's MessagePack object serializer, then the bounds check on every message."""
+
+    def __init__(self, bounds: JSONBounds) -> None:
+        super().__init__()
+        self._bounds = bounds
+
+    def unserialize(self, payload: bytes) -> list[Any]:
+        """Decode, then check; extension types (timestamps, ...) are refused as not JSON."""
+        messages = super().unserialize(payload)
+        for raw in messages:
+            check(raw, self._bounds, binary=True)
+        return list(messages)
+
+
+def bounded_serializers(bounds: JSONBounds) -> list[Serializer]:
+    """WAMP MessagePack and JSON serializers whose decoding holds every message to ``bounds``."""
+    msgpack, json = MsgPackSerializer(), JsonSerializer()
+    # Each connection copies its serializer (copy.copy), sharing this object serializer.
+    msgpack._serializer = _BoundedMsgPackObjectSerializer(bounds)
+    json._serializer = _BoundedJsonObjectSerializer(bounds)
+    return [msgpack, json]
+
+
 def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResource:
     """A Twisted Web resource speaking WAMP (JSON and MessagePack) for ``router``."""
     factory = WampWebSocketServerFactory(
         router.session_factory,
         url=url,
-        serializers=[MsgPackSerializer(), JsonSerializer()],
+        serializers=bounded_serializers(router.limits.json),
     )
     factory.protocol = WampServerProtocol
     limit = router.limits.max_message_size

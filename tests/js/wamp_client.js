@@ -12,6 +12,12 @@
 //     Prints {"ready": true} once the subscription is acknowledged, then one line
 //     {"args": [...], "kwargs": {...}} per event; exits 0 after N events.
 //
+// Authentication (optional): --authid ID with --ticket T (WAMP-Ticket) or
+// --secret S (WAMP-CRA, autobahn.auth_cra). Then the first stdout line is
+// {"joined": {"authid": ..., "authrole": ..., "authmethod": ...}} from WELCOME,
+// and an ABORT (e.g. wamp.error.authentication_failed) exits 1 at once with
+// {"error": "aborted: <reason> <message>"} on stderr.
+//
 // Every stdout line is one JSON object. Exit 1 (reason as a JSON line
 // {"error": ...} on stderr) on timeout (default 30 s, counted from start,
 // connecting included), on a WAMP error, or when the session is lost before
@@ -64,6 +70,20 @@ let payload = {};
 if (opts.payload !== undefined) {
   try { payload = JSON.parse(opts.payload); } catch (e) { usage("--payload is not JSON: " + e.message); }
   if (payload === null || typeof payload !== "object" || Array.isArray(payload)) { usage("--payload must be a JSON object"); }
+}
+
+if ((opts.ticket !== undefined || opts.secret !== undefined) && !opts.authid) { usage("--ticket/--secret need --authid"); }
+if (opts.ticket !== undefined && opts.secret !== undefined) { usage("give --ticket or --secret, not both"); }
+const authOptions = {};
+if (opts.authid) {
+  authOptions.authid = opts.authid;
+  if (opts.ticket !== undefined) {
+    authOptions.authmethods = ["ticket"];
+    authOptions.onchallenge = (session, method, extra) => opts.ticket;
+  } else if (opts.secret !== undefined) {
+    authOptions.authmethods = ["wampcra"];
+    authOptions.onchallenge = (session, method, extra) => autobahn.auth_cra.sign(opts.secret, extra.challenge);
+  }
 }
 
 let finished = false;
@@ -119,15 +139,19 @@ connection = new autobahn.Connection({
   max_retry_delay: 1,
   retry_delay_growth: 1.5,
   max_retries: -1,            // keep retrying until our own timeout
+  ...authOptions,
 });
 
 let opened = false;
-connection.onopen = (session) => {
+connection.onopen = (session, details) => {
   if (opened) {               // a second session means the first one was lost
     finish(1, "session lost before " + command + " was done");
     return;
   }
   opened = true;
+  if (opts.authid) {            // WELCOME details, as the router sent them
+    emit({ joined: { authid: details.authid, authrole: details.authrole, authmethod: details.authmethod } });
+  }
   const work = command === "publish" ? doPublish(session) : doSubscribe(session);
   Promise.resolve(work).catch((err) => finish(1, command + " failed: " + wampError(err)));
 };
@@ -136,6 +160,10 @@ connection.onclose = (reason, details) => {
   if (finished) { return true; }
   if (opened) { finish(1, "connection closed: " + reason + (details && details.reason ? " (" + details.reason + ")" : "")); return true; }
   if (reason === "unsupported") { finish(1, "WebSocket unsupported"); return true; }
+  if (details && typeof details.reason === "string" && details.reason.startsWith("wamp.error.")) {
+    finish(1, "aborted: " + details.reason + (details.message ? " " + details.message : ""));
+    return true;
+  }
   return false;               // not yet connected: let autobahn retry
 };
 

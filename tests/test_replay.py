@@ -1,0 +1,845 @@
+"""PSC 0.3, replay after short outages: codec, the sans-IO streams, and links between Federations in memory.
+
+The federation tests reuse :mod:`test_links_memory`'s in-memory network
+(real Autobahn protocols over iosim on one MemoryReactorClock). A partition
+is modelled by :func:`partition`: nothing crosses the link any more and the
+dialling consumer finds out only by its ping timeout, while the producer
+keeps a ghost link it never hears about, as over a real network that drops
+packets silently.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from test_links_memory import PING, RETRY, Link, Net, Sink, url
+from twisted.logger import formatEvent, globalLogPublisher
+
+from pubsubclub import psc
+from pubsubclub.config import ConfigError, build, load_toml
+from pubsubclub.federation import Federation, LinkError, LinkSession, Role
+from pubsubclub.federation.replay import DUPLICATE, Inbox, Outbox, ReplaySettings
+from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, CLOSE_DUPLICATE
+from pubsubclub.hub import GAP_TOPIC, Envelope
+from pubsubclub.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
+from pubsubclub.wamp.broker import GAP_EVENT_TOPIC, hub_topic
+
+REPLAY = ReplaySettings(max_bytes=1024 * 1024, window=60.0)
+
+# -- codec ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("message", "wire"),
+    [
+        (Resume(None, 0, ()), b"[103,null,0,[]]"),
+        (Resume("ab12-1", 42, ("t1", "t2")), b'[103,"ab12-1",42,["t1","t2"]]'),
+        (Position("ab12-1", 42, 0), b'[104,"ab12-1",42,0]'),
+        (Position("ab12-2", 0, None), b'[104,"ab12-2",0,null]'),
+        (Publish("t", 1, Meta(origin="n1", seq=7)), b'[301,"t",1,{"o":"n1","s":7}]'),
+    ],
+)
+def test_0_3_messages_have_exact_bytes_and_round_trip(message: psc.Message, wire: bytes) -> None:
+    """PSC103, PSC104 and a numbered PSC301 encode to the documented arrays and decode back."""
+    assert encode(message) == wire
+    assert decode(wire) == message
+
+
+@given(
+    st.text(min_size=1, max_size=8),
+    st.integers(0, 2**53 - 2),
+    st.one_of(st.none(), st.builds(Meta, origin=st.none() | st.text(max_size=5), wamp_wrapped=st.booleans())),
+)
+def test_with_seq_appends_the_number_to_the_0_2_encoding(topic: str, seq: int, meta: Meta | None) -> None:
+    """with_seq turns the 0.2 bytes into the 0.3 PSC301 carrying 's', whatever the metadata held."""
+    meta = meta or Meta()
+    data = psc.with_seq(psc.encode_publish(topic, [1], meta), seq + 1)
+    decoded = decode(data)
+    assert isinstance(decoded, Publish) and decoded.meta is not None
+    assert decoded.meta.seq == seq + 1
+    assert decoded == Publish(topic, [1], Meta(meta.origin, None, None, meta.wamp_wrapped, seq + 1))
+
+
+@pytest.mark.parametrize(
+    ("data", "problem"),
+    [
+        (b"[103,null,0]", "PSC103 takes 3 parameter(s), got 2"),
+        (b'[103,null,0,"t"]', "PSC103 topics must be an array, got str"),
+        (b"[103,null,5,[]]", "PSC103 without an epoch must have sequence number 0"),
+        (b"[103,null,false,[]]", "PSC103 without an epoch must have sequence number 0"),
+        (b'[103,"",0,[]]', "PSC103 epoch must be a non-empty string"),
+        (b"[103,7,0,[]]", "PSC103 epoch must be a non-empty string"),
+        (b'[103,"' + b"e" * 65 + b'",0,[]]', "PSC103 epoch of 65 characters is over the limit of 64"),
+        (b'[103,"e",-1,[]]', "PSC103 sequence number must be an integer between 0 and 2**53-1"),
+        (b'[103,"e",1.5,[]]', "PSC103 sequence number must be an integer"),
+        (b'[103,"e",9007199254740992,[]]', "PSC103 sequence number must be an integer"),
+        (b'[103,"e",1,[""]]', "topic must not be empty"),
+        (b'[103,"e",1,[5]]', "topic must be a string, got int"),
+        (b'[104,"e",1]', "PSC104 takes 3 parameter(s), got 2"),
+        (b'[104,"e",1,-1]', "PSC104 lost count must be an integer"),
+        (b'[104,"e",true,0]', "PSC104 sequence number must be an integer"),
+        (b"[104,null,1,0]", "PSC104 epoch must be a non-empty string"),
+        (b'[301,"t",1,{"s":0}]', "'s' (sequence number) must be an integer between 1 and 2**53-1"),
+        (b'[301,"t",1,{"s":"1"}]', "'s' (sequence number) must be an integer"),
+        (b'[301,"t",1,{"s":true}]', "'s' (sequence number) must be an integer"),
+    ],
+)
+def test_bad_0_3_input_names_the_problem(data: bytes, problem: str) -> None:
+    """Every malformed PSC103/PSC104/sequence number raises PSCDecodeError naming the problem."""
+    with pytest.raises(PSCDecodeError) as info:
+        decode(data)
+    assert problem in str(info.value)
+
+
+def test_psc103_topic_count_is_limited() -> None:
+    """PSC103 carries at most max_topics_per_subscribe topics, like PSC201."""
+    limits = psc.Limits(max_topics_per_subscribe=2)
+    assert decode(b'[103,null,0,["a","b"]]', limits) == Resume(None, 0, ("a", "b"))
+    with pytest.raises(PSCDecodeError, match="PSC103 with 3 topics is over the limit of 2"):
+        decode(b'[103,null,0,["a","b","c"]]', limits)
+
+
+# -- the sans-IO streams ----------------------------------------------------------
+
+
+@dataclass(eq=False)
+class Pipe:
+    """One direction of a link in the model: what the producer sent and the consumer has not read."""
+
+    peer: str = "consumer"
+    peer_node: str | None = "consumer"
+    inflight: list[bytes] = field(default_factory=list)
+
+    def send_raw(self, data: bytes) -> None:
+        """The producer writes ``data``."""
+        self.inflight.append(data)
+
+
+class Model:
+    """A producer Outbox and a consumer Inbox joined by Pipes, with a settable clock."""
+
+    def __init__(self, settings: ReplaySettings) -> None:
+        self.now = 0.0
+        self.outbox = Outbox(settings, lambda: self.now, boot="p")
+        self.inbox = Inbox()
+        self.published: list[int] = []
+        self.delivered: list[int] = []
+        #: Lost counts of the reported gaps (None: unknown).
+        self.gaps: list[int | None] = []
+        self.pipe: Pipe | None = None
+        self._n = 0
+
+    def connect(self) -> None:
+        """A new link: PSC103 from the consumer's position, PSC104 and the replay back."""
+        epoch, seq = self.inbox.position("producer")
+        request = decode(encode(Resume(epoch, seq, ("t",))))
+        assert isinstance(request, Resume)
+        self.pipe = Pipe()
+        plan = self.outbox.resume(self.pipe, "consumer", request)
+        answer = decode(encode(plan.position))
+        assert isinstance(answer, Position)
+        gap = self.inbox.positioned("producer", answer)
+        if gap is not None:
+            self.gaps.append(gap.lost)
+        self.pipe.inflight[:0] = plan.replay
+
+    def publish(self) -> None:
+        """The producer publishes the next number on ``t``."""
+        self._n += 1
+        self.published.append(self._n)
+        self.outbox.publish("t", psc.encode_publish("t", self._n, Meta(origin="producer")))
+
+    def read(self, k: int) -> None:
+        """The consumer reads up to ``k`` messages from the current link."""
+        if self.pipe is None:
+            return
+        batch, self.pipe.inflight[:k] = self.pipe.inflight[:k], []
+        for data in batch:
+            message = decode(data)
+            assert isinstance(message, Publish) and message.meta is not None and message.meta.seq is not None
+            skipped = self.inbox.accept("producer", message.meta.seq)
+            if skipped == DUPLICATE:
+                continue
+            if skipped:
+                self.gaps.append(skipped)
+            self.delivered.append(message.message)
+
+    def drop(self, producer_notices: bool) -> None:
+        """The link dies: what was in flight is lost; the producer may not notice (a ghost)."""
+        if self.pipe is not None:
+            if producer_notices:
+                self.outbox.detach(self.pipe)
+            self.pipe.inflight.clear()
+            self.pipe = None
+
+
+operations = st.lists(
+    st.one_of(
+        st.tuples(st.just("publish"), st.integers(1, 5)),
+        st.tuples(st.just("read"), st.integers(0, 6)),
+        st.tuples(st.just("drop"), st.booleans()),
+        st.tuples(st.just("connect"), st.just(0)),
+        st.tuples(st.just("wait"), st.floats(0, 4)),
+    ),
+    max_size=60,
+)
+
+
+def _run(model: Model, ops: list[tuple[str, Any]]) -> None:
+    model.connect()
+    for op, arg in ops:
+        if op == "publish":
+            for _ in range(arg):
+                model.publish()
+        elif op == "read":
+            model.read(arg)
+        elif op == "drop":
+            model.drop(arg)
+        elif op == "connect":
+            model.drop(False)
+            model.connect()
+        else:
+            model.now += arg
+    model.drop(False)
+    model.connect()
+    model.read(10**6)
+
+
+@settings(max_examples=300, deadline=None)
+@given(operations)
+def test_outages_within_the_window_lose_and_duplicate_nothing(ops: list[tuple[str, Any]]) -> None:
+    """Whatever the drops and reconnects, with room in the buffer every message arrives once, in order."""
+    model = Model(ReplaySettings(max_bytes=10**9, window=1000.0))
+    _run(model, ops)
+    assert model.delivered == model.published
+    assert model.gaps == []
+
+
+@settings(max_examples=300, deadline=None)
+@example([("publish", 1), ("read", 1), ("drop", True), ("wait", 4.0)], 600, 1.0)
+@given(operations, st.integers(60, 600), st.floats(1, 30))
+def test_past_the_window_every_loss_is_counted(ops: list[tuple[str, Any]], max_bytes: int, window: float) -> None:
+    """With small buffers messages go missing, but in order, never twice, and reported gaps add up to the loss."""
+    model = Model(ReplaySettings(max_bytes=max_bytes, window=window))
+    _run(model, ops)
+    delivered = model.delivered
+    assert delivered == sorted(set(delivered))
+    assert set(delivered) <= set(model.published)
+    known = sum(g for g in model.gaps if g is not None)
+    if None in model.gaps:  # a gap of unknown size (the stream outlived the window): at most that many
+        assert len(delivered) + known <= len(model.published)
+    else:
+        assert len(delivered) + known == len(model.published)
+
+
+def test_resume_from_a_position_never_sent_is_refused() -> None:
+    """A consumer claiming a sequence number past the last one sent is refused (ResumeRefused)."""
+    from pubsubclub.federation.replay import ResumeRefused
+
+    model = Model(REPLAY)
+    model.connect()
+    model.publish()
+    assert model.pipe is not None
+    epoch = model.outbox.resume(model.pipe, "consumer", Resume(None, 0, ("t",))).position.epoch
+    with pytest.raises(ResumeRefused, match="PSC103 position 5 is past the last sequence number sent, 0"):
+        model.outbox.resume(Pipe(), "consumer", Resume(epoch, 5, ("t",)))
+
+
+def test_detached_streams_are_dropped_after_the_window_and_past_the_count_limit() -> None:
+    """A consumer without a link keeps its stream for the window only; the oldest go first past the limit."""
+    now = [0.0]
+    outbox = Outbox(ReplaySettings(window=10.0, max_detached_streams=2), lambda: now[0], boot="p")
+    pipes = {name: Pipe(peer=name, peer_node=name) for name in ("c1", "c2", "c3")}
+    for name, pipe in pipes.items():
+        outbox.resume(pipe, name, Resume(None, 0, ("t",)))
+    outbox.publish("t", psc.encode_publish("t", 1, Meta()))
+    for name in ("c1", "c2", "c3"):
+        now[0] += 1
+        outbox.detach(pipes[name])
+    assert outbox.summary()["streams"] == 2  # c1, the oldest without a link, went first
+    assert outbox.interest() == {"t": ["c2", "c3"]}
+    now[0] += 9.5  # c2 has been without a link for 10.5 s, c3 for 9.5 s
+    outbox.publish("t", psc.encode_publish("t", 2, Meta()))
+    assert outbox.interest() == {"t": ["c3"]}
+    now[0] += 1
+    outbox.publish("t", psc.encode_publish("t", 3, Meta()))
+    assert outbox.interest() == {} and outbox.summary()["streams"] == 0
+    assert outbox.summary()["streams_expired"] == 3
+
+
+def test_anonymous_consumer_stream_ends_with_its_link() -> None:
+    """A consumer that sent no node id cannot be recognised later: its stream goes with its link."""
+    outbox = Outbox(REPLAY, lambda: 0.0, boot="p")
+    pipe = Pipe(peer_node=None)
+    outbox.resume(pipe, None, Resume(None, 0, ("t",)))
+    assert outbox.publish("t", psc.encode_publish("t", 1, Meta())) == [(pipe, len(pipe.inflight[0]))]
+    outbox.detach(pipe)
+    assert outbox.summary()["streams"] == 0 and not outbox.wants("t")
+
+
+def test_inbox_forgets_the_least_recent_producer_past_its_limit() -> None:
+    """The consumer remembers at most max_positions producers."""
+    inbox = Inbox(max_positions=2)
+    for name in ("p1", "p2", "p3"):
+        inbox.positioned(name, Position(f"{name}-1", 5, 0))
+    assert inbox.position("p1") == (None, 0)
+    assert inbox.position("p3") == ("p3-1", 5)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "problem"),
+    [
+        ({"max_bytes": 0}, "max_bytes"),
+        ({"window": 0}, "window"),
+        ({"max_detached_streams": 0}, "max_detached_streams"),
+        ({"max_positions": -1}, "max_positions"),
+    ],
+)
+def test_replay_settings_refuse_nonsense(kwargs: dict[str, Any], problem: str) -> None:
+    """ReplaySettings names a limit that is not positive."""
+    with pytest.raises(ValueError, match=problem):
+        ReplaySettings(**kwargs)
+
+
+# -- session rules ------------------------------------------------------------------
+
+
+class Owner:
+    """A LinkOwner that records the calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("link_"):
+            raise AttributeError(name)
+        return lambda session, *args: self.calls.append((name, args))
+
+
+V03 = (psc.V0_1, psc.V0_2, psc.V0_3)
+
+
+def _open_session(role: Role, version: psc.Version = psc.V0_3) -> tuple[LinkSession, Owner, list[bytes]]:
+    sent: list[bytes] = []
+    owner = Owner()
+    session = LinkSession(role, sent.append, owner, "peer", versions=V03)  # type: ignore[arg-type]
+    if role is Role.PRODUCER:
+        session.receive(encode(psc.Hello((version,))))
+    else:
+        session.start()
+        session.receive(encode(psc.ChooseVersion(version)))
+    return session, owner, sent
+
+
+@pytest.mark.parametrize(
+    ("role", "messages", "reason"),
+    [
+        (Role.PRODUCER, [b'[201,"t"]'], "a 0.3 consumer must send PSC103 first, got Subscribe"),
+        (Role.PRODUCER, [b"[103,null,0,[]]", b"[103,null,0,[]]"], "unexpected Resume from a consumer"),
+        (Role.PRODUCER, [b'[104,"e",0,0]'], "must send PSC103 first, got Position"),
+        (Role.CONSUMER, [b'[301,"t",1,{"s":1}]'], "PSC301 before PSC104 on a 0.3 link"),
+        (Role.CONSUMER, [b'[104,"e",0,0]', b'[301,"t",1,{"o":"x"}]'], "needs metadata with a sequence number"),
+        (Role.CONSUMER, [b'[104,"e",0,0]', b'[301,"t",1]'], "needs metadata with a sequence number"),
+        (Role.CONSUMER, [b'[104,"e",0,0]', b'[104,"e",0,0]'], "unexpected Position from a producer"),
+        (Role.CONSUMER, [b"[103,null,0,[]]"], "unexpected Resume from a producer"),
+    ],
+)
+def test_0_3_session_rules(role: Role, messages: list[bytes], reason: str) -> None:
+    """A 0.3 link opens with PSC103 then PSC104 exactly once, and numbers every PSC301; else 4400."""
+    session, _, _ = _open_session(role)
+    with pytest.raises(LinkError) as info:
+        for data in messages:
+            session.receive(data)
+    assert info.value.code == CLOSE_BAD_MESSAGE
+    assert reason in info.value.reason
+
+
+@pytest.mark.parametrize("role", [Role.PRODUCER, Role.CONSUMER])
+def test_0_2_session_knows_no_0_3_messages(role: Role) -> None:
+    """On a 0.2 link PSC103 and PSC104 are unexpected messages (4400)."""
+    session, owner, _ = _open_session(role, psc.V0_2)
+    for data in (b"[103,null,0,[]]", b'[104,"e",0,0]'):
+        with pytest.raises(LinkError, match="unexpected"):
+            session.receive(data)
+    assert [name for name, _ in owner.calls] == ["link_open"]
+
+
+def test_0_3_producer_session_takes_resume_topics_as_interest() -> None:
+    """PSC103's topics become the producer session's topics; PSC201/PSC202 then work as usual."""
+    session, owner, _ = _open_session(Role.PRODUCER)
+    session.receive(b'[103,null,0,["a","b"]]')
+    session.receive(b'[201,"c"]')
+    session.receive(b'[202,"a"]')
+    assert session.topics == {"b", "c"}
+    assert [name for name, _ in owner.calls] == ["link_open", "link_resume", "link_subscribed", "link_unsubscribed"]
+
+
+# -- links between Federations, in memory -------------------------------------------
+
+
+@pytest.fixture
+def net() -> Iterator[Net]:
+    """An in-memory network; the test fails if anything logged an error."""
+    errors: list[dict[str, Any]] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if event.get("log_failure") is not None or event.get("isError"):
+            errors.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        yield Net()
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert [formatEvent(e) + str(e.get("log_failure", "")) for e in errors] == []
+
+
+class Cut:
+    """Stands in for a link's pump while the network between its ends drops every packet.
+
+    Nothing crosses. The dialler learns of it only from its own ping timeout
+    (its transport then closes, locally). The listener hears nothing at all
+    until :meth:`heal` delivers the RST its next retransmission would get.
+    """
+
+    def __init__(self, link: Link) -> None:
+        self.link = link
+        link.client_wire.muted = True
+        link.server_wire.muted = True
+
+    def flush(self) -> int:
+        """Report the dialler's own close to the dialler only."""
+        wire = self.link.client_wire
+        if wire.disconnecting and not wire.disconnected:
+            wire.disconnected = True
+            wire.reportDisconnect()
+            return 1
+        return 0
+
+    def heal(self) -> None:
+        """The network is back: the listener's ghost connection is reset."""
+        wire = self.link.server_wire
+        if not wire.disconnected:
+            wire.disconnected = True
+            wire.reportDisconnect()
+
+
+def partition(link: Link) -> Cut:
+    """Cut ``link`` silently (see :class:`Cut`)."""
+    cut = Cut(link)
+    link.pump = cut  # type: ignore[assignment]
+    return cut
+
+
+def _pair(net: Net, **producer: Any) -> tuple[Federation, Federation, Sink, Sink, Link]:
+    """Consumer ``a`` (subscribed to ``t``, and to gap reports) dials producer ``b``; both speak 0.3."""
+    a = net.node("a", 9001, replay=REPLAY)
+    b = net.node("b", 9002, **({"replay": REPLAY} | producer))
+    sink, gaps = Sink(), Sink()
+    a.hub.subscribe("t", sink)
+    a.hub.subscribe(GAP_TOPIC, gaps)
+    a.add_server(url(9002))
+    [link] = net.answer()
+    return a, b, sink, gaps, link
+
+
+def _publish(federation: Federation, *payloads: Any, topic: str = "t") -> None:
+    for payload in payloads:
+        federation.hub.publish(federation.hub.envelope(topic, payload))
+
+
+def _tick(net: Net, seconds: float, step: float = 0.5) -> None:
+    """Advance in small steps, so timers set while advancing fire on time."""
+    for _ in range(round(seconds / step)):
+        net.advance(step)
+
+
+def _outage(net: Net, link: Link, *, during: Any = None) -> Cut:
+    """Partition ``link`` until the dialler's ping times out; ``during()`` runs while it is cut."""
+    cut = partition(link)
+    if during is not None:
+        during()
+    _tick(net, 2 * PING)  # the next ping goes unanswered, then it times out
+    assert link.client.session is not None and link.client.session.state.value == "closed"
+    return cut
+
+
+def _reconnect(net: Net, cut: Cut) -> Link:
+    """Heal, and answer the dialler's next attempt (made in the partition, or due soon after)."""
+    cut.heal()
+    net.flush()
+    for _ in range(200):
+        if net.dials() > len(net.links):
+            break
+        net.advance(0.1)
+    [link] = net.answer()
+    return link
+
+
+def test_0_3_is_negotiated_and_every_publish_numbered(net: Net) -> None:
+    """Two replay nodes pick 0.3: PSC103 follows PSC102, PSC104 answers it, PSC301 carries 's' 1, 2, 3."""
+    a, b, sink, gaps, link = _pair(net)
+    _publish(b, "x", "y", "z")
+    net.flush()
+    consumer_said = link.client_wire.messages()
+    producer_said = link.server_wire.messages()
+    assert consumer_said == [psc.Hello(V03), Resume(None, 0, ("t",))]
+    assert producer_said[0] == psc.ChooseVersion(psc.V0_3)
+    position = producer_said[1]
+    assert isinstance(position, Position) and (position.seq, position.lost) == (0, 0)
+    numbered = producer_said[2:]
+    assert [(m.message, m.meta.seq) for m in numbered] == [("x", 1), ("y", 2), ("z", 3)]  # type: ignore[union-attr]
+    assert [e.payload for e in sink.got] == ["x", "y", "z"]
+    assert gaps.got == []
+    assert [r["version"] for r in a.links() + b.links()] == ["0.3", "0.3"]
+    assert b.remote_interest() == {"t": ["a"]}
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_partition_within_the_window_resumes_without_loss_or_duplicates(net: Net) -> None:
+    """Messages sent into a silent partition and while the consumer redials arrive once, in order, before live ones."""
+    a, b, sink, gaps, link = _pair(net)
+    _publish(b, 1, 2, 3)
+    net.flush()
+    cut = _outage(net, link, during=lambda: _publish(b, 4, 5, 6))
+    assert a.open_links() == 0 and b.open_links() == 1  # b still holds the ghost
+    _publish(b, 7, 8)
+    second = _reconnect(net, cut)
+    _publish(b, 9)
+    net.flush()
+    assert [e.payload for e in sink.got] == list(range(1, 10))
+    assert gaps.got == []
+    position = second.server_wire.messages()[1]
+    assert position == Position(position.epoch, 3, 0)  # type: ignore[union-attr]
+    assert a.stats["duplicates_dropped"] == 0 and a.stats["gaps"] == 0
+    assert b.hub.metrics.link_counts[("a", "replayed")] == 5
+    assert b.open_links() == 1 and a.open_links() == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_ghost_link_is_superseded_when_the_consumer_resumes(net: Net) -> None:
+    """A producer that never saw the old link die closes it (4409) when the same node resumes on a new one."""
+    a, b, sink, gaps, link = _pair(net)
+    partition(link)  # no heal: the ghost's end must come from the resume
+    _tick(net, 2 * PING + RETRY.max_delay * (1 + RETRY.jitter))
+    [second] = net.answer()
+    assert link.server.session is not None and link.server.session.state.value == "closed"
+    assert link.server.localCloseCode == CLOSE_DUPLICATE  # sent into the partition
+    assert link.server.localCloseReason == b"superseded by a newer link from the same node"
+    assert b.open_links() == 1 and b.outbox is not None and b.outbox.stats["streams_superseded"] == 1
+    _tick(net, 5)  # the close handshake times out on the ghost
+    _publish(b, "after")
+    net.flush()
+    assert [e.payload for e in sink.got] == ["after"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize(
+    ("limits", "reason"),
+    [
+        (ReplaySettings(window=5.0), "window"),
+        (ReplaySettings(max_bytes=400), "window"),
+    ],
+)
+def test_gap_past_the_buffer_is_reported_and_counted(net: Net, limits: ReplaySettings, reason: str) -> None:
+    """Past the age or byte limit the consumer gets what is left, in order, a gap report with the exact loss, a log."""
+    warnings: list[str] = []
+
+    def observe(event: dict[str, Any]) -> None:
+        if event.get("log_level") is not None and event["log_level"].name == "warn":
+            warnings.append(formatEvent(event))
+
+    globalLogPublisher.addObserver(observe)
+    a, b, sink, gaps, link = _pair(net, replay=limits)
+    _publish(b, 0)
+    net.flush()
+    cut = partition(link)
+    for n in range(1, 21):  # one message every 0.5 s while cut
+        _publish(b, n)
+        net.advance(0.5)
+    second = _reconnect(net, cut)
+    _publish(b, 21)
+    net.flush()
+    got = [e.payload for e in sink.got]
+    position = second.server_wire.messages()[1]
+    assert isinstance(position, Position)
+    lost = position.lost
+    assert lost is not None and lost > 0
+    assert got == [0, *range(1 + lost, 22)]
+    assert [e.payload for e in gaps.got] == [{"origin": "b", "lost": lost, "reason": reason}]
+    assert gaps.got[0].origin == "a"
+    assert (a.stats["gaps"], a.stats["gap_messages"]) == (1, lost)
+    assert a.hub.metrics.link_counts[("b", "gaps")] == 1 and a.hub.metrics.link_counts[("b", "lost")] == lost
+    globalLogPublisher.removeObserver(observe)
+    assert f"gap in the stream from b: {lost} messages lost ({reason})" in warnings
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_producer_keeps_buffering_for_a_consumer_without_a_link_within_the_window(net: Net) -> None:
+    """A producer that saw the link close keeps numbering the consumer's topics; its return loses nothing."""
+    a, b, sink, gaps, link = _pair(net, replay=ReplaySettings(window=5.0))
+    _publish(b, 1)
+    net.flush()
+    a.remove_server(url(9002))
+    net.flush()
+    assert b.open_links() == 0
+    _publish(b, 2)
+    net.advance(4)
+    _publish(b, 3)
+    a.add_server(url(9002))
+    net.answer()
+    _publish(b, 4)
+    net.flush()
+    assert [e.payload for e in sink.got] == [1, 2, 3, 4]
+    assert gaps.got == []
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_stream_of_a_consumer_gone_past_the_window_is_dropped_and_the_gap_unknown(net: Net) -> None:
+    """A producer that saw the link close keeps the stream for the window only; after it the gap has no count."""
+    a, b, sink, gaps, link = _pair(net, replay=ReplaySettings(window=5.0))
+    a.remove_server(url(9002))
+    net.flush()
+    assert b.open_links() == 0
+    _publish(b, "kept a while")
+    net.advance(6)
+    _publish(b, "past the window")
+    assert b.outbox is not None and b.outbox.summary()["streams"] == 0
+    a.add_server(url(9002))
+    net.answer()
+    _publish(b, "live")
+    net.flush()
+    assert [e.payload for e in sink.got] == ["live"]
+    assert [e.payload for e in gaps.got] == [{"origin": "b", "lost": None, "reason": "restart"}]
+    assert a.stats["gaps"] == 1 and a.stats["gap_messages"] == 0
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_producer_restart_is_a_gap_of_unknown_size(net: Net) -> None:
+    """A producer that restarted has a new epoch: the consumer's old position means messages may be lost."""
+    a, b, sink, gaps, link = _pair(net)
+    _publish(b, 1)
+    net.flush()
+    b.stop()
+    net.flush()
+    restarted = net.node("b", 9002, replay=REPLAY)
+    net.advance(RETRY.initial * (1 + RETRY.jitter))
+    [second] = net.answer()
+    _publish(restarted, 2)
+    net.flush()
+    assert [e.payload for e in sink.got] == [1, 2]
+    assert [e.payload for e in gaps.got] == [{"origin": "b", "lost": None, "reason": "restart"}]
+    resume = second.client_wire.messages()[1]
+    assert isinstance(resume, Resume) and resume.seq == 1 and resume.epoch is not None
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_consumer_restart_starts_a_fresh_stream_without_a_gap(net: Net) -> None:
+    """A consumer that restarted holds no position: the producer drops the old stream and reports nothing lost."""
+    a, b, sink, gaps, link = _pair(net)
+    _publish(b, "to the old process")
+    net.flush()
+    a.stop()
+    net.flush()
+    _publish(b, "buffered for the old process")
+    again = net.node("a", 9101, replay=REPLAY)
+    fresh, fresh_gaps = Sink(), Sink()
+    again.hub.subscribe("t", fresh)
+    again.hub.subscribe(GAP_TOPIC, fresh_gaps)
+    again.add_server(url(9002))
+    [second] = net.answer()
+    _publish(b, "to the new process")
+    net.flush()
+    assert second.client_wire.messages()[1] == Resume(None, 0, ("t",))
+    position = second.server_wire.messages()[1]
+    assert isinstance(position, Position) and (position.seq, position.lost) == (0, 0)
+    assert [e.payload for e in fresh.got] == ["to the new process"]
+    assert fresh_gaps.got == [] and again.stats["gaps"] == 0
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize(
+    ("a_replay", "b_versions", "version"),
+    [
+        (True, (psc.V0_1, psc.V0_2), (0, 2)),
+        (False, (psc.V0_1, psc.V0_2), (0, 2)),
+        (True, (psc.V0_1,), (0, 1)),
+    ],
+)
+def test_older_peers_get_their_version_unchanged(
+    net: Net, a_replay: bool, b_versions: tuple[psc.Version, ...], version: psc.Version
+) -> None:
+    """A 0.1 or 0.2 peer (either side) sees exactly the old protocol: no PSC103/PSC104, no 's'."""
+    a = net.node("a", 9001, **({"replay": REPLAY} if a_replay else {}))
+    b = net.node("b", 9002, versions=b_versions, **({} if a_replay else {"replay": REPLAY}))
+    sink = Sink()
+    a.hub.subscribe("t", sink)
+    a.add_server(url(9002))
+    [link] = net.answer()
+    _publish(b, "m")
+    net.flush()
+    said = link.client_wire.messages()
+    assert said[1:] == [psc.Subscribe(("t",))]
+    assert link.server_wire.messages()[0] == psc.ChooseVersion(version)
+    publish = link.server_wire.messages()[1]
+    assert isinstance(publish, Publish)
+    assert publish.meta is None if version == (0, 1) else publish.meta is not None and publish.meta.seq is None
+    assert [e.payload for e in sink.got] == ["m"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_mixed_consumers_each_get_their_form_from_one_encoding(net: Net) -> None:
+    """A producer serving a 0.2 and a 0.3 consumer sends each its own form of the same message."""
+    b = net.node("b", 9002, replay=REPLAY)
+    old = net.node("old", 9003, versions=(psc.V0_1, psc.V0_2))
+    new = net.node("new", 9004, replay=REPLAY)
+    sinks = {"old": Sink(), "new": Sink()}
+    old.hub.subscribe("t", sinks["old"])
+    new.hub.subscribe("t", sinks["new"])
+    old.add_server(url(9002))
+    new.add_server(url(9002))
+    old_link, new_link = net.answer()
+    _publish(b, "m")
+    net.flush()
+    old_form = old_link.server_wire.frames()[-1][1]
+    new_form = new_link.server_wire.frames()[-1][1]
+    assert new_form == psc.with_seq(old_form, 1)
+    assert [e.payload for e in sinks["old"].got] == [e.payload for e in sinks["new"].got] == ["m"]
+    assert b.stats["forwarded"] == 2
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_consumer_drops_a_duplicate_by_sequence_number(net: Net) -> None:
+    """A PSC301 whose number the consumer already has is dropped and counted, then a marker still arrives."""
+    a, b, sink, gaps, link = _pair(net)
+    _publish(b, "one", "two")
+    net.flush()
+    link.server.sendMessage(b'[301,"t","two again",{"o":"b","s":2}]', isBinary=False)
+    link.server.sendMessage(b'[301,"t","marker",{"o":"b","s":3}]', isBinary=False)
+    net.flush()
+    assert [e.payload for e in sink.got] == ["one", "two", "marker"]
+    assert a.stats["duplicates_dropped"] == 1 and a.hub.metrics.link_counts[("b", "duplicates")] == 1
+    assert gaps.got == []
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_skipped_sequence_numbers_are_reported_as_a_gap(net: Net) -> None:
+    """A jump in the producer's numbers is delivered and reported as a gap of the skipped count."""
+    a, b, sink, gaps, link = _pair(net)
+    link.server.sendMessage(b'[301,"t","five",{"o":"b","s":5}]', isBinary=False)
+    net.flush()
+    assert [e.payload for e in sink.got] == ["five"]
+    assert [e.payload for e in gaps.got] == [{"origin": "b", "lost": 4, "reason": "sequence"}]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_resume_past_what_was_sent_closes_the_link_4400(net: Net) -> None:
+    """A consumer claiming a position the producer never reached is closed with 4400 and the reason."""
+    a, b, sink, gaps, link = _pair(net)
+    _publish(b, 1)
+    net.flush()
+    assert a.inbox is not None
+    epoch, _ = a.inbox.position("b")
+    a.inbox.positioned("b", Position(epoch or "", 99, 0))
+    link.server_wire.loseConnection()
+    net.flush()
+    net.advance(RETRY.initial * (1 + RETRY.jitter))
+    [second] = net.answer()
+    code, reason = second.server_wire.close()  # type: ignore[misc]
+    assert code == CLOSE_BAD_MESSAGE and "PSC103 position 99 is past the last sequence number sent, 1" in reason
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_interest_changed_while_down_is_taken_from_the_resume(net: Net) -> None:
+    """PSC103 replaces the stream's topics: a topic dropped while down is no longer sent, a new one is."""
+    a, b, sink, gaps, link = _pair(net)
+    heard: list[tuple[str, str]] = []
+
+    class Listener:
+        def remote_subscribed(self, topic: str, peer: str) -> None:
+            heard.append((topic, peer))
+
+    b.hub.add_remote_interest_listener(Listener())
+    cut = _outage(net, link)
+    a.hub.unsubscribe("t", sink)
+    a.hub.subscribe("u", sink)
+    _reconnect(net, cut)
+    assert b.remote_interest() == {"u": ["a"]}
+    assert heard == [("u", "a")]
+    forwarded = b.stats["forwarded"]
+    _publish(b, "not wanted", topic="t")
+    _publish(b, "wanted", topic="u")
+    net.flush()
+    assert [e.payload for e in sink.got] == ["wanted"]
+    assert b.stats["forwarded"] == forwarded + 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_not_json_payload_is_dropped_without_using_a_number(net: Net) -> None:
+    """A payload that cannot cross a JSON link is counted and takes no sequence number (no false gap)."""
+    a, b, sink, gaps, link = _pair(net)
+    b.hub.publish(Envelope("t", b"\x00bytes", origin="b"))
+    _publish(b, "json")
+    net.flush()
+    assert b.stats["dropped_not_json"] == 1
+    assert [e.payload for e in sink.got] == ["json"] and gaps.got == []
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+# -- configuration and WAMP mapping -----------------------------------------------
+
+
+def test_replay_config_defaults_flags_and_toml(tmp_path: Any) -> None:
+    """Defaults are 16 MiB / 60 s; TOML keys and flags set them; bad values name the key."""
+    config = build({}, {})
+    assert (config.replay_buffer_bytes, config.replay_window_seconds) == (16 * 1024 * 1024, 60.0)
+    path = tmp_path / "node.toml"
+    path.write_text("replay-buffer-bytes = 1048576\nreplay-window-seconds = 5\n")
+    config = build(load_toml(str(path)), {"replay_window_seconds": 30.0})
+    assert (config.replay_buffer_bytes, config.replay_window_seconds) == (1048576, 30.0)
+    for key, value in (("replay_buffer_bytes", 10), ("replay_window_seconds", -1.0), ("replay_window_seconds", 1e9)):
+        with pytest.raises(ConfigError) as info:
+            build({}, {key: value})
+        assert info.value.key == key.replace("_", "-")
+    path.write_text('replay-window-seconds = "long"\n')
+    with pytest.raises(ConfigError, match="replay-window-seconds"):
+        load_toml(str(path))
+
+
+def test_replay_flags_reach_the_config() -> None:
+    """--replay-buffer-bytes and --replay-window-seconds set the config; 0 turns the extension off."""
+    from pubsubclub.cli import _node_config, parser
+
+    args = parser().parse_args(["node", "--replay-buffer-bytes", "1048576", "--replay-window-seconds", "0"])
+    config = _node_config(args)
+    assert (config.replay_buffer_bytes, config.replay_window_seconds) == (1048576, 0.0)
+    node_parser = parser()._subparsers._group_actions[0].choices["node"]  # type: ignore[union-attr]
+    help_text = " ".join(node_parser.format_help().split())
+    assert "default 16777216" in help_text and "default 60; 0: extension off" in help_text
+
+
+def test_gap_meta_topic_is_the_same_hub_topic_in_every_realm() -> None:
+    """WAMP subscribers of wamp.pubsubclub.gap in any realm listen to the reserved hub topic $cluster.gap."""
+    assert hub_topic("realm1", GAP_EVENT_TOPIC, "realm1") == GAP_TOPIC
+    assert hub_topic("other", GAP_EVENT_TOPIC, "realm1") == GAP_TOPIC
+    assert hub_topic("other", "t", "realm1") == "$realm.other#t"
