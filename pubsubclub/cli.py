@@ -73,6 +73,18 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         help="a dropped link that comes back within S seconds loses nothing (default 60; 0: extension off)",
     )
     p.add_argument(
+        "--max-send-buffer",
+        type=int,
+        metavar="BYTES",
+        help="a WAMP or TEP client with more unread is dropped as a slow consumer (default 16777216)",
+    )
+    p.add_argument(
+        "--max-link-queue",
+        type=int,
+        metavar="BYTES",
+        help="a PSC link with more queued for its peer is dropped (default 16777216)",
+    )
+    p.add_argument(
         "--auth",
         metavar="FILE.toml",
         help="WAMP principals and roles, also applied to TEP and NSD (docs/security.md; default: none, all anonymous)",
@@ -164,6 +176,8 @@ def _node_config(args: argparse.Namespace) -> Any:
         "replay_window_seconds": args.replay_window_seconds,
         "auth": args.auth,
         "max_json_depth": args.max_json_depth,
+        "max_send_buffer": args.max_send_buffer,
+        "max_link_queue": args.max_link_queue,
         "nsd_max_clock_skew": args.nsd_max_clock_skew,
     }
     return build(file_values, flags)

@@ -99,6 +99,10 @@ class NodeConfig:
     replay_window_seconds: float = 60.0
     #: TOML file of WAMP principals and roles (docs/security.md); None: everyone anonymous, all allowed.
     auth: str | None = None
+    #: Bytes a WAMP or TEP client may leave unread before it is dropped as a slow consumer.
+    max_send_buffer: int = 16 * 1024 * 1024
+    #: Bytes queued for one peer's PSC link before the link is dropped (its replay buffer is apart).
+    max_link_queue: int = 16 * 1024 * 1024
     #: Deepest nesting of arrays/objects accepted from any client or peer (docs/security.md).
     max_json_depth: int = 64
     #: Seconds an NSD ``when`` or stamp from another node may be ahead of this node's clock.
@@ -180,6 +184,10 @@ class NodeConfig:
             or not 0 <= self.replay_window_seconds <= 86_400
         ):
             raise ConfigError("replay-window-seconds", "must be a number of seconds between 0 (off) and 86400")
+        for key in ("max_send_buffer", "max_link_queue"):
+            value = getattr(self, key)
+            if type(value) is not int or not 65_536 <= value <= 2**40:
+                raise ConfigError(key.replace("_", "-"), "must be an integer between 65536 and 1099511627776")
         self.auth_policy()
         if type(self.max_json_depth) is not int or not 2 <= self.max_json_depth <= 200:
             raise ConfigError("max-json-depth", "must be an integer between 2 and 200")

@@ -91,6 +91,8 @@ class Metrics:
         self.sink_errors: dict[str, int] = {}
         #: Faults handled without closing anything, by (component, reason); cumulative.
         self.errors: dict[tuple[str, str], int] = {}
+        #: Connections the node closed to protect itself, by (front-end or "psc", reason); cumulative.
+        self.disconnects: dict[tuple[str, str], int] = {}
 
     def count(
         self,
@@ -123,6 +125,11 @@ class Metrics:
         """``n`` faults of ``component`` handled without closing anything (skipped records, handler errors)."""
         key = (component, reason)
         self.errors[key] = self.errors.get(key, 0) + n
+
+    def disconnect(self, frontend: str, reason: str) -> None:
+        """The node closed one connection of ``frontend`` to protect itself (``reason``: slow_consumer, ...)."""
+        key = (frontend, reason)
+        self.disconnects[key] = self.disconnects.get(key, 0) + 1
 
     def latency(self, origin: str, seconds: float) -> None:
         """One cross-node delivery from ``origin`` that took ``seconds``."""
@@ -277,6 +284,14 @@ class PrometheusCollector:
         for (component, reason), n in sorted(self._metrics.errors.items()):
             errors.add_metric([component, reason], n)
         yield errors
+        disconnects = CounterMetricFamily(
+            "pubsubclub_disconnects",
+            "Connections the node closed to protect itself (slow consumers, queue caps, dead peers)",
+            labels=["frontend", "reason"],
+        )
+        for (frontend, reason), n in sorted(self._metrics.disconnects.items()):
+            disconnects.add_metric([frontend, reason], n)
+        yield disconnects
         subscribers = GaugeMetricFamily("pubsubclub_subscribers", "Local subscribers per topic", labels=["topic"])
         for topic, value in self._gauges().items():
             subscribers.add_metric([topic], value)

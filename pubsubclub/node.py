@@ -113,7 +113,7 @@ class Node:
         bounds = JSONBounds(max_depth=config.max_json_depth)
         self.server = WampServer(
             realms=(config.realm,),
-            limits=WampLimits(max_message_size=size, json=bounds),
+            limits=WampLimits(max_message_size=size, json=bounds, max_send_buffer=config.max_send_buffer),
             node_id=config.name,
             listen_role=config.listen_role,
             reactor=reactor,
@@ -122,6 +122,7 @@ class Node:
             advertise_url=config.advertise,
             secret=config.cluster_secret(),
             endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
+            max_link_queue=config.max_link_queue,
             replay=None
             if not config.replay_window_seconds
             else ReplaySettings(max_bytes=config.replay_buffer_bytes, window=config.replay_window_seconds),
@@ -138,7 +139,12 @@ class Node:
         if config.tep is not None:
             self.tep = TEPServer(
                 self.hub,
-                TEPLimits(max_frame_bytes=size, max_channels_per_client=config.tep_max_channels, json=bounds),
+                TEPLimits(
+                    max_frame_bytes=size,
+                    max_channels_per_client=config.tep_max_channels,
+                    json=bounds,
+                    max_send_buffer=config.max_send_buffer,
+                ),
                 prefix=config.tep_prefix,
                 client_publish=config.tep_client_publish,
                 auth=self.auth,

@@ -45,9 +45,15 @@ class SendBacklog:
         return self.BUFFER_SIZE + self.since_pause if self.paused else 0
 
     def pauseProducing(self) -> None:  # noqa: N802 - IPushProducer
-        """The transport's buffer is full."""
-        self.paused = True
-        self.since_pause = 0
+        """The transport's buffer is full.
+
+        Twisted calls this on *every* write while its buffer is over
+        ``bufferSize``, not only on the first: counting restarts only when a
+        pause begins, or the backlog would never appear to pass 64 KiB.
+        """
+        if not self.paused:
+            self.paused = True
+            self.since_pause = 0
 
     def resumeProducing(self) -> None:  # noqa: N802 - IPushProducer
         """The transport's buffer has drained."""

@@ -143,6 +143,7 @@ class Net:
         *,
         rand: Callable[[], float] = lambda: 0.5,
         listen_role: Role = Role.PRODUCER,
+        ping_interval: float = PING,
         **kwargs: Any,
     ) -> Federation:
         """A Federation for a new node with hub ``node_id``, listening on ``port``."""
@@ -150,7 +151,7 @@ class Net:
             Hub(node_id),
             reactor=self.reactor,
             listen_role=listen_role,
-            ping_interval=PING,
+            ping_interval=ping_interval,
             retry=RETRY,
             rand=rand,
             advertise_url=url(port),

@@ -402,9 +402,10 @@ def net() -> Iterator[Net]:
 class Cut:
     """Stands in for a link's pump while the network between its ends drops every packet.
 
-    Nothing crosses. The dialler learns of it only from its own ping timeout
-    (its transport then closes, locally). The listener hears nothing at all
-    until :meth:`heal` delivers the RST its next retransmission would get.
+    Nothing crosses. Each end learns of it only from its own ping timeout
+    (its transport then closes, locally); an end that has not timed out hears
+    nothing at all until :meth:`heal` delivers the RST its next
+    retransmission would get.
     """
 
     def __init__(self, link: Link) -> None:
@@ -413,13 +414,14 @@ class Cut:
         link.server_wire.muted = True
 
     def flush(self) -> int:
-        """Report the dialler's own close to the dialler only."""
-        wire = self.link.client_wire
-        if wire.disconnecting and not wire.disconnected:
-            wire.disconnected = True
-            wire.reportDisconnect()
-            return 1
-        return 0
+        """Report each end's own close to that end only."""
+        moved = 0
+        for wire in (self.link.client_wire, self.link.server_wire):
+            if wire.disconnecting and not wire.disconnected:
+                wire.disconnected = True
+                wire.reportDisconnect()
+                moved += 1
+        return moved
 
     def heal(self) -> None:
         """The network is back: the listener's ghost connection is reset."""
@@ -508,7 +510,7 @@ def test_partition_within_the_window_resumes_without_loss_or_duplicates(net: Net
     _publish(b, 1, 2, 3)
     net.flush()
     cut = _outage(net, link, during=lambda: _publish(b, 4, 5, 6))
-    assert a.open_links() == 0 and b.open_links() == 1  # b still holds the ghost
+    assert a.open_links() == 0 and b.open_links() == 0  # both ends ping: neither keeps a ghost
     _publish(b, 7, 8)
     second = _reconnect(net, cut)
     _publish(b, 9)
@@ -525,8 +527,13 @@ def test_partition_within_the_window_resumes_without_loss_or_duplicates(net: Net
 
 
 def test_ghost_link_is_superseded_when_the_consumer_resumes(net: Net) -> None:
-    """A producer that never saw the old link die closes it (4409) when the same node resumes on a new one."""
-    a, b, sink, gaps, link = _pair(net)
+    """A producer that never saw the old link die closes it (4409) when the same node resumes on a new one.
+
+    The producer pings too, so it would notice the silence by itself; here its
+    pings are slower than the consumer's redial, as when the consumer restarts
+    at once.
+    """
+    a, b, sink, gaps, link = _pair(net, ping_interval=60.0)
     partition(link)  # no heal: the ghost's end must come from the resume
     _tick(net, 2 * PING + RETRY.max_delay * (1 + RETRY.jitter))
     [second] = net.answer()
@@ -843,3 +850,69 @@ def test_gap_meta_topic_is_the_same_hub_topic_in_every_realm() -> None:
     assert hub_topic("realm1", GAP_EVENT_TOPIC, "realm1") == GAP_TOPIC
     assert hub_topic("other", GAP_EVENT_TOPIC, "realm1") == GAP_TOPIC
     assert hub_topic("other", "t", "realm1") == "$realm.other#t"
+
+
+# -- liveness on both ends (issue: a frozen dialler left ghosts on the listener) ---------------
+
+
+def test_listener_closes_a_silent_dialler_within_two_ping_intervals(net: Net) -> None:
+    """The accepting side pings too: a dialler that goes silent is closed by the listener itself."""
+    a = net.node("a", 9001, ping_interval=600.0)  # the dialler's own pings play no part
+    b = net.node("b", 9002)
+    a.hub.subscribe("t", Sink())
+    a.add_server(url(9002))
+    [link] = net.answer()
+    partition(link)
+    _tick(net, PING)
+    assert b.open_links() == 1  # one ping sent, its answer still awaited
+    _tick(net, PING)
+    assert b.open_links() == 0 and a.open_links() == 1
+    assert b.remote_interest() == {}  # nothing queues for the ghost any more
+    a.remove_server(url(9002))
+    net.flush()
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_ghost_without_replay_is_superseded_when_the_dialler_subscribes_again(net: Net) -> None:
+    """0.2: a listener that has not yet noticed a dialler's old link die closes it once the new link sends PSC201."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002, ping_interval=60.0)  # too slow to notice the ghost before the redial
+    sink = Sink()
+    a.hub.subscribe("t", sink)
+    a.add_server(url(9002))
+    [link] = net.answer()
+    assert link.server.session is not None and link.server.session.version == (0, 2)
+    partition(link)
+    _tick(net, 2 * PING + RETRY.max_delay * (1 + RETRY.jitter))
+    [second] = net.answer()
+    assert link.server.localCloseCode == CLOSE_DUPLICATE
+    assert [(r["direction"], r["state"]) for r in b.links()] == [("in", "open")]
+    assert b.hub.metrics.disconnects == {("psc", "superseded"): 1}
+    _tick(net, 5)  # the close handshake times out on the ghost
+    _publish(b, "after")
+    net.flush()
+    assert [e.payload for e in sink.got] == ["after"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_two_urls_of_one_node_keep_the_first_link(net: Net) -> None:
+    """A dialler with two URLs for one node closes its newer link before using it; the listener keeps the first."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    net.listeners[9003] = b.server_factory()
+    sink = Sink()
+    a.hub.subscribe("t", sink)
+    a.add_server(url(9002))
+    [first] = net.answer()
+    a.add_server(url(9003))
+    [second] = net.answer()
+    assert second.client.localCloseCode == CLOSE_DUPLICATE
+    assert first.server.session is not None and first.server.session.state.value == "open"
+    assert b.hub.metrics.disconnects == {}
+    _publish(b, "once")
+    net.flush()
+    assert [e.payload for e in sink.got] == ["once"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []

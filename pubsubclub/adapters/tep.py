@@ -374,6 +374,7 @@ class TEPClient:
             reason = f"slow consumer: {unsent} bytes unsent, limit is {limit}"
             log.warn("dropping TEP client {peer}: {reason}", peer=self.peer, reason=reason)
             self._server.stats["dropped_slow"] += 1
+            self._server.hub.metrics.disconnect("tep", "slow_consumer")
             self._detach()
             transport.drop(reason)
             return False

@@ -98,6 +98,10 @@ def endpoint_for_url(reactor: Any, url: str, trust_root: IOpenSSLTrustRoot | Non
     return endpoint
 
 
+#: Default cap on the bytes queued for one peer's link (docs/security.md, "Silent and slow peers").
+DEFAULT_MAX_LINK_QUEUE = 16 * 1024 * 1024
+
+
 class Federation:
     """All PSC links of one node (both roles), driven by the hub and discovery."""
 
@@ -117,6 +121,7 @@ class Federation:
         secret: bytes | None = None,
         auth_window: float = DEFAULT_WINDOW,
         replay: ReplaySettings | None = None,
+        max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -130,6 +135,8 @@ class Federation:
         self.advertise_url = advertise_url
         self._reactor = reactor
         self._ping_interval = ping_interval
+        #: Bytes a link may have written but not yet sent to its peer; past it the link is dropped.
+        self.max_link_queue = max_link_queue
         self._retry = retry
         self._rand = rand
         self._endpoint_factory = endpoint_factory
@@ -170,7 +177,7 @@ class Federation:
 
     def server_factory(self) -> PSCServerFactory:
         """The WebSocket factory accepting links (serve it at ``/psc``)."""
-        return PSCServerFactory(self, self._reactor)
+        return PSCServerFactory(self, self._reactor, self._ping_interval)
 
     def resource(self) -> WebSocketResource:
         """A twisted.web resource accepting links."""
@@ -311,6 +318,9 @@ class Federation:
 
     def link_subscribed(self, session: LinkSession, topics: tuple[str, ...]) -> None:
         """A consumer asked us (its producer) for ``topics``."""
+        if not session.topics_heard:
+            session.topics_heard = True
+            self._supersede_ghosts(session)
         if session.with_replay and self.outbox is not None:
             self.outbox.subscribe(session, topics)
         else:
@@ -319,6 +329,51 @@ class Federation:
         peer = session.peer_node or session.peer
         for topic in topics:
             self.hub.remote_subscribed(topic, peer)
+
+    def _supersede_ghosts(self, session: LinkSession) -> None:
+        """Close older links accepted from the node that just spoke on ``session`` in the same role.
+
+        A node dials each URL once; when it talks on a new link, an older link
+        it dialled in to us is dead from its side (a partition, a freeze, a
+        restart) even though our TCP has not noticed. Waiting for its first
+        interest message, not the handshake, matters: a dialler that finds it
+        has two links to us (two URLs of one node) closes the newer one before
+        sending anything on it, so the two sides never close each other's keeper.
+        """
+        protocol = self._links.get(session)
+        if session.peer_node is None or not getattr(protocol, "accepted", False):
+            return
+        for other, other_protocol in list(self._links.items()):
+            if (
+                other is not session
+                and other.peer_node == session.peer_node
+                and other.role is session.role
+                and getattr(other_protocol, "accepted", False)
+            ):
+                log.info("closing the older link from node {node}: it dialled again", node=session.peer_node)
+                self.hub.metrics.disconnect("psc", "superseded")
+                other_protocol.close_link(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
+
+    def queue_cap(self, session: LinkSession | None) -> int:
+        """Bytes ``session``'s transport may hold unsent before the link is dropped.
+
+        A 0.3 link resends up to a whole replay buffer at once when it resumes,
+        so it may queue that much on top of ``max_link_queue``.
+        """
+        if session is not None and session.with_replay and self.outbox is not None:
+            return self.max_link_queue + self.outbox.settings.max_bytes
+        return self.max_link_queue
+
+    def link_overflow(self, session: LinkSession, queued: int) -> None:
+        """``session``'s peer is not taking what we send: past the cap, the link is dropped and counted."""
+        peer = session.peer_node or session.peer
+        log.warn(
+            "dropping the PSC link to {peer}: {queued} bytes queued, limit is {limit}",
+            peer=peer,
+            queued=queued,
+            limit=self.queue_cap(session),
+        )
+        self.hub.metrics.disconnect("psc", "queue_cap")
 
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A consumer no longer wants ``topic`` from us."""
@@ -380,6 +435,7 @@ class Federation:
         now = self._reactor.seconds()
         payload = {"origin": gap.producer, "lost": gap.lost, "reason": gap.reason}
         self.hub.deliver_remote(Envelope(GAP_TOPIC, payload, origin=self.node_id, published_at=now))
+
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         """A producer sent a PSC301 whose message breaks the JSON bounds: count it, keep the link."""
         peer = session.peer_node or session.peer

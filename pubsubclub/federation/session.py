@@ -107,6 +107,8 @@ class LinkSession:
         self.topics: set[str] = set()
         #: 0.3: PSC103 (producer role) or PSC104 (consumer role) was received.
         self.resumed = False
+        #: The consumer at the other end has sent its first PSC201 (producer role).
+        self.topics_heard = False
         self._send = send
         self._owner = owner
         self._versions = versions

@@ -20,6 +20,7 @@ from autobahn.twisted.websocket import (
     WebSocketServerFactory,
     WebSocketServerProtocol,
 )
+from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectingRequest, ConnectionRequest, ConnectionResponse
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
@@ -36,6 +37,7 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
+from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 
 if TYPE_CHECKING:
     from pubsubclub.federation.federation import Federation
@@ -92,6 +94,12 @@ class _LinkProtocolBase:
     factory: Any
     session: LinkSession | None = None
     peer_node: str | None = None
+    #: True on the listening side of a link (it was dialled in to us).
+    accepted = False
+    #: How far behind the peer is in taking what we send (None: transport cannot tell).
+    _backlog: SendBacklog | None = None
+    #: The link was dropped for queueing too much; nothing more is written.
+    _overflowed = False
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: Federation = self.factory.federation
@@ -104,11 +112,34 @@ class _LinkProtocolBase:
             limits=federation.limits,
         )
         self.session.peer_node = self.peer_node
+        self._backlog = watch_send_buffer(self.transport, "PSC")  # type: ignore[attr-defined]
         federation.link_started(self.session, self)
         self.session.start()
 
     def _send_text(self, data: bytes) -> None:
+        if self.state != WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
+            # Closing (a ping timed out, an overflow): the session ends with
+            # the connection; until then there is nowhere to write.
+            return
+        backlog = self._backlog
+        if backlog is not None:
+            if self._overflowed:
+                return
+            queued = backlog.unsent()
+            federation: Federation = self.factory.federation
+            if queued > federation.queue_cap(self.session):
+                # A frozen or overwhelmed peer: drop it rather than queue for it
+                # without bound. A close frame would queue behind the backlog.
+                # The session ends when the connection is lost (a later reactor
+                # turn), never inside the delivery loop that is calling us.
+                self._overflowed = True
+                if self.session is not None:
+                    federation.link_overflow(self.session, queued)
+                self.dropConnection(abort=True)  # type: ignore[attr-defined]
+                return
         self.sendMessage(data, isBinary=False)  # type: ignore[attr-defined]
+        if backlog is not None:
+            backlog.written(len(data))
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         session = self.session
@@ -159,7 +190,9 @@ class _LinkProtocolBase:
 
 # Autobahn's own base classes disagree on two attribute types (its typing, not ours).
 class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ignore[misc]
-    """The listening side of a PSC link."""
+    """The listening side of a PSC link; it pings too, so a peer that froze after dialling is noticed."""
+
+    accepted = True
 
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
         """Learn the peer's node id, check its proof; answer with ours and the subprotocol."""
@@ -260,12 +293,17 @@ class PSCServerFactory(WebSocketServerFactory):
 
     protocol = PSCServerProtocol
 
-    def __init__(self, federation: Federation, clock: IReactorTime) -> None:
+    def __init__(self, federation: Federation, clock: IReactorTime, ping_interval: float) -> None:
         super().__init__(reactor=clock)
         self.federation = federation
         self.setProtocolOptions(
             maxMessagePayloadSize=federation.limits.max_message_size,
             maxFramePayloadSize=federation.limits.max_message_size,
+            # Both ends ping: a dialler that froze or vanished (SIGSTOP, a
+            # partition) is closed within two intervals, not kept as a ghost
+            # that everything published for it queues behind.
+            autoPingInterval=ping_interval,
+            autoPingTimeout=ping_interval,
             openHandshakeTimeout=10,
             closeHandshakeTimeout=2,
             # Send the close frame (1009 for oversize, 1002, ...) rather than just dropping TCP.

@@ -430,6 +430,7 @@ class BrokerSession:
             self._hub.metrics.count(
                 envelope.topic, "wamp", "dropped", 1, payload_size(envelope), reason="slow_consumer"
             )
+            self._hub.metrics.disconnect("wamp", "slow_consumer")
             self._end()
             transport.drop(reason)
             return
