@@ -123,6 +123,11 @@ def _open_links(node: NetnsNode) -> int:
     return sum(1 for link in node.stats()["links"] if link["state"] == "open")
 
 
+def _links_to(node: NetnsNode, peer: str) -> list[tuple[str, str]]:
+    """(direction, state) of every link ``node`` holds with node ``peer``."""
+    return sorted((link["direction"], link["state"]) for link in node.stats()["links"] if link["peer_node"] == peer)
+
+
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Callable[..., tuple[Network, NetnsNode, NetnsNode]]]:
     """Start two linked nodes in a fresh namespace network; stop them and remove the network afterwards."""
@@ -229,6 +234,10 @@ async def test_same_partition_without_the_extension_loses_messages(cluster: Any)
     assert outcome.missing > 0
     assert outcome.duplicates == 0 and outcome.in_order
     assert outcome.gaps == []  # 0.2 cannot know
+    # The listener's own pings closed the link node 2 had dialled in: no ghost beside its replacement.
+    expected = [("in", "open"), ("out", "open")]
+    await until(lambda: _links_to(one, "node2") == expected, "one link per direction at node 1")
+    await until(lambda: _links_to(two, "node1") == expected, "one link per direction at node 2")
 
 
 @pytest.mark.slow
