@@ -215,16 +215,31 @@ class Cluster:
     def __getitem__(self, i: int) -> NodeProcess:
         return self.nodes[i]
 
-    def wait_linked(self) -> None:
-        """Until every node has an open link in each direction with every other node."""
+    def meshed(self) -> bool:
+        """Whether every node has an open link in each direction with every other node."""
         n = len(self.nodes)
-        wait_until(
-            lambda: all(
-                sum(1 for link in node.stats()["links"] if link["state"] == "open") == 2 * (n - 1)
-                for node in self.nodes
-            ),
-            "full mesh of open links",
+        return all(
+            sum(1 for link in node.stats()["links"] if link["state"] == "open") == 2 * (n - 1) for node in self.nodes
         )
+
+    def wait_linked(self) -> None:
+        """Until :meth:`meshed` (blocking: for tests that do not run on the reactor)."""
+        wait_until(self.meshed, "full mesh of open links")
+
+    async def linked(self) -> None:
+        """Until :meth:`meshed`, polling with the reactor (for tests that run on it)."""
+        await until(self.meshed, "full mesh of open links")
+
+
+async def until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_SECONDS) -> None:
+    """:func:`wait_until` for tests that run on the reactor: polls with the reactor, never blocks it."""
+    from twisted.internet import reactor, task
+
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await task.deferLater(reactor, 0.02, lambda: None)
 
 
 def wait_until(predicate: Callable[[], bool], what: str, timeout: float = WAIT_SECONDS) -> None:

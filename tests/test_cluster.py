@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, wait_until
+from conftest import Cluster, until
 from wampclient import connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
@@ -21,13 +21,13 @@ def interest_of(node, topic: str) -> list[str]:
 
 
 async def _publish_reaches_all_nodes_exactly_once(cluster: Cluster) -> None:
-    cluster.wait_linked()
+    await cluster.linked()
     pub = await connect(cluster[0].wamp_url)
     sub2 = await connect(cluster[1].wamp_url, serializer="msgpack")
     sub3 = await connect(cluster[2].wamp_url)
     rec2, _ = await subscribe(sub2, TOPIC)
     rec3, _ = await subscribe(sub3, TOPIC)
-    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2", "node3"], "node1 to learn interest")
+    await until(lambda: interest_of(cluster[0], TOPIC) == ["node2", "node3"], "node1 to learn interest")
     for i in range(50):
         await publish_acked(pub, TOPIC, {"i": i})
     await publish_acked(pub, TOPIC, "end")
@@ -60,14 +60,14 @@ async def test_consumers_listen_mode_federates_too(cluster_factory: Callable[...
 async def test_node_without_subscribers_receives_no_psc301(cluster_factory: Callable[..., Cluster]) -> None:
     """Node 3 has no subscriber for the topic, so node 1 sends it no PSC301 for it."""
     cluster = cluster_factory(3)
-    cluster.wait_linked()
+    await cluster.linked()
     pub = await connect(cluster[0].wamp_url)
     sub2 = await connect(cluster[1].wamp_url)
     sub3 = await connect(cluster[2].wamp_url)
     rec2, _ = await subscribe(sub2, TOPIC)
     marker3, _ = await subscribe(sub3, MARKER)
-    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest of node2")
-    wait_until(lambda: interest_of(cluster[0], MARKER) == ["node3"], "interest of node3")
+    await until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest of node2")
+    await until(lambda: interest_of(cluster[0], MARKER) == ["node3"], "interest of node3")
     for i in range(20):
         await publish_acked(pub, TOPIC, i)
     await publish_acked(pub, MARKER, "end")
@@ -83,16 +83,16 @@ async def test_node_without_subscribers_receives_no_psc301(cluster_factory: Call
 async def test_unsubscribing_stops_the_flow(cluster_factory: Callable[..., Cluster]) -> None:
     """After the last subscriber on node 2 leaves the topic, node 1 stops sending it."""
     cluster = cluster_factory(2)
-    cluster.wait_linked()
+    await cluster.linked()
     pub = await connect(cluster[0].wamp_url)
     sub = await connect(cluster[1].wamp_url)
     rec, subscription = await subscribe(sub, TOPIC)
     marker, _ = await subscribe(sub, MARKER)
-    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest")
+    await until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest")
     await publish_acked(pub, TOPIC, "before")
     await rec.wait_for(1)
     await subscription.unsubscribe()
-    wait_until(lambda: interest_of(cluster[0], TOPIC) == [], "PSC202 to arrive")
+    await until(lambda: interest_of(cluster[0], TOPIC) == [], "PSC202 to arrive")
     await publish_acked(pub, TOPIC, "after")
     await publish_acked(pub, MARKER, "end")
     await marker.wait_for(1)
@@ -105,20 +105,20 @@ async def test_unsubscribing_stops_the_flow(cluster_factory: Callable[..., Clust
 async def test_kill_and_restart_restores_links_and_subscriptions(cluster_factory: Callable[..., Cluster]) -> None:
     """``kill -9`` of node 2, then a restart: links come back, subscribers get each message once."""
     cluster = cluster_factory(3)
-    cluster.wait_linked()
+    await cluster.linked()
     pub = await connect(cluster[0].wamp_url)
     sub3 = await connect(cluster[2].wamp_url)
     rec3, _ = await subscribe(sub3, TOPIC)
     cluster[1].kill()
-    wait_until(
+    await until(
         lambda: sum(1 for link in cluster[0].stats()["links"] if link["state"] == "open") == 2, "node1 to drop node2"
     )
     cluster[1].start()
-    cluster.wait_linked()
+    await cluster.linked()
     sub2 = await connect(cluster[1].wamp_url)
     rec2, _ = await subscribe(sub2, TOPIC)
-    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2", "node3"], "interest after restart")
-    wait_until(lambda: interest_of(cluster[2], TOPIC) == ["node2"], "node3 to learn node2's interest")
+    await until(lambda: interest_of(cluster[0], TOPIC) == ["node2", "node3"], "interest after restart")
+    await until(lambda: interest_of(cluster[2], TOPIC) == ["node2"], "node3 to learn node2's interest")
     for i in range(10):
         await publish_acked(pub, TOPIC, i)
     await publish_acked(pub, TOPIC, "end")
@@ -133,13 +133,13 @@ async def test_kill_and_restart_restores_links_and_subscriptions(cluster_factory
 async def test_binary_payload_is_delivered_locally_and_not_forwarded(cluster_factory: Callable[..., Cluster]) -> None:
     """MessagePack bytes (not JSON) reach local subscribers only and are counted as dropped."""
     cluster = cluster_factory(2)
-    cluster.wait_linked()
+    await cluster.linked()
     pub = await connect(cluster[0].wamp_url, serializer="msgpack")
     local = await connect(cluster[0].wamp_url, serializer="msgpack")
     remote = await connect(cluster[1].wamp_url)
     rec_local, _ = await subscribe(local, TOPIC)
     rec_remote, _ = await subscribe(remote, TOPIC)
-    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest")
+    await until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "interest")
     await publish_acked(pub, TOPIC, b"\x00\x01binary")
     await publish_acked(pub, TOPIC, "text")
     await rec_local.wait_for(2)

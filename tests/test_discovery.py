@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import NodeProcess, wait_until
+from conftest import NodeProcess, until, wait_until
 from consulproc import ConsulDoubleProcess
 from twisted.internet import defer
 from wampclient import connect, leave, publish_acked, subscribe
@@ -310,7 +310,7 @@ async def assert_traffic_flows(cluster: ConsulCluster) -> None:
     subscribers = [await connect(node.wamp_url) for node in nodes[1:]]
     recorders = [(await subscribe(s, TOPIC))[0] for s in subscribers]
     others = sorted(n.name for n in nodes[1:])
-    wait_until(lambda: sorted(nodes[0].stats()["remote_interest"].get(TOPIC, [])) == others, "interest")
+    await until(lambda: sorted(nodes[0].stats()["remote_interest"].get(TOPIC, [])) == others, "interest")
     publisher = await connect(nodes[0].wamp_url)
     await publish_acked(publisher, TOPIC, {"from": nodes[0].name})
     for recorder in recorders:
@@ -338,7 +338,7 @@ async def test_nodes_join_and_leave_through_consul(consul_cluster: ConsulCluster
     await assert_traffic_flows(consul_cluster)
 
     consul_cluster.nodes["node3"].kill()
-    wait_until(lambda: "node3" not in consul_cluster.consul.passing(), "node3's TTL to expire", 5.0)
+    await until(lambda: "node3" not in consul_cluster.consul.passing(), "node3's TTL to expire", 5.0)
     assert "node3" in consul_cluster.consul.registered()  # nobody deregistered it
     consul_cluster.wait_meshed(timeout=5.0)
     await assert_traffic_flows(consul_cluster)
@@ -354,7 +354,7 @@ async def test_links_survive_a_consul_restart_and_watching_resumes(consul_cluste
     opened = {name: node.stats()["federation"]["links_opened"] for name, node in consul_cluster.nodes.items()}
 
     consul_cluster.consul.stop()
-    wait_until(
+    await until(
         lambda: all(n.stats()["discovery"]["errors"] > 0 for n in consul_cluster.running()), "nodes to notice", 5.0
     )
     consul_cluster.consul.start()

@@ -13,9 +13,7 @@ def test_unhandled_error_lines_are_found(tmp_path: Path) -> None:
     clean = tmp_path / "clean.log"
     clean.write_text("2026-11-23 [-] node n1 ready\n2026-11-23 [-] closing PSC link: bad message\n")
     dirty = tmp_path / "dirty.log"
-    dirty.write_text(
-        "ready\nUnhandled error in Deferred:\nTraceback (most recent call last):\n  File x\nValueError\n"
-    )
+    dirty.write_text("ready\nUnhandled error in Deferred:\nTraceback (most recent call last):\n  File x\nValueError\n")
     assert unhandled_errors(clean) == []
     assert unhandled_errors(dirty) == ["Unhandled error in Deferred:", "Traceback (most recent call last):"]
     assert unhandled_errors(tmp_path / "missing.log") == []

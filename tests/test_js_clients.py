@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import REPO, WAIT_SECONDS, Cluster, wait_until
+from conftest import REPO, WAIT_SECONDS, Cluster, until
 from wampclient import connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
@@ -87,11 +87,11 @@ def interest_of(node: Any, topic: str) -> list[str]:
 async def test_python_publisher_to_js_subscriber(cluster_factory: Callable[..., Cluster]) -> None:
     """Autobahn-Python publishes on node 1; an autobahn-js subscriber on node 2 gets all, in order."""
     cluster = cluster_factory(2)
-    cluster.wait_linked()
+    await cluster.linked()
     js = js_client(cluster[1].wamp_url, "subscribe", TOPIC, COUNT)
     try:
         assert read_line(js) == {"ready": True}
-        wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "node1 to learn node2's interest")
+        await until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "node1 to learn node2's interest")
         pub = await connect(cluster[0].wamp_url)
         for i in range(COUNT):
             await publish_acked(pub, TOPIC, {"i": i, "from": "python"})
@@ -109,10 +109,10 @@ async def test_python_publisher_to_js_subscriber(cluster_factory: Callable[..., 
 async def test_js_publisher_to_python_subscriber(cluster_factory: Callable[..., Cluster]) -> None:
     """An autobahn-js client publishes on node 1; an Autobahn-Python subscriber on node 2 gets all, in order."""
     cluster = cluster_factory(2)
-    cluster.wait_linked()
+    await cluster.linked()
     sub = await connect(cluster[1].wamp_url)
     rec, _ = await subscribe(sub, TOPIC)
-    wait_until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "node1 to learn node2's interest")
+    await until(lambda: interest_of(cluster[0], TOPIC) == ["node2"], "node1 to learn node2's interest")
     # Blocking the reactor here is fine: the events wait in the socket until it runs again.
     rc, lines, err = finish(js_client(cluster[0].wamp_url, "publish", TOPIC, COUNT))
     assert rc == 0, err

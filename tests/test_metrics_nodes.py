@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, wait_until
+from conftest import Cluster, until
 from wampclient import connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
@@ -29,13 +29,13 @@ async def test_dumps_count_exactly_the_traffic_sent(cluster_factory: Callable[..
     """Published, delivered, forwarded and received counts in the dumps equal the WAMP traffic, per node."""
     metrics = tmp_path / "metrics"
     cluster = cluster_factory(3, extra=("--metrics-dir", str(metrics), "--metrics-interval", "0.2"))
-    cluster.wait_linked()
+    await cluster.linked()
     pub = await connect(cluster[0].wamp_url)
     subs = [await connect(node.wamp_url) for node in cluster.nodes[1:]]
     recs = [(await subscribe(s, "hot.topic"))[0] for s in subs]
     cold, _ = await subscribe(subs[0], "cold.topic")
-    wait_until(lambda: cluster[0].stats()["remote_interest"].get("hot.topic") == ["node2", "node3"], "interest")
-    wait_until(lambda: cluster[0].stats()["remote_interest"].get("cold.topic") == ["node2"], "interest")
+    await until(lambda: cluster[0].stats()["remote_interest"].get("hot.topic") == ["node2", "node3"], "interest")
+    await until(lambda: cluster[0].stats()["remote_interest"].get("cold.topic") == ["node2"], "interest")
     for i in range(30):
         await publish_acked(pub, "hot.topic", {"i": i})
     for i in range(7):
@@ -85,7 +85,7 @@ async def test_report_over_a_real_clusters_dumps_counts_exactly(
 
     metrics = tmp_path / "metrics"
     cluster = cluster_factory(3, extra=("--metrics-dir", str(metrics), "--metrics-interval", "0.3"))
-    cluster.wait_linked()
+    await cluster.linked()
     sessions = [await connect(node.wamp_url) for node in cluster.nodes]
     # Every node subscribes "busy" and "quiet"; each node publishes 20 "busy" and 5 "quiet".
     recorders = []
@@ -93,7 +93,7 @@ async def test_report_over_a_real_clusters_dumps_counts_exactly(
         for topic in ("busy", "quiet"):
             recorders.append((await subscribe(s, topic))[0])
     for node in cluster.nodes:
-        wait_until(lambda n=node: all(len(n.stats()["remote_interest"].get(t, [])) == 2 for t in ("busy", "quiet")),
+        await until(lambda n=node: all(len(n.stats()["remote_interest"].get(t, [])) == 2 for t in ("busy", "quiet")),
                    "full interest")  # fmt: skip
     for s in sessions:
         for i in range(20):

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, wait_until
+from conftest import Cluster, NodeProcess, until, wait_until
 from nsdclient import SUCCESS, NSDClient, error
 from wampclient import connect, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
@@ -92,17 +92,17 @@ def test_bad_input_gets_errors_and_harms_nobody(tmp_path: Path) -> None:
 async def test_cluster_wide_channels_history_and_cross_protocol(cluster_factory: Callable[..., Cluster]) -> None:
     """A channel opened on node 1 is subscribable on node 3; NSD and WAMP messages cross nodes both ways."""
     cluster = cluster_factory(3, frontends=True)
-    cluster.wait_linked()
+    await cluster.linked()
     alice = NSDClient(cluster[0].nsd_port, "Alice")
     assert alice.open() == SUCCESS
-    wait_until(lambda: nsd_stats(cluster[2])["channels"] == 1, "node3 to learn channel Alice")
+    await until(lambda: nsd_stats(cluster[2])["channels"] == 1, "node3 to learn channel Alice")
     carol = NSDClient(cluster[2].nsd_port, "Carol")
     assert carol.open() == SUCCESS
     assert carol.subscribe("Alice") == SUCCESS
     # WAMP subscriber on node 2 sees NSD publishes on node 1 as Message objects.
     wamp_sub = await connect(cluster[1].wamp_url)
     rec, _ = await subscribe(wamp_sub, "Alice")
-    wait_until(lambda: "node2" in cluster[0].stats()["remote_interest"].get("Alice", []), "interest in Alice")
+    await until(lambda: "node2" in cluster[0].stats()["remote_interest"].get("Alice", []), "interest in Alice")
     assert alice.publish("from nsd", pic="abc") == SUCCESS
     await rec.wait_for(1)
     [event] = rec.args
@@ -110,7 +110,7 @@ async def test_cluster_wide_channels_history_and_cross_protocol(cluster_factory:
     # A WAMP publish on node 1 shows up in NSD Get on node 3.
     wamp_pub = await connect(cluster[0].wamp_url)
     await publish_acked(wamp_pub, "Alice", {"via": "wamp"})
-    wait_until(lambda: len(carol.get(0)) == 2, "node3 history to hold both messages")
+    await until(lambda: len(carol.get(0)) == 2, "node3 history to hold both messages")
     first, second = carol.get(0)
     assert first == event  # identical, 'when' included, on every node
     assert second["body"] == '{"via":"wamp"}' and second["payload"] == {"via": "wamp"}
@@ -119,7 +119,7 @@ async def test_cluster_wide_channels_history_and_cross_protocol(cluster_factory:
     with ws_connect(cluster[1].tep_url, open_timeout=10) as tep:
         tep.send(json.dumps({"topic": "join", "payload": ["Alice"]}))
         assert json.loads(tep.recv(timeout=10)) == {"topic": "@join", "payload": ["Alice"]}
-        wait_until(lambda: "node2" in cluster[0].stats()["remote_interest"].get("Alice", []), "interest")
+        await until(lambda: "node2" in cluster[0].stats()["remote_interest"].get("Alice", []), "interest")
         assert alice.publish("to tep") == SUCCESS
         frame = json.loads(tep.recv(timeout=10))
         assert frame["topic"] == "Alice" and frame["payload"]["body"] == "to tep"
@@ -127,7 +127,7 @@ async def test_cluster_wide_channels_history_and_cross_protocol(cluster_factory:
     assert len(carol.get(0)) == 3
     # A client moving to node 2 with its cursor sees the same thing.
     carol_on_2 = NSDClient(cluster[1].nsd_port, "Carol")
-    wait_until(lambda: len(carol_on_2.get(0)) == 3, "node2 history")
+    await until(lambda: len(carol_on_2.get(0)) == 3, "node2 history")
     assert carol_on_2.get(first["when"])[0] == second
     await leave(wamp_sub, wamp_pub)
 

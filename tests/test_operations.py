@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import NodeProcess, wait_until
+from conftest import NodeProcess, until, wait_until
 from wampclient import connect
 
 pytestmark = pytest.mark.slow
@@ -52,13 +52,13 @@ async def test_sigterm_says_goodbye_to_clients_and_closes_links(tmp_path: Path) 
     a.start()
     b.start()
     try:
-        wait_until(lambda: b.health()[1]["open_links"] == 2, "links up")
+        await until(lambda: b.health()[1]["open_links"] == 2, "links up")
         session = await connect(a.wamp_url)
         left: defer.Deferred[str] = defer.Deferred()
         session.on("leave", lambda _s, details: left.callback(details.reason))
         assert a.stop() == 0
         assert await left == "wamp.close.system_shutdown"
-        wait_until(lambda: b.health()[1]["open_links"] == 0, "b to see a's links closed")
+        await until(lambda: b.health()[1]["open_links"] == 0, "b to see a's links closed")
         assert "closed (code=1000, reason=node shutting down)" in b.log_path.read_text()
     finally:
         b.stop()

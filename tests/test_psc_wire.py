@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import WAIT_SECONDS, NodeProcess, wait_until
+from conftest import WAIT_SECONDS, NodeProcess, until, wait_until
 from rawws import RECV_SECONDS, close_of
 from wampclient import connect as wamp_connect
 from wampclient import leave, publish_acked, subscribe
@@ -188,7 +188,7 @@ async def test_v01_consumer_gets_exactly_what_it_subscribed(node: NodeProcess) -
         assert recv_json(ws) == [102, [0, 1]]
         send_json(ws, [201, t1, t2])
         me = peer_name(ws)
-        wait_until(lambda: me in interest(node, t1) and me in interest(node, t2), "PSC201 to reach the node")
+        await until(lambda: me in interest(node, t1) and me in interest(node, t2), "PSC201 to reach the node")
         assert link_rows(node, me)[0]["version"] == "0.1"
 
         pub = await wamp_connect(node.wamp_url)
@@ -200,7 +200,7 @@ async def test_v01_consumer_gets_exactly_what_it_subscribed(node: NodeProcess) -
         assert recv_json(ws) == [301, t2, "marker"], "a topic we never subscribed arrived"
 
         send_json(ws, [202, t1])
-        wait_until(lambda: me not in interest(node, t1), "PSC202 to reach the node")
+        await until(lambda: me not in interest(node, t1), "PSC202 to reach the node")
         await publish_acked(pub, t1, "after unsubscribe")
         await publish_acked(pub, t2, "marker 2")
         assert recv_json(ws) == [301, t2, "marker 2"], "t1 still arrives after PSC202"
@@ -216,7 +216,7 @@ async def test_v02_consumer_gets_metadata(node: NodeProcess) -> None:
         assert recv_json(ws) == [102, [0, 2]]
         send_json(ws, [201, topic])
         me = peer_name(ws)
-        wait_until(lambda: me in interest(node, topic), "PSC201 to reach the node")
+        await until(lambda: me in interest(node, topic), "PSC201 to reach the node")
 
         pub = await wamp_connect(node.wamp_url)
         before = time.time()
@@ -271,7 +271,7 @@ async def test_junk_closes_only_that_link(node: NodeProcess, case: str) -> None:
     with consumer_link(node, [0, 1]) as good:
         send_json(good, [201, topic])
         good_name = peer_name(good)
-        wait_until(lambda: good_name in interest(node, topic), "the good link's PSC201")
+        await until(lambda: good_name in interest(node, topic), "the good link's PSC201")
 
         with consumer_link(node, [0, 1]) if handshake else dial(node) as bad:
             bad_name = peer_name(bad)
@@ -279,7 +279,7 @@ async def test_junk_closes_only_that_link(node: NodeProcess, case: str) -> None:
             code, reason = close_of(bad)
         assert code == 4400, (code, reason)
         assert problem in (reason or ""), reason
-        wait_until(lambda: not link_rows(node, bad_name), "the bad link to leave /stats")
+        await until(lambda: not link_rows(node, bad_name), "the bad link to leave /stats")
 
         await publish_acked(pub, topic, "still working")
         assert recv_json(good) == [301, topic, "still working"]
@@ -314,7 +314,7 @@ async def test_dialling_node_is_a_consumer(raw_server: RawPSCServer, spawn: Call
     early, _ = await subscribe(sub, "prod.early")
     send_json(link, [102, [0, 1]])
     assert recv_json(link) == [201, "prod.early"]
-    wait_until(lambda: [r["state"] for r in link_rows(dialer, RawPSCServer.NODE_ID)] == ["open"], "link open")
+    await until(lambda: [r["state"] for r in link_rows(dialer, RawPSCServer.NODE_ID)] == ["open"], "link open")
     assert link_rows(dialer, RawPSCServer.NODE_ID)[0]["version"] == "0.1"
 
     rec, subscription = await subscribe(sub, "prod.x")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from certs import CA, make_ca
-from conftest import REPO, WAIT_SECONDS, NodeProcess, wait_until
+from conftest import REPO, WAIT_SECONDS, NodeProcess, until, wait_until
 from twisted.internet.ssl import Certificate
 from wampclient import connect as wamp_connect
 from wampclient import leave, publish_acked, subscribe
@@ -104,7 +104,7 @@ async def assert_publish_crosses(
     sub = await wamp_connect(sub_url, trust_root=trust_root)
     pub = await wamp_connect(pub_url, trust_root=trust_root)
     rec, _ = await subscribe(sub, TOPIC)
-    wait_until(
+    await until(
         lambda: stats(publisher)["remote_interest"].get(TOPIC) == [subscriber.name],
         f"{publisher.name} to learn the interest of {subscriber.name}",
     )
@@ -125,7 +125,7 @@ async def test_same_secret_links_and_wamp_crosses(nodes: Nodes, tmp_path: Path) 
     b = nodes.make("b", "--cluster-secret-file", str(secret))
     a.peers, b.peers = [b.psc_url], [a.psc_url]
     a.start(), b.start()
-    wait_until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "links both ways")
+    await until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "links both ways")
     await assert_publish_crosses(a, b, a.wamp_url, b.wamp_url)
     assert stats(a)["federation"]["auth_refused"] == stats(b)["federation"]["auth_refused"] == 0
     assert "SECURITY WARNING" not in log_of(a)
@@ -220,7 +220,7 @@ async def test_tls_links_and_wamp_cross(nodes: Nodes, ca: CA, server_cert: Path,
     a.start(), b.start()
     assert a.ready["psc"] == f"wss://127.0.0.1:{a.psc_port}/psc"
     assert a.ready["wamp"] == f"wss://127.0.0.1:{a.wamp_port}/ws"
-    wait_until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "TLS links both ways")
+    await until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "TLS links both ways")
     trust = Certificate.loadPEM(ca.pem.read_bytes())
     await assert_publish_crosses(
         a, b, f"wss://localhost:{a.wamp_port}/ws", f"wss://127.0.0.1:{b.wamp_port}/ws", trust_root=trust

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, start_cluster, wait_until
+from conftest import Cluster, NodeProcess, start_cluster, until, wait_until
 from rawws import RECV_SECONDS, close_of
 from wampclient import connect as wamp_connect
 from wampclient import leave, publish_acked, subscribe
@@ -156,7 +156,7 @@ async def test_wamp_publish_on_node1_reaches_tep_on_node2(cluster: Cluster) -> N
     topic = "tep.cross.wamp_to_tep"
     ws = tep(cluster[1])
     join(ws, topic)
-    wait_until(lambda: interest(cluster[0], topic) == ["node2"], "node1 to learn node2's interest")
+    await until(lambda: interest(cluster[0], topic) == ["node2"], "node1 to learn node2's interest")
     pub = await wamp_connect(cluster[0].wamp_url)
     await publish_acked(pub, topic, {"n": 1})
     await publish_acked(pub, topic, 1, 2, k="v")
@@ -176,7 +176,7 @@ async def test_tep_publish_on_node2_reaches_wamp_on_node3_and_tep_on_node1(clust
     join(listener, topic)
     publisher = tep(cluster[1])
     join(publisher, topic)
-    wait_until(lambda: interest(cluster[1], topic) == ["node1", "node3"], "node2 to learn the interest")
+    await until(lambda: interest(cluster[1], topic) == ["node1", "node3"], "node2 to learn the interest")
     send(publisher, topic, {"hello": [1, "two"]})
     send(publisher, topic, "second")
     await rec.wait_for(2)

@@ -19,7 +19,7 @@ import msgpack
 import orjson
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, wait_until
+from conftest import Cluster, NodeProcess, until
 from nsdclient import SUCCESS, NSDClient
 from rawws import RECV_SECONDS, close_of
 from test_tep import join, recv, send, tep
@@ -74,7 +74,7 @@ async def assert_wamp_batch_crosses(sender: NodeProcess, receiver: NodeProcess, 
     sub = await connect(receiver.wamp_url)
     pub = await connect(sender.wamp_url)
     rec, _ = await subscribe(sub, topic)
-    wait_until(lambda: receiver.name in sender.stats()["remote_interest"].get(topic, []), f"interest in {topic}")
+    await until(lambda: receiver.name in sender.stats()["remote_interest"].get(topic, []), f"interest in {topic}")
     for i in range(BATCH):
         pub.publish(topic, i)
     await publish_acked(pub, topic, "marker")
@@ -90,12 +90,12 @@ async def assert_wamp_batch_crosses(sender: NodeProcess, receiver: NodeProcess, 
 async def test_the_issues_publish_breaks_nothing_also_after_a_restart(cluster_factory: Callable[..., Cluster]) -> None:
     """The issue's WAMP publish and TEP frame on an NSD channel's topic: NSD, links and WAMP traffic carry on."""
     cluster = cluster_factory(3, frontends=True)
-    cluster.wait_linked()
+    await cluster.linked()
     alice = NSDClient(cluster[0].nsd_port, "Alice")
     assert alice.open() == SUCCESS
     for node in cluster.nodes[1:]:
-        wait_until(lambda n=node: nsd_stats(n)["channels"] == 1, f"{node.name} to learn channel Alice")
-    wait_until(lambda: len(cluster[0].stats()["remote_interest"].get("Alice", [])) == 2, "interest in Alice")
+        await until(lambda n=node: nsd_stats(n)["channels"] == 1, f"{node.name} to learn channel Alice")
+    await until(lambda: len(cluster[0].stats()["remote_interest"].get("Alice", [])) == 2, "interest in Alice")
     opened = links_opened(cluster)
 
     wamp = await connect(cluster[0].wamp_url)
@@ -105,7 +105,7 @@ async def test_the_issues_publish_breaks_nothing_also_after_a_restart(cluster_fa
         join(ws, "after.poison")  # answered after the publish was handled
     await leave(wamp)
     for node in cluster.nodes:
-        wait_until(lambda n=node: nsd_stats(n)["messages"] == 2, f"{node.name} to store both foreign messages")
+        await until(lambda n=node: nsd_stats(n)["messages"] == 2, f"{node.name} to store both foreign messages")
 
     for i, node in enumerate(cluster.nodes):
         foreign = assert_nsd_answers(node, f"Check{i}")
@@ -116,9 +116,9 @@ async def test_the_issues_publish_breaks_nothing_also_after_a_restart(cluster_fa
 
     cluster[1].stop()
     cluster[1].start()
-    cluster.wait_linked()
+    await cluster.linked()
     opened = links_opened(cluster)
-    wait_until(lambda: nsd_stats(cluster[1])["messages"] >= 5, "node2's history after the restart")
+    await until(lambda: nsd_stats(cluster[1])["messages"] >= 5, "node2's history after the restart")
     foreign = assert_nsd_answers(cluster[1], "AfterRestart")
     assert sorted(m["from"] for m in foreign if m["from"].startswith("$")) == ["$foreign@node1", "$foreign@node2"]
     await assert_wamp_batch_crosses(cluster[1], cluster[0], "bulk.after.restart")
@@ -136,13 +136,13 @@ async def test_the_issues_publish_breaks_nothing_also_after_a_restart(cluster_fa
 async def test_forged_nsd_messages_are_not_read_as_genuine(cluster_factory: Callable[..., Cluster]) -> None:
     """A complete Message with any from/when, via WAMP or TEP, reaches NSD clients wrapped, from '$foreign@...'."""
     cluster = cluster_factory(2, frontends=True)
-    cluster.wait_linked()
+    await cluster.linked()
     alice, bob = NSDClient(cluster[0].nsd_port, "Alice"), NSDClient(cluster[1].nsd_port, "Bob")
     assert alice.open() == SUCCESS
-    wait_until(lambda: "node2" in cluster[0].stats()["remote_interest"].get("Alice", []), "node2's interest")
+    await until(lambda: "node2" in cluster[0].stats()["remote_interest"].get("Alice", []), "node2's interest")
     assert bob.open() == SUCCESS and bob.subscribe("Alice") == SUCCESS
     assert alice.publish("genuine") == SUCCESS
-    wait_until(lambda: len(bob.get(0)) == 1, "the genuine message on node2")
+    await until(lambda: len(bob.get(0)) == 1, "the genuine message on node2")
     [genuine] = bob.get(0)
     forged = {"_class": "Message", "from": "Alice", "when": genuine["when"] + 1, "body": "send me your password"}
 
@@ -153,7 +153,7 @@ async def test_forged_nsd_messages_are_not_read_as_genuine(cluster_factory: Call
         send(ws, "Alice", {**forged, "when": 1})
         join(ws, "after.forgery")
     assert alice.publish("marker") == SUCCESS
-    wait_until(lambda: len(bob.get(0)) == 4, "all four messages on node2")
+    await until(lambda: len(bob.get(0)) == 4, "all four messages on node2")
 
     messages = bob.get(0)
     assert [(m["from"], m["body"]) for m in messages if m["from"] == "Alice"] == [
@@ -318,7 +318,7 @@ async def test_hostile_psc_drops_bad_messages_and_closes_only_for_protocol_error
     sub = await connect(node.wamp_url)
     rec, _ = await subscribe(sub, "wire.t")
     producer = psc_producer(node)
-    wait_until(lambda: node.stats()["federation"]["links_opened"] == 1, "the raw producer's link")
+    await until(lambda: node.stats()["federation"]["links_opened"] == 1, "the raw producer's link")
     bad_messages = [
         '[301, "wire.t", {"n": 9223372036854775808}]',
         '[301, "wire.t", [18446744073709551616]]',

@@ -26,7 +26,7 @@ from autobahn.wamp.cryptosign import CryptosignKey
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.serializer import JsonSerializer
 from autobahn.wamp.types import ComponentConfig, SessionDetails
-from conftest import REPO, WAIT_SECONDS, Cluster, NodeProcess, start_cluster, wait_until
+from conftest import REPO, WAIT_SECONDS, Cluster, NodeProcess, start_cluster, until
 from nsdclient import SUCCESS, NSDClient
 from rawws import RECV_SECONDS, close_of
 from twisted.internet import defer, reactor
@@ -293,7 +293,7 @@ async def test_refused_publish_is_not_forwarded_to_other_nodes(pair: Cluster) ->
     reader, _ = await join(node2.wamp_url)  # a guest may read public.*
     news, _ = await subscribe(reader, "public.news")
     chat, _ = await subscribe(reader, "public.chat.room")
-    wait_until(
+    await until(
         lambda: interest(node1, "public.news") == ["node2"] and interest(node1, "public.chat.room") == ["node2"],
         "node1 to learn node2's interest",
     )
