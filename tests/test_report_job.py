@@ -214,7 +214,7 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
 
 
 def test_spark_submit_runs_the_same_job(spark: SparkSession, cluster_dumps: Path, tmp_path: Path) -> None:
-    """``spark-submit --py-files pubsubclub.zip .../job.py`` writes the same tables as the library call."""
+    """``spark-submit --py-files pubsubclub.zip .../submit.py`` writes the same tables as the library call."""
     package = tmp_path / "pubsubclub.zip"
     with zipfile.ZipFile(package, "w") as zf:
         for path in (REPO / "pubsubclub").rglob("*.py"):
@@ -223,7 +223,7 @@ def test_spark_submit_runs_the_same_job(spark: SparkSession, cluster_dumps: Path
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1"}  # fmt: skip
     proc = subprocess.run(
-        [str(submit), "--master", "local[1]", "--py-files", str(package), str(REPO / "pubsubclub/reports/job.py"),
+        [str(submit), "--master", "local[1]", "--py-files", str(package), str(REPO / "pubsubclub/reports/submit.py"),
          "--metrics", str(cluster_dumps), "--out", str(tmp_path / "submitted"), "--conf", "spark.ui.enabled=false"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip

@@ -1,35 +1,27 @@
 """The report job's edge: read the dumps, run the transforms, write Parquet, ``report.html`` and a summary.
 
-Runs from ``pubsubclub report`` or as a script under ``spark-submit``
-(docs/report.md). Progress goes to stderr as ``[k/6] ...`` lines plus Spark's
-console progress bar.
+A plain library: ``pubsubclub report`` calls it, and under ``spark-submit``
+the small entry module :mod:`pubsubclub.reports.submit` does (docs/report.md).
+Progress goes to stderr as ``[k/6] ...`` lines plus Spark's console progress bar.
 """
 
 from __future__ import annotations
 
+import argparse
+import os
 import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-if __name__ == "__main__" and not __package__:
-    # Run as a script (spark-submit .../job.py): import the package from the
-    # checkout, not this folder, whose module names would shadow others.
-    _here = str(Path(__file__).resolve().parent)
-    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(_here)]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
-import argparse  # noqa: E402  (imports below may need the path set above)
-import os  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from dataclasses import dataclass, field  # noqa: E402
-from typing import Any  # noqa: E402
-
-from pyspark.sql import DataFrame, SparkSession  # noqa: E402
-from pyspark.sql import functions as F  # noqa: E402
-
-from pubsubclub.reports import page  # noqa: E402
-from pubsubclub.reports import transforms as X  # noqa: E402
-from pubsubclub.reports.command import add_arguments, run  # noqa: E402
+from pubsubclub.reports import page
+from pubsubclub.reports import transforms as X
+from pubsubclub.reports.command import add_arguments, run
 
 #: Settings the job starts Spark with; ``conf`` given to ``run_report`` wins.
 DEFAULT_CONF = {
@@ -254,11 +246,7 @@ def print_summary(result: ReportResult, file: Any = None) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point as a script (``spark-submit job.py --metrics ... --out ...``); the exit code."""
+    """Parse ``--metrics ... --out ...`` and run the report; the exit code (used by :mod:`.submit`)."""
     parser = argparse.ArgumentParser(prog="pubsubclub-report", description="The pubsubclub cluster report.")
     add_arguments(parser)
     return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
