@@ -15,7 +15,7 @@ from twisted.internet import defer
 from wampclient import connect, leave, publish_acked, subscribe
 
 from pubsubclub.discovery.consul import ConsulDiscovery, Registration
-from pubsubclub.federation.federation import RetryPolicy
+from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.testing import MemoryConsul
 
 SERVICE = "pubsubclub"

@@ -23,7 +23,7 @@ from twisted.test import iosim
 
 from pubsubclub import psc
 from pubsubclub.federation import Federation, Role
-from pubsubclub.federation.federation import RetryPolicy
+from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_NO_COMMON_VERSION,

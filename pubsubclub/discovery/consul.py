@@ -37,7 +37,7 @@ from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IBodyProducer
 from zope.interface import implementer
 
 from pubsubclub import psc
-from pubsubclub.federation.federation import RetryPolicy
+from pubsubclub.federation.retry import RetryPolicy
 
 log = Logger()
 

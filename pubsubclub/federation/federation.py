@@ -29,6 +29,7 @@ from twisted.logger import Logger
 from pubsubclub import psc
 from pubsubclub.federation.auth import AUTH_HEADER, DEFAULT_WINDOW, AuthRefused, LinkAuth
 from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused
+from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_DUPLICATE,
@@ -44,26 +45,6 @@ from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.metrics import payload_size
 
 log = Logger()
-
-
-@dataclass(frozen=True)
-class RetryPolicy:
-    """Reconnect delays: about ``initial`` seconds, growing by ``factor`` up to ``max_delay``.
-
-    Each delay is spread by +/- ``jitter`` (a fraction) so that a cluster
-    restarting together does not reconnect in lock step. The attempt count
-    resets after a successful PSC handshake.
-    """
-
-    initial: float = 1.0
-    factor: float = 1.5
-    max_delay: float = 10.0
-    jitter: float = 0.2
-
-    def delay(self, attempt: int, rand: Callable[[], float] = random.random) -> float:
-        """Seconds to wait before attempt number ``attempt`` (1-based)."""
-        base = min(self.initial * self.factor ** max(0, min(attempt - 1, 64)), self.max_delay)
-        return base * (1.0 - self.jitter + 2.0 * self.jitter * rand())
 
 
 @dataclass
