@@ -73,6 +73,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
         help="a dropped link that comes back within S seconds loses nothing (default 60; 0: extension off)",
     )
     p.add_argument(
+        "--no-learn-peers",
+        action="store_true",
+        help="dial only the configured peers; do not tell peers whom this node dials (default: learn)",
+    )
+    p.add_argument(
         "--max-send-buffer",
         type=int,
         metavar="BYTES",
@@ -177,6 +182,7 @@ def _node_config(args: argparse.Namespace) -> Any:
         "auth": args.auth,
         "max_json_depth": args.max_json_depth,
         "max_send_buffer": args.max_send_buffer,
+        "learn_peers": False if args.no_learn_peers else None,
         "max_link_queue": args.max_link_queue,
         "nsd_max_clock_skew": args.nsd_max_clock_skew,
     }

@@ -91,6 +91,11 @@ class HealthResource(Resource):
         return json.dumps(body).encode()
 
 
+def _wildcard(port: IListeningPort) -> bool:
+    """Whether ``port`` listens on every address (0.0.0.0 or ::)."""
+    return getattr(port.getHost(), "host", "") in ("0.0.0.0", "::", "")
+
+
 def _url(port: IListeningPort, scheme: str, path: str) -> str:
     host = port.getHost()
     address = getattr(host, "host", "127.0.0.1")
@@ -123,6 +128,7 @@ class Node:
             secret=config.cluster_secret(),
             endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
             max_link_queue=config.max_link_queue,
+            learn_peers=config.learn_peers,
             replay=None
             if not config.replay_window_seconds
             else ReplaySettings(max_bytes=config.replay_buffer_bytes, window=config.replay_window_seconds),
@@ -234,6 +240,12 @@ class Node:
             self.urls["psc"] = _url(psc_port, "wss" if self.config.psc.startswith("ssl:") else "ws", "/psc")
             if self.federation.advertise_url is None:
                 self.federation.advertise_url = self.urls["psc"]
+            # Told to peers only when others can dial it: configured, or a listener
+            # bound to one address (a wildcard bind's 127.0.0.1 means nothing elsewhere).
+            if self.config.advertise is None and _wildcard(psc_port):
+                self.federation.announce_url = None
+            else:
+                self.federation.announce_url = self.federation.advertise_url
         if self.config.http is not None:
             from twisted.internet.endpoints import serverFromString
             from twisted.web.server import Site

@@ -67,17 +67,26 @@ _next_port = _PORT_FLOOR + (os.getpid() * 97) % (_PORT_CEILING - _PORT_FLOOR)
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1, below the ephemeral range, free when checked and never handed out twice."""
+    return free_run(1)
+
+
+def free_run(n: int) -> int:
+    """A port p such that p .. p+n-1 are below the ephemeral range, were free, and are never handed out again."""
     global _next_port
     for _ in range(_PORT_CEILING - _PORT_FLOOR):
-        port = _next_port
-        _next_port = _PORT_FLOOR + (_next_port + 1 - _PORT_FLOOR) % (_PORT_CEILING - _PORT_FLOOR)
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no free test port below the ephemeral range")
+        base = _next_port
+        if base + n > _PORT_CEILING:
+            _next_port = _PORT_FLOOR
+            continue
+        _next_port = base + n
+        try:
+            for port in range(base, base + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return base
+    raise AssertionError("no free test ports below the ephemeral range")
 
 
 class NodeProcess:

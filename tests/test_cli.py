@@ -12,30 +12,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, WAIT_SECONDS, free_port
+from conftest import REPO, WAIT_SECONDS, free_port, free_run
 
 from pubsubclub.config import ConfigError, build, load_toml
-
-
-def free_run(n: int) -> int:
-    """A port p such that p .. p+n-1 were all free a moment ago."""
-    import socket
-
-    for _ in range(100):
-        base = free_port()
-        try:
-            socks = []
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    raise AssertionError("no free port run")
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -148,3 +148,23 @@ async def test_binary_payload_is_delivered_locally_and_not_forwarded(cluster_fac
     assert rec_remote.args == ["text"]
     assert cluster[0].stats()["federation"]["dropped_not_json"] == 1
     await leave(pub, local, remote)
+
+
+@pytest_twisted.ensureDeferred
+async def test_one_peer_each_joins_a_full_mesh(tmp_path) -> None:
+    """node2 and node3 each list only node1; they learn of each other, link both ways, and traffic reaches all."""
+    from conftest import NodeProcess
+
+    nodes = [NodeProcess(f"node{i + 1}", tmp_path) for i in range(3)]
+    nodes[1].peers = [nodes[0].psc_url]
+    nodes[2].peers = [nodes[0].psc_url]
+    cluster = Cluster(nodes)
+    try:
+        for node in nodes:
+            node.start()
+        await cluster.linked()
+        assert sorted(nodes[2].stats()["servers"]) == sorted([nodes[0].psc_url, nodes[1].psc_url])
+        await _publish_reaches_all_nodes_exactly_once(cluster)
+    finally:
+        for node in nodes:
+            node.stop()

@@ -144,14 +144,19 @@ class Net:
         rand: Callable[[], float] = lambda: 0.5,
         listen_role: Role = Role.PRODUCER,
         ping_interval: float = PING,
+        learn_peers: bool = False,
         **kwargs: Any,
     ) -> Federation:
-        """A Federation for a new node with hub ``node_id``, listening on ``port``."""
+        """A Federation for a new node with hub ``node_id``, listening on ``port``.
+
+        Peer learning is off unless asked for, so each test dials exactly the links it names.
+        """
         federation = Federation(
             Hub(node_id),
             reactor=self.reactor,
             listen_role=listen_role,
             ping_interval=ping_interval,
+            learn_peers=learn_peers,
             retry=RETRY,
             rand=rand,
             advertise_url=url(port),
@@ -724,3 +729,104 @@ def test_server_with_our_node_id_is_dropped_with_a_secret(net: Net) -> None:
     assert a.servers() == [] and a.stats["auth_refused"] == 0
     net.stop()
     assert net.reactor.getDelayedCalls() == []
+
+
+# -- peer learning: one --peer joins the whole cluster -----------------------------------------
+
+
+def _settle(net: Net, rounds: int = 10) -> None:
+    """Answer every dial, including those made because of what earlier links told, until none is new."""
+    for _ in range(rounds):
+        if not net.answer():
+            return
+    raise AssertionError("dials kept coming")
+
+
+def _peers_of(federation: Federation) -> dict[str, list[str]]:
+    """node id -> directions of its open links with that node."""
+    peers: dict[str, list[str]] = {}
+    for row in federation.links():
+        if row["state"] == "open":
+            peers.setdefault(row["peer_node"], []).append(row["direction"])
+    return {node: sorted(d) for node, d in sorted(peers.items())}
+
+
+def test_one_peer_joins_the_whole_cluster_with_links_both_ways(net: Net) -> None:
+    """b and c each know only a; after the handshakes every node links both ways with every other."""
+    a = net.node("a", 9001, learn_peers=True)
+    b = net.node("b", 9002, learn_peers=True)
+    c = net.node("c", 9003, learn_peers=True)
+    sink = Sink()
+    b.hub.subscribe("t", sink)
+    b.add_server(url(9001))
+    _settle(net)
+    c.add_server(url(9001))
+    _settle(net)
+    for node, others in ((a, ("b", "c")), (b, ("a", "c")), (c, ("a", "b"))):
+        assert _peers_of(node) == {o: ["in", "out"] for o in others}, node.node_id
+    assert sorted(c.servers()) == [url(9001), url(9002)]
+    c.hub.publish(c.hub.envelope("t", "from c"))
+    a.hub.publish(a.hub.envelope("t", "from a"))
+    net.flush()
+    assert sorted(e.payload for e in sink.got) == ["from a", "from c"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_a_node_without_learning_still_links_one_way_as_before(net: Net) -> None:
+    """A peer that neither tells nor learns (as a 0.1 node) gets exactly the links it had: none back."""
+    a = net.node("a", 9001, learn_peers=True)
+    old = net.node("old", 9002)
+    old.add_server(url(9001))
+    _settle(net)
+    assert _peers_of(a) == {"old": ["in"]}  # 'old' told a nothing: a cannot dial back
+    assert _peers_of(old) == {"a": ["out"]}
+    assert a.servers() == []
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_learned_server_that_stays_unreachable_is_forgotten(net: Net) -> None:
+    """A node told about an address nobody answers on stops dialling it after a minute; configured ones stay."""
+    a = net.node("a", 9001, learn_peers=True)
+    b = net.node("b", 9002, learn_peers=True)
+    b.add_server("ws://127.0.0.1:9999/psc")  # configured on b, never answers
+    b.add_server(url(9001))
+    _answer_all_but(net, 9999)
+    assert "ws://127.0.0.1:9999/psc" in a.servers()  # learned from b's handshake
+    for _ in range(100):
+        net.advance(1.0)
+        _answer_all_but(net, 9999)
+    assert "ws://127.0.0.1:9999/psc" not in a.servers()
+    assert sorted(a.servers()) == [url(9002)]
+    assert "ws://127.0.0.1:9999/psc" in b.servers()  # configured: never forgotten
+    net.stop()
+
+
+def _answer_all_but(net: Net, dead_port: int) -> None:
+    """Answer dials to live listeners; fail dials to ``dead_port`` as connection refused."""
+    from twisted.internet.error import ConnectionRefusedError
+
+    for _ in range(10):
+        pending = net.reactor.tcpClients[net._answered :]
+        if not pending:
+            return
+        dead = [entry for entry in pending if entry[1] == dead_port]
+        net.reactor.tcpClients[net._answered :] = [entry for entry in pending if entry[1] != dead_port]
+        for entry in dead:
+            entry[2].clientConnectionFailed(None, Failure(ConnectionRefusedError()))
+        net.answer()
+    raise AssertionError("dials kept coming")
+
+
+def test_bad_urls_in_a_handshake_are_ignored_and_counted(net: Net) -> None:
+    """Only ws/wss URLs with a host and port, of bounded length, are dialled."""
+    a = net.node("a", 9001, learn_peers=True)
+    before = set(a.servers())
+    a._learn(
+        (None, "http://x:1/psc ws://nohost ws://h:notaport/psc " + "ws://h:1/" + "p" * 600 + " ws://10.0.0.9:7/psc")
+    )
+    assert set(a.servers()) - before == {"ws://10.0.0.9:7/psc"}
+    assert a.hub.metrics.errors[("psc", "bad_learned_url")] == 4
+    a.remove_server("ws://10.0.0.9:7/psc")
+    net.stop()

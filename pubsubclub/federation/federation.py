@@ -40,7 +40,13 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
-from pubsubclub.federation.transport import NODE_HEADER, PSCClientFactory, PSCServerFactory
+from pubsubclub.federation.transport import (
+    ADVERTISE_HEADER,
+    NODE_HEADER,
+    PEERS_HEADER,
+    PSCClientFactory,
+    PSCServerFactory,
+)
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.metrics import payload_size
 
@@ -56,6 +62,19 @@ class _Server:
     factory: PSCClientFactory
     #: Reconnect delays taken since this server's last PSC handshake.
     failures: int = 0
+    #: Learned from another node's handshake (not configured): forgotten when it stays unreachable.
+    learned: bool = False
+    #: When its link last went down (or the server was added); None while linked.
+    down_since: float | None = None
+
+
+def _dialable(url: str) -> bool:
+    """Whether ``url`` is a ws:// or wss:// URL with a host and a port."""
+    try:
+        parts = urlsplit(url)
+        return parts.scheme in ("ws", "wss") and bool(parts.hostname) and parts.port is not None
+    except ValueError:
+        return False
 
 
 def endpoint_for_url(reactor: Any, url: str, trust_root: IOpenSSLTrustRoot | None = None) -> IStreamClientEndpoint:
@@ -78,6 +97,15 @@ def endpoint_for_url(reactor: Any, url: str, trust_root: IOpenSSLTrustRoot | Non
         endpoint = wrapClientTLS(client_tls(parts.hostname, trust_root), endpoint)
     return endpoint
 
+
+#: Most URLs taken from one handshake's X-PubSubClub-Peers; more are ignored.
+MAX_LEARNED_PER_LINK = 256
+#: Longest URL taken from a handshake; longer ones are ignored.
+MAX_LEARNED_URL_LENGTH = 512
+#: Most learned servers held at once; past it, nothing more is learned.
+MAX_LEARNED_SERVERS = 1024
+#: Seconds a learned server may stay unreachable before it is forgotten.
+LEARNED_FORGET_AFTER = 60.0
 
 #: Default cap on the bytes queued for one peer's link (docs/security.md, "Silent and slow peers").
 DEFAULT_MAX_LINK_QUEUE = 16 * 1024 * 1024
@@ -103,6 +131,7 @@ class Federation:
         auth_window: float = DEFAULT_WINDOW,
         replay: ReplaySettings | None = None,
         max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
+        learn_peers: bool = True,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -118,6 +147,10 @@ class Federation:
         self._ping_interval = ping_interval
         #: Bytes a link may have written but not yet sent to its peer; past it the link is dropped.
         self.max_link_queue = max_link_queue
+        #: Tell peers whom we know and dial whom they know (docs/protocol.md, "Peer learning").
+        self.learn_peers = learn_peers
+        #: The PSC URL other nodes should dial to reach us, told to peers; None: not told (not dialable).
+        self.announce_url: str | None = advertise_url
         self._retry = retry
         self._rand = rand
         self._endpoint_factory = endpoint_factory
@@ -193,7 +226,32 @@ class Federation:
 
     def client_headers(self, url: str) -> dict[str, str]:
         """Extra handshake headers sent when dialling ``url`` (asked again on every attempt)."""
-        return {}
+        return self.peer_headers()
+
+    def peer_headers(self) -> dict[str, str]:
+        """Handshake headers telling a peer where to reach us and whom we dial (both directions)."""
+        if not self.learn_peers:
+            return {}
+        headers = {PEERS_HEADER: " ".join(list(self._servers)[:MAX_LEARNED_PER_LINK])}
+        if self.announce_url is not None:
+            headers[ADVERTISE_HEADER] = self.announce_url
+        return headers
+
+    def _learn(self, heard: tuple[str | None, str | None]) -> None:
+        """Dial the nodes a peer told us about in its handshake that we do not dial yet."""
+        advertised, peers = heard
+        urls = ([advertised] if advertised else []) + (peers.split()[:MAX_LEARNED_PER_LINK] if peers else [])
+        for url in urls:
+            if url in self._servers or url == self.announce_url or url == self.advertise_url:
+                continue
+            if sum(1 for s in self._servers.values() if s.learned) >= MAX_LEARNED_SERVERS:
+                self.hub.metrics.error("psc", "learned_servers_full")
+                return
+            if len(url) > MAX_LEARNED_URL_LENGTH or not _dialable(url):
+                self.hub.metrics.error("psc", "bad_learned_url")
+                continue
+            log.info("learned of {url} from a peer", url=url)
+            self.add_server(url, learned=True)
 
     # -- servers (driven by discovery) -------------------------------------
 
@@ -201,9 +259,16 @@ class Federation:
         """URLs currently configured to dial."""
         return list(self._servers)
 
-    def add_server(self, url: str) -> None:
-        """Start linking to ``url`` now and keep the link up until removed."""
-        if url in self._servers:
+    def add_server(self, url: str, *, learned: bool = False) -> None:
+        """Start linking to ``url`` now and keep the link up until removed.
+
+        ``learned``: told by a peer, not configured; forgotten after
+        :data:`LEARNED_FORGET_AFTER` seconds unreachable. Adding a learned URL
+        again as configured makes it configured.
+        """
+        existing = self._servers.get(url)
+        if existing is not None:
+            existing.learned = existing.learned and learned
             return
         if self.advertise_url is not None and url == self.advertise_url:
             log.info("not linking to {url}: it is this node", url=url)
@@ -217,10 +282,20 @@ class Federation:
         # lost while being prepared has no transition in its state machine.
         def retry_delay(attempt: int) -> float:
             server.failures += 1
+            down = server.down_since
+            if server.learned and down is not None and self._reactor.seconds() - down > LEARNED_FORGET_AFTER:
+                log.info(
+                    "forgetting learned server {url}: unreachable since {seconds:.0f} s",
+                    url=url,
+                    seconds=self._reactor.seconds() - down,
+                )
+                self._reactor.callLater(0, self._forget_learned, server)
             return self._retry.delay(server.failures, self._rand)
 
         service = ClientService(endpoint, factory, retryPolicy=retry_delay, clock=self._reactor)
-        server = self._servers[url] = _Server(url, service, factory)
+        server = self._servers[url] = _Server(
+            url, service, factory, learned=learned, down_since=self._reactor.seconds()
+        )
         log.info("linking to {url}", url=url)
         service.startService()
 
@@ -234,6 +309,11 @@ class Federation:
             if proto.factory is server.factory:
                 proto.close_link(CLOSE_REMOVED, "server removed from this node's list")
         return defer.maybeDeferred(server.service.stopService)
+
+    def _forget_learned(self, server: _Server) -> None:
+        """Remove a learned server, unless it was configured or replaced meanwhile."""
+        if self._servers.get(server.url) is server and server.learned:
+            self.remove_server(server.url)
 
     def found_self(self, url: str) -> None:
         """``url`` turned out to be this node: forget it."""
@@ -262,7 +342,12 @@ class Federation:
                     "duplicate link to node {node} via {peer}; closing it", node=session.peer_node, peer=session.peer
                 )
                 self.stats["links_refused"] += 1
-                self._links[session].close_link(CLOSE_DUPLICATE, f"already linked to node {session.peer_node}")
+                protocol = self._links[session]
+                protocol.close_link(CLOSE_DUPLICATE, f"already linked to node {session.peer_node}")
+                server = self._servers.get(getattr(protocol.factory, "url", ""))
+                if server is not None and server.learned and getattr(protocol.factory, "url", None) is not None:
+                    # Another URL of a node we already dial: do not keep redialling it.
+                    self._reactor.callLater(0, self._forget_learned, server)
                 return
             self._producers[session] = None
             topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
@@ -275,6 +360,9 @@ class Federation:
         for server in self._servers.values():
             if protocol is not None and protocol.factory is server.factory:
                 server.failures = 0
+                server.down_since = None
+        if protocol is not None:
+            self._learn(protocol.heard)
         self.stats["links_opened"] += 1
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
@@ -286,7 +374,10 @@ class Federation:
 
     def link_closed(self, session: LinkSession) -> None:
         """The transport closed (or we are closing it)."""
-        self._links.pop(session, None)
+        protocol = self._links.pop(session, None)
+        server = self._servers.get(getattr(getattr(protocol, "factory", None), "url", None) or "")
+        if server is not None and server.factory is protocol.factory and server.down_since is None:
+            server.down_since = self._reactor.seconds()
         self._producers.pop(session, None)
         if self.outbox is not None:
             self.outbox.detach(session)

@@ -46,6 +46,10 @@ if TYPE_CHECKING:
 NODE_HEADER = "x-pubsubclub-node"
 #: WebSocket subprotocol name of PSC links.
 SUBPROTOCOL = "pubsubclub"
+#: HTTP header with the PSC URL other nodes should dial to reach the sender (peer learning, docs/protocol.md).
+ADVERTISE_HEADER = "x-pubsubclub-advertise"
+#: HTTP header with the PSC URLs the sender dials, space-separated (peer learning).
+PEERS_HEADER = "x-pubsubclub-peers"
 
 log = Logger()
 
@@ -100,6 +104,8 @@ class _LinkProtocolBase:
     _backlog: SendBacklog | None = None
     #: The link was dropped for queueing too much; nothing more is written.
     _overflowed = False
+    #: What the peer's handshake said about the cluster: (its advertised URL, the URLs it dials).
+    heard: tuple[str | None, str | None] = (None, None)
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: Federation = self.factory.federation
@@ -203,8 +209,9 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
         # learns from our node header that it should drop the URL
         # (PSCClientProtocol.onOpen) instead of retrying forever.
         answer = federation.check_request(request)
+        self.heard = (request.headers.get(ADVERTISE_HEADER), request.headers.get(PEERS_HEADER))
         protocol = SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
-        return protocol, {NODE_HEADER: federation.node_id, **answer}
+        return protocol, {NODE_HEADER: federation.node_id, **answer, **federation.peer_headers()}
 
     def onOpen(self) -> None:
         """Start the session in the cluster's listening role."""
@@ -248,6 +255,7 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
     def onConnect(self, response: ConnectionResponse) -> None:
         """Learn the server's node id from its handshake answer; check its proof."""
         self.peer_node = response.headers.get(NODE_HEADER)
+        self.heard = (response.headers.get(ADVERTISE_HEADER), response.headers.get(PEERS_HEADER))
         auth = self.factory.federation.auth
         if auth is not None and self._proof is not None:
             try:
