@@ -103,7 +103,8 @@ class NodeConfig:
     max_send_buffer: int = 16 * 1024 * 1024
     #: Bytes queued for one peer's PSC link before the link is dropped (its replay buffer is apart).
     max_link_queue: int = 16 * 1024 * 1024
-    #: Tell peers whom this node dials and dial whom they know, so one ``peer`` joins a whole cluster.
+    #: Tell peers whom this node dials and dial whom they know, so one ``peer`` joins a whole cluster
+    #: (off with ``consul``: Consul's health-checked list is the membership then).
     learn_peers: bool = True
     #: Deepest nesting of arrays/objects accepted from any client or peer (docs/security.md).
     max_json_depth: int = 64

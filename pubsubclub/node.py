@@ -128,7 +128,9 @@ class Node:
             secret=config.cluster_secret(),
             endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
             max_link_queue=config.max_link_queue,
-            learn_peers=config.learn_peers,
+            # With Consul, its health-checked list is the membership: learning from
+            # peers would redial nodes Consul has dropped as unhealthy.
+            learn_peers=config.learn_peers and config.consul is None,
             replay=None
             if not config.replay_window_seconds
             else ReplaySettings(max_bytes=config.replay_buffer_bytes, window=config.replay_window_seconds),
