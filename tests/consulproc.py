@@ -1,4 +1,4 @@
-"""The Consul double as a separate process (``python -m pubsubclub.testing consul``), for node-process tests."""
+"""The Consul double as a separate process (``python -m pubsubclub.testing.consul_agent``), for node-process tests."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class ConsulDoubleProcess:
 
     def start(self) -> ConsulDoubleProcess:
         """Start and wait for the ready line."""
-        cmd = [sys.executable, "-m", "pubsubclub.testing", "consul", "--port", str(self.port)]
+        cmd = [sys.executable, "-m", "pubsubclub.testing.consul_agent", "--port", str(self.port)]
         if self.state_file is not None:
             cmd += ["--state-file", str(self.state_file)]
         with open(self.log_path, "a") as log:

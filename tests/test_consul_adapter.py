@@ -46,7 +46,7 @@ async def test_refused_connection_is_a_consul_exception(kind: str) -> None:
     """Nothing listening: the call fails with a ConsulException naming the cause, not AttributeError."""
     c = client(kind, free_port())
     with pytest.raises(ConsulException) as info:
-        await c.kv.get("anything")
+        await c.agent.services()
     assert "Connection refused" in str(info.value) or "ConnectionRefused" in str(info.value)
 
 
@@ -69,10 +69,10 @@ async def test_no_deprecated_return_value(kind: str, double: ConsulDouble) -> No
     c = client(kind, int(double.url.rsplit(":", 1)[1]))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        assert await c.kv.put("k", "v") is True
-        index, entry = await c.kv.get("k")
+        assert await c.agent.service.register("web", service_id="w1", port=8080) is True
+        index, entries = await c.health.service("web")
         await c.agent.services()
-    assert entry["Value"] == b"v"
+    assert [e["Service"]["ID"] for e in entries] == ["w1"]
     deprecated = [str(w.message) for w in caught if issubclass(w.category, DeprecationWarning)]
     assert [m for m in deprecated if "returnValue" in m] == []
 
@@ -102,15 +102,15 @@ async def test_agent_errors_become_typed_consul_exceptions(double: ConsulDouble)
     c = TwistedConsul.from_url(double.url, reactor=reactor)
     double.fail("500", count=1)
     with pytest.raises(ConsulException) as info:
-        await c.catalog.services()
+        await c.health.service("web")
     assert "500" in str(info.value) and not isinstance(info.value, (ConsulUnreachable, ConsulTimeout))
     double.fail("junk", count=1)
     with pytest.raises(ConsulBadResponse):
-        await c.catalog.services()
+        await c.health.service("web")
     double.fail("drop", count=1)
     with pytest.raises(ConsulUnreachable):
-        await c.kv.put("k", "v")
-    assert (await c.catalog.services())[1] == {"consul": []}
+        await c.agent.check.ttl_pass("service:n1")
+    assert (await c.health.service("web"))[1] == []
     await c.close()
 
 

@@ -1,8 +1,7 @@
-"""The Consul double in pubsubclub.testing, over real HTTP: Consul's documented behaviour."""
+"""The Consul double in pubsubclub.testing, over real HTTP: Consul's documented behaviour for what discovery uses."""
 
 from __future__ import annotations
 
-import base64
 import json
 from typing import Any
 
@@ -47,12 +46,23 @@ async def call(double: ConsulDouble, method: str, path: str, body: Any = None) -
 
 
 @pytest_twisted.ensureDeferred
-async def test_every_blocking_endpoint_reports_an_index_of_at_least_1(double: ConsulDouble) -> None:
-    """A fresh agent answers X-Consul-Index 1 (never 0) on health, catalog and KV reads, 404s included."""
-    for path in ("/v1/health/service/none", "/v1/catalog/services", "/v1/kv/missing"):
-        answer = await call(double, "GET", path)
-        assert answer.index == 1, path
-    assert (await call(double, "GET", "/v1/kv/missing")).code == 404
+async def test_a_fresh_agent_reports_an_index_of_1(double: ConsulDouble) -> None:
+    """A fresh agent answers a health read with X-Consul-Index 1 (never 0) and an empty list."""
+    answer = await call(double, "GET", "/v1/health/service/none")
+    assert (answer.code, answer.index, answer.json()) == (200, 1, [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_endpoints_discovery_does_not_use_are_not_served(double: ConsulDouble) -> None:
+    """The KV store, the catalog and warn/fail over HTTP answer Consul's plain 404."""
+    for method, path in (
+        ("GET", "/v1/kv/missing"),
+        ("PUT", "/v1/kv/key"),
+        ("GET", "/v1/catalog/services"),
+        ("PUT", "/v1/agent/check/warn/service:web1"),
+    ):
+        answer = await call(double, method, path)
+        assert (answer.code, answer.body) == (404, b"404 page not found"), path
 
 
 @pytest_twisted.ensureDeferred
@@ -75,8 +85,8 @@ async def test_blocking_query_times_out_with_the_same_index(double: ConsulDouble
     await call(double, "PUT", "/v1/agent/service/register", TTL_SERVICE)
     first = await call(double, "GET", "/v1/health/service/web")
     started = reactor.seconds()
-    # An unrelated KV write moves the global index but not this query's.
-    unrelated = call(double, "PUT", "/v1/kv/other", b"x")
+    # Another service's registration moves the global index but not this query's.
+    unrelated = call(double, "PUT", "/v1/agent/service/register", {**TTL_SERVICE, "Name": "db", "ID": "db1"})
     answer = await call(double, "GET", f"/v1/health/service/web?index={first.index}&wait=600ms")
     await unrelated
     assert 0.55 <= reactor.seconds() - started < 5
@@ -109,12 +119,12 @@ async def test_ttl_check_goes_critical_when_not_refreshed(double: ConsulDouble) 
 
 
 @pytest_twisted.ensureDeferred
-async def test_passing_filter_and_warn_fail(double: ConsulDouble) -> None:
+async def test_passing_filter_leaves_out_warning_and_critical(double: ConsulDouble) -> None:
     """``?passing`` lists only instances whose every check passes; warning is not passing."""
     for sid in ("a", "b", "c"):
         await call(double, "PUT", "/v1/agent/service/register", {**TTL_SERVICE, "ID": sid})
     await call(double, "PUT", "/v1/agent/check/pass/service:a")
-    await call(double, "PUT", "/v1/agent/check/warn/service:b?note=slow")
+    double.update_ttl("service:b", "warning", "slow")
     everyone = (await call(double, "GET", "/v1/health/service/web")).json()
     healthy = (await call(double, "GET", "/v1/health/service/web?passing=1")).json()
     assert [e["Service"]["ID"] for e in everyone] == ["a", "b", "c"]
@@ -151,7 +161,7 @@ async def test_deregister_removes_the_instance_and_its_checks(double: ConsulDoub
     after = await blocked
     assert after.json() == [] and after.index > before.index
     assert (await call(double, "GET", "/v1/agent/checks")).json() == {}
-    assert (await call(double, "GET", "/v1/catalog/services")).json() == {"consul": []}
+    assert (await call(double, "GET", "/v1/agent/services")).json() == {}
     assert (await call(double, "PUT", "/v1/agent/service/deregister/web1")).code == 404
 
 
@@ -172,37 +182,20 @@ async def test_http_check_is_polled(double: ConsulDouble) -> None:
         check = {"HTTP": f"http://127.0.0.1:{port.getHost().port}/health", "Interval": "100ms", "Timeout": "1s"}
         await call(double, "PUT", "/v1/agent/service/register", {**TTL_SERVICE, "Check": check})
         index = 0
+        reached: list[str] = []
+        deadline = reactor.seconds() + 10
         for code, status in ((200, "passing"), (429, "warning"), (503, "critical")):
             codes[0] = code
-            while True:
-                answer = await call(double, "GET", f"/v1/health/service/web?index={index}&wait=5s")
+            # Each watch is bounded by its wait (and call()'s time limit), the whole by the deadline.
+            while reactor.seconds() < deadline:
+                answer = await call(double, "GET", f"/v1/health/service/web?index={index}&wait=1s")
                 index = answer.index
                 if answer.json()[0]["Checks"][1]["Status"] == status:
+                    reached.append(status)
                     break
+        assert reached == ["passing", "warning", "critical"]
     finally:
         await port.stopListening()
-
-
-@pytest_twisted.ensureDeferred
-async def test_kv_get_put_delete(double: ConsulDouble) -> None:
-    """KV values go in raw and come back base64; cas, recurse, keys, raw and 404s behave as in Consul."""
-    assert (await call(double, "PUT", "/v1/kv/app/a?flags=7", b"hello")).json() is True
-    entry = (await call(double, "GET", "/v1/kv/app/a")).json()[0]
-    assert (entry["Key"], base64.b64decode(entry["Value"]), entry["Flags"]) == ("app/a", b"hello", 7)
-    assert (await call(double, "GET", "/v1/kv/app/a?raw")).body == b"hello"
-    assert (await call(double, "PUT", "/v1/kv/app/a?cas=0", b"x")).json() is False
-    assert (await call(double, "PUT", f"/v1/kv/app/a?cas={entry['ModifyIndex']}", b"bye")).json() is True
-    await call(double, "PUT", "/v1/kv/app/sub/b", b"")
-    assert (await call(double, "GET", "/v1/kv/app/?keys")).json() == ["app/a", "app/sub/b"]
-    assert (await call(double, "GET", "/v1/kv/app/?keys&separator=/")).json() == ["app/a", "app/sub/"]
-    assert [e["Key"] for e in (await call(double, "GET", "/v1/kv/app?recurse")).json()] == ["app/a", "app/sub/b"]
-    key = await call(double, "GET", "/v1/kv/app/a")
-    blocked = defer.ensureDeferred(call(double, "GET", f"/v1/kv/app/a?index={key.index}&wait=10s"))
-    assert (await call(double, "DELETE", "/v1/kv/app/a")).json() is True
-    gone = await blocked
-    assert gone.code == 404 and gone.index > key.index
-    assert (await call(double, "DELETE", "/v1/kv/app?recurse")).json() is True
-    assert (await call(double, "GET", "/v1/kv/app?recurse")).code == 404
 
 
 @pytest_twisted.ensureDeferred
@@ -211,16 +204,16 @@ async def test_failure_modes_and_restart(double: ConsulDouble) -> None:
     await call(double, "PUT", "/v1/agent/service/register", TTL_SERVICE)
     await call(double, "PUT", "/v1/agent/check/pass/service:web1")
     double.fail("500", count=1)
-    assert (await call(double, "GET", "/v1/catalog/services")).code == 500
+    assert (await call(double, "GET", "/v1/agent/services")).code == 500
     double.fail("junk", count=1)
-    junk = await call(double, "GET", "/v1/catalog/services")
+    junk = await call(double, "GET", "/v1/agent/services")
     assert junk.code == 200
     try:
         junk.json()
         raise AssertionError("junk parsed as JSON")
     except ValueError:
         pass
-    assert (await call(double, "GET", "/v1/catalog/services")).json() == {"consul": [], "web": []}
+    assert list((await call(double, "GET", "/v1/agent/services")).json()) == ["web1"]
     before = await call(double, "GET", "/v1/health/service/web")
     await double.restart()
     kept = await call(double, "GET", "/v1/health/service/web")

@@ -14,7 +14,6 @@ from typing import Any
 import orjson
 from autobahn.wamp import message
 from autobahn.wamp.role import RolePublisherFeatures, RoleSubscriberFeatures
-from test_tep_codec import MemoryTransport as TEPMemoryTransport
 from twisted.internet.testing import StringTransport
 
 from pubsubclub.adapters import nsd_codec as codec
@@ -23,6 +22,7 @@ from pubsubclub.adapters.nsd_store import NSDStore
 from pubsubclub.adapters.tep import UNAUTHORIZED_CLOSE, TEPClient, TEPServer
 from pubsubclub.adapters.tep_codec import TEPLimits
 from pubsubclub.hub import Envelope, Hub
+from pubsubclub.testing import MemoryTEPTransport, MemoryWampTransport
 from pubsubclub.wamp.auth import AuthPolicy, Cryptosign, Principal, Role, Ticket
 from pubsubclub.wamp.broker import WampRouter
 
@@ -51,29 +51,6 @@ class Recorder:
         self.forwarded.append(envelope)
 
 
-class WampMemoryTransport:
-    """An in-memory WampTransport: records messages."""
-
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-        self.open = True
-
-    def send(self, msg: Any) -> None:
-        self.sent.append(msg)
-
-    def close(self) -> None:
-        self.open = False
-
-    def isOpen(self) -> bool:  # noqa: N802 - Autobahn's name
-        return self.open
-
-    def unsent_bytes(self) -> int:
-        return 0
-
-    def drop(self, reason: str) -> None:
-        self.open = False
-
-
 def hub_with_recorder(*topics: str) -> tuple[Hub, Recorder]:
     """A hub whose recorder subscribes ``topics`` and listens to every local publish."""
     hub = Hub("n1")
@@ -84,10 +61,10 @@ def hub_with_recorder(*topics: str) -> tuple[Hub, Recorder]:
     return hub, recorder
 
 
-def wamp_session(router: WampRouter, **hello: Any) -> tuple[Any, WampMemoryTransport]:
+def wamp_session(router: WampRouter, **hello: Any) -> tuple[Any, MemoryWampTransport]:
     """A broker session that sent HELLO."""
     session = router.session_factory()
-    transport = WampMemoryTransport()
+    transport = MemoryWampTransport()
     session.onOpen(transport)
     roles = {"publisher": RolePublisherFeatures(), "subscriber": RoleSubscriberFeatures()}
     session.onMessage(message.Hello("realm1", roles, **hello))
@@ -192,9 +169,9 @@ def test_challenges_use_the_routers_randomness() -> None:
 # -- TEP ----------------------------------------------------------------------------------
 
 
-def tep_client(server: TEPServer) -> tuple[TEPClient, TEPMemoryTransport]:
+def tep_client(server: TEPServer) -> tuple[TEPClient, MemoryTEPTransport]:
     """A TEP client of ``server`` on a memory transport."""
-    transport = TEPMemoryTransport()
+    transport = MemoryTEPTransport()
     return TEPClient(server, transport), transport
 
 

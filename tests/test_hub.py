@@ -3,16 +3,7 @@
 from __future__ import annotations
 
 from pubsubclub.hub import Envelope, Hub
-
-
-class Sink:
-    """Records what it is given."""
-
-    def __init__(self) -> None:
-        self.got: list[Envelope] = []
-
-    def deliver(self, envelope: Envelope) -> None:
-        self.got.append(envelope)
+from pubsubclub.testing import RecordingSink
 
 
 class Listener:
@@ -43,7 +34,7 @@ def make() -> tuple[Hub, Listener]:
 def test_only_first_and_last_subscriber_change_interest() -> None:
     """topic_added fires for the first sink only, topic_removed for the last one only."""
     hub, listener = make()
-    a, b = Sink(), Sink()
+    a, b = RecordingSink(), RecordingSink()
     hub.subscribe("t", a)
     hub.subscribe("t", b)
     hub.subscribe("t", a)  # idempotent
@@ -58,7 +49,7 @@ def test_only_first_and_last_subscriber_change_interest() -> None:
 def test_local_publish_delivers_then_tells_listeners_and_honours_exclude() -> None:
     """A local publish reaches every sink but the excluded one, then the publish listeners."""
     hub, listener = make()
-    a, b = Sink(), Sink()
+    a, b = RecordingSink(), RecordingSink()
     hub.subscribe("t", a)
     hub.subscribe("t", b)
     env = hub.envelope("t", {"x": 1})
@@ -76,7 +67,7 @@ def test_local_publish_delivers_then_tells_listeners_and_honours_exclude() -> No
 def test_remote_delivery_is_local_only() -> None:
     """A message from another node is delivered locally and never handed to publish listeners."""
     hub, listener = make()
-    a = Sink()
+    a = RecordingSink()
     hub.subscribe("t", a)
     env = Envelope("t", 5, origin="n2")
     assert hub.deliver_remote(env) == 1
@@ -87,7 +78,7 @@ def test_remote_delivery_is_local_only() -> None:
 def test_unsubscribe_all_removes_a_gone_client_everywhere() -> None:
     """unsubscribe_all drops a sink from every topic and reports topics that became empty."""
     hub, listener = make()
-    a, b = Sink(), Sink()
+    a, b = RecordingSink(), RecordingSink()
     hub.subscribe("t1", a)
     hub.subscribe("t2", a)
     hub.subscribe("t2", b)
@@ -100,12 +91,12 @@ def test_sink_unsubscribing_during_delivery_is_safe() -> None:
     """A sink may unsubscribe itself while a message is being delivered."""
     hub, _ = make()
 
-    class Leaver(Sink):
+    class Leaver(RecordingSink):
         def deliver(self, envelope: Envelope) -> None:
             super().deliver(envelope)
             hub.unsubscribe("t", self)
 
-    leaver, stayer = Leaver(), Sink()
+    leaver, stayer = Leaver(), RecordingSink()
     hub.subscribe("t", leaver)
     hub.subscribe("t", stayer)
     assert hub.publish(hub.envelope("t", 1)) == 2

@@ -1,29 +1,25 @@
 """PSC links between Federations, with real Autobahn protocols over in-memory transports.
 
-Every node runs on one ``MemoryReactorClock``: its ``connectTCP`` calls are
-recorded, and :class:`Net` answers each with the server factory of the node
+Every node runs on one ``MemoryReactorClock`` of a
+:class:`pubsubclub.testing.MemoryNetwork`: its ``connectTCP`` calls are
+recorded, and the network answers each with the server factory of the node
 listening on the dialled port, joined by ``iosim`` transports. Time moves only
 when a test advances the clock, so pings, timeouts and retries are exact.
 """
 
 from __future__ import annotations
 
-import struct
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
-from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
-from twisted.test import iosim
 
 from pubsubclub import psc
 from pubsubclub.federation import Federation, Role
-from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_NO_COMMON_VERSION,
@@ -31,182 +27,23 @@ from pubsubclub.federation.session import (
     CLOSE_SELF,
     CLOSE_UNAUTHENTICATED,
 )
-from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.testing import MemoryLink, MemoryNetwork, RecordingSink, RecordingWire, psc_url
 
-PING = 5.0
-RETRY = RetryPolicy(initial=1.0, factor=2.0, max_delay=8.0, jitter=0.25)
+PING = MemoryNetwork.ping_interval
+RETRY = MemoryNetwork.retry
 
-OPCODE_TEXT = 1
-OPCODE_BINARY = 2
-OPCODE_CLOSE = 8
 OPCODE_PING = 9
 
-
-def url(port: int) -> str:
-    """The PSC URL of the node listening on ``port``."""
-    return f"ws://127.0.0.1:{port}/psc"
-
-
-class Wire(iosim.FakeTransport):
-    """An in-memory transport that keeps a copy of everything written, and can go mute."""
-
-    #: When true, writes are dropped: the peer hears nothing (not even pongs).
-    muted = False
-
-    def __init__(self, protocol: Any, isServer: bool, host: IPv4Address, peer: IPv4Address) -> None:
-        super().__init__(protocol, isServer, hostAddress=host, peerAddress=peer)
-        self.written = bytearray()
-
-    def write(self, data: bytes) -> None:
-        if self.muted or self.disconnecting:
-            return
-        self.written += data
-        super().write(data)
-
-    def frames(self) -> list[tuple[int, bytes]]:
-        """Every WebSocket frame written after the HTTP upgrade, as (opcode, unmasked payload)."""
-        data = bytes(self.written)
-        data = data[data.index(b"\r\n\r\n") + 4 :]
-        frames = []
-        while data:
-            opcode, length, masked = data[0] & 0x0F, data[1] & 0x7F, data[1] & 0x80
-            pos = 2
-            if length == 126:
-                (length,) = struct.unpack("!H", data[2:4])
-                pos = 4
-            elif length == 127:
-                (length,) = struct.unpack("!Q", data[2:10])
-                pos = 10
-            mask = data[pos : pos + 4] if masked else b"\0\0\0\0"
-            pos += 4 if masked else 0
-            payload = bytes(b ^ mask[i % 4] for i, b in enumerate(data[pos : pos + length]))
-            frames.append((opcode, payload))
-            data = data[pos + length :]
-        return frames
-
-    def messages(self) -> list[psc.Message]:
-        """The PSC messages written, decoded."""
-        return [psc.decode(payload) for opcode, payload in self.frames() if opcode == OPCODE_TEXT]
-
-    def close(self) -> tuple[int, str] | None:
-        """The close frame written, as (code, reason), if any."""
-        for opcode, payload in self.frames():
-            if opcode == OPCODE_CLOSE:
-                return struct.unpack("!H", payload[:2])[0], payload[2:].decode()
-        return None
-
-
-@dataclass
-class Link:
-    """One dialled connection: both Autobahn protocols, both wires and their pump."""
-
-    client: PSCClientProtocol
-    server: PSCServerProtocol
-    client_wire: Wire
-    server_wire: Wire
-    pump: iosim.IOPump
-
-
-class Sink:
-    """A local subscriber that remembers what it was given."""
-
-    def __init__(self) -> None:
-        self.got: list[Envelope] = []
-
-    def deliver(self, envelope: Envelope) -> None:
-        """Remember ``envelope``."""
-        self.got.append(envelope)
-
-
-def _unwrap(protocol: Any) -> Any:
-    # The endpoint and ClientService wrap our protocol; walk down to it.
-    while not isinstance(protocol, PSCClientProtocol):
-        protocol = getattr(protocol, "_wrappedProtocol", None) or protocol._protocol
-    return protocol
-
-
-class Net:
-    """Nodes on one MemoryReactorClock; each connectTCP is answered by the node listening on that port."""
-
-    def __init__(self) -> None:
-        self.reactor = MemoryReactorClock()
-        self.listeners: dict[int, Any] = {}
-        self.nodes: list[Federation] = []
-        self.links: list[Link] = []
-        self._answered = 0
-
-    def node(
-        self,
-        node_id: str,
-        port: int,
-        *,
-        rand: Callable[[], float] = lambda: 0.5,
-        listen_role: Role = Role.PRODUCER,
-        ping_interval: float = PING,
-        learn_peers: bool = False,
-        **kwargs: Any,
-    ) -> Federation:
-        """A Federation for a new node with hub ``node_id``, listening on ``port``.
-
-        Peer learning is off unless asked for, so each test dials exactly the links it names.
-        """
-        federation = Federation(
-            Hub(node_id),
-            reactor=self.reactor,
-            listen_role=listen_role,
-            ping_interval=ping_interval,
-            learn_peers=learn_peers,
-            retry=RETRY,
-            rand=rand,
-            advertise_url=url(port),
-            **kwargs,
-        )
-        self.listeners[port] = federation.server_factory()
-        self.nodes.append(federation)
-        return federation
-
-    def dials(self) -> int:
-        """How many connectTCP calls were made so far."""
-        return len(self.reactor.tcpClients)
-
-    def answer(self) -> list[Link]:
-        """Connect every dial not yet answered to its listener, then pump until quiet."""
-        new = []
-        for host, port, factory, _timeout, _bind in self.reactor.tcpClients[self._answered :]:
-            client_addr = IPv4Address("TCP", "127.0.0.1", 40000 + len(self.links))
-            server_addr = IPv4Address("TCP", host, port)
-            client = factory.buildProtocol(server_addr)
-            server = self.listeners[port].buildProtocol(client_addr)
-            client_wire = Wire(client, False, client_addr, server_addr)
-            server_wire = Wire(server, True, server_addr, client_addr)
-            pump = iosim.connect(server, server_wire, client, client_wire, greet=False, clock=self.reactor)
-            link = Link(_unwrap(client), server, client_wire, server_wire, pump)
-            self.links.append(link)
-            new.append(link)
-        self._answered = self.dials()
-        self.flush()
-        return new
-
-    def flush(self) -> None:
-        """Move bytes on every link (and run due calls) until nothing moves."""
-        while sum(link.pump.flush() for link in self.links):
-            pass
-
-    def advance(self, seconds: float) -> None:
-        """Move the clock, then let the links react."""
-        self.reactor.advance(seconds)
-        self.flush()
-
-    def stop(self) -> None:
-        """Stop every node and pump the closes through."""
-        for federation in self.nodes:
-            federation.stop()
-        self.flush()
+# The tests' short names for pubsubclub.testing's public doubles.
+MemoryNetwork = MemoryNetwork
+MemoryLink = MemoryLink
+RecordingSink = RecordingSink
+RecordingWire = RecordingWire
+url = psc_url
 
 
 @pytest.fixture
-def net() -> Iterator[Net]:
+def net() -> Iterator[MemoryNetwork]:
     """An empty in-memory network; the test fails if anything logged an error or touched the real reactor."""
     from twisted.internet import reactor as global_reactor
 
@@ -219,15 +56,15 @@ def net() -> Iterator[Net]:
     before = set(global_reactor.getDelayedCalls())
     globalLogPublisher.addObserver(observe)
     try:
-        yield Net()
+        yield MemoryNetwork()
     finally:
         globalLogPublisher.removeObserver(observe)
     assert [formatEvent(e) + str(e.get("log_failure", "")) for e in errors] == []
     assert set(global_reactor.getDelayedCalls()) <= before
 
 
-def _link(net: Net, dialler: Federation, port: int) -> Link:
-    dialler.add_server(url(port))
+def _link(net: MemoryNetwork, dialler: Federation, port: int) -> MemoryLink:
+    dialler.add_server(psc_url(port))
     [link] = net.answer()
     return link
 
@@ -235,7 +72,7 @@ def _link(net: Net, dialler: Federation, port: int) -> Link:
 # -- handshake ------------------------------------------------------------
 
 
-def test_producer_listens_dialler_sends_hello_first(net: Net) -> None:
+def test_producer_listens_dialler_sends_hello_first(net: MemoryNetwork) -> None:
     """When producers listen, the dialling consumer sends PSC101 and the producer answers PSC102 0.2."""
     a = net.node("a", 9001)
     b = net.node("b", 9002)
@@ -252,7 +89,7 @@ def test_producer_listens_dialler_sends_hello_first(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_consumer_listens_listener_sends_hello_first(net: Net) -> None:
+def test_consumer_listens_listener_sends_hello_first(net: MemoryNetwork) -> None:
     """When consumers listen, the listening consumer sends PSC101 although it did not dial."""
     a = net.node("a", 9001, listen_role=Role.CONSUMER)
     b = net.node("b", 9002, listen_role=Role.CONSUMER)
@@ -266,12 +103,12 @@ def test_consumer_listens_listener_sends_hello_first(net: Net) -> None:
 
 
 @pytest.mark.parametrize("old_side", ["dialler", "listener"])
-def test_version_0_1_chosen_when_one_side_only_speaks_it(net: Net, old_side: str) -> None:
+def test_version_0_1_chosen_when_one_side_only_speaks_it(net: MemoryNetwork, old_side: str) -> None:
     """PSC102 carries 0.1 when one side speaks only 0.1, and PSC301 then has no metadata."""
     old = {"versions": ((0, 1),)}
     a = net.node("a", 9001, **(old if old_side == "dialler" else {}))
     b = net.node("b", 9002, **(old if old_side == "listener" else {}))
-    sink = Sink()
+    sink = RecordingSink()
     a.hub.subscribe("t", sink)
     link = _link(net, a, 9002)
     assert psc.ChooseVersion((0, 1)) in link.server_wire.messages()
@@ -284,7 +121,7 @@ def test_version_0_1_chosen_when_one_side_only_speaks_it(net: Net, old_side: str
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_no_common_version_closes_4406_and_backs_off(net: Net) -> None:
+def test_no_common_version_closes_4406_and_backs_off(net: MemoryNetwork) -> None:
     """With no common version the producer closes 4406 naming the versions; the consumer backs off."""
     a = net.node("a", 9001, versions=((0, 1),))
     b = net.node("b", 9002, versions=((0, 2),))
@@ -296,7 +133,7 @@ def test_no_common_version_closes_4406_and_backs_off(net: Net) -> None:
     assert a.open_links() == b.open_links() == 0
     assert a.links() == [
         {
-            "peer": url(9002),
+            "peer": psc_url(9002),
             "peer_node": None,
             "role": "consumer",
             "state": "connecting",
@@ -320,11 +157,11 @@ def test_no_common_version_closes_4406_and_backs_off(net: Net) -> None:
 # -- interest -------------------------------------------------------------
 
 
-def test_consumer_sends_whole_interest_in_one_subscribe(net: Net) -> None:
+def test_consumer_sends_whole_interest_in_one_subscribe(net: MemoryNetwork) -> None:
     """After the handshake the consumer sends every hub topic in one PSC201."""
     a = net.node("a", 9001)
     net.node("b", 9002)
-    sink = Sink()
+    sink = RecordingSink()
     for topic in ("t1", "t2", "t3"):
         a.hub.subscribe(topic, sink)
     link = _link(net, a, 9002)
@@ -333,7 +170,7 @@ def test_consumer_sends_whole_interest_in_one_subscribe(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_consumer_without_topics_sends_nothing_after_handshake(net: Net) -> None:
+def test_consumer_without_topics_sends_nothing_after_handshake(net: MemoryNetwork) -> None:
     """A consumer with no local subscribers sends no PSC201."""
     a = net.node("a", 9001)
     net.node("b", 9002)
@@ -343,12 +180,12 @@ def test_consumer_without_topics_sends_nothing_after_handshake(net: Net) -> None
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_first_subscriber_subscribes_last_one_unsubscribes(net: Net) -> None:
+def test_first_subscriber_subscribes_last_one_unsubscribes(net: MemoryNetwork) -> None:
     """The first local subscriber of a topic sends PSC201, the last one leaving sends PSC202, others nothing."""
     a = net.node("a", 9001)
     b = net.node("b", 9002)
     link = _link(net, a, 9002)
-    one, two = Sink(), Sink()
+    one, two = RecordingSink(), RecordingSink()
     a.hub.subscribe("t", one)
     a.hub.subscribe("t", two)
     net.flush()
@@ -364,11 +201,11 @@ def test_first_subscriber_subscribes_last_one_unsubscribes(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_interest_resent_after_reconnect(net: Net) -> None:
+def test_interest_resent_after_reconnect(net: MemoryNetwork) -> None:
     """After a dropped link the consumer redials after the retry delay and sends all its topics again."""
     a = net.node("a", 9001)
     b = net.node("b", 9002)
-    sink = Sink()
+    sink = RecordingSink()
     a.hub.subscribe("t1", sink)
     first = _link(net, a, 9002)
     first.server_wire.loseConnection()
@@ -387,7 +224,7 @@ def test_interest_resent_after_reconnect(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_clean_close_by_a_configured_server_is_retried(net: Net) -> None:
+def test_clean_close_by_a_configured_server_is_retried(net: MemoryNetwork) -> None:
     """A server that closes the link cleanly (1000) is redialled about a second later, while still configured."""
     a = net.node("a", 9001)
     b = net.node("b", 9002)
@@ -407,16 +244,16 @@ def test_clean_close_by_a_configured_server_is_retried(net: Net) -> None:
 # -- publishing -----------------------------------------------------------
 
 
-def test_publish_reaches_each_node_once_and_is_not_reforwarded(net: Net) -> None:
+def test_publish_reaches_each_node_once_and_is_not_reforwarded(net: MemoryNetwork) -> None:
     """In a full mesh of three nodes a publish reaches every node's sink once; receivers forward nothing."""
     nodes = {name: net.node(name, port) for name, port in (("a", 9001), ("b", 9002), ("c", 9003))}
     ports = {"a": 9001, "b": 9002, "c": 9003}
-    sinks = {name: Sink() for name in nodes}
+    sinks = {name: RecordingSink() for name in nodes}
     for name, federation in nodes.items():
         federation.hub.subscribe("t", sinks[name])
         for other in nodes:
             if other != name:
-                federation.add_server(url(ports[other]))
+                federation.add_server(psc_url(ports[other]))
     net.answer()
     assert [f.open_links() for f in nodes.values()] == [4, 4, 4]
     a = nodes["a"]
@@ -433,7 +270,7 @@ def test_publish_reaches_each_node_once_and_is_not_reforwarded(net: Net) -> None
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_publish_without_interest_is_not_sent(net: Net) -> None:
+def test_publish_without_interest_is_not_sent(net: MemoryNetwork) -> None:
     """A publish on a topic no consumer asked for does not cross the link."""
     net.node("a", 9001)
     b = net.node("b", 9002)
@@ -449,7 +286,7 @@ def test_publish_without_interest_is_not_sent(net: Net) -> None:
 # -- liveness -------------------------------------------------------------
 
 
-def test_pongs_keep_the_link_up(net: Net) -> None:
+def test_pongs_keep_the_link_up(net: MemoryNetwork) -> None:
     """The client pings every interval; a server that answers keeps the link up."""
     a = net.node("a", 9001)
     net.node("b", 9002)
@@ -464,7 +301,7 @@ def test_pongs_keep_the_link_up(net: Net) -> None:
 
 
 @pytest.mark.parametrize("rand", [0.0, 0.5, 0.999])
-def test_ping_timeout_reconnects_within_jitter(net: Net, rand: float) -> None:
+def test_ping_timeout_reconnects_within_jitter(net: MemoryNetwork, rand: float) -> None:
     """A server that never pongs is dropped after interval + timeout, and redialled within the jitter bounds."""
     draws: list[float] = []
 
@@ -503,12 +340,12 @@ def test_ping_timeout_reconnects_within_jitter(net: Net, rand: float) -> None:
 # -- discovery ------------------------------------------------------------
 
 
-def test_remove_server_closes_4410_and_stops_retrying(net: Net) -> None:
+def test_remove_server_closes_4410_and_stops_retrying(net: MemoryNetwork) -> None:
     """remove_server closes the link with 4410 and no dial follows, however long we wait."""
     a = net.node("a", 9001)
     b = net.node("b", 9002)
     link = _link(net, a, 9002)
-    a.remove_server(url(9002))
+    a.remove_server(psc_url(9002))
     net.flush()
     code, reason = link.client_wire.close()
     assert code == CLOSE_REMOVED and "removed" in reason
@@ -523,17 +360,17 @@ def test_remove_server_closes_4410_and_stops_retrying(net: Net) -> None:
 
 
 @pytest.mark.parametrize("when", ["dialling", "waiting to retry"])
-def test_remove_server_without_a_link_stops_retrying(net: Net, when: str) -> None:
+def test_remove_server_without_a_link_stops_retrying(net: MemoryNetwork, when: str) -> None:
     """remove_server while dialling or while waiting to retry leaves nothing scheduled."""
     a = net.node("a", 9001)
     net.node("b", 9002)
-    a.add_server(url(9002))
+    a.add_server(psc_url(9002))
     if when == "waiting to retry":
         [link] = net.answer()
         link.server_wire.loseConnection()
         net.flush()
         assert len(net.reactor.getDelayedCalls()) == 1
-    a.remove_server(url(9002))
+    a.remove_server(psc_url(9002))
     net.flush()
     for _ in range(100):
         net.advance(10)
@@ -543,24 +380,24 @@ def test_remove_server_without_a_link_stops_retrying(net: Net, when: str) -> Non
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_add_own_advertise_url_does_nothing(net: Net) -> None:
+def test_add_own_advertise_url_does_nothing(net: MemoryNetwork) -> None:
     """add_server with the node's own advertised URL does not dial."""
     a = net.node("a", 9001)
-    a.add_server(url(9001))
+    a.add_server(psc_url(9001))
     assert a.servers() == [] and net.dials() == 0
     net.stop()
     assert net.reactor.getDelayedCalls() == []
 
 
 @pytest.mark.parametrize("server", ["same federation", "other federation, same id"])
-def test_server_with_our_node_id_is_dropped(net: Net, server: str) -> None:
+def test_server_with_our_node_id_is_dropped(net: MemoryNetwork, server: str) -> None:
     """A server answering with our own node id makes us close with 4508 and forget its URL for good."""
     a = net.node("a", 9001)
     if server == "same federation":
         net.listeners[9100] = net.listeners[9001]  # another address of this very node
     else:
         net.node("a", 9100)
-    a.add_server(url(9100))
+    a.add_server(psc_url(9100))
     [link] = net.answer()
     assert link.client_wire.close()[0] == CLOSE_SELF
     assert all(f.links() == [] for f in net.nodes)
@@ -584,16 +421,16 @@ def test_server_with_our_node_id_is_dropped(net: Net, server: str) -> None:
         ("consumer", b'[301,"t",1]', False, "unexpected Publish from a consumer"),
     ],
 )
-def test_junk_closes_only_that_link(net: Net, sender: str, payload: bytes, binary: bool, reason: str) -> None:
+def test_junk_closes_only_that_link(net: MemoryNetwork, sender: str, payload: bytes, binary: bool, reason: str) -> None:
     """Junk from a peer closes that link with 4400 and a reason; the node's other link keeps working."""
     a = net.node("a", 9001)
     b = net.node("b", 9002)
     c = net.node("c", 9003)
-    sinks = {"a": Sink(), "c": Sink()}
+    sinks = {"a": RecordingSink(), "c": RecordingSink()}
     a.hub.subscribe("t", sinks["a"])
     c.hub.subscribe("t", sinks["c"])
-    a.add_server(url(9002))
-    c.add_server(url(9002))
+    a.add_server(psc_url(9002))
+    c.add_server(psc_url(9002))
     bad, good = net.answer()
     assert b.open_links() == 2
     speaker, hearer = (bad.client, bad.server_wire) if sender == "consumer" else (bad.server, bad.client_wire)
@@ -612,13 +449,13 @@ def test_junk_closes_only_that_link(net: Net, sender: str, payload: bytes, binar
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_remove_server_with_silent_peer_leaves_no_timers(net: Net) -> None:
+def test_remove_server_with_silent_peer_leaves_no_timers(net: MemoryNetwork) -> None:
     """remove_server when the peer never answers the close leaves no close-handshake timer behind."""
     a = net.node("a", 9001)
     net.node("b", 9002)
     link = _link(net, a, 9002)
     link.server_wire.muted = True
-    a.remove_server(url(9002))
+    a.remove_server(psc_url(9002))
     net.flush()
     assert link.client_wire.close()[0] == CLOSE_REMOVED
     assert link.client_wire.disconnected and link.server_wire.disconnected
@@ -631,7 +468,7 @@ def test_remove_server_with_silent_peer_leaves_no_timers(net: Net) -> None:
 SECRET = b"cluster secret for tests, 32 b.."
 
 
-def _headers(wire: Wire) -> dict[str, str]:
+def _headers(wire: RecordingWire) -> dict[str, str]:
     """The HTTP handshake headers a wire wrote (lower-case names), and its status line under ``""``."""
     head = bytes(wire.written).split(b"\r\n\r\n", 1)[0].decode()
     status, *lines = head.split("\r\n")
@@ -639,7 +476,7 @@ def _headers(wire: Wire) -> dict[str, str]:
     return {"": status, **headers}
 
 
-def test_same_secret_links_with_proofs_both_ways(net: Net) -> None:
+def test_same_secret_links_with_proofs_both_ways(net: MemoryNetwork) -> None:
     """With one secret the dialler sends a proof, the listener answers with one, and the link opens."""
     a = net.node("a", 9001, secret=SECRET)
     b = net.node("b", 9002, secret=SECRET)
@@ -654,7 +491,9 @@ def test_same_secret_links_with_proofs_both_ways(net: Net) -> None:
 
 
 @pytest.mark.parametrize(("dialler_secret", "status"), [(None, 401), (b"another secret, 32 bytes long...", 403)])
-def test_missing_or_wrong_secret_refused_at_handshake(net: Net, dialler_secret: bytes | None, status: int) -> None:
+def test_missing_or_wrong_secret_refused_at_handshake(
+    net: MemoryNetwork, dialler_secret: bytes | None, status: int
+) -> None:
     """No proof gets HTTP 401, a wrong one 403; no session starts on either side, and the dialler backs off."""
     a = net.node("a", 9001, secret=dialler_secret)
     b = net.node("b", 9002, secret=SECRET)
@@ -670,7 +509,7 @@ def test_missing_or_wrong_secret_refused_at_handshake(net: Net, dialler_secret: 
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_every_attempt_gets_a_fresh_proof(net: Net) -> None:
+def test_every_attempt_gets_a_fresh_proof(net: MemoryNetwork) -> None:
     """A redial after a dropped link sends a new nonce, so the listener's replay cache lets it in."""
     a = net.node("a", 9001, secret=SECRET)
     b = net.node("b", 9002, secret=SECRET)
@@ -685,14 +524,14 @@ def test_every_attempt_gets_a_fresh_proof(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_replayed_handshake_refused(net: Net) -> None:
+def test_replayed_handshake_refused(net: MemoryNetwork) -> None:
     """Bytes of an accepted handshake sent again on a new connection get HTTP 403."""
     a = net.node("a", 9001, secret=SECRET)
     b = net.node("b", 9002, secret=SECRET)
     first = _link(net, a, 9002)
     handshake = bytes(first.client_wire.written).split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
     server = net.listeners[9002].buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
-    wire = Wire(server, True, IPv4Address("TCP", "127.0.0.1", 9002), IPv4Address("TCP", "127.0.0.1", 50000))
+    wire = RecordingWire(server, True, IPv4Address("TCP", "127.0.0.1", 9002), IPv4Address("TCP", "127.0.0.1", 50000))
     server.makeConnection(wire)
     server.dataReceived(handshake)
     assert _headers(wire)[""].startswith("HTTP/1.1 403 cluster secret proof replayed")
@@ -703,7 +542,7 @@ def test_replayed_handshake_refused(net: Net) -> None:
 
 
 @pytest.mark.parametrize("listener_secret", [None, b"another secret, 32 bytes long..."])
-def test_listener_that_cannot_prove_the_secret_is_dropped(net: Net, listener_secret: bytes | None) -> None:
+def test_listener_that_cannot_prove_the_secret_is_dropped(net: MemoryNetwork, listener_secret: bytes | None) -> None:
     """A listener that lets us in without proving the secret is closed with 4401 before any PSC message."""
     a = net.node("a", 9001, secret=SECRET)
     b = net.node("b", 9002, secret=listener_secret)
@@ -719,11 +558,11 @@ def test_listener_that_cannot_prove_the_secret_is_dropped(net: Net, listener_sec
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_server_with_our_node_id_is_dropped_with_a_secret(net: Net) -> None:
+def test_server_with_our_node_id_is_dropped_with_a_secret(net: MemoryNetwork) -> None:
     """With a secret, a node dialling itself still passes the check and drops the URL (no retry loop)."""
     a = net.node("a", 9001, secret=SECRET)
     net.listeners[9100] = net.listeners[9001]
-    a.add_server(url(9100))
+    a.add_server(psc_url(9100))
     [link] = net.answer()
     assert link.client_wire.close()[0] == CLOSE_SELF
     assert a.servers() == [] and a.stats["auth_refused"] == 0
@@ -734,7 +573,7 @@ def test_server_with_our_node_id_is_dropped_with_a_secret(net: Net) -> None:
 # -- peer learning: one --peer joins the whole cluster -----------------------------------------
 
 
-def _settle(net: Net, rounds: int = 10) -> None:
+def _settle(net: MemoryNetwork, rounds: int = 10) -> None:
     """Answer every dial, including those made because of what earlier links told, until none is new."""
     for _ in range(rounds):
         if not net.answer():
@@ -751,20 +590,20 @@ def _peers_of(federation: Federation) -> dict[str, list[str]]:
     return {node: sorted(d) for node, d in sorted(peers.items())}
 
 
-def test_one_peer_joins_the_whole_cluster_with_links_both_ways(net: Net) -> None:
+def test_one_peer_joins_the_whole_cluster_with_links_both_ways(net: MemoryNetwork) -> None:
     """b and c each know only a; after the handshakes every node links both ways with every other."""
     a = net.node("a", 9001, learn_peers=True)
     b = net.node("b", 9002, learn_peers=True)
     c = net.node("c", 9003, learn_peers=True)
-    sink = Sink()
+    sink = RecordingSink()
     b.hub.subscribe("t", sink)
-    b.add_server(url(9001))
+    b.add_server(psc_url(9001))
     _settle(net)
-    c.add_server(url(9001))
+    c.add_server(psc_url(9001))
     _settle(net)
     for node, others in ((a, ("b", "c")), (b, ("a", "c")), (c, ("a", "b"))):
         assert _peers_of(node) == {o: ["in", "out"] for o in others}, node.node_id
-    assert sorted(c.servers()) == [url(9001), url(9002)]
+    assert sorted(c.servers()) == [psc_url(9001), psc_url(9002)]
     c.hub.publish(c.hub.envelope("t", "from c"))
     a.hub.publish(a.hub.envelope("t", "from a"))
     net.flush()
@@ -773,11 +612,11 @@ def test_one_peer_joins_the_whole_cluster_with_links_both_ways(net: Net) -> None
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_a_node_without_learning_still_links_one_way_as_before(net: Net) -> None:
+def test_a_node_without_learning_still_links_one_way_as_before(net: MemoryNetwork) -> None:
     """A peer that neither tells nor learns (as a 0.1 node) gets exactly the links it had: none back."""
     a = net.node("a", 9001, learn_peers=True)
     old = net.node("old", 9002)
-    old.add_server(url(9001))
+    old.add_server(psc_url(9001))
     _settle(net)
     assert _peers_of(a) == {"old": ["in"]}  # 'old' told a nothing: a cannot dial back
     assert _peers_of(old) == {"a": ["out"]}
@@ -786,40 +625,34 @@ def test_a_node_without_learning_still_links_one_way_as_before(net: Net) -> None
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_learned_server_that_stays_unreachable_is_forgotten(net: Net) -> None:
+def test_learned_server_that_stays_unreachable_is_forgotten(net: MemoryNetwork) -> None:
     """A node told about an address nobody answers on stops dialling it after a minute; configured ones stay."""
     a = net.node("a", 9001, learn_peers=True)
     b = net.node("b", 9002, learn_peers=True)
     b.add_server("ws://127.0.0.1:9999/psc")  # configured on b, never answers
-    b.add_server(url(9001))
+    b.add_server(psc_url(9001))
     _answer_all_but(net, 9999)
     assert "ws://127.0.0.1:9999/psc" in a.servers()  # learned from b's handshake
     for _ in range(100):
         net.advance(1.0)
         _answer_all_but(net, 9999)
     assert "ws://127.0.0.1:9999/psc" not in a.servers()
-    assert sorted(a.servers()) == [url(9002)]
+    assert sorted(a.servers()) == [psc_url(9002)]
     assert "ws://127.0.0.1:9999/psc" in b.servers()  # configured: never forgotten
     net.stop()
 
 
-def _answer_all_but(net: Net, dead_port: int) -> None:
+def _answer_all_but(net: MemoryNetwork, dead_port: int) -> None:
     """Answer dials to live listeners; fail dials to ``dead_port`` as connection refused."""
-    from twisted.internet.error import ConnectionRefusedError
-
     for _ in range(10):
-        pending = net.reactor.tcpClients[net._answered :]
-        if not pending:
+        if not net.unanswered():
             return
-        dead = [entry for entry in pending if entry[1] == dead_port]
-        net.reactor.tcpClients[net._answered :] = [entry for entry in pending if entry[1] != dead_port]
-        for entry in dead:
-            entry[2].clientConnectionFailed(None, Failure(ConnectionRefusedError()))
+        net.refuse(dead_port)
         net.answer()
     raise AssertionError("dials kept coming")
 
 
-def test_bad_urls_in_a_handshake_are_ignored_and_counted(net: Net) -> None:
+def test_bad_urls_in_a_handshake_are_ignored_and_counted(net: MemoryNetwork) -> None:
     """Only ws/wss URLs with a host and port, of bounded length, are dialled."""
     a = net.node("a", 9001, learn_peers=True)
     before = set(a.servers())

@@ -1,11 +1,11 @@
 """PSC 0.3, replay after short outages: codec, the sans-IO streams, and links between Federations in memory.
 
-The federation tests reuse :mod:`test_links_memory`'s in-memory network
-(real Autobahn protocols over iosim on one MemoryReactorClock). A partition
-is modelled by :func:`partition`: nothing crosses the link any more and the
-dialling consumer finds out only by its ping timeout, while the producer
-keeps a ghost link it never hears about, as over a real network that drops
-packets silently.
+The federation tests run on :class:`pubsubclub.testing.MemoryNetwork` (real
+Autobahn protocols over iosim on one MemoryReactorClock). A partition is
+modelled by :func:`pubsubclub.testing.partition`: nothing crosses the link any
+more and the dialling consumer finds out only by its ping timeout, while the
+producer keeps a ghost link it never hears about, as over a real network that
+drops packets silently.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
-from test_links_memory import PING, RETRY, Link, Net, Sink, url
 from twisted.logger import formatEvent, globalLogPublisher
 
 from pubsubclub import psc
@@ -27,8 +26,11 @@ from pubsubclub.federation.replay import DUPLICATE, Inbox, Outbox, ReplaySetting
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, CLOSE_DUPLICATE
 from pubsubclub.hub import GAP_TOPIC, Envelope
 from pubsubclub.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
+from pubsubclub.testing import Cut, MemoryLink, MemoryNetwork, RecordingSink, partition, psc_url
 from pubsubclub.wamp.broker import GAP_EVENT_TOPIC, hub_topic
 
+PING = MemoryNetwork.ping_interval
+RETRY = MemoryNetwork.retry
 REPLAY = ReplaySettings(max_bytes=1024 * 1024, window=60.0)
 
 # -- codec ----------------------------------------------------------------------
@@ -383,7 +385,7 @@ def test_0_3_producer_session_takes_resume_topics_as_interest() -> None:
 
 
 @pytest.fixture
-def net() -> Iterator[Net]:
+def net() -> Iterator[MemoryNetwork]:
     """An in-memory network; the test fails if anything logged an error."""
     errors: list[dict[str, Any]] = []
 
@@ -393,59 +395,22 @@ def net() -> Iterator[Net]:
 
     globalLogPublisher.addObserver(observe)
     try:
-        yield Net()
+        yield MemoryNetwork()
     finally:
         globalLogPublisher.removeObserver(observe)
     assert [formatEvent(e) + str(e.get("log_failure", "")) for e in errors] == []
 
 
-class Cut:
-    """Stands in for a link's pump while the network between its ends drops every packet.
-
-    Nothing crosses. Each end learns of it only from its own ping timeout
-    (its transport then closes, locally); an end that has not timed out hears
-    nothing at all until :meth:`heal` delivers the RST its next
-    retransmission would get.
-    """
-
-    def __init__(self, link: Link) -> None:
-        self.link = link
-        link.client_wire.muted = True
-        link.server_wire.muted = True
-
-    def flush(self) -> int:
-        """Report each end's own close to that end only."""
-        moved = 0
-        for wire in (self.link.client_wire, self.link.server_wire):
-            if wire.disconnecting and not wire.disconnected:
-                wire.disconnected = True
-                wire.reportDisconnect()
-                moved += 1
-        return moved
-
-    def heal(self) -> None:
-        """The network is back: the listener's ghost connection is reset."""
-        wire = self.link.server_wire
-        if not wire.disconnected:
-            wire.disconnected = True
-            wire.reportDisconnect()
-
-
-def partition(link: Link) -> Cut:
-    """Cut ``link`` silently (see :class:`Cut`)."""
-    cut = Cut(link)
-    link.pump = cut  # type: ignore[assignment]
-    return cut
-
-
-def _pair(net: Net, **producer: Any) -> tuple[Federation, Federation, Sink, Sink, Link]:
+def _pair(
+    net: MemoryNetwork, **producer: Any
+) -> tuple[Federation, Federation, RecordingSink, RecordingSink, MemoryLink]:
     """Consumer ``a`` (subscribed to ``t``, and to gap reports) dials producer ``b``; both speak 0.3."""
     a = net.node("a", 9001, replay=REPLAY)
     b = net.node("b", 9002, **({"replay": REPLAY} | producer))
-    sink, gaps = Sink(), Sink()
+    sink, gaps = RecordingSink(), RecordingSink()
     a.hub.subscribe("t", sink)
     a.hub.subscribe(GAP_TOPIC, gaps)
-    a.add_server(url(9002))
+    a.add_server(psc_url(9002))
     [link] = net.answer()
     return a, b, sink, gaps, link
 
@@ -455,13 +420,13 @@ def _publish(federation: Federation, *payloads: Any, topic: str = "t") -> None:
         federation.hub.publish(federation.hub.envelope(topic, payload))
 
 
-def _tick(net: Net, seconds: float, step: float = 0.5) -> None:
+def _tick(net: MemoryNetwork, seconds: float, step: float = 0.5) -> None:
     """Advance in small steps, so timers set while advancing fire on time."""
     for _ in range(round(seconds / step)):
         net.advance(step)
 
 
-def _outage(net: Net, link: Link, *, during: Any = None) -> Cut:
+def _outage(net: MemoryNetwork, link: MemoryLink, *, during: Any = None) -> Cut:
     """Partition ``link`` until the dialler's ping times out; ``during()`` runs while it is cut."""
     cut = partition(link)
     if during is not None:
@@ -471,7 +436,7 @@ def _outage(net: Net, link: Link, *, during: Any = None) -> Cut:
     return cut
 
 
-def _reconnect(net: Net, cut: Cut) -> Link:
+def _reconnect(net: MemoryNetwork, cut: Cut) -> MemoryLink:
     """Heal, and answer the dialler's next attempt (made in the partition, or due soon after)."""
     cut.heal()
     net.flush()
@@ -483,7 +448,7 @@ def _reconnect(net: Net, cut: Cut) -> Link:
     return link
 
 
-def test_0_3_is_negotiated_and_every_publish_numbered(net: Net) -> None:
+def test_0_3_is_negotiated_and_every_publish_numbered(net: MemoryNetwork) -> None:
     """Two replay nodes pick 0.3: PSC103 follows PSC102, PSC104 answers it, PSC301 carries 's' 1, 2, 3."""
     a, b, sink, gaps, link = _pair(net)
     _publish(b, "x", "y", "z")
@@ -504,7 +469,7 @@ def test_0_3_is_negotiated_and_every_publish_numbered(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_partition_within_the_window_resumes_without_loss_or_duplicates(net: Net) -> None:
+def test_partition_within_the_window_resumes_without_loss_or_duplicates(net: MemoryNetwork) -> None:
     """Messages sent into a silent partition and while the consumer redials arrive once, in order, before live ones."""
     a, b, sink, gaps, link = _pair(net)
     _publish(b, 1, 2, 3)
@@ -526,7 +491,7 @@ def test_partition_within_the_window_resumes_without_loss_or_duplicates(net: Net
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_ghost_link_is_superseded_when_the_consumer_resumes(net: Net) -> None:
+def test_ghost_link_is_superseded_when_the_consumer_resumes(net: MemoryNetwork) -> None:
     """A producer that never saw the old link die closes it (4409) when the same node resumes on a new one.
 
     The producer pings too, so it would notice the silence by itself; here its
@@ -556,7 +521,7 @@ def test_ghost_link_is_superseded_when_the_consumer_resumes(net: Net) -> None:
         (ReplaySettings(max_bytes=400), "window"),
     ],
 )
-def test_gap_past_the_buffer_is_reported_and_counted(net: Net, limits: ReplaySettings, reason: str) -> None:
+def test_gap_past_the_buffer_is_reported_and_counted(net: MemoryNetwork, limits: ReplaySettings, reason: str) -> None:
     """Past the age or byte limit the consumer gets what is left, in order, a gap report with the exact loss, a log."""
     warnings: list[str] = []
 
@@ -591,18 +556,18 @@ def test_gap_past_the_buffer_is_reported_and_counted(net: Net, limits: ReplaySet
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_producer_keeps_buffering_for_a_consumer_without_a_link_within_the_window(net: Net) -> None:
+def test_producer_keeps_buffering_for_a_consumer_without_a_link_within_the_window(net: MemoryNetwork) -> None:
     """A producer that saw the link close keeps numbering the consumer's topics; its return loses nothing."""
     a, b, sink, gaps, link = _pair(net, replay=ReplaySettings(window=5.0))
     _publish(b, 1)
     net.flush()
-    a.remove_server(url(9002))
+    a.remove_server(psc_url(9002))
     net.flush()
     assert b.open_links() == 0
     _publish(b, 2)
     net.advance(4)
     _publish(b, 3)
-    a.add_server(url(9002))
+    a.add_server(psc_url(9002))
     net.answer()
     _publish(b, 4)
     net.flush()
@@ -612,17 +577,17 @@ def test_producer_keeps_buffering_for_a_consumer_without_a_link_within_the_windo
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_stream_of_a_consumer_gone_past_the_window_is_dropped_and_the_gap_unknown(net: Net) -> None:
+def test_stream_of_a_consumer_gone_past_the_window_is_dropped_and_the_gap_unknown(net: MemoryNetwork) -> None:
     """A producer that saw the link close keeps the stream for the window only; after it the gap has no count."""
     a, b, sink, gaps, link = _pair(net, replay=ReplaySettings(window=5.0))
-    a.remove_server(url(9002))
+    a.remove_server(psc_url(9002))
     net.flush()
     assert b.open_links() == 0
     _publish(b, "kept a while")
     net.advance(6)
     _publish(b, "past the window")
     assert b.outbox is not None and b.outbox.summary()["streams"] == 0
-    a.add_server(url(9002))
+    a.add_server(psc_url(9002))
     net.answer()
     _publish(b, "live")
     net.flush()
@@ -633,7 +598,7 @@ def test_stream_of_a_consumer_gone_past_the_window_is_dropped_and_the_gap_unknow
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_producer_restart_is_a_gap_of_unknown_size(net: Net) -> None:
+def test_producer_restart_is_a_gap_of_unknown_size(net: MemoryNetwork) -> None:
     """A producer that restarted has a new epoch: the consumer's old position means messages may be lost."""
     a, b, sink, gaps, link = _pair(net)
     _publish(b, 1)
@@ -653,7 +618,7 @@ def test_producer_restart_is_a_gap_of_unknown_size(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_consumer_restart_starts_a_fresh_stream_without_a_gap(net: Net) -> None:
+def test_consumer_restart_starts_a_fresh_stream_without_a_gap(net: MemoryNetwork) -> None:
     """A consumer that restarted holds no position: the producer drops the old stream and reports nothing lost."""
     a, b, sink, gaps, link = _pair(net)
     _publish(b, "to the old process")
@@ -662,10 +627,10 @@ def test_consumer_restart_starts_a_fresh_stream_without_a_gap(net: Net) -> None:
     net.flush()
     _publish(b, "buffered for the old process")
     again = net.node("a", 9101, replay=REPLAY)
-    fresh, fresh_gaps = Sink(), Sink()
+    fresh, fresh_gaps = RecordingSink(), RecordingSink()
     again.hub.subscribe("t", fresh)
     again.hub.subscribe(GAP_TOPIC, fresh_gaps)
-    again.add_server(url(9002))
+    again.add_server(psc_url(9002))
     [second] = net.answer()
     _publish(b, "to the new process")
     net.flush()
@@ -687,14 +652,14 @@ def test_consumer_restart_starts_a_fresh_stream_without_a_gap(net: Net) -> None:
     ],
 )
 def test_older_peers_get_their_version_unchanged(
-    net: Net, a_replay: bool, b_versions: tuple[psc.Version, ...], version: psc.Version
+    net: MemoryNetwork, a_replay: bool, b_versions: tuple[psc.Version, ...], version: psc.Version
 ) -> None:
     """A 0.1 or 0.2 peer (either side) sees exactly the old protocol: no PSC103/PSC104, no 's'."""
     a = net.node("a", 9001, **({"replay": REPLAY} if a_replay else {}))
     b = net.node("b", 9002, versions=b_versions, **({} if a_replay else {"replay": REPLAY}))
-    sink = Sink()
+    sink = RecordingSink()
     a.hub.subscribe("t", sink)
-    a.add_server(url(9002))
+    a.add_server(psc_url(9002))
     [link] = net.answer()
     _publish(b, "m")
     net.flush()
@@ -709,16 +674,16 @@ def test_older_peers_get_their_version_unchanged(
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_mixed_consumers_each_get_their_form_from_one_encoding(net: Net) -> None:
+def test_mixed_consumers_each_get_their_form_from_one_encoding(net: MemoryNetwork) -> None:
     """A producer serving a 0.2 and a 0.3 consumer sends each its own form of the same message."""
     b = net.node("b", 9002, replay=REPLAY)
     old = net.node("old", 9003, versions=(psc.V0_1, psc.V0_2))
     new = net.node("new", 9004, replay=REPLAY)
-    sinks = {"old": Sink(), "new": Sink()}
+    sinks = {"old": RecordingSink(), "new": RecordingSink()}
     old.hub.subscribe("t", sinks["old"])
     new.hub.subscribe("t", sinks["new"])
-    old.add_server(url(9002))
-    new.add_server(url(9002))
+    old.add_server(psc_url(9002))
+    new.add_server(psc_url(9002))
     old_link, new_link = net.answer()
     _publish(b, "m")
     net.flush()
@@ -731,7 +696,7 @@ def test_mixed_consumers_each_get_their_form_from_one_encoding(net: Net) -> None
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_consumer_drops_a_duplicate_by_sequence_number(net: Net) -> None:
+def test_consumer_drops_a_duplicate_by_sequence_number(net: MemoryNetwork) -> None:
     """A PSC301 whose number the consumer already has is dropped and counted, then a marker still arrives."""
     a, b, sink, gaps, link = _pair(net)
     _publish(b, "one", "two")
@@ -746,7 +711,7 @@ def test_consumer_drops_a_duplicate_by_sequence_number(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_skipped_sequence_numbers_are_reported_as_a_gap(net: Net) -> None:
+def test_skipped_sequence_numbers_are_reported_as_a_gap(net: MemoryNetwork) -> None:
     """A jump in the producer's numbers is delivered and reported as a gap of the skipped count."""
     a, b, sink, gaps, link = _pair(net)
     link.server.sendMessage(b'[301,"t","five",{"o":"b","s":5}]', isBinary=False)
@@ -757,7 +722,7 @@ def test_skipped_sequence_numbers_are_reported_as_a_gap(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_resume_past_what_was_sent_closes_the_link_4400(net: Net) -> None:
+def test_resume_past_what_was_sent_closes_the_link_4400(net: MemoryNetwork) -> None:
     """A consumer claiming a position the producer never reached is closed with 4400 and the reason."""
     a, b, sink, gaps, link = _pair(net)
     _publish(b, 1)
@@ -775,7 +740,7 @@ def test_resume_past_what_was_sent_closes_the_link_4400(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_interest_changed_while_down_is_taken_from_the_resume(net: Net) -> None:
+def test_interest_changed_while_down_is_taken_from_the_resume(net: MemoryNetwork) -> None:
     """PSC103 replaces the stream's topics: a topic dropped while down is no longer sent, a new one is."""
     a, b, sink, gaps, link = _pair(net)
     heard: list[tuple[str, str]] = []
@@ -801,7 +766,7 @@ def test_interest_changed_while_down_is_taken_from_the_resume(net: Net) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_not_json_payload_is_dropped_without_using_a_number(net: Net) -> None:
+def test_not_json_payload_is_dropped_without_using_a_number(net: MemoryNetwork) -> None:
     """A payload that cannot cross a JSON link is counted and takes no sequence number (no false gap)."""
     a, b, sink, gaps, link = _pair(net)
     b.hub.publish(Envelope("t", b"\x00bytes", origin="b"))
@@ -855,12 +820,12 @@ def test_gap_meta_topic_is_the_same_hub_topic_in_every_realm() -> None:
 # -- liveness on both ends (issue: a frozen dialler left ghosts on the listener) ---------------
 
 
-def test_listener_closes_a_silent_dialler_within_two_ping_intervals(net: Net) -> None:
+def test_listener_closes_a_silent_dialler_within_two_ping_intervals(net: MemoryNetwork) -> None:
     """The accepting side pings too: a dialler that goes silent is closed by the listener itself."""
     a = net.node("a", 9001, ping_interval=600.0)  # the dialler's own pings play no part
     b = net.node("b", 9002)
-    a.hub.subscribe("t", Sink())
-    a.add_server(url(9002))
+    a.hub.subscribe("t", RecordingSink())
+    a.add_server(psc_url(9002))
     [link] = net.answer()
     partition(link)
     _tick(net, PING)
@@ -868,19 +833,19 @@ def test_listener_closes_a_silent_dialler_within_two_ping_intervals(net: Net) ->
     _tick(net, PING)
     assert b.open_links() == 0 and a.open_links() == 1
     assert b.remote_interest() == {}  # nothing queues for the ghost any more
-    a.remove_server(url(9002))
+    a.remove_server(psc_url(9002))
     net.flush()
     net.stop()
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_ghost_without_replay_is_superseded_when_the_dialler_subscribes_again(net: Net) -> None:
+def test_ghost_without_replay_is_superseded_when_the_dialler_subscribes_again(net: MemoryNetwork) -> None:
     """0.2: a listener that has not yet noticed a dialler's old link die closes it once the new link sends PSC201."""
     a = net.node("a", 9001)
     b = net.node("b", 9002, ping_interval=60.0)  # too slow to notice the ghost before the redial
-    sink = Sink()
+    sink = RecordingSink()
     a.hub.subscribe("t", sink)
-    a.add_server(url(9002))
+    a.add_server(psc_url(9002))
     [link] = net.answer()
     assert link.server.session is not None and link.server.session.version == (0, 2)
     partition(link)
@@ -897,16 +862,16 @@ def test_ghost_without_replay_is_superseded_when_the_dialler_subscribes_again(ne
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_two_urls_of_one_node_keep_the_first_link(net: Net) -> None:
+def test_two_urls_of_one_node_keep_the_first_link(net: MemoryNetwork) -> None:
     """A dialler with two URLs for one node closes its newer link before using it; the listener keeps the first."""
     a = net.node("a", 9001)
     b = net.node("b", 9002)
     net.listeners[9003] = b.server_factory()
-    sink = Sink()
+    sink = RecordingSink()
     a.hub.subscribe("t", sink)
-    a.add_server(url(9002))
+    a.add_server(psc_url(9002))
     [first] = net.answer()
-    a.add_server(url(9003))
+    a.add_server(psc_url(9003))
     [second] = net.answer()
     assert second.client.localCloseCode == CLOSE_DUPLICATE
     assert first.server.session is not None and first.server.session.state.value == "open"

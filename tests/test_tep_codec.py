@@ -31,6 +31,7 @@ from pubsubclub.adapters.tep_codec import (
 )
 from pubsubclub.hub import Hub
 from pubsubclub.jsonbounds import check
+from pubsubclub.testing import MemoryTEPTransport
 
 LIMITS = TEPLimits(max_frame_bytes=4096, max_channel_length=32, max_channels_per_client=3, max_channels_per_request=5)
 
@@ -260,31 +261,9 @@ def test_client_channels_join_leave_and_limit() -> None:
 # -- the client logic on an in-memory hub --------------------------------------------------
 
 
-class MemoryTransport:
-    """An in-memory TEPTransport: records frames and closes."""
-
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-        self.closed: tuple[int, str] | None = None
-        self.dropped: str | None = None
-        self.unsent = 0
-
-    def send_text(self, data: bytes) -> None:
-        self.sent.append(json.loads(data))
-
-    def unsent_bytes(self) -> int:
-        return self.unsent
-
-    def close(self, code: int, reason: str) -> None:
-        self.closed = (code, reason)
-
-    def drop(self, reason: str) -> None:
-        self.dropped = reason
-
-
-def client_on(server: TEPServer) -> tuple[TEPClient, MemoryTransport]:
+def client_on(server: TEPServer) -> tuple[TEPClient, MemoryTEPTransport]:
     """A new client of ``server`` on a memory transport."""
-    transport = MemoryTransport()
+    transport = MemoryTEPTransport()
     return TEPClient(server, transport), transport
 
 

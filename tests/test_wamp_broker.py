@@ -29,6 +29,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.jsonbounds import JSONBounds, check
+from pubsubclub.testing import MemoryWampTransport
 from pubsubclub.wamp import WampLimits, WampRouter, wamp_site
 from pubsubclub.wamp.broker import hub_topic, uri_problem
 from pubsubclub.wamp.transport import bounded_serializers
@@ -615,41 +616,10 @@ def test_router_rejects_bad_realm() -> None:
 # -- the session on a fake transport ---------------------------------------------
 
 
-class FakeTransport:
-    """An in-memory WampTransport recording what the session does."""
-
-    def __init__(self) -> None:
-        self.sent: list[Any] = []
-        self.open = True
-        self.unsent = 0
-        self.dropped: str | None = None
-
-    def send(self, msg: Any) -> None:
-        """Record ``msg``."""
-        self.sent.append(msg)
-
-    def close(self) -> None:
-        """Mark closed."""
-        self.open = False
-
-    def isOpen(self) -> bool:  # noqa: N802
-        """Open until closed or dropped."""
-        return self.open
-
-    def unsent_bytes(self) -> int:
-        """Whatever the test set."""
-        return self.unsent
-
-    def drop(self, reason: str) -> None:
-        """Record the reason and close."""
-        self.dropped = reason
-        self.open = False
-
-
-def joined_session(router: WampRouter) -> tuple[Any, FakeTransport]:
+def joined_session(router: WampRouter) -> tuple[Any, MemoryWampTransport]:
     """A session on a fake transport that has completed HELLO/WELCOME."""
     session = router.session_factory()
-    transport = FakeTransport()
+    transport = MemoryWampTransport()
     session.onOpen(transport)
     session.onMessage(message.Hello("realm1", {"subscriber": RoleSubscriberFeatures()}))
     assert isinstance(transport.sent[-1], message.Welcome)

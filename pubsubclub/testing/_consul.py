@@ -1,15 +1,13 @@
-"""Test doubles that pubsubclub's tests, and its users' tests, can reuse.
+"""A Consul agent's HTTP API, as far as pubsubclub's Consul discovery uses it.
 
-:class:`ConsulDouble` stands in for a Consul agent's HTTP API (no Consul binary
-can be installed where these tests run). It serves real HTTP with
-``twisted.web`` so the real client code runs against it, in-process
-(``await double.listen()``) or as a process::
+:class:`ConsulDouble` stands in for a Consul agent (no Consul binary can be
+installed where these tests run). It serves real HTTP with ``twisted.web`` so
+the real client code runs against it, in-process (``await double.listen()``)
+or as a process (:mod:`pubsubclub.testing.consul_agent`).
+:class:`MemoryConsul` serves the same double in memory on a fake clock.
 
-    python -m pubsubclub.testing consul --port 8500 [--state-file FILE]
-
-which prints one JSON line ``{"event": "ready", "consul": "http://127.0.0.1:8500"}``.
-
-It follows Consul's documentation for the endpoints it serves:
+It serves what :mod:`pubsubclub.discovery.consul` calls, following Consul's
+documentation:
 
 - Blocking queries, https://developer.hashicorp.com/consul/api-docs/features/blocking:
   ``X-Consul-Index`` on every answer of a blocking endpoint (never 0: an
@@ -29,45 +27,37 @@ It follows Consul's documentation for the endpoints it serves:
   service changes nothing and keeps its checks' status),
   ``PUT /v1/agent/service/deregister/:id``, ``GET /v1/agent/services``.
 - Agent checks, https://developer.hashicorp.com/consul/api-docs/agent/check:
-  ``PUT /v1/agent/check/pass|warn|fail/:id`` (``note`` sets the output; a TTL
-  check goes ``critical`` with output "TTL expired" when not refreshed in
-  time; an unknown or non-TTL check answers 500 ``CheckID "x" does not have
-  associated TTL``), ``GET /v1/agent/checks``. HTTP checks are polled every
+  ``PUT /v1/agent/check/pass/:id`` (``note`` sets the output; a TTL check goes
+  ``critical`` with output "TTL expired" when not refreshed in time; an
+  unknown or non-TTL check answers 500 ``CheckID "x" does not have associated
+  TTL``), and ``GET /v1/agent/checks``, which discovery does not call but
+  tests read to see what it registered. HTTP checks are polled every
   ``Interval`` (first poll after a random stagger within one interval): 2xx is
   passing, 429 warning, anything else or no answer within ``Timeout``
   (default 10s) critical. ``DeregisterCriticalServiceAfter`` removes a
   service whose check stayed critical that long.
 - Health, https://developer.hashicorp.com/consul/api-docs/health:
-  ``GET /v1/health/service/:name`` (``passing``, ``tag``, ``dc``), each entry
+  ``GET /v1/health/service/:name`` (``passing``, ``dc``), each entry
   ``{"Node", "Service", "Checks"}`` with the node's ``serfHealth`` check.
-- Catalog, https://developer.hashicorp.com/consul/api-docs/catalog:
-  ``GET /v1/catalog/services`` (blocking).
-- KV store, https://developer.hashicorp.com/consul/api-docs/kv:
-  ``GET`` (``recurse``, ``keys``, ``separator``, ``raw``; 404 when missing, with
-  ``X-Consul-Index``; ``Value`` base64), ``PUT`` (``flags``, ``cas``; answers
-  ``true``/``false``), ``DELETE`` (``recurse``, ``cas``).
 
-Not served: ACLs (tokens are accepted and ignored), sessions, other check
-types, agent maintenance mode, the ``hash`` blocking mode. A ``dc`` other than
-the double's (``dc1``) answers 500 "No path to datacenter".
+Nothing else: no KV store, catalog, ACLs (tokens are accepted and ignored),
+sessions, other check types, ``warn``/``fail`` over HTTP (tests call
+:meth:`ConsulDouble.update_ttl`), agent maintenance mode, ``tag`` filters or
+the ``hash`` blocking mode; unknown paths answer 404. A ``dc`` other than the
+double's (``dc1``) answers 500 "No path to datacenter".
 
 For error tests, ``fail(mode, count=, seconds=)`` makes ``/v1/`` requests fail:
 ``500`` (an error status with Consul's text), ``junk`` (200 with a body that
 is not JSON), ``drop`` (the connection closed without an answer) or ``hang``
-(no answer at all). A running process takes the same as
-``PUT /_double/fail?mode=500&count=3`` (``mode=none`` ends it).
-``--state-file`` makes the process keep its state across restarts, like an
+(no answer at all). ``state_file`` keeps the state across restarts, like an
 agent with a data directory; ``restart()`` does the same in-process.
 """
 
 from __future__ import annotations
 
-import argparse
-import base64
 import json
 import os
 import random
-import sys
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -210,25 +200,6 @@ class _Check:
 
 
 @dataclass
-class _KV:
-    key: str
-    value: bytes | None
-    flags: int
-    create_index: int
-    modify_index: int
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "LockIndex": 0,
-            "Key": self.key,
-            "Flags": self.flags,
-            "Value": None if self.value is None else base64.b64encode(self.value).decode(),
-            "CreateIndex": self.create_index,
-            "ModifyIndex": self.modify_index,
-        }
-
-
-@dataclass
 class _Waiter:
     request: Request
     min_index: int
@@ -302,9 +273,6 @@ class ConsulDouble:
         self.index = 1
         self.services: dict[str, _Service] = {}
         self.checks: dict[str, _Check] = {}
-        self.kv: dict[str, _KV] = {}
-        self._kv_tombstones: dict[str, int] = {}
-        self._kv_table_index = 0
         self._services_table_index = 0
         #: Service name -> index of the last change to its instances or their checks.
         self._service_name_index: dict[str, int] = {}
@@ -445,7 +413,7 @@ class ConsulDouble:
         self._changed()
 
     def update_ttl(self, check_id: str, status: str, output: str = "") -> None:
-        """``PUT /v1/agent/check/pass|warn|fail/:id``: set the status and restart the TTL."""
+        """``PUT /v1/agent/check/pass/:id`` (warn and fail only when called): set the status and restart the TTL."""
         check = self.checks.get(check_id)
         if check is None or check.ttl is None:
             raise _HTTPError(500, f'CheckID "{check_id}" does not have associated TTL')
@@ -528,38 +496,6 @@ class ConsulDouble:
                 timer.cancel()
         check.timer = check.reaper = None
 
-    def kv_put(self, key: str, value: bytes | None, flags: int = 0, cas: int | None = None) -> bool:
-        """``PUT /v1/kv/:key``: False when a check-and-set does not match."""
-        old = self.kv.get(key)
-        if cas is not None:
-            if cas == 0 and old is not None:
-                return False
-            if cas != 0 and (old is None or old.modify_index != cas):
-                return False
-        index = self._bump()
-        self.kv[key] = _KV(key, value, flags, old.create_index if old else index, index)
-        self._kv_tombstones.pop(key, None)
-        self._kv_table_index = index
-        self._changed()
-        return True
-
-    def kv_delete(self, key: str, recurse: bool = False, cas: int | None = None) -> bool:
-        """``DELETE /v1/kv/:key``: False when a check-and-set does not match."""
-        if recurse:
-            keys = [k for k in self.kv if k.startswith(key)]
-        else:
-            old = self.kv.get(key)
-            if cas is not None and (old is None or old.modify_index != cas):
-                return False
-            keys = [key] if old is not None else []
-        index = self._bump()
-        for k in keys:
-            del self.kv[k]
-            self._kv_tombstones[k] = index
-        self._kv_table_index = index
-        self._changed()
-        return True
-
     # -- failures and lifecycle --------------------------------------------
 
     def fail(self, mode: str | None, count: int | None = None, seconds: float | None = None) -> None:
@@ -630,7 +566,7 @@ class ConsulDouble:
         return await self.listen(host.port, host.host)  # type: ignore[attr-defined,union-attr]
 
     def forget(self) -> None:
-        """Lose every service, check and key, indexes included, as a restarted dev-mode agent does.
+        """Lose every service and check, indexes included, as a restarted dev-mode agent does.
 
         Blocked queries lose their connection, as they would when the agent exits.
         """
@@ -656,12 +592,6 @@ class ConsulDouble:
             "index": self.index,
             "services": [s.__dict__ for s in self.services.values()],
             "checks": [c.saved() for c in self.checks.values()],
-            "kv": [
-                {**e.__dict__, "value": None if e.value is None else base64.b64encode(e.value).decode()}
-                for e in self.kv.values()
-            ],
-            "kv_tombstones": self._kv_tombstones,
-            "kv_table_index": self._kv_table_index,
             "services_table_index": self._services_table_index,
             "service_name_index": self._service_name_index,
         }
@@ -676,12 +606,6 @@ class ConsulDouble:
         self.index = state["index"]
         self.services = {s["id"]: _Service(**s) for s in state["services"]}
         self.checks = {c["id"]: _Check(**c) for c in state["checks"]}
-        self.kv = {
-            e["key"]: _KV(**{**e, "value": None if e["value"] is None else base64.b64decode(e["value"])})
-            for e in state["kv"]
-        }
-        self._kv_tombstones = state["kv_tombstones"]
-        self._kv_table_index = state["kv_table_index"]
         self._services_table_index = state["services_table_index"]
         self._service_name_index = state["service_name_index"]
         # Like an agent restoring persisted checks: the TTL clock starts again.
@@ -690,7 +614,7 @@ class ConsulDouble:
 
     # -- reads ---------------------------------------------------------------
 
-    def health_service(self, name: str, passing: bool = False, tag: str | None = None) -> list[dict[str, Any]]:
+    def health_service(self, name: str, passing: bool = False) -> list[dict[str, Any]]:
         """``GET /v1/health/service/:name`` entries."""
         node = {
             "ID": "40e4a748-2192-161a-0510-9bf59fe950b5",
@@ -718,31 +642,13 @@ class ConsulDouble:
         }
         entries = []
         for service in sorted(self.services.values(), key=lambda s: s.id):
-            if service.name != name or (tag is not None and tag not in service.tags):
+            if service.name != name:
                 continue
             checks = [serf] + [c.view(self.node) for c in self.checks.values() if c.service_id == service.id]
             if passing and any(c["Status"] != PASSING for c in checks):
                 continue
             entries.append({"Node": node, "Service": service.view(), "Checks": checks})
         return entries
-
-    def catalog_services(self) -> dict[str, list[str]]:
-        """``GET /v1/catalog/services``."""
-        result: dict[str, list[str]] = {"consul": []}
-        for service in self.services.values():
-            tags = result.setdefault(service.name, [])
-            tags.extend(t for t in service.tags if t not in tags)
-        return result
-
-    def _kv_query_index(self, key: str, recurse: bool) -> int:
-        if not recurse and key in self.kv:
-            return self.kv[key].modify_index
-        if recurse:
-            under = [e.modify_index for k, e in self.kv.items() if k.startswith(key)]
-            under += [i for k, i in self._kv_tombstones.items() if k.startswith(key)]
-            if under:
-                return max(1, max(under))
-        return max(1, self._kv_table_index)
 
     # -- blocking queries ---------------------------------------------------
 
@@ -803,10 +709,7 @@ def _write(
         request.setHeader(b"X-Consul-Index", str(max(1, index)).encode())
         request.setHeader(b"X-Consul-Knownleader", b"true")
         request.setHeader(b"X-Consul-Lastcontact", b"0")
-    if isinstance(body, _Raw):
-        request.setHeader(b"content-type", b"application/octet-stream")
-        request.write(body.data)
-    elif isinstance(body, bytes):
+    if isinstance(body, bytes):
         if body:
             request.setHeader(b"content-type", content_type)
             request.write(body)
@@ -814,13 +717,6 @@ def _write(
         request.setHeader(b"content-type", b"application/json")
         request.write(json.dumps(body).encode())
     request.finish()
-
-
-@dataclass(frozen=True)
-class _Raw:
-    """A KV value answered as is (``?raw``)."""
-
-    data: bytes
 
 
 class _TrackingSite(Site):
@@ -870,16 +766,6 @@ class _ConsulResource(Resource):
         params: dict[str, list[str]] = {}
         for k, v in query:
             params.setdefault(k, []).append(v)
-        if path == "/_double/fail" and method == "PUT":
-            seconds = params.get("seconds", [None])[-1]
-            count = params.get("count", [None])[-1]
-            double.fail(
-                params.get("mode", ["none"])[-1],
-                count=int(count) if count else None,
-                seconds=float(seconds) if seconds else None,
-            )
-            _write(request, 200, True, None)
-            return NOT_DONE_YET
         if path.startswith("/v1/"):
             mode = double._take_failure()
             if mode == "500":
@@ -920,11 +806,9 @@ class _ConsulResource(Resource):
             want("PUT")
             d.deregister(path.removeprefix("/v1/agent/service/deregister/"))
             _write(request, 200, b"", None)
-        elif path.startswith("/v1/agent/check/") and path.split("/")[4:5] in (["pass"], ["warn"], ["fail"]):
+        elif path.startswith("/v1/agent/check/pass/"):
             want("PUT")
-            verb, check_id = path.split("/", 5)[4:6]
-            status = {"pass": PASSING, "warn": WARNING, "fail": CRITICAL}[verb]
-            d.update_ttl(check_id, status, params.get("note", [""])[-1])
+            d.update_ttl(path.removeprefix("/v1/agent/check/pass/"), PASSING, params.get("note", [""])[-1])
             _write(request, 200, b"", None)
         elif path == "/v1/agent/services":
             want("GET")
@@ -936,75 +820,15 @@ class _ConsulResource(Resource):
             want("GET")
             name = path.removeprefix("/v1/health/service/")
             passing = _query_bool(params, "passing")
-            tag = params.get("tag", [None])[-1]
             return d.blocking(
                 request,
                 params,
                 lambda: d._service_query_index(name),
-                lambda: (200, d.health_service(name, passing, tag)),
+                lambda: (200, d.health_service(name, passing)),
             )
-        elif path == "/v1/catalog/services":
-            want("GET")
-            return d.blocking(
-                request, params, lambda: max(1, d._services_table_index), lambda: (200, d.catalog_services())
-            )
-        elif path.startswith("/v1/kv/"):
-            return self._kv(request, method, path.removeprefix("/v1/kv/"), params, body)
         else:
             raise _HTTPError(404, "404 page not found")
         return NOT_DONE_YET
-
-    def _kv(self, request: Request, method: str, key: str, params: dict[str, list[str]], body: bytes) -> Any:
-        d = self._double
-        recurse = _query_bool(params, "recurse")
-
-        def cas() -> int | None:
-            if "cas" not in params:
-                return None
-            try:
-                return int(params["cas"][-1])
-            except ValueError:
-                raise _HTTPError(400, "Invalid cas index") from None
-
-        if method == "PUT":
-            try:
-                flags = int(params.get("flags", ["0"])[-1])
-            except ValueError:
-                raise _HTTPError(400, "Invalid flags") from None
-            _write(request, 200, d.kv_put(key, body, flags, cas()), None)
-            return NOT_DONE_YET
-        if method == "DELETE":
-            _write(request, 200, d.kv_delete(key, recurse, cas()), None)
-            return NOT_DONE_YET
-        if method != "GET":
-            raise _HTTPError(405, f"method {method} not allowed")
-        keys_only = "keys" in params
-        prefix = recurse or keys_only
-
-        def answer() -> tuple[int, Any]:
-            if keys_only:
-                sep = params.get("separator", [""])[-1]
-                names: list[str] = []
-                for k in sorted(d.kv):
-                    if not k.startswith(key):
-                        continue
-                    if sep:
-                        cut = k.find(sep, len(key))
-                        k = k[: cut + len(sep)] if cut >= 0 else k
-                    if k not in names:
-                        names.append(k)
-                return (200, names) if names else (404, None)
-            if recurse:
-                found = [d.kv[k].view() for k in sorted(d.kv) if k.startswith(key)]
-                return (200, found) if found else (404, None)
-            entry = d.kv.get(key)
-            if entry is None:
-                return 404, None
-            if "raw" in params:
-                return 200, _Raw(entry.value or b"")
-            return 200, [entry.view()]
-
-        return d.blocking(request, params, lambda: d._kv_query_index(key, prefix), answer)
 
 
 class MemoryConsul:
@@ -1040,37 +864,3 @@ class MemoryConsul:
             self.clock.advance(dt)
             self.agent.flush()
             remaining -= dt
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m pubsubclub.testing consul --port P``: run the double until SIGTERM/SIGINT."""
-    p = argparse.ArgumentParser(prog="python -m pubsubclub.testing", description="pubsubclub's test doubles")
-    sub = p.add_subparsers(dest="command", required=True)
-    c = sub.add_parser("consul", help="serve the Consul HTTP API double")
-    c.add_argument("--port", type=int, default=8500)
-    c.add_argument("--interface", default="127.0.0.1")
-    c.add_argument("--state-file", help="keep state in this file across restarts (like an agent's data dir)")
-    args = p.parse_args(argv)
-
-    from twisted.internet import reactor
-    from twisted.logger import globalLogBeginner, textFileLogObserver
-
-    globalLogBeginner.beginLoggingTo([textFileLogObserver(sys.stderr)], redirectStandardIO=False)
-    double = ConsulDouble(reactor=reactor, state_file=args.state_file)
-
-    async def start() -> None:
-        try:
-            port = await double.listen(args.port, args.interface)
-        except Exception as e:  # the port is taken: say so and exit non-zero
-            print(f"consul double: cannot listen: {e}", file=sys.stderr)
-            reactor.stop()  # type: ignore[attr-defined]
-            return
-        print(json.dumps({"event": "ready", "consul": f"http://{args.interface}:{port}"}), flush=True)
-
-    reactor.callWhenRunning(lambda: defer.ensureDeferred(start()))  # type: ignore[attr-defined]
-    reactor.run()  # type: ignore[attr-defined]
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
