@@ -7,7 +7,6 @@ from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from test_links_memory import Net, Sink, url
 from twisted.logger import globalLogPublisher
 
 from pubsubclub import psc
@@ -15,6 +14,9 @@ from pubsubclub.federation import Federation
 from pubsubclub.federation.session import LinkSession
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import PrometheusCollector
+from pubsubclub.testing import MemoryNetwork as Net
+from pubsubclub.testing import RecordingSink as Sink
+from pubsubclub.testing import psc_url as url
 
 
 class Exploding:
