@@ -477,26 +477,40 @@ def _headers(wire: RecordingWire) -> dict[str, str]:
 
 
 def test_same_secret_links_with_proofs_both_ways(net: MemoryNetwork) -> None:
-    """With one secret the dialler sends a proof, the listener answers with one, and the link opens."""
-    a = net.node("a", 9001, secret=SECRET)
-    b = net.node("b", 9002, secret=SECRET)
-    link = _link(net, a, 9002)
+    """With one secret: offer, answer, proof frame first; the link opens and no secret crosses.
+
+    The listener's answer tells an unproven dialler nothing but its node id:
+    not whom it dials (peer learning), which only cluster members may learn.
+    """
+    a = net.node("a", 9001, secret=SECRET, learn_peers=True)
+    b = net.node("b", 9002, secret=SECRET, learn_peers=True)
+    net.node("c", 9003, secret=SECRET)
+    b.add_server(psc_url(9003))
+    net.answer()
+    a.add_server(psc_url(9002))
+    # The first, then the dials back that learning brings.
+    [link] = [ln for ln in net.answer() if _headers(ln.client_wire)["x-pubsubclub-node"] == "a"]
     request, answer = _headers(link.client_wire), _headers(link.server_wire)
-    assert request["x-pubsubclub-auth"].startswith("v1:")
-    assert answer[""].startswith("HTTP/1.1 101") and answer["x-pubsubclub-auth"].startswith("v1:")
+    assert "x-pubsubclub-peers" in request and "x-pubsubclub-peers" not in answer
+    assert request["x-pubsubclub-auth"].startswith("v2:")
+    assert answer[""].startswith("HTTP/1.1 101") and answer["x-pubsubclub-auth"].startswith("v2:")
+    first, *_ = link.client_wire.texts()
+    assert first.startswith(b"PSC-AUTH v2:")
     assert SECRET not in bytes(link.client_wire.written) + bytes(link.server_wire.written)
-    assert a.open_links() == b.open_links() == 1
+    assert a.open_links() == 1
+    assert b.auth is not None and b.auth.pending() == 0
     net.stop()
     assert net.reactor.getDelayedCalls() == []
 
 
-@pytest.mark.parametrize(("dialler_secret", "status"), [(None, 401), (b"another secret, 32 bytes long...", 403)])
-def test_missing_or_wrong_secret_refused_at_handshake(
-    net: MemoryNetwork, dialler_secret: bytes | None, status: int
-) -> None:
-    """No proof gets HTTP 401, a wrong one 403; no session starts on either side, and the dialler backs off."""
-    a = net.node("a", 9001, secret=dialler_secret)
+@pytest.mark.parametrize("reason", ["no offer", "v1 proof"])
+def test_missing_or_old_offer_refused_at_handshake(net: MemoryNetwork, reason: str) -> None:
+    """No offer gets HTTP 401, a v1 proof 403; no session starts on either side, and the dialler backs off."""
+    a = net.node("a", 9001, secret=None if reason == "no offer" else SECRET)
     b = net.node("b", 9002, secret=SECRET)
+    if reason == "v1 proof":
+        a.auth.offer = lambda node: _V1Offer()  # type: ignore[union-attr,method-assign,assignment,return-value]
+    status = 401 if reason == "no offer" else 403
     link = _link(net, a, 9002)
     assert _headers(link.server_wire)[""].startswith(f"HTTP/1.1 {status} ")
     assert link.client.session is None and link.server.session is None
@@ -509,8 +523,29 @@ def test_missing_or_wrong_secret_refused_at_handshake(
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_every_attempt_gets_a_fresh_proof(net: MemoryNetwork) -> None:
-    """A redial after a dropped link sends a new nonce, so the listener's replay cache lets it in."""
+class _V1Offer:
+    """What a node from before challenge-response sent."""
+
+    def header(self) -> str:
+        return "v1:1700000000:" + "0" * 32 + ":" + "0" * 64
+
+
+def test_wrong_secret_dialler_sends_no_proof(net: MemoryNetwork) -> None:
+    """A dialler with another secret finds the answer wrong, closes 4401 and never proves (nothing to harvest)."""
+    a = net.node("a", 9001, secret=b"another secret, 32 bytes long...")
+    b = net.node("b", 9002, secret=SECRET)
+    link = _link(net, a, 9002)
+    assert link.client_wire.close() == (CLOSE_UNAUTHENTICATED, "listener did not prove the cluster secret")
+    assert link.client_wire.texts() == []
+    assert link.client.session is None and link.server.session is None
+    assert a.stats["auth_refused"] == 1 and b.stats["received"] == 0
+    assert b.auth is not None and b.auth.pending() == 0
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_every_attempt_gets_a_fresh_offer(net: MemoryNetwork) -> None:
+    """A redial after a dropped link offers a new nonce and proves again."""
     a = net.node("a", 9001, secret=SECRET)
     b = net.node("b", 9002, secret=SECRET)
     first = _link(net, a, 9002)
@@ -524,18 +559,68 @@ def test_every_attempt_gets_a_fresh_proof(net: MemoryNetwork) -> None:
     assert net.reactor.getDelayedCalls() == []
 
 
-def test_replayed_handshake_refused(net: MemoryNetwork) -> None:
-    """Bytes of an accepted handshake sent again on a new connection get HTTP 403."""
+def _raw_connection(net: MemoryNetwork, port: int) -> tuple[Any, RecordingWire]:
+    """A bare connection to the listener on ``port``, fed bytes by the test."""
+    server = net.listeners[port].buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
+    wire = RecordingWire(server, True, IPv4Address("TCP", "127.0.0.1", port), IPv4Address("TCP", "127.0.0.1", 50000))
+    server.makeConnection(wire)
+    return server, wire
+
+
+def _client_frames(wire: RecordingWire) -> bytes:
+    """What a client wrote after its handshake (its masked WebSocket frames)."""
+    return bytes(wire.written).split(b"\r\n\r\n", 1)[1]
+
+
+def test_replayed_exchange_refused(net: MemoryNetwork) -> None:
+    """The dialler's bytes of an accepted link (handshake and proof frame) sent again: closed 4401, no session."""
     a = net.node("a", 9001, secret=SECRET)
     b = net.node("b", 9002, secret=SECRET)
     first = _link(net, a, 9002)
-    handshake = bytes(first.client_wire.written).split(b"\r\n\r\n", 1)[0] + b"\r\n\r\n"
-    server = net.listeners[9002].buildProtocol(IPv4Address("TCP", "127.0.0.1", 50000))
-    wire = RecordingWire(server, True, IPv4Address("TCP", "127.0.0.1", 9002), IPv4Address("TCP", "127.0.0.1", 50000))
-    server.makeConnection(wire)
-    server.dataReceived(handshake)
-    assert _headers(wire)[""].startswith("HTTP/1.1 403 cluster secret proof replayed")
-    assert b.open_links() == 1 and b.stats["auth_refused"] == 1
+    handshake, _, _ = bytes(first.client_wire.written).partition(b"\r\n\r\n")
+    server, wire = _raw_connection(net, 9002)
+    server.dataReceived(handshake + b"\r\n\r\n")
+    assert _headers(wire)[""].startswith("HTTP/1.1 101")
+    server.dataReceived(_client_frames(first.client_wire))
+    assert wire.close() == (CLOSE_UNAUTHENTICATED, "wrong cluster secret proof")
+    assert server.session is None and b.open_links() == 1 and b.stats["auth_refused"] == 1
+    server.connectionLost(Failure(ConnectionDone()))
+    assert b.auth is not None and b.auth.pending() == 0
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_proof_for_another_node_refused(net: MemoryNetwork) -> None:
+    """a's handshake and proof made for b, replayed to c (Host rewritten to c's): closed 4401, no session on c."""
+    a = net.node("a", 9001, secret=SECRET)
+    net.node("b", 9002, secret=SECRET)
+    c = net.node("c", 9003, secret=SECRET)
+    to_b = _link(net, a, 9002)
+    handshake, _, _ = bytes(to_b.client_wire.written).partition(b"\r\n\r\n")
+    server, wire = _raw_connection(net, 9003)
+    server.dataReceived(handshake.replace(b":9002", b":9003") + b"\r\n\r\n")
+    assert _headers(wire)[""].startswith("HTTP/1.1 101")
+    server.dataReceived(_client_frames(to_b.client_wire))
+    assert wire.close() == (CLOSE_UNAUTHENTICATED, "wrong cluster secret proof")
+    assert server.session is None and c.links() == [] and c.stats["auth_refused"] == 1
+    server.connectionLost(Failure(ConnectionDone()))
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_unproven_connection_closed_after_the_timeout(net: MemoryNetwork) -> None:
+    """A connection that passes the handshake but never sends its proof is closed 4401 after proof_timeout."""
+    a = net.node("a", 9001, secret=SECRET)
+    b = net.node("b", 9002, secret=SECRET)
+    handshake, _, _ = bytes(_link(net, a, 9002).client_wire.written).partition(b"\r\n\r\n")
+    server, wire = _raw_connection(net, 9002)
+    server.dataReceived(handshake + b"\r\n\r\n")
+    assert b.auth is not None and b.auth.pending() == 1
+    net.advance(b.auth.proof_timeout - 0.5)
+    assert wire.close() is None
+    net.advance(1)
+    assert wire.close() == (CLOSE_UNAUTHENTICATED, "no cluster secret proof in time")
+    assert b.auth.pending() == 0 and server.session is None
     server.connectionLost(Failure(ConnectionDone()))
     net.stop()
     assert net.reactor.getDelayedCalls() == []
@@ -543,16 +628,13 @@ def test_replayed_handshake_refused(net: MemoryNetwork) -> None:
 
 @pytest.mark.parametrize("listener_secret", [None, b"another secret, 32 bytes long..."])
 def test_listener_that_cannot_prove_the_secret_is_dropped(net: MemoryNetwork, listener_secret: bytes | None) -> None:
-    """A listener that lets us in without proving the secret is closed with 4401 before any PSC message."""
+    """A listener that lets us in without proving the secret is closed with 4401 before any message."""
     a = net.node("a", 9001, secret=SECRET)
     b = net.node("b", 9002, secret=listener_secret)
-    if listener_secret is not None:
-        # A listener that checks nothing but answers with a proof made from its own secret.
-        b.check_request = lambda request: {"x-pubsubclub-auth": "v1:" + "0" * 64}  # type: ignore[method-assign]
     link = _link(net, a, 9002)
     assert link.client_wire.close() == (CLOSE_UNAUTHENTICATED, "listener did not prove the cluster secret")
     assert link.client.session is None
-    assert link.client_wire.messages() == []
+    assert link.client_wire.texts() == []
     assert a.open_links() == b.open_links() == 0 and a.stats["auth_refused"] == 1
     net.stop()
     assert net.reactor.getDelayedCalls() == []
@@ -590,11 +672,16 @@ def _peers_of(federation: Federation) -> dict[str, list[str]]:
     return {node: sorted(d) for node, d in sorted(peers.items())}
 
 
-def test_one_peer_joins_the_whole_cluster_with_links_both_ways(net: MemoryNetwork) -> None:
-    """b and c each know only a; after the handshakes every node links both ways with every other."""
-    a = net.node("a", 9001, learn_peers=True)
-    b = net.node("b", 9002, learn_peers=True)
-    c = net.node("c", 9003, learn_peers=True)
+@pytest.mark.parametrize("secret", [None, SECRET])
+def test_one_peer_joins_the_whole_cluster_with_links_both_ways(net: MemoryNetwork, secret: bytes | None) -> None:
+    """b and c each know only a; after the handshakes every node links both ways with every other.
+
+    With a cluster secret a listener tells whom it dials only in its own
+    requests (never to an unproven dialler), and the mesh still closes.
+    """
+    a = net.node("a", 9001, learn_peers=True, secret=secret)
+    b = net.node("b", 9002, learn_peers=True, secret=secret)
+    c = net.node("c", 9003, learn_peers=True, secret=secret)
     sink = RecordingSink()
     b.hub.subscribe("t", sink)
     b.add_server(psc_url(9001))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,8 +23,9 @@ from conftest import REPO, WAIT_SECONDS, NodeProcess, until, wait_until
 from twisted.internet.ssl import Certificate
 from wampclient import connect as wamp_connect
 from wampclient import leave, publish_acked, subscribe
-from websockets.exceptions import InvalidStatus
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
+from websockets.sync.server import serve as ws_serve
 
 from pubsubclub.config import ConfigError, NodeConfig, build
 from pubsubclub.federation.auth import LinkAuth
@@ -138,46 +140,147 @@ def guarded(nodes: Nodes, tmp_path: Path) -> NodeProcess:
 
 
 def test_wrong_or_missing_secret_refused(guarded: NodeProcess, nodes: Nodes, tmp_path: Path) -> None:
-    """A node with another secret gets 403, one with none 401; neither gets a link or a PSC message in."""
+    """A node with another secret finds the answer wrong and proves nothing; one with none gets 401; no link."""
     other = write(tmp_path / "other-secret", OTHER_SECRET)
     wrong = nodes.make("wrong", "--cluster-secret-file", str(other))
     missing = nodes.make("missing")
     for node in (wrong, missing):
         node.peers = [guarded.psc_url]
         node.start()
-    wait_for_log(guarded, "(node wrong): HTTP 403, wrong cluster secret proof")
     wait_for_log(guarded, "(node missing): HTTP 401, no cluster secret proof")
-    wait_for_log(wrong, f"could not link to {guarded.psc_url}: WebSocket connection upgrade failed [403]")
     wait_for_log(missing, f"could not link to {guarded.psc_url}: WebSocket connection upgrade failed [401]")
+    wait_for_log(wrong, f"{guarded.psc_url} did not prove the cluster secret (wrong cluster secret proof)")
+    wait_for_log(guarded, "(node wrong) ended before proving the cluster secret")
     seen = stats(guarded)
-    assert seen["links"] == []
+    assert [link for link in seen["links"] if link["state"] == "open"] == []
     assert seen["federation"]["received"] == seen["federation"]["links_opened"] == 0
-    assert seen["federation"]["auth_refused"] >= 2
+    assert seen["federation"]["auth_refused"] >= 1
+    assert stats(wrong)["federation"]["auth_refused"] >= 1
     assert seen["remote_interest"] == {}
     assert open_links(wrong) == open_links(missing) == []
-    # The refused side logs the peer's address, as an operator needs it.
+    # The refusing side logs the peer's address, as an operator needs it.
     assert "refused PSC link from tcp4:127.0.0.1:" in log_of(guarded)
 
 
-def test_raw_client_needs_a_proof(guarded: NodeProcess) -> None:
-    """A raw WebSocket client gets 401 without a proof, 403 with a wrong or replayed one, 101 with a good one."""
+class RawDialler:
+    """A PSC dialler written with the ``websockets`` library and LinkAuth: one connection, its bytes kept."""
 
-    def status(headers: dict[str, str]) -> int:
+    def __init__(self, url: str, headers: dict[str, str]) -> None:
+        self.url = url
+        self.headers = headers
+
+    def status(self) -> int:
+        """The HTTP status of the handshake (101 when it upgrades)."""
         try:
-            with ws_connect(guarded.psc_url, subprotocols=["pubsubclub"], additional_headers=headers, open_timeout=5):
+            with ws_connect(self.url, subprotocols=["pubsubclub"], additional_headers=self.headers, open_timeout=5):
                 return 101
         except InvalidStatus as e:
             return int(e.response.status_code)
 
-    host, path = f"127.0.0.1:{guarded.psc_port}", "/psc"
-    good = LinkAuth(SECRET.strip().encode()).prove("raw", host, path).header()
-    wrong = LinkAuth(OTHER_SECRET.strip().encode()).prove("raw", host, path).header()
-    assert status({"X-PubSubClub-Node": "raw"}) == 401
-    assert status({"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": wrong}) == 403
-    assert status({"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": "v1:junk"}) == 403
-    assert status({"X-PubSubClub-Node": "someone-else", "X-PubSubClub-Auth": good}) == 403
-    assert status({"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": good}) == 101
-    assert status({"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": good}) == 403  # replayed
+    def first_frame(self, make: Callable[[str | None, str | None], bytes]) -> tuple[int, str]:
+        """Upgrade, send ``make(answer header, listener node id)`` first, return the close (code, reason).
+
+        A proof the listener accepts leaves the connection open: then (0, "open").
+        """
+        with ws_connect(
+            self.url, subprotocols=["pubsubclub"], additional_headers=self.headers, open_timeout=5, close_timeout=5
+        ) as ws:
+            headers = ws.response.headers
+            ws.send(make(headers.get("X-PubSubClub-Auth"), headers.get("X-PubSubClub-Node")).decode())
+            try:
+                ws.recv(timeout=2 * 5)
+            except ConnectionClosed as e:
+                assert e.rcvd is not None
+                return e.rcvd.code, e.rcvd.reason
+            except TimeoutError:
+                return 0, "open"
+            return 0, "open"
+
+
+def test_raw_client_needs_a_proof(guarded: NodeProcess) -> None:
+    """401 without an offer, 403 for v1 or junk; after the upgrade a wrong or junk first frame is closed 4401."""
+    auth = LinkAuth(SECRET.strip().encode())
+    offer = auth.offer("raw")
+    node = {"X-PubSubClub-Node": "raw"}
+    assert RawDialler(guarded.psc_url, node).status() == 401
+    v1 = "v1:1700000000:" + "0" * 32 + ":" + "0" * 64
+    assert RawDialler(guarded.psc_url, {**node, "X-PubSubClub-Auth": v1}).status() == 403
+    assert RawDialler(guarded.psc_url, {**node, "X-PubSubClub-Auth": "v2:junk"}).status() == 403
+    offered = RawDialler(guarded.psc_url, {**node, "X-PubSubClub-Auth": offer.header()})
+    assert offered.first_frame(lambda answer, listener: b'[101, ["0.1"]]') == (4401, "malformed cluster secret proof")
+    assert offered.first_frame(lambda answer, listener: b"PSC-AUTH v2:" + b"0" * 64) == (
+        4401,
+        "wrong cluster secret proof",
+    )
+    wait_for_log(guarded, "(node raw): closed 4401, wrong cluster secret proof")
+
+
+def test_captured_proof_opens_nothing(guarded: NodeProcess, nodes: Nodes, tmp_path: Path) -> None:
+    """A proof made for one node opens no link on another node, nor on the same node again, nor after a restart.
+
+    The raw dialler holds the secret and completes a real exchange with
+    ``guarded``; the same offer header and proof frame, replayed, are what an
+    eavesdropper on a plain ws:// link would have.
+    """
+    other = nodes.make("other", "--cluster-secret-file", str(tmp_path / "secret")).start()
+    auth = LinkAuth(SECRET.strip().encode())
+    offer = auth.offer("raw")
+    headers = {"X-PubSubClub-Node": "raw", "X-PubSubClub-Auth": offer.header()}
+    captured: list[bytes] = []
+
+    def prove(answer: str | None, listener: str | None) -> bytes:
+        captured.append(auth.prove(offer, answer, listener or ""))
+        return captured[-1]
+
+    def replay(answer: str | None, listener: str | None) -> bytes:
+        return captured[0]
+
+    assert RawDialler(guarded.psc_url, headers).first_frame(prove) == (0, "open")
+    assert RawDialler(other.psc_url, headers).first_frame(replay) == (4401, "wrong cluster secret proof")
+    assert RawDialler(guarded.psc_url, headers).first_frame(replay) == (4401, "wrong cluster secret proof")
+    guarded.stop()
+    guarded.start()
+    assert RawDialler(guarded.psc_url, headers).first_frame(replay) == (4401, "wrong cluster secret proof")
+    for node in (guarded, other):
+        seen = stats(node)
+        assert seen["federation"]["received"] == 0
+        assert [link for link in seen["links"] if link["peer_node"] == "raw" and link["state"] == "open"] == []
+    assert stats(other)["links"] == []
+
+
+def test_hostile_address_harvests_no_proof(nodes: Nodes, tmp_path: Path) -> None:
+    """A node dialling an address that answers without the secret sends it no proof and links to nothing."""
+    received: list[str | bytes] = []
+    requests: list[dict[str, str]] = []
+
+    def handler(ws: Any) -> None:
+        requests.append({k.lower(): v for k, v in ws.request.headers.raw_items()})
+        try:
+            for message in ws:
+                received.append(message)
+        except ConnectionClosed:
+            pass
+
+    def answer(connection: Any, request: Any, response: Any) -> Any:
+        # Pretend to be node "guarded", with a made-up answer.
+        response.headers["X-PubSubClub-Node"] = "guarded"
+        response.headers["X-PubSubClub-Auth"] = "v2:" + "1" * 32 + ":" + "2" * 64
+        return response
+
+    with ws_serve(handler, "127.0.0.1", 0, subprotocols=["pubsubclub"], process_response=answer) as server:
+        port = server.socket.getsockname()[1]
+        thread = threading.Thread(target=server.serve_forever, daemon=True)
+        thread.start()
+        dialler = nodes.make("dialler", "--cluster-secret-file", str(write(tmp_path / "secret", SECRET)))
+        url = f"ws://127.0.0.1:{port}/psc"
+        dialler.peers = [url]
+        dialler.start()
+        wait_for_log(dialler, f"{url} did not prove the cluster secret (wrong cluster secret proof)")
+        wait_until(lambda: len(requests) >= 2, "a second attempt (the dialler keeps retrying)")
+        server.shutdown()
+    assert requests[0]["x-pubsubclub-auth"].startswith("v2:")
+    assert received == [], "the dialler sent something to an address that did not prove the secret"
+    assert open_links(dialler) == []
 
 
 # -- TLS ----------------------------------------------------------------------

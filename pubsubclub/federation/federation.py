@@ -27,7 +27,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub import psc
-from pubsubclub.federation.auth import AUTH_HEADER, DEFAULT_WINDOW, AuthRefused, LinkAuth
+from pubsubclub.federation.auth import AUTH_HEADER, DEFAULT_PROOF_TIMEOUT, AuthRefused, Challenge, LinkAuth, Refusal
 from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
@@ -128,7 +128,7 @@ class Federation:
         advertise_url: str | None = None,
         endpoint_factory: Callable[[Any, str], IStreamClientEndpoint] = endpoint_for_url,
         secret: bytes | None = None,
-        auth_window: float = DEFAULT_WINDOW,
+        proof_timeout: float = DEFAULT_PROOF_TIMEOUT,
         replay: ReplaySettings | None = None,
         max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
         learn_peers: bool = True,
@@ -155,7 +155,7 @@ class Federation:
         self._rand = rand
         self._endpoint_factory = endpoint_factory
         #: Proves and checks the cluster secret on every link; None: links are not authenticated.
-        self.auth = None if secret is None else LinkAuth(secret, clock=reactor.seconds, window=auth_window)
+        self.auth = None if secret is None else LinkAuth(secret, proof_timeout=proof_timeout)
         #: PSC 0.3 (replay after short outages, federation/replay.py): offered when ``replay`` is given.
         self.outbox: Outbox | None = None
         self.inbox: Inbox | None = None
@@ -197,32 +197,35 @@ class Federation:
         """A twisted.web resource accepting links."""
         return WebSocketResource(self.server_factory())
 
-    def check_request(self, request: ConnectionRequest) -> dict[str, str]:
-        """Refuse a link at the WebSocket handshake (raise ConnectionDeny), else return answer headers.
+    def check_request(self, request: ConnectionRequest) -> tuple[dict[str, str], Challenge | None]:
+        """Refuse a link at the WebSocket handshake (raise ConnectionDeny), else the answer headers.
 
-        With a cluster secret the dialler must prove it (HTTP 401 when it
-        sends no proof, 403 when the proof is wrong, stale or replayed); the
-        answer proves it back.
+        With a cluster secret the dialler must offer a nonce (HTTP 401 when
+        it sends none, 403 when malformed, 503 when too many connections are
+        still to prove it); the answer proves the secret to the dialler and
+        challenges it. The returned challenge is settled by the dialler's
+        first frame (:meth:`check_proof`). Without a secret, no challenge.
         """
         if self.auth is None:
-            return {}
+            return {}, None
         node = request.headers.get(NODE_HEADER) or ""
         try:
-            proof = self.auth.check(
-                request.headers.get(AUTH_HEADER), node, request.headers.get("host", "").strip(), request.path
-            )
+            challenge = self.auth.challenge(request.headers.get(AUTH_HEADER), node, self.node_id)
         except AuthRefused as e:
-            self.stats["auth_refused"] += 1
-            status = e.refusal.http_status
-            log.warn(
-                "refused PSC link from {peer} (node {node}): HTTP {status}, {reason}",
-                peer=request.peer,
-                node=node[:128] or None,
-                status=status,
-                reason=e.refusal.value,
-            )
-            raise ConnectionDeny(status, e.refusal.value) from None
-        return {AUTH_HEADER: self.auth.answer(self.node_id, proof)}
+            self.auth_refused(str(request.peer), node, e.refusal, f"HTTP {e.refusal.http_status}")
+            raise ConnectionDeny(e.refusal.http_status, e.refusal.value) from None
+        return {AUTH_HEADER: challenge.header()}, challenge
+
+    def auth_refused(self, peer: str, node: str | None, refusal: Refusal, how: str) -> None:
+        """Log and count a link refused for not proving the cluster secret (``how``: HTTP status or close code)."""
+        self.stats["auth_refused"] += 1
+        log.warn(
+            "refused PSC link from {peer} (node {node}): {how}, {reason}",
+            peer=peer,
+            node=(node or "")[:128] or None,
+            how=how,
+            reason=refusal.value,
+        )
 
     def client_headers(self, url: str) -> dict[str, str]:
         """Extra handshake headers sent when dialling ``url`` (asked again on every attempt)."""

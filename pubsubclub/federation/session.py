@@ -79,6 +79,7 @@ class LinkOwner(Protocol):
 
     def link_position(self, session: LinkSession, message: psc.Position) -> None:
         """A 0.3 consumer link's producer said where its stream continues (PSC104)."""
+
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         """A consumer link received a PSC301 whose message breaks the JSON bounds; it was dropped."""
 

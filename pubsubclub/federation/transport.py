@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
 
 from autobahn.twisted.websocket import (
     WebSocketClientFactory,
@@ -27,7 +26,7 @@ from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pubsubclub.federation.auth import AUTH_HEADER, AuthRefused, Proof, Refusal
+from pubsubclub.federation.auth import AUTH_HEADER, AuthRefused, Challenge, Offer, Refusal
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_SELF,
@@ -199,34 +198,96 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
     """The listening side of a PSC link; it pings too, so a peer that froze after dialling is noticed."""
 
     accepted = True
+    #: The cluster-secret challenge the dialler's first frame must answer (None: no secret, or answered).
+    _challenge: Challenge | None = None
+    #: Closes the connection when the proof frame is overdue.
+    _proof_timer: IDelayedCall | None = None
 
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
-        """Learn the peer's node id, check its proof; answer with ours and the subprotocol."""
+        """Learn the peer's node id, check its offer; answer with ours, the challenge and the subprotocol."""
         federation: Federation = self.factory.federation
         self.peer_node = request.headers.get(NODE_HEADER)
-        # Raises ConnectionDeny (HTTP 401/403) when the cluster secret is not
-        # proven. A node dialling itself holds the secret, so it passes and
-        # learns from our node header that it should drop the URL
+        # Raises ConnectionDeny (HTTP 401/403/503) when no usable offer came.
+        # A node dialling itself holds the secret, so it passes and learns
+        # from our node header that it should drop the URL
         # (PSCClientProtocol.onOpen) instead of retrying forever.
-        answer = federation.check_request(request)
+        answer, self._challenge = federation.check_request(request)
         self.heard = (request.headers.get(ADVERTISE_HEADER), request.headers.get(PEERS_HEADER))
         protocol = SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
-        return protocol, {NODE_HEADER: federation.node_id, **answer, **federation.peer_headers()}
+        # Whom we dial is for cluster members only: with a secret, the dialler
+        # has proven nothing yet (our peers learn it when we dial them).
+        told = federation.peer_headers() if self._challenge is None else {}
+        return protocol, {NODE_HEADER: federation.node_id, **answer, **told}
 
     def onOpen(self) -> None:
-        """Start the session in the cluster's listening role."""
+        """Start the session in the cluster's listening role, once the dialler proved the secret."""
         federation: Federation = self.factory.federation
         if self.peer_node == federation.node_id:
+            self._settle_challenge()
             self.sendClose(CLOSE_SELF, "a node never links to itself")
             return
+        if self._challenge is not None and federation.auth is not None:
+            self._proof_timer = self.factory.clock.callLater(federation.auth.proof_timeout, self._proof_overdue)
+            return
         self._start_session(federation.listen_role, str(self.peer))
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        """The first frame of a dialler that must prove the secret is its proof; then PSC messages."""
+        challenge = self._challenge
+        if challenge is None:
+            super().onMessage(payload, isBinary)
+            return
+        federation: Federation = self.factory.federation
+        self._settle_challenge()
+        try:
+            if isBinary or federation.auth is None:
+                raise AuthRefused(Refusal.MALFORMED)
+            federation.auth.check_proof(challenge, payload)
+        except AuthRefused as e:
+            self._refuse(e.refusal)
+            return
+        self._start_session(federation.listen_role, str(self.peer))
+
+    def _proof_overdue(self) -> None:
+        self._proof_timer = None
+        self._settle_challenge()
+        self._refuse(Refusal.TIMEOUT)
+
+    def _refuse(self, refusal: Refusal) -> None:
+        federation: Federation = self.factory.federation
+        federation.auth_refused(str(self.peer), self.peer_node, refusal, f"closed {CLOSE_UNAUTHENTICATED}")
+        self.sendClose(CLOSE_UNAUTHENTICATED, refusal.value)
+
+    def _settle_challenge(self) -> None:
+        """Stop waiting for a proof: cancel the timer, free the pending slot."""
+        if self._proof_timer is not None:
+            if self._proof_timer.active():
+                self._proof_timer.cancel()
+            self._proof_timer = None
+        challenge, self._challenge = self._challenge, None
+        federation: Federation = self.factory.federation
+        if challenge is not None and federation.auth is not None:
+            federation.auth.settle(challenge)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        """A dialler that leaves before proving the secret frees its slot (it proved nothing)."""
+        if self._challenge is not None:
+            log.info(
+                "PSC link from {peer} (node {node}) ended before proving the cluster secret",
+                peer=self.peer,
+                node=self.peer_node,
+            )
+        self._settle_challenge()
+        super().connectionLost(reason)
 
 
 class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ignore[misc]
     """The dialling side of a PSC link; it pings."""
 
-    #: This attempt's proof of the cluster secret, when the cluster has one.
-    _proof: Proof | None = None
+    #: This attempt's nonce for the cluster-secret exchange, when the cluster has one.
+    _offer: Offer | None = None
+    #: The frame proving the secret, sent first once the listener proved it too.
+    _proof_frame: bytes | None = None
     #: Why the listener's answer to our proof was refused, if it was.
     _answer_refused: Refusal | None = None
     #: Whether the WebSocket handshake completed.
@@ -238,10 +299,8 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
         federation: Federation = factory.federation
         headers = {NODE_HEADER: federation.node_id, **federation.client_headers(factory.url)}
         if federation.auth is not None:
-            # Autobahn sends ``Host: host:port`` built from these same values.
-            host = f"{factory.host}:{factory.port}"
-            self._proof = federation.auth.prove(federation.node_id, host, urlsplit(factory.resource).path)
-            headers[AUTH_HEADER] = self._proof.header()
+            self._offer = federation.auth.offer(federation.node_id)
+            headers[AUTH_HEADER] = self._offer.header()
         return ConnectingRequest(
             host=factory.host,
             port=factory.port,
@@ -257,9 +316,9 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
         self.peer_node = response.headers.get(NODE_HEADER)
         self.heard = (response.headers.get(ADVERTISE_HEADER), response.headers.get(PEERS_HEADER))
         auth = self.factory.federation.auth
-        if auth is not None and self._proof is not None:
+        if auth is not None and self._offer is not None:
             try:
-                auth.check_answer(response.headers.get(AUTH_HEADER), self.peer_node or "", self._proof)
+                self._proof_frame = auth.prove(self._offer, response.headers.get(AUTH_HEADER), self.peer_node or "")
             except AuthRefused as e:
                 self._answer_refused = e.refusal
 
@@ -283,6 +342,9 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
             federation.found_self(self.factory.url)
             self.sendClose(CLOSE_SELF, "a node never links to itself")
             return
+        if self._proof_frame is not None:
+            # First on the wire, before any PSC message of the session.
+            self.sendMessage(self._proof_frame, isBinary=False)
         self._start_session(federation.listen_role.opposite, self.factory.url)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
@@ -304,6 +366,7 @@ class PSCServerFactory(WebSocketServerFactory):
     def __init__(self, federation: Federation, clock: IReactorTime, ping_interval: float) -> None:
         super().__init__(reactor=clock)
         self.federation = federation
+        self.clock = clock
         self.setProtocolOptions(
             maxMessagePayloadSize=federation.limits.max_message_size,
             maxFramePayloadSize=federation.limits.max_message_size,

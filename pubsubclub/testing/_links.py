@@ -24,6 +24,7 @@ from twisted.test import iosim
 
 from pubsubclub import psc
 from pubsubclub.federation import Federation, Role
+from pubsubclub.federation.auth import PROOF_PREFIX
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol
 from pubsubclub.hub import Envelope, Hub
@@ -77,9 +78,13 @@ class RecordingWire(iosim.FakeTransport):
             data = data[pos + length :]
         return frames
 
+    def texts(self) -> list[bytes]:
+        """Every text frame written, including a link's cluster-secret proof (``PSC-AUTH ...``)."""
+        return [payload for opcode, payload in self.frames() if opcode == _OPCODE_TEXT]
+
     def messages(self) -> list[psc.Message]:
-        """The PSC messages written, decoded."""
-        return [psc.decode(payload) for opcode, payload in self.frames() if opcode == _OPCODE_TEXT]
+        """The PSC messages written, decoded (the cluster-secret proof frame is not one)."""
+        return [psc.decode(text) for text in self.texts() if not text.startswith(PROOF_PREFIX)]
 
     def close(self) -> tuple[int, str] | None:
         """The close frame written, as (code, reason), if any."""
