@@ -46,7 +46,7 @@ def wait_for_mesh(nodes: list[dict[str, Any]], timeout: float = 15.0) -> None:
     while time.monotonic() < deadline:
         opened = []
         for node in nodes:
-            with urllib.request.urlopen(node["http"] + "stats", timeout=5) as r:
+            with urllib.request.urlopen(node["ops"] + "stats", timeout=5) as r:
                 links = json.loads(r.read())["links"]
             opened.append(sum(1 for link in links if link["state"] == "open"))
         if all(n == 2 * (NODES - 1) for n in opened):
@@ -93,7 +93,7 @@ async def show_fan_out(nodes: list[dict[str, Any]]) -> None:
     # Let PSC201 reach node 1 before publishing (interest is asynchronous).
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        with urllib.request.urlopen(nodes[0]["http"] + "stats", timeout=5) as r:
+        with urllib.request.urlopen(nodes[0]["ops"] + "stats", timeout=5) as r:
             if len(json.loads(r.read())["remote_interest"].get(TOPIC, [])) == 2:
                 break
         await task.deferLater(reactor, 0.05, lambda: None)

@@ -144,7 +144,9 @@ def defer_run(fn: Any, reactor: Any) -> Any:
 # -- the driver ------------------------------------------------------------------
 
 
-def _spawn_node(name: str, wamp_port: int, psc_port: int, peer_port: int) -> tuple[subprocess.Popen[str], str]:
+def _spawn_node(
+    name: str, wamp_port: int, psc_port: int, peer_port: int, http_port: int
+) -> tuple[subprocess.Popen[str], str, str]:
     cmd = [
         sys.executable,
         "-m",
@@ -161,11 +163,13 @@ def _spawn_node(name: str, wamp_port: int, psc_port: int, peer_port: int) -> tup
         "--peer",
         f"ws://127.0.0.1:{peer_port}/psc",
         "--no-chat-page",
+        "--http",
+        f"tcp:{http_port}:interface=127.0.0.1",
     ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     ready = json.loads(proc.stdout.readline())
-    return proc, ready["wamp"]
+    return proc, ready["wamp"], ready["ops"]
 
 
 def _free_port() -> int:
@@ -187,14 +191,23 @@ def _wait_interest(http_a: str, timeout: float = 10.0) -> None:
 
 
 def _one_run(
-    url_a: str, url_b: str, realm: str, mode: str, count: int, size: int, rate: float, max_seconds: float
+    url_a: str,
+    url_b: str,
+    ops_a: str | None,
+    realm: str,
+    mode: str,
+    count: int,
+    size: int,
+    rate: float,
+    max_seconds: float,
 ) -> dict[str, Any]:
     me = [sys.executable, "-m", "pubsubclub.bench"]
     sub = subprocess.Popen([*me, "subscriber", url_b, realm, str(max_seconds + 10)], stdout=subprocess.PIPE, text=True)
     assert sub.stdout is not None
     sub.stdout.readline()  # {"ready": true}
-    if url_a.startswith("ws://127.0.0.1:"):
-        _wait_interest("http://" + url_a[len("ws://") :].rsplit("/", 1)[0] + "/")
+    if ops_a is not None:
+        # Node A's /stats (on its operations listener) says when B's interest arrived.
+        _wait_interest(ops_a)
     pub = subprocess.run(
         [*me, "publisher", url_a, realm, str(max_seconds), mode, str(count), str(size), str(rate)],
         stdout=subprocess.PIPE,
@@ -221,17 +234,21 @@ def run_bench(args: argparse.Namespace) -> int:
     """Run both measurements and print them."""
     procs: list[subprocess.Popen[str]] = []
     try:
+        ops_a: str | None
         if args.target:
             url_a, url_b = args.target
+            ops_a = args.target_ops
         else:
-            ports = [_free_port() for _ in range(4)]
-            pa, url_a = _spawn_node("bench-a", ports[0], ports[1], ports[3])
+            ports = [_free_port() for _ in range(6)]
+            pa, url_a, ops_a = _spawn_node("bench-a", ports[0], ports[1], ports[3], ports[4])
             procs.append(pa)
-            pb, url_b = _spawn_node("bench-b", ports[2], ports[3], ports[1])
+            pb, url_b, _ = _spawn_node("bench-b", ports[2], ports[3], ports[1], ports[5])
             procs.append(pb)
-        throughput = _one_run(url_a, url_b, args.realm, "throughput", args.count, args.size, 0, args.max_seconds)
+        throughput = _one_run(
+            url_a, url_b, ops_a, args.realm, "throughput", args.count, args.size, 0, args.max_seconds
+        )
         latency = _one_run(
-            url_a, url_b, args.realm, "latency", args.latency_count, args.size, args.rate, args.max_seconds
+            url_a, url_b, ops_a, args.realm, "latency", args.latency_count, args.size, args.rate, args.max_seconds
         )
     finally:
         for p in procs:

@@ -35,7 +35,9 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--advertise", metavar="URL", help="the PSC URL other nodes use for this node")
     p.add_argument("--max-message-size", type=int, metavar="BYTES", help="largest WAMP/PSC message accepted")
     p.add_argument("--no-chat-page", action="store_true", help="do not serve the browser chat page at /")
-    p.add_argument("--http", metavar="ENDPOINT", help="operations listener serving /health (default: off)")
+    p.add_argument(
+        "--http", metavar="ENDPOINT", help="operations listener: /health, /stats, /metrics, /tep (default: off)"
+    )
     p.add_argument("--consul", metavar="URL", help="Consul agent URL, e.g. http://127.0.0.1:8500 (discovery)")
     p.add_argument("--service", help="Consul service name (default pubsubclub)")
     p.add_argument("--consul-token", metavar="TOKEN", help="Consul ACL token")
@@ -50,6 +52,12 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ca-file", metavar="PEM", help="CA certificates that wss:// peers are verified against")
     p.add_argument("--metrics-dir", metavar="DIR", help="write metrics dumps here (docs/metrics.md)")
     p.add_argument("--metrics-interval", type=float, metavar="S", help="seconds between metrics dumps (default 10)")
+    p.add_argument(
+        "--metrics-max-topics",
+        type=int,
+        metavar="N",
+        help="topics with their own /metrics series, the busiest; the rest summed as __other__ (default 200)",
+    )
     p.add_argument("--nsd", metavar="ENDPOINT", help="NSD listener (TCP, JSON lines), e.g. tcp:7000")
     p.add_argument("--data-dir", metavar="DIR", help="folder for the node's stores (default pubsubclub-data)")
     p.add_argument("--nsd-prefix", metavar="PREFIX", help="hub topic prefix of NSD channels (default none)")
@@ -60,6 +68,11 @@ def _add_node_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tep-prefix", metavar="PREFIX", help="hub topic prefix of TEP channels (default none)")
     p.add_argument("--no-tep-client-publish", action="store_true", help="TEP clients may not publish (they get #error)")
     p.add_argument("--tep-max-channels", type=int, metavar="N", help="channels one TEP client may join (default 100)")
+    p.add_argument(
+        "--tep-ops-token-file",
+        metavar="FILE",
+        help="bearer token of the TEP operator API (/tep on --http); without it the API is off",
+    )
     p.add_argument(
         "--replay-buffer-bytes",
         type=int,
@@ -131,6 +144,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--target", metavar="WS_URL", nargs=2, help="WAMP URLs of nodes A and B (default: start two nodes)"
     )
+    bench.add_argument(
+        "--target-ops",
+        metavar="HTTP_URL",
+        help="operations listener of node A (e.g. http://127.0.0.1:8181/): wait there until B's interest arrived",
+    )
     bench.add_argument("--realm", default="realm1")
     bench.add_argument("--count", type=int, default=50_000, help="messages in the throughput run")
     bench.add_argument("--size", type=int, default=100, help="payload bytes")
@@ -159,6 +177,8 @@ def _node_config(args: argparse.Namespace) -> Any:
         "nsd": args.nsd,
         "metrics_dir": args.metrics_dir,
         "metrics_interval": args.metrics_interval,
+        "metrics_max_topics": args.metrics_max_topics,
+        "tep_ops_token_file": args.tep_ops_token_file,
         "data_dir": args.data_dir,
         "nsd_prefix": args.nsd_prefix,
         "nsd_max_message_chars": args.nsd_max_message_chars,

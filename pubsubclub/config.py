@@ -110,6 +110,10 @@ class NodeConfig:
     max_json_depth: int = 64
     #: Seconds an NSD ``when`` or stamp from another node may be ahead of this node's clock.
     nsd_max_clock_skew: float = 3600.0
+    #: Topics with series of their own in ``/metrics`` (the busiest); the rest are summed as ``__other__``.
+    metrics_max_topics: int = 200
+    #: File holding the bearer token of the TEP operator API (``/tep`` on ``http``); None: the API is off.
+    tep_ops_token_file: str | None = None
     #: Extra fields kept for later front-ends.
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -142,12 +146,15 @@ class NodeConfig:
             raise ConfigError("consul-debounce", "must be a number of seconds between 0 and 60")
         if not self.service or len(self.service) > 128:
             raise ConfigError("service", "must be 1-128 characters")
-        for key in ("cluster_secret_file", "ca_file"):
+        for key in ("cluster_secret_file", "ca_file", "tep_ops_token_file"):
             path = getattr(self, key)
             if path is not None and not os.path.isfile(path):
                 raise ConfigError(key.replace("_", "-"), f"no such file: {path}")
         self.cluster_secret()
+        self.tep_ops_token()
         self.trust_root()
+        if type(self.metrics_max_topics) is not int or not 1 <= self.metrics_max_topics <= 100_000:
+            raise ConfigError("metrics-max-topics", "must be an integer between 1 and 100000")
         if self.nsd is not None:
             _check_endpoint("nsd", self.nsd)
         if not 0.05 <= self.metrics_interval <= 86_400:
@@ -216,6 +223,12 @@ class NodeConfig:
             return None
         return read_cluster_secret(self.cluster_secret_file)
 
+    def tep_ops_token(self) -> bytes | None:
+        """The TEP operator API's bearer token (file contents without the trailing line break), or None."""
+        if self.tep_ops_token_file is None:
+            return None
+        return read_cluster_secret(self.tep_ops_token_file, key="tep-ops-token-file")
+
     def trust_root(self) -> Any:
         """The CAs of ``ca_file`` as a Twisted trust root, or None (the platform's CAs)."""
         if self.ca_file is None:
@@ -245,11 +258,10 @@ MAX_SECRET_FILE = 4096
 _LISTENER_KEYS = ("psc", "wamp", "http", "nsd", "tep")
 
 
-def read_cluster_secret(path: str) -> bytes:
-    """The secret in ``path``; :class:`ConfigError` naming ``cluster-secret-file`` when unusable."""
+def read_cluster_secret(path: str, key: str = "cluster-secret-file") -> bytes:
+    """The secret in ``path``; :class:`ConfigError` naming ``key`` when unusable."""
     from pubsubclub.federation.auth import MIN_SECRET_LENGTH
 
-    key = "cluster-secret-file"
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_SECRET_FILE + 1)

@@ -36,6 +36,14 @@ LINK_COUNTS = {
 #: (topic, frontend, kind, peer, reason)
 CounterKey = tuple[str, str, str, str | None, str | None]
 
+#: Topic label of the series that sums every topic past a cap (docs/metrics.md, "Topic cap").
+OTHER_TOPIC = "__other__"
+#: Topics given their own series in ``/metrics`` (the busiest); the rest are summed under OTHER_TOPIC.
+DEFAULT_MAX_TOPICS = 200
+#: Counter keys held per interval and in the totals; past it new topics count under OTHER_TOPIC,
+#: so publishing on ever new topics cannot grow a node's memory.
+DEFAULT_MAX_KEYS = 100_000
+
 
 def payload_size(envelope: Any) -> int:
     """JSON size of an envelope's payload, computed once per envelope."""
@@ -76,8 +84,10 @@ class _Histogram:
 class Metrics:
     """Counters and latency histograms of one node."""
 
-    def __init__(self, node_id: str) -> None:
+    def __init__(self, node_id: str, max_keys: int = DEFAULT_MAX_KEYS) -> None:
         self.node_id = node_id
+        #: Distinct counter keys kept per interval and in the totals (see DEFAULT_MAX_KEYS).
+        self.max_keys = max_keys
         #: This interval's counts: key -> [count, bytes].
         self._interval: dict[CounterKey, list[int]] = {}
         self._interval_latency: dict[str, _Histogram] = {}
@@ -108,6 +118,14 @@ class Metrics:
         key = (topic, frontend, kind, peer, reason)
         cell = self._interval.get(key)
         if cell is None:
+            if len(self._interval) >= self.max_keys:
+                # Ever new topics (one client can make thousands) are summed, not tracked one by one.
+                key = (OTHER_TOPIC, frontend, kind, peer, reason)
+                cell = self._interval.get(key)
+                if cell is not None:
+                    cell[0] += n
+                    cell[1] += nbytes
+                    return
             self._interval[key] = [n, nbytes]
         else:
             cell[0] += n
@@ -148,6 +166,8 @@ class Metrics:
             cell = self._totals.setdefault(key, [0, 0])
             cell[0] += n
             cell[1] += nbytes
+        if len(self._totals) > self.max_keys:
+            self._totals = _fold_quiet_topics(self._totals, self.max_keys // 2)
         for origin, hist in latency.items():
             self._total_latency.setdefault(origin, _Histogram()).merge(hist)
         return start, counters, latency
@@ -160,6 +180,28 @@ class Metrics:
             now = self._interval.get(key, (0, 0))
             yield key, past[0] + now[0], past[1] + now[1]
 
+    def capped_totals(self, max_topics: int) -> list[tuple[CounterKey, int, int]]:
+        """:meth:`totals` with only the ``max_topics`` busiest topics (by messages, then name) named.
+
+        Every other topic's counts are summed into keys whose topic is
+        OTHER_TOPIC, so the sum over all series is unchanged.
+        """
+        rows = list(self.totals())
+        busy: dict[str, int] = {}
+        for key, n, _ in rows:
+            busy[key[0]] = busy.get(key[0], 0) + n
+        named = busiest(busy, max_topics)
+        if named is None:
+            return rows
+        summed: dict[CounterKey, list[int]] = {}
+        for key, n, nbytes in rows:
+            if key[0] not in named:
+                key = (OTHER_TOPIC, *key[1:])  # type: ignore[assignment]
+            cell = summed.setdefault(key, [0, 0])
+            cell[0] += n
+            cell[1] += nbytes
+        return [(key, n, nbytes) for key, (n, nbytes) in summed.items()]
+
     def total_latency(self) -> dict[str, _Histogram]:
         """Cumulative latency histograms per origin."""
         merged: dict[str, _Histogram] = {}
@@ -167,6 +209,53 @@ class Metrics:
             for origin, hist in source.items():
                 merged.setdefault(origin, _Histogram()).merge(hist)
         return merged
+
+
+def busiest(values: dict[str, int], limit: int) -> set[str] | None:
+    """The ``limit`` topics with the largest values (ties by name); None when all fit.
+
+    OTHER_TOPIC is never among them: it is where the others go.
+    """
+    if len(values) <= limit and OTHER_TOPIC not in values:
+        return None
+    ranked = sorted((t for t in values if t != OTHER_TOPIC), key=lambda t: (-values[t], t))
+    return set(ranked[:limit])
+
+
+def cap_topics(values: dict[str, int], limit: int) -> dict[str, int]:
+    """``values`` with only the ``limit`` largest topics named and the rest summed under OTHER_TOPIC."""
+    named = busiest(values, limit)
+    if named is None:
+        return values
+    out = {t: v for t, v in values.items() if t in named}
+    rest = sum(v for t, v in values.items() if t not in named)
+    if rest or len(values) > len(out):
+        out[OTHER_TOPIC] = rest
+    return out
+
+
+def _fold_quiet_topics(counters: dict[CounterKey, list[int]], keep_keys: int) -> dict[CounterKey, list[int]]:
+    """Sum the least busy topics' counters under OTHER_TOPIC until at most about ``keep_keys`` keys remain."""
+    busy: dict[str, int] = {}
+    keys_of: dict[str, int] = {}
+    for key, (n, _) in counters.items():
+        busy[key[0]] = busy.get(key[0], 0) + n
+        keys_of[key[0]] = keys_of.get(key[0], 0) + 1
+    kept: set[str] = set()
+    room = keep_keys
+    for topic in sorted((t for t in busy if t != OTHER_TOPIC), key=lambda t: (-busy[t], t)):
+        if keys_of[topic] > room:
+            break
+        kept.add(topic)
+        room -= keys_of[topic]
+    folded: dict[CounterKey, list[int]] = {}
+    for key, (n, nbytes) in counters.items():
+        if key[0] not in kept:
+            key = (OTHER_TOPIC, *key[1:])  # type: ignore[assignment]
+        cell = folded.setdefault(key, [0, 0])
+        cell[0] += n
+        cell[1] += nbytes
+    return folded
 
 
 def records(
@@ -253,11 +342,17 @@ class PrometheusCollector:
     """prometheus-client collector over a node's :class:`Metrics`, hub and links."""
 
     def __init__(
-        self, metrics: Metrics, gauges: Callable[[], dict[str, int]], links: Callable[[], list[dict[str, Any]]]
+        self,
+        metrics: Metrics,
+        gauges: Callable[[], dict[str, int]],
+        links: Callable[[], list[dict[str, Any]]],
+        max_topics: int = DEFAULT_MAX_TOPICS,
     ):
         self._metrics = metrics
         self._gauges = gauges
         self._links = links
+        #: Topics with series of their own; the rest are summed under OTHER_TOPIC.
+        self.max_topics = max_topics
 
     def collect(self) -> Iterator[Any]:
         """Yield the metric families."""
@@ -266,7 +361,7 @@ class PrometheusCollector:
         labels = ["topic", "frontend", "kind", "peer", "reason"]
         messages = CounterMetricFamily("pubsubclub_messages", "Messages by topic, front-end and kind", labels=labels)
         nbytes = CounterMetricFamily("pubsubclub_bytes", "Payload bytes by topic, front-end and kind", labels=labels)
-        for (topic, frontend, kind, peer, reason), n, b in self._metrics.totals():
+        for (topic, frontend, kind, peer, reason), n, b in self._metrics.capped_totals(self.max_topics):
             values = [topic, frontend, kind, peer or "", reason or ""]
             messages.add_metric(values, n)
             nbytes.add_metric(values, b)
@@ -293,7 +388,7 @@ class PrometheusCollector:
             disconnects.add_metric([frontend, reason], n)
         yield disconnects
         subscribers = GaugeMetricFamily("pubsubclub_subscribers", "Local subscribers per topic", labels=["topic"])
-        for topic, value in self._gauges().items():
+        for topic, value in cap_topics(self._gauges(), self.max_topics).items():
             subscribers.add_metric([topic], value)
         yield subscribers
         links = GaugeMetricFamily(

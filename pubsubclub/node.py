@@ -194,7 +194,8 @@ class Node:
     def _wamp_site(self) -> Any:
         site = self.server.site(str(STATIC_DIR) if self.config.chat_page else None)
         root = site.resource
-        root.putChild(b"stats", StatsResource(self))
+        # No /stats here: peer addresses and who wants which topic are for
+        # operators, on the --http listener only (docs/security.md).
         if self.config.chat_page:
             bundle = find_autobahn_js()
             if bundle is not None:
@@ -219,6 +220,13 @@ class Node:
                 "SECURITY WARNING: client listeners {keys} accept connections beyond this host and there is no"
                 " --auth: every client is welcomed anonymously and may publish and subscribe to every topic",
                 keys=", ".join(open_frontends),
+            )
+        if "http" in public:
+            log.warn(
+                "SECURITY WARNING: the operations listener {endpoint} accepts connections beyond this host:"
+                " /stats shows peer addresses and which node wants which topic, /metrics every busy topic;"
+                " bind it to loopback or a private network",
+                endpoint=self.config.http,
             )
         if self.auth is not None and self.auth.holds_secrets and self.config.auth is not None:
             try:
@@ -256,13 +264,17 @@ class Node:
             ops.putChild(b"health", HealthResource(self))
             ops.putChild(b"stats", StatsResource(self))
             ops.putChild(b"metrics", self._prometheus_resource())
-            if self.tep is not None:
-                ops.putChild(b"tep", TEPOperationsResource(self.tep))
+            token = self.config.tep_ops_token()
+            if self.tep is not None and token is not None:
+                ops.putChild(b"tep", TEPOperationsResource(self.tep, token))
+            elif self.tep is not None:
+                log.info("TEP operator API (/tep on --http) is off: no --tep-ops-token-file")
             http_site = Site(ops)
             http_site.noisy = False
             http_port = await serverFromString(self.reactor, self.config.http).listen(http_site)
             self.ports.append(http_port)
             self.urls["health"] = _url(http_port, "http", "/health")
+            self.urls["ops"] = _url(http_port, "http", "/")
         if self.config.nsd is not None:
             await self._start_nsd()
         if self.tep is not None:
@@ -308,7 +320,11 @@ class Node:
         from prometheus_client.twisted import MetricsResource
 
         registry = CollectorRegistry()
-        registry.register(PrometheusCollector(self.metrics, self._subscriber_gauges, self.federation.links))
+        registry.register(
+            PrometheusCollector(
+                self.metrics, self._subscriber_gauges, self.federation.links, self.config.metrics_max_topics
+            )
+        )
         return MetricsResource(registry)
 
     async def _start_nsd(self) -> None:

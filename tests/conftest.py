@@ -89,6 +89,10 @@ def free_run(n: int) -> int:
     raise AssertionError("no free test ports below the ephemeral range")
 
 
+#: Bearer token of the TEP operator API of nodes started with their front-ends.
+OPS_TOKEN = "token of the tests' TEP operator API"
+
+
 class NodeProcess:
     """One ``python -m pubsubclub node`` process, started with fixed ports."""
 
@@ -112,6 +116,8 @@ class NodeProcess:
         self.nsd_port = free_port()
         self.tep_port = free_port()
         self.data_dir = log_dir / f"{name}-data"
+        #: Bearer token file of the TEP operator API (written when the front-ends are on).
+        self.ops_token_path = log_dir / f"{name}-ops-token"
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[str] | None = None
         self.ready: dict[str, Any] = {}
@@ -133,8 +139,13 @@ class NodeProcess:
 
     @property
     def http_url(self) -> str:
-        """The node's web root (chat page, /stats)."""
+        """The node's web root (the chat page)."""
         return f"http://127.0.0.1:{self.wamp_port}/"
+
+    @property
+    def ops_url(self) -> str:
+        """The operations listener's root (/health, /stats, /metrics, /tep)."""
+        return f"http://127.0.0.1:{self.http_port}/"
 
     def command(self) -> list[str]:
         """The node's command line."""
@@ -160,6 +171,8 @@ class NodeProcess:
         if self.frontends:
             cmd += ["--nsd", f"tcp:{self.nsd_port}:interface=127.0.0.1", "--data-dir", str(self.data_dir)]
             cmd += ["--tep", f"tcp:{self.tep_port}:interface=127.0.0.1"]
+            self.ops_token_path.write_text(OPS_TOKEN + "\n")
+            cmd += ["--tep-ops-token-file", str(self.ops_token_path)]
         for peer in self.peers:
             cmd += ["--peer", peer]
         return cmd
@@ -182,8 +195,8 @@ class NodeProcess:
         return self
 
     def stats(self) -> dict[str, Any]:
-        """The node's /stats JSON."""
-        with urllib.request.urlopen(self.http_url + "stats", timeout=5) as r:
+        """The node's /stats JSON (from the operations listener; the WAMP listener does not serve it)."""
+        with urllib.request.urlopen(self.ops_url + "stats", timeout=5) as r:
             return dict(json.loads(r.read()))
 
     def health(self) -> tuple[int, dict[str, Any]]:

@@ -258,8 +258,13 @@ class NetnsNode(NodeProcess):
 
     @property
     def http_url(self) -> str:
-        """The WAMP listener's web root (``/stats``)."""
+        """The WAMP listener's web root."""
         return f"http://{self.host}:{self.wamp_port}/"
+
+    @property
+    def ops_url(self) -> str:
+        """The operations listener's root (/health, /stats, /metrics)."""
+        return f"http://{self.host}:{self.http_port}/"
 
     def command(self) -> list[str]:
         """``ip netns exec <ns> python -m pubsubclub node ...`` on the namespace's address."""

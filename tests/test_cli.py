@@ -95,13 +95,13 @@ def test_node_listener_in_use_exits_nonzero(tmp_path: Path) -> None:
 def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
     """``pubsubclub cluster --nodes 2`` prints a table of endpoints, and Ctrl-C stops every node."""
     data = tmp_path / "data"
-    wamp, psc = free_run(2), free_run(2)
+    wamp, psc, ops = free_run(2), free_run(2), free_run(2)
     while psc - 1 <= wamp <= psc + 1:
         psc = free_run(2)
     proc = subprocess.Popen(
         [sys.executable, "-m", "pubsubclub", "cluster", "--nodes", "2", "--wamp-base-port", str(wamp),
          "--psc-base-port", str(psc), "--nsd-base-port", str(free_run(2)), "--tep-base-port", str(free_run(2)),
-         "--http-base-port", str(free_run(2)), "--data-dir", str(data), "--log-level", "warn"],
+         "--http-base-port", str(ops), "--data-dir", str(data), "--log-level", "warn"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO, start_new_session=True,
     )  # fmt: skip
     try:
@@ -120,13 +120,13 @@ def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
         assert f"ws://127.0.0.1:{psc + 1}/psc" in table
         import urllib.request
 
-        with urllib.request.urlopen(f"http://127.0.0.1:{wamp}/stats", timeout=5) as r:
+        with urllib.request.urlopen(f"http://127.0.0.1:{ops}/stats", timeout=5) as r:
             assert json.loads(r.read())["servers"] == [f"ws://127.0.0.1:{psc + 1}/psc"]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(WAIT_SECONDS) == 0
         # Every node is gone: its port refuses connections.
         with pytest.raises(OSError):
-            urllib.request.urlopen(f"http://127.0.0.1:{wamp}/stats", timeout=5)
+            urllib.request.urlopen(f"http://127.0.0.1:{wamp}/", timeout=5)
     finally:
         # Whatever happened, no node outlives the test.
         with contextlib.suppress(ProcessLookupError):

@@ -87,3 +87,48 @@ def test_payload_size_is_computed_once() -> None:
     assert payload_size(env) == len(b'{"a":1}')
     env.wire["size"] = 99
     assert payload_size(env) == 99
+
+
+def test_scrape_names_only_the_busiest_topics_and_sums_the_rest() -> None:
+    """With a cap of 3, the 3 busiest topics keep their series, the rest sum under __other__, totals unchanged."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    m = Metrics("n1")
+    for i in range(50):
+        m.count(f"t{i:02d}", "wamp", "published", n=i + 1, nbytes=10 * (i + 1))
+    gauges = {f"t{i:02d}": 1 for i in range(50)}
+    registry = CollectorRegistry()
+    registry.register(PrometheusCollector(m, lambda: gauges, lambda: [], max_topics=3))
+    text = generate_latest(registry).decode()
+    series = [line for line in text.splitlines() if line.startswith("pubsubclub_messages_total{")]
+    topics = sorted(line.split('topic="')[1].split('"')[0] for line in series)
+    assert topics == ["__other__", "t47", "t48", "t49"]
+    other = next(line for line in series if 'topic="__other__"' in line)
+    assert float(other.rsplit(" ", 1)[1]) == sum(range(1, 48))
+    subscribers = [line for line in text.splitlines() if line.startswith("pubsubclub_subscribers{")]
+    assert len(subscribers) == 4 and 'pubsubclub_subscribers{topic="__other__"} 47.0' in subscribers
+
+
+def test_scrape_under_the_cap_is_unchanged() -> None:
+    """Below the cap every topic keeps its own series and no __other__ appears."""
+    m = Metrics("n1")
+    m.count("a", "wamp", "published")
+    m.count("b", "tep", "published", n=2)
+    assert sorted((k[0], n) for k, n, _ in m.capped_totals(2)) == [("a", 1), ("b", 2)]
+
+
+def test_new_topics_past_the_key_cap_are_summed_not_tracked() -> None:
+    """An interval holds at most max_keys keys; the totals are folded back under it, counts preserved."""
+    m = Metrics("n1", max_keys=100)
+    for i in range(1000):
+        m.count(f"new.{i}", "wamp", "published", nbytes=1)
+    _, interval, _ = m.take_interval(1.0)
+    assert len(interval) <= 101
+    assert sum(n for n, _ in interval.values()) == 1000
+    for round_ in range(5):
+        for i in range(90):
+            m.count(f"r{round_}.{i}", "wamp", "published", n=2 if i < 10 else 1)
+        m.take_interval(2.0 + round_)
+    totals = list(m.totals())
+    assert len(totals) <= 100
+    assert sum(n for _, n, _ in totals) == 1000 + 5 * 100

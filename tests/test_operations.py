@@ -62,3 +62,63 @@ async def test_sigterm_says_goodbye_to_clients_and_closes_links(tmp_path: Path) 
         assert "closed (code=1000, reason=node shutting down)" in b.log_path.read_text()
     finally:
         b.stop()
+
+
+def test_stats_only_on_the_operations_listener(tmp_path: Path) -> None:
+    """/stats (peer addresses, interest) is served on --http only: the public WAMP port answers 404."""
+    import urllib.error
+    import urllib.request
+
+    node = NodeProcess("a", tmp_path).start()
+    try:
+        assert node.stats()["node"] == "a"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(node.http_url + "stats", timeout=5)
+        assert e.value.code == 404
+    finally:
+        node.stop()
+
+
+def test_public_operations_listener_warns(tmp_path: Path) -> None:
+    """--http bound beyond loopback logs a security warning naming what it exposes; loopback does not."""
+    from conftest import free_port
+
+    public = NodeProcess("public", tmp_path, extra=("--http", f"tcp:{free_port()}")).start()
+    private = NodeProcess("private", tmp_path).start()
+    try:
+        assert "the operations listener" in public.log_path.read_text()
+        assert "/stats shows peer addresses" in public.log_path.read_text()
+        assert "the operations listener" not in private.log_path.read_text()
+    finally:
+        public.stop()
+        private.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_metrics_scrape_is_capped_by_topic(tmp_path: Path) -> None:
+    """400 topics from one client, --metrics-max-topics 5: the scrape names 5 topics plus __other__, sums intact."""
+    import urllib.request
+
+    from wampclient import leave, publish_acked
+
+    node = NodeProcess("a", tmp_path, extra=("--metrics-max-topics", "5")).start()
+    try:
+        session = await connect(node.wamp_url)
+        for i in range(400):
+            await publish_acked(session, f"spray.{i}", i)
+        for _ in range(3):
+            await publish_acked(session, "spray.busy", "again")
+        await leave(session)
+        with urllib.request.urlopen(node.ops_url + "metrics", timeout=5) as r:
+            text = r.read().decode()
+        series = [
+            line
+            for line in text.splitlines()
+            if line.startswith("pubsubclub_messages_total{") and 'kind="published"' in line
+        ]
+        topics = {line.split('topic="')[1].split('"')[0] for line in series}
+        assert len(topics) == 6 and "__other__" in topics and "spray.busy" in topics
+        assert sum(float(line.rsplit(" ", 1)[1]) for line in series) == 403
+        assert len(text) < 20_000
+    finally:
+        node.stop()

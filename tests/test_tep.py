@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, start_cluster, until, wait_until
+from conftest import OPS_TOKEN, Cluster, NodeProcess, free_port, start_cluster, until, wait_until
 from rawws import RECV_SECONDS, close_of
 from wampclient import connect as wamp_connect
 from wampclient import leave, publish_acked, subscribe
@@ -62,10 +62,11 @@ def join(ws: ClientConnection, *channels: str) -> None:
     assert recv(ws) == {"topic": "@join", "payload": list(channels)}
 
 
-def ops_post(node: NodeProcess, path: str, body: Any) -> tuple[int, Any]:
-    """POST JSON to the node's operations listener; status and decoded body."""
+def ops_post(node: NodeProcess, path: str, body: Any, token: str | None = OPS_TOKEN) -> tuple[int, Any]:
+    """POST JSON to the node's operations listener (with the operator token); status and decoded body."""
+    headers = {} if token is None else {"Authorization": f"Bearer {token}"}
     request = urllib.request.Request(
-        f"http://127.0.0.1:{node.http_port}{path}", data=json.dumps(body).encode(), method="POST"
+        f"http://127.0.0.1:{node.http_port}{path}", data=json.dumps(body).encode(), method="POST", headers=headers
     )
     try:
         with urllib.request.urlopen(request, timeout=5) as r:
@@ -213,6 +214,31 @@ def test_operations_api_refuses_bad_requests(cluster: Cluster) -> None:
     assert status == 400 and "system name" in body["error"]
     assert ops_post(node, "/tep/emit", {"payload": 1})[0] == 400
     assert ops_post(node, "/tep/broadcast", {"payload": "x" * MAX_MESSAGE})[0] == 413
+
+
+def test_operations_api_needs_the_token(cluster: Cluster, tmp_path: Path) -> None:
+    """Without the bearer token, or with another, /tep answers 401 and nothing is delivered; without a token file,
+    the API is not served at all."""
+    node = cluster[0]
+    ws = tep(node)
+    join(ws, "tep.ops.token")
+    for token in (None, "wrong token", OPS_TOKEN + "x", ""):
+        status, body = ops_post(node, "/tep/emit", {"channel": "tep.ops.token", "payload": "forged"}, token=token)
+        assert status == 401 and "Bearer" in body["error"], token
+    assert ops_post(node, "/tep/emit", {"channel": "tep.ops.token", "payload": "marker"})[0] == 200
+    assert recv(ws) == {"topic": "tep.ops.token", "payload": "marker"}  # and nothing forged before it
+    ws.close()
+    bare = NodeProcess("no-ops-token", tmp_path, extra=("--tep", f"tcp:{free_port()}:interface=127.0.0.1")).start()
+    try:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{bare.http_port}/tep/broadcast", data=b'{"payload": 1}', method="POST"
+        )
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(request, timeout=5)
+        assert e.value.code == 404
+        assert "TEP operator API (/tep on --http) is off" in bare.log_path.read_text()
+    finally:
+        bare.stop()
 
 
 def test_client_publishing_can_be_forbidden(tmp_path: Path) -> None:

@@ -40,6 +40,7 @@ Payloads
 
 from __future__ import annotations
 
+import hmac
 from typing import Any, Protocol
 
 import orjson
@@ -483,17 +484,18 @@ class TEPServerProtocol(WebSocketServerProtocol):
 
 
 class TEPOperationsResource(Resource):
-    """``/tep`` of the operations listener: the server API over HTTP.
+    """``/tep`` of the operations listener: the server API over HTTP, behind a bearer token.
 
     ``POST /tep/broadcast`` with ``{"payload": X}`` and ``POST /tep/emit``
-    with ``{"channel": C, "payload": X}``; the answer is
-    ``{"delivered_locally": N}``, or 400/413 with ``{"error": ...}``.
+    with ``{"channel": C, "payload": X}``, each with ``Authorization: Bearer
+    <token>``; the answer is ``{"delivered_locally": N}``, or 400/413 with
+    ``{"error": ...}``, or 401 without the token.
     """
 
-    def __init__(self, server: TEPServer) -> None:
+    def __init__(self, server: TEPServer, token: bytes) -> None:
         super().__init__()
-        self.putChild(b"broadcast", _OperationResource(server, "broadcast"))
-        self.putChild(b"emit", _OperationResource(server, "emit"))
+        self.putChild(b"broadcast", _OperationResource(server, "broadcast", token))
+        self.putChild(b"emit", _OperationResource(server, "emit", token))
 
 
 class _OperationResource(Resource):
@@ -501,14 +503,20 @@ class _OperationResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, server: TEPServer, operation: str) -> None:
+    def __init__(self, server: TEPServer, operation: str, token: bytes) -> None:
         super().__init__()
         self._server = server
         self._operation = operation
+        self._expected = b"Bearer " + token
 
     def render_POST(self, request: Request) -> bytes:  # noqa: N802 - Twisted Web API
-        """Run the call with the JSON body's fields."""
+        """Run the call with the JSON body's fields, for a caller holding the token."""
         request.setHeader(b"content-type", b"application/json")
+        given = request.getHeader(b"authorization") or b""
+        if not hmac.compare_digest(given.strip(), self._expected):
+            request.setResponseCode(401)
+            request.setHeader(b"www-authenticate", b'Bearer realm="pubsubclub-tep"')
+            return orjson.dumps({"error": "the TEP operator API needs Authorization: Bearer <token>"})
         limit = self._server.limits.max_frame_bytes
         assert request.content is not None
         body = request.content.read(limit + 1)
