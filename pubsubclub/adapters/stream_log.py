@@ -1,0 +1,814 @@
+"""The stream front-end's durable log: per topic, an append-only sequence of records on disk.
+
+Plain Python (no Twisted): the stream front-end calls it from the reactor thread,
+:meth:`StreamLog.append` for every accepted ``Publish`` and :meth:`StreamLog.sync`
+once per reactor turn (group commit), and answers OK only after the sync. Time is
+injected (``clock``), so retention is testable without waiting.
+
+Layout under ``directory``::
+
+    lock                          flock()ed while a StreamLog has the directory open
+    meta.sqlite3                  topics(topic, retained, next_sequence), WAL, synchronous=FULL
+    topics/<folder>/              one folder per topic
+        00000000000000000000.log  segment files, named by their first sequence (20 digits)
+        00000000000000001234.log
+        topic                     the topic's name (UTF-8), only in hashed folders (below)
+
+A topic's folder is the lowercase hex of its UTF-8 name, which is reversible and safe
+for any name (``a/b``, ``..``, NUL, non-ASCII) and for case-insensitive file systems.
+A file name may have at most 255 bytes, so a topic longer than
+:data:`MAX_HEX_NAME_BYTES` (its hex would not fit) gets ``x`` followed by the sha256 of
+its name instead, and its name is kept in a ``topic`` file inside.
+
+A segment is nothing but records, back to back. A record is a 24-byte big-endian
+header, then the payload::
+
+    u32 payload length | u32 CRC32 | u64 sequence | f64 timestamp (seconds, from clock)
+
+The CRC32 covers the length, the sequence, the timestamp and the payload (every byte
+of the record except the CRC itself). Sequences start at 0 per topic and grow by
+exactly one; within a segment they are contiguous from the file's name, so the log
+starts at the first sequence of its oldest segment and a sequence maps to a file by
+bisection. ``meta.sqlite3`` also keeps each topic's next sequence (written when a
+segment is created and on close), so a topic never restarts at 0, even if all its
+segment files were gone.
+
+Appends go straight to the operating system (one ``writev`` each, no Python buffer):
+a process crash loses nothing that was appended, a power loss what was not synced.
+:meth:`StreamLog.sync` calls ``fdatasync`` on every segment written since the last sync
+and ``fsync`` on the topic folder when a segment file was created there; with
+``fsync=False`` (the relaxed mode) it does nothing, the data being in the OS already. A
+full segment is synced when the next one is created, so a crash cannot leave a hole in
+the middle of the log, only a torn tail of the newest segment. A read sees a record as
+soon as it is appended: a front-end that must never show a record a power loss could
+take back delivers after the sync, when it answers the publisher. A record lost that
+way was never synced, and its sequence goes to the next record appended; a sequence
+that was stored on close is never handed out again.
+
+On open, the newest segment of each topic is read whole and checked (header, length,
+CRC, sequence); a torn or corrupt tail is cut off, and what was cut is reported in
+:attr:`StreamLog.recovered`. Older segments were synced when they were closed and are
+read lazily: each segment keeps a sparse index (a ``(sequence, offset)`` pair every
+:data:`INDEX_INTERVAL_BYTES` of file), built while appending, and for an older segment
+on its first read or retention check. A read finds its start by bisection and decodes
+at most that many bytes before reaching it. A damaged record found by a read (a bit
+flipped on disk later) raises :class:`StreamLogError`; it is never skipped silently.
+
+Retention removes whole segments from the old end of a topic, never the newest
+(active) one: those whose last record is older than ``retention_seconds``, then those
+that keep the topic over ``retention_bytes``. Only topics marked with
+:meth:`StreamLog.retain` (this node keeps their log) accept appends.
+
+:class:`OffsetStore` keeps the consumer groups' committed offsets in SQLite.
+
+Not thread-safe: one thread (the reactor's) uses a StreamLog; ``lock`` keeps a second
+process out.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import re
+import sqlite3
+import struct
+import time
+import zlib
+from array import array
+from bisect import bisect_right
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+__all__ = [
+    "HEADER_BYTES",
+    "INDEX_INTERVAL_BYTES",
+    "MAX_HEX_NAME_BYTES",
+    "MAX_TOPIC_BYTES",
+    "LogSettings",
+    "OffsetStore",
+    "Record",
+    "RetentionResult",
+    "StreamLog",
+    "StreamLogError",
+]
+
+_MiB = 1024 * 1024
+
+#: Longest topic name, in UTF-8 bytes.
+MAX_TOPIC_BYTES = 1024
+#: Longest topic name, in UTF-8 bytes, whose folder is its hex (2 characters a byte, 255 at most).
+MAX_HEX_NAME_BYTES = 120
+#: One sparse index entry at least every this many bytes of segment file.
+INDEX_INTERVAL_BYTES = 4096
+#: Bytes fetched per ``pread`` when reading records.
+READ_CHUNK_BYTES = 64 * 1024
+#: Bytes fetched per ``pread`` when checking or indexing a whole segment.
+SCAN_CHUNK_BYTES = _MiB
+#: Largest offset SQLite stores (a signed 64-bit integer).
+MAX_OFFSET = 2**63 - 1
+
+#: length, CRC32, sequence, timestamp.
+_HEADER = struct.Struct(">IIQd")
+#: Bytes in a record's header.
+HEADER_BYTES = _HEADER.size
+_LENGTH = struct.Struct(">I")
+_FIELDS = struct.Struct(">Qd")
+_SEGMENT_NAME = re.compile(r"(\d{20})\.log")
+_HEX_FOLDER = re.compile(r"(?:[0-9a-f]{2})+")
+_HASH_FOLDER = re.compile(r"x[0-9a-f]{64}")
+#: The file that names the topic of a hashed folder.
+_NAME_FILE = "topic"
+
+_META_SCHEMA = """
+CREATE TABLE IF NOT EXISTS topics (
+    topic TEXT PRIMARY KEY,
+    retained INTEGER NOT NULL,
+    next_sequence INTEGER NOT NULL
+);
+"""
+
+_OFFSETS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS offsets (
+    group_id TEXT NOT NULL,
+    topic TEXT NOT NULL,
+    offset INTEGER NOT NULL,
+    PRIMARY KEY (group_id, topic)
+);
+"""
+
+
+class StreamLogError(Exception):
+    """The log refused a request (bad topic, too large, not retained) or could not do it (I/O error)."""
+
+
+@dataclass(frozen=True)
+class LogSettings:
+    """Segment size, retention and durability of a :class:`StreamLog`."""
+
+    #: A new segment starts when a record would make the active one larger than this.
+    segment_bytes: int = 64 * _MiB
+    #: Per topic; older segments go while the topic is larger. 0: unlimited.
+    retention_bytes: int = 1024 * _MiB
+    #: Segments whose last record is older than this go. 0: unlimited.
+    retention_seconds: float = 7 * 24 * 3600
+    #: Largest payload :meth:`StreamLog.append` accepts.
+    max_payload_bytes: int = 16 * _MiB
+    #: True: :meth:`StreamLog.sync` fdatasyncs. False (relaxed): appends reach the OS, nothing more.
+    fsync: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("segment_bytes", "retention_bytes", "max_payload_bytes"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 0:
+                raise ValueError(f"stream log LogSettings.{name} must be a non-negative int, not {value!r}")
+        if self.segment_bytes < 1:
+            raise ValueError("stream log LogSettings.segment_bytes must be at least 1")
+        if self.max_payload_bytes > 0xFFFFFFFF:
+            raise ValueError("stream log LogSettings.max_payload_bytes must fit in 32 bits")
+        seconds = self.retention_seconds
+        if type(seconds) not in (int, float) or not 0 <= seconds < float("inf"):
+            raise ValueError(f"stream log LogSettings.retention_seconds must be a finite number >= 0, not {seconds!r}")
+        if type(self.fsync) is not bool:
+            raise ValueError(f"stream log LogSettings.fsync must be a bool, not {self.fsync!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One message of a topic's log."""
+
+    sequence: int
+    #: Seconds, as the log's clock told when it was appended.
+    timestamp: float
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class RetentionResult:
+    """What :meth:`StreamLog.enforce_retention` removed."""
+
+    segments: int
+    removed_bytes: int
+
+
+# -- topic names and folders ---------------------------------------------------------------------
+
+
+def _topic_bytes(topic: str) -> bytes:
+    if not isinstance(topic, str) or not topic:
+        raise StreamLogError("a topic must be a non-empty string")
+    try:
+        raw = topic.encode("utf-8")
+    except UnicodeEncodeError:
+        raise StreamLogError(f"topic {topic[:80]!r} is not valid Unicode") from None
+    if len(raw) > MAX_TOPIC_BYTES:
+        raise StreamLogError(f"topic {topic[:80]!r}... is longer than {MAX_TOPIC_BYTES} UTF-8 bytes")
+    return raw
+
+
+def _folder_name(raw: bytes) -> str:
+    if len(raw) <= MAX_HEX_NAME_BYTES:
+        return raw.hex()
+    return "x" + hashlib.sha256(raw).hexdigest()
+
+
+def _folder_topic(topics_dir: str, folder: str) -> str | None:
+    """The topic a folder holds, or None for anything that is not a topic folder."""
+    raw: bytes | None = None
+    if _HEX_FOLDER.fullmatch(folder) and len(folder) <= 2 * MAX_HEX_NAME_BYTES:
+        raw = bytes.fromhex(folder)
+    elif _HASH_FOLDER.fullmatch(folder):
+        try:
+            with open(os.path.join(topics_dir, folder, _NAME_FILE), "rb") as f:
+                raw = f.read(MAX_TOPIC_BYTES + 1)
+        except FileNotFoundError:
+            return None
+    if raw is None or _folder_name(raw) != folder:
+        return None
+    try:
+        topic = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    return topic if topic and len(raw) <= MAX_TOPIC_BYTES else None
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+# -- records -------------------------------------------------------------------------------------
+
+
+class _Damaged(Exception):
+    def __init__(self, offset: int, reason: str) -> None:
+        super().__init__(f"{reason} at byte {offset}")
+        self.offset = offset
+        self.reason = reason
+
+
+def _records(fd: int, offset: int, limit: int, chunk: int) -> Iterator[tuple[int, int, float, memoryview, int]]:
+    """Yield ``(offset, sequence, timestamp, payload, end)`` of the records in ``[offset, limit)``.
+
+    Raises :class:`_Damaged` at the first record that is cut short or fails its CRC.
+    The payload is a view into a buffer; copy it before the next iteration if kept.
+    """
+    buf = memoryview(b"")
+    start = pos = offset
+    while pos < limit:
+        rel = pos - start
+        if rel + HEADER_BYTES > len(buf):
+            buf = memoryview(os.pread(fd, min(max(chunk, HEADER_BYTES), limit - pos), pos))
+            start, rel = pos, 0
+            if len(buf) < HEADER_BYTES:
+                raise _Damaged(pos, "partial header")
+        length, crc, sequence, timestamp = _HEADER.unpack_from(buf, rel)
+        end = pos + HEADER_BYTES + length
+        if end > limit:
+            raise _Damaged(pos, "short payload")
+        if end - start > len(buf):
+            buf = memoryview(os.pread(fd, max(chunk, end - pos), pos))
+            start, rel = pos, 0
+            if len(buf) < end - pos:
+                raise _Damaged(pos, "short payload")
+        body = rel + HEADER_BYTES
+        payload = buf[body : body + length]
+        if zlib.crc32(payload, zlib.crc32(buf[rel + 8 : body], zlib.crc32(buf[rel : rel + 4]))) != crc:
+            raise _Damaged(pos, "CRC mismatch")
+        yield pos, sequence, timestamp, payload, end
+        pos = end
+
+
+class _Segment:
+    """One segment file: its first sequence, valid size and sparse index."""
+
+    __slots__ = (
+        "base",
+        "path",
+        "size",
+        "count",
+        "last_timestamp",
+        "index_seqs",
+        "index_offsets",
+        "indexed",
+        "damage",
+    )
+
+    def __init__(self, base: int, path: str, size: int) -> None:
+        self.base = base
+        self.path = path
+        #: Bytes of whole, checked records (the file may be longer only while damaged).
+        self.size = size
+        #: Records in the segment; meaningful once indexed.
+        self.count = 0
+        self.last_timestamp: float | None = None
+        self.index_seqs = array("Q")
+        self.index_offsets = array("Q")
+        #: Whether count, last_timestamp and the index are known (older segments: on first use).
+        self.indexed = False
+        #: What ended the records early when indexing found a damaged one.
+        self.damage: _Damaged | None = None
+
+    def note(self, sequence: int, offset: int, timestamp: float) -> None:
+        """Account for the record at ``offset``."""
+        if not self.index_offsets or offset - self.index_offsets[-1] >= INDEX_INTERVAL_BYTES:
+            self.index_seqs.append(sequence)
+            self.index_offsets.append(offset)
+        self.count += 1
+        self.last_timestamp = timestamp
+
+    def scan(self, fd: int, limit: int) -> _Damaged | None:
+        """Index the records in ``[0, limit)``; the damage that stopped the scan, if any."""
+        self.count = 0
+        self.last_timestamp = None
+        del self.index_seqs[:], self.index_offsets[:]
+        self.size = 0
+        self.damage = None
+        try:
+            for offset, sequence, timestamp, _payload, end in _records(fd, 0, limit, SCAN_CHUNK_BYTES):
+                if sequence != self.base + self.count:
+                    raise _Damaged(offset, f"sequence {sequence} where {self.base + self.count} belongs")
+                self.note(sequence, offset, timestamp)
+                self.size = end
+        except _Damaged as exc:
+            self.damage = exc
+        self.indexed = True
+        return self.damage
+
+    def start_offset(self, sequence: int) -> int:
+        """The offset of the last indexed record at or before ``sequence``."""
+        i = bisect_right(self.index_seqs, sequence) - 1
+        return self.index_offsets[i] if i >= 0 else 0
+
+
+class _Topic:
+    """A topic's folder, segments (oldest first) and write state."""
+
+    __slots__ = ("name", "folder", "retained", "next_sequence", "segments", "fd", "dirty", "folder_dirty")
+
+    def __init__(self, name: str, folder: str, retained: bool, next_sequence: int) -> None:
+        self.name = name
+        self.folder = folder
+        self.retained = retained
+        self.next_sequence = next_sequence
+        self.segments: list[_Segment] = []
+        #: The active (newest) segment's file, open for appending once written to.
+        self.fd: int | None = None
+        #: Appended to since the last sync.
+        self.dirty = False
+        #: A segment file was created since the last sync.
+        self.folder_dirty = False
+
+    @property
+    def first_sequence(self) -> int:
+        return self.segments[0].base if self.segments else self.next_sequence
+
+
+# -- the log -------------------------------------------------------------------------------------
+
+
+class StreamLog:
+    """Per-topic append-only logs under ``directory``: append, sync (group commit), read, retention."""
+
+    def __init__(
+        self, directory: str, settings: LogSettings = LogSettings(), clock: Callable[[], float] = time.time
+    ) -> None:
+        self.directory = directory
+        self.settings = settings
+        self._clock = clock
+        #: Bytes cut from the end of each topic's newest segment on open (torn or corrupt tail).
+        self.recovered: dict[str, int] = {}
+        self._topics_dir = os.path.join(directory, "topics")
+        self._topics: dict[str, _Topic] = {}
+        self._dirty: dict[str, _Topic] = {}
+        self._closed = False
+        try:
+            os.makedirs(self._topics_dir, exist_ok=True)
+            self._lock = os.open(os.path.join(directory, "lock"), os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise StreamLogError(f"cannot open the stream log in {directory}: {exc}") from exc
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._lock)
+            raise StreamLogError(f"the stream log in {directory} is open elsewhere") from None
+        try:
+            self._db = sqlite3.connect(os.path.join(directory, "meta.sqlite3"), isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_META_SCHEMA)
+            self._load()
+        except BaseException as exc:
+            self._release()
+            if isinstance(exc, OSError | sqlite3.Error):
+                raise StreamLogError(f"cannot open the stream log in {directory}: {exc}") from exc
+            raise
+
+    @property
+    def recovered_bytes(self) -> int:
+        """Bytes of torn or corrupt tails cut off on open, all topics together."""
+        return sum(self.recovered.values())
+
+    # -- opening ---------------------------------------------------------------------------------
+
+    def _load(self) -> None:
+        meta = {
+            topic: (bool(retained), nxt)
+            for topic, retained, nxt in self._db.execute("SELECT topic, retained, next_sequence FROM topics")
+        }
+        for folder in sorted(os.listdir(self._topics_dir)):
+            topic = _folder_topic(self._topics_dir, folder)
+            if topic is None:
+                continue
+            retained, nxt = meta.pop(topic, (False, 0))
+            self._topics[topic] = self._open_topic(topic, folder, retained, nxt)
+        for topic, (retained, nxt) in meta.items():
+            # Known (retained, or its segments were lost) but without a folder: make it.
+            t = _Topic(topic, self._make_folder(_topic_bytes(topic)), retained, nxt)
+            self._topics[topic] = t
+
+    def _open_topic(self, topic: str, folder: str, retained: bool, next_sequence: int) -> _Topic:
+        t = _Topic(topic, os.path.join(self._topics_dir, folder), retained, next_sequence)
+        bases = []
+        for name in os.listdir(t.folder):
+            match = _SEGMENT_NAME.fullmatch(name)
+            if match:
+                bases.append(int(match.group(1)))
+        for base in sorted(bases):
+            path = os.path.join(t.folder, f"{base:020d}.log")
+            t.segments.append(_Segment(base, path, os.path.getsize(path)))
+        if t.segments:
+            active = t.segments[-1]
+            fd = os.open(active.path, os.O_RDWR | os.O_APPEND)
+            try:
+                file_size = os.fstat(fd).st_size
+                damage = active.scan(fd, file_size)
+                if damage is not None:
+                    os.ftruncate(fd, active.size)
+                    if self.settings.fsync:
+                        os.fdatasync(fd)
+                    self.recovered[topic] = file_size - active.size
+                    # Cut off: what is missing was never durable, a gap, not damage to report on every read.
+                    active.damage = None
+            finally:
+                os.close(fd)
+            t.next_sequence = max(next_sequence, active.base + active.count)
+        return t
+
+    def _make_folder(self, raw: bytes) -> str:
+        """Create the folder of a topic (atomically, with its name file when hashed); its path."""
+        name = _folder_name(raw)
+        path = os.path.join(self._topics_dir, name)
+        if os.path.isdir(path):
+            return path
+        staging = os.path.join(self._topics_dir, "." + name + ".new")
+        os.makedirs(staging, exist_ok=True)
+        if name.startswith("x"):
+            with open(os.path.join(staging, _NAME_FILE), "wb") as f:
+                f.write(raw)
+                f.flush()
+                os.fsync(f.fileno())
+        os.rename(staging, path)
+        _fsync_dir(self._topics_dir)
+        return path
+
+    # -- topics ----------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StreamLogError("the stream log is closed")
+
+    def topics(self) -> list[str]:
+        """Every topic with a log on this node, sorted."""
+        self._check_open()
+        return sorted(self._topics)
+
+    def retained(self, topic: str) -> bool:
+        """Whether this node keeps ``topic``'s log (accepts appends to it)."""
+        self._check_open()
+        t = self._topics.get(topic)
+        return t is not None and t.retained
+
+    def retained_topics(self) -> list[str]:
+        """Every retained topic, sorted."""
+        self._check_open()
+        return sorted(name for name, t in self._topics.items() if t.retained)
+
+    def retain(self, topic: str) -> None:
+        """Keep ``topic``'s log on this node from now on (survives restarts)."""
+        self._check_open()
+        raw = _topic_bytes(topic)
+        t = self._topics.get(topic)
+        if t is not None and t.retained:
+            return
+        try:
+            if t is None:
+                t = _Topic(topic, self._make_folder(raw), False, 0)
+                self._topics[topic] = t
+            self._db.execute(
+                """INSERT INTO topics (topic, retained, next_sequence) VALUES (?, 1, ?)
+                   ON CONFLICT (topic) DO UPDATE SET retained = 1""",
+                (topic, t.next_sequence),
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise StreamLogError(f"cannot retain {topic[:80]!r}: {exc}") from exc
+        t.retained = True
+
+    def first_sequence(self, topic: str) -> int:
+        """The oldest sequence still in ``topic``'s log (``next_sequence`` when it is empty)."""
+        self._check_open()
+        t = self._topics.get(topic)
+        return 0 if t is None else t.first_sequence
+
+    def next_sequence(self, topic: str) -> int:
+        """The sequence the next append to ``topic`` gets (one past the last)."""
+        self._check_open()
+        t = self._topics.get(topic)
+        return 0 if t is None else t.next_sequence
+
+    # -- writing ---------------------------------------------------------------------------------
+
+    def append(self, topic: str, payload: bytes) -> int:
+        """Add ``payload`` to ``topic``'s log; its sequence. Durable after the next :meth:`sync`."""
+        self._check_open()
+        t = self._topics.get(topic)
+        if t is None or not t.retained:
+            _topic_bytes(topic)
+            raise StreamLogError(f"topic {topic[:80]!r} is not retained by this node")
+        length = len(payload)
+        if length > self.settings.max_payload_bytes:
+            raise StreamLogError(f"payload of {length} bytes is over the limit of {self.settings.max_payload_bytes}")
+        sequence = t.next_sequence
+        timestamp = float(self._clock())
+        fields = _FIELDS.pack(sequence, timestamp)
+        crc = zlib.crc32(payload, zlib.crc32(fields, zlib.crc32(_LENGTH.pack(length))))
+        header = _HEADER.pack(length, crc, sequence, timestamp)
+        record_bytes = HEADER_BYTES + length
+        try:
+            active = t.segments[-1] if t.segments else None
+            if (
+                active is None
+                or active.base + active.count != sequence
+                or (active.size and active.size + record_bytes > self.settings.segment_bytes)
+            ):
+                active = self._roll(t)
+            elif t.fd is None:
+                t.fd = os.open(active.path, os.O_RDWR | os.O_APPEND)
+            assert t.fd is not None
+            offset = active.size
+            try:
+                written = os.writev(t.fd, [header, payload])
+            except OSError:
+                written = -1
+            if written != record_bytes:
+                os.ftruncate(t.fd, offset)
+                raise OSError(f"could not write {record_bytes} bytes")
+        except OSError as exc:
+            raise StreamLogError(f"cannot append to {topic[:80]!r}: {exc}") from exc
+        active.note(sequence, offset, timestamp)
+        active.size = offset + record_bytes
+        t.next_sequence = sequence + 1
+        if not t.dirty:
+            t.dirty = True
+            self._dirty[topic] = t
+        return sequence
+
+    def _roll(self, t: _Topic) -> _Segment:
+        """Close the active segment (durable first) and start one at ``t.next_sequence``."""
+        old = t.segments[-1] if t.segments else None
+        if old is not None and t.fd is not None:
+            if self.settings.fsync:
+                os.fdatasync(t.fd)
+            os.close(t.fd)
+            t.fd = None
+        if old is not None and old.size == 0:
+            # An empty segment (its only records were torn off) would name sequences no file has.
+            os.unlink(old.path)
+            t.segments.pop()
+        base = t.next_sequence
+        self._remember_next([(t.name, int(t.retained), base)])
+        path = os.path.join(t.folder, f"{base:020d}.log")
+        t.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        segment = _Segment(base, path, 0)
+        segment.indexed = True
+        t.segments.append(segment)
+        t.folder_dirty = True
+        if not t.dirty:
+            t.dirty = True
+            self._dirty[t.name] = t
+        return segment
+
+    def _remember_next(self, rows: list[tuple[str, int, int]]) -> None:
+        """Store ``(topic, retained, next_sequence)`` rows, never lowering a stored next sequence."""
+        try:
+            self._db.execute("BEGIN")
+            try:
+                self._db.executemany(
+                    """INSERT INTO topics (topic, retained, next_sequence) VALUES (?, ?, ?)
+                       ON CONFLICT (topic) DO UPDATE SET next_sequence = max(next_sequence, excluded.next_sequence)""",
+                    rows,
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+        except sqlite3.Error as exc:
+            raise StreamLogError(f"cannot store the next sequences: {exc}") from exc
+
+    def sync(self) -> None:
+        """Make everything appended so far durable (relaxed mode: it is in the OS already)."""
+        self._check_open()
+        for t in list(self._dirty.values()):
+            try:
+                if self.settings.fsync:
+                    if t.fd is not None:
+                        os.fdatasync(t.fd)
+                    if t.folder_dirty:
+                        _fsync_dir(t.folder)
+            except OSError as exc:
+                # After a failed fsync the kernel may have dropped the pages: treat the log as failed.
+                raise StreamLogError(f"cannot sync {t.name[:80]!r}: {exc}") from exc
+            t.dirty = t.folder_dirty = False
+            del self._dirty[t.name]
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def read(self, topic: str, start_seq: int, max_count: int, max_bytes: int) -> list[Record]:
+        """Records of ``topic`` from ``max(start_seq, first_sequence)`` on, in order.
+
+        At most ``max_count`` records whose payloads add up to at most ``max_bytes``,
+        except that the first record comes whatever its size (or a large one would
+        block its reader for ever).
+        """
+        self._check_open()
+        t = self._topics.get(topic)
+        out: list[Record] = []
+        if t is None or not t.segments or max_count < 1:
+            return out
+        sequence = max(start_seq, t.first_sequence)
+        segments = t.segments
+        i = bisect_right(segments, sequence, key=lambda s: s.base) - 1
+        budget = max_bytes
+        try:
+            while i < len(segments) and sequence < t.next_sequence:
+                upper = segments[i + 1].base if i + 1 < len(segments) else t.next_sequence
+                if sequence < upper:
+                    budget = self._read_segment(t, segments[i], sequence, upper, out, max_count, budget)
+                    if budget < 0 or len(out) >= max_count:
+                        break
+                i += 1
+                if i < len(segments):
+                    sequence = max(sequence, segments[i].base)
+        except OSError as exc:
+            raise StreamLogError(f"cannot read {topic[:80]!r}: {exc}") from exc
+        return out
+
+    def _read_segment(
+        self, t: _Topic, seg: _Segment, sequence: int, upper: int, out: list[Record], max_count: int, budget: int
+    ) -> int:
+        """Add records ``[sequence, upper)`` of ``seg`` to ``out``; the budget left, negative when spent."""
+        own = seg is not t.segments[-1] or t.fd is None
+        fd = os.open(seg.path, os.O_RDONLY) if own else t.fd
+        assert fd is not None
+        try:
+            if not seg.indexed:
+                seg.scan(fd, os.fstat(fd).st_size)
+            wanted = sequence
+            try:
+                for offset, seq, timestamp, payload, _end in _records(
+                    fd, seg.start_offset(sequence), seg.size, READ_CHUNK_BYTES
+                ):
+                    if seq < wanted:
+                        continue
+                    if seq >= upper:
+                        return budget
+                    if seq != wanted:
+                        raise _Damaged(offset, f"sequence {seq} where {wanted} belongs")
+                    if out and len(payload) > budget:
+                        return -1
+                    out.append(Record(seq, timestamp, bytes(payload)))
+                    budget -= len(payload)
+                    wanted += 1
+                    if len(out) >= max_count:
+                        return budget
+            except _Damaged as exc:
+                raise StreamLogError(f"topic {t.name[:80]!r}: damaged record in {seg.path}: {exc}") from None
+            if wanted < upper and seg.damage is not None:
+                raise StreamLogError(
+                    f"topic {t.name[:80]!r}: sequences {wanted} to {upper - 1} are unreadable, "
+                    f"damaged record in {seg.path}: {seg.damage}"
+                )
+            # Otherwise what is missing was lost in a crash before reaching the disk (relaxed mode): skip it.
+            return budget
+        finally:
+            if own:
+                os.close(fd)
+
+    # -- retention -------------------------------------------------------------------------------
+
+    def enforce_retention(self) -> RetentionResult:
+        """Delete old segments (never a topic's active one) past the age or size limit."""
+        self._check_open()
+        max_age = self.settings.retention_seconds
+        max_bytes = self.settings.retention_bytes
+        now = float(self._clock())
+        removed = removed_bytes = 0
+        for t in self._topics.values():
+            total = sum(seg.size for seg in t.segments)
+            drop = 0
+            try:
+                for seg in t.segments[:-1]:
+                    too_big = max_bytes > 0 and total > max_bytes
+                    too_old = max_age > 0 and now - self._last_timestamp(seg) > max_age
+                    if not (too_big or too_old):
+                        break
+                    os.unlink(seg.path)
+                    total -= seg.size
+                    removed_bytes += seg.size
+                    drop += 1
+                if drop:
+                    del t.segments[:drop]
+                    removed += drop
+                    if self.settings.fsync:
+                        _fsync_dir(t.folder)
+            except OSError as exc:
+                del t.segments[:drop]
+                raise StreamLogError(f"retention of {t.name[:80]!r}: {exc}") from exc
+        return RetentionResult(removed, removed_bytes)
+
+    def _last_timestamp(self, seg: _Segment) -> float:
+        """The timestamp of the segment's last record (minus infinity when it has none)."""
+        if not seg.indexed:
+            fd = os.open(seg.path, os.O_RDONLY)
+            try:
+                seg.scan(fd, os.fstat(fd).st_size)
+            finally:
+                os.close(fd)
+        return float("-inf") if seg.last_timestamp is None else seg.last_timestamp
+
+    # -- closing ---------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Sync, remember every topic's next sequence, close the files. Idempotent."""
+        if self._closed:
+            return
+        try:
+            self.sync()
+            self._remember_next([(t.name, int(t.retained), t.next_sequence) for t in self._topics.values()])
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        for t in self._topics.values():
+            if t.fd is not None:
+                os.close(t.fd)
+                t.fd = None
+        if hasattr(self, "_db"):
+            self._db.close()
+        os.close(self._lock)
+
+
+# -- committed offsets ---------------------------------------------------------------------------
+
+
+class OffsetStore:
+    """Committed offsets per (consumer group, topic), in SQLite (WAL, synchronous=FULL)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        try:
+            self._db = sqlite3.connect(path, isolation_level=None)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.executescript(_OFFSETS_SCHEMA)
+        except sqlite3.Error as exc:
+            raise StreamLogError(f"cannot open the offset store {path}: {exc}") from exc
+
+    def commit(self, group: str, topic: str, offset: int) -> None:
+        """Record ``offset`` as ``group``'s committed offset of ``topic`` (durable on return)."""
+        _topic_bytes(topic)
+        if not isinstance(group, str):
+            raise StreamLogError("a group id must be a string")
+        if type(offset) is not int or not 0 <= offset <= MAX_OFFSET:
+            raise StreamLogError(f"offset {offset!r} is not an integer in [0, 2**63)")
+        try:
+            self._db.execute(
+                """INSERT INTO offsets (group_id, topic, offset) VALUES (?, ?, ?)
+                   ON CONFLICT (group_id, topic) DO UPDATE SET offset = excluded.offset""",
+                (group, topic, offset),
+            )
+        except sqlite3.Error as exc:
+            raise StreamLogError(f"cannot commit the offset of {topic[:80]!r}: {exc}") from exc
+
+    def get(self, group: str, topic: str) -> int | None:
+        """``group``'s committed offset of ``topic``, or None when it has none."""
+        row = self._db.execute("SELECT offset FROM offsets WHERE group_id = ? AND topic = ?", (group, topic)).fetchone()
+        return None if row is None else int(row[0])
+
+    def close(self) -> None:
+        """Close the database."""
+        self._db.close()
