@@ -1,11 +1,27 @@
-"""Node configuration: one dataclass, loaded from TOML and flags, validated once."""
+"""Node configuration: one declaration per setting, nested in sections, validated once.
+
+Every setting is a field of a section dataclass below, declared with
+:func:`setting`: its default, its help text, and its command-line flag. From
+that one declaration come the TOML key (``[section] key``, or a top-level key
+for :class:`NodeSection`), the ``pubsubclub node`` flag with its ``--help``
+line and default (:func:`add_flags`), and the type check of TOML values.
+Adding a setting is adding one field.
+
+A section is handed whole to the component it configures (``config.nsd`` to
+the NSD front-end, ``config.federation`` to the federation, ...); see
+docs/configuration.md. The flat keys of earlier versions (``consul-ttl = 5``
+at the top level) still load, each with a deprecation warning naming its new
+place.
+"""
 
 from __future__ import annotations
 
+import argparse
 import ipaddress
 import os
 import tomllib
-from dataclasses import dataclass, field, fields, replace
+from collections.abc import Iterator, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -25,237 +41,449 @@ class ConfigError(ValueError):
 
 LISTEN_ROLES = ("producer", "consumer")
 CONSUL_CHECKS = ("ttl", "http")
+LOG_LEVELS = ("debug", "info", "warn", "error")
+
+
+def setting(
+    default: Any,
+    help: str,
+    *,
+    flag: str | None = None,
+    metavar: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    shown_default: str | None = None,
+    advanced: bool = False,
+) -> Any:
+    """Declare one setting: a dataclass field that also knows its flag and help text.
+
+    ``flag`` defaults to ``--<section>-<key>`` (``--<key>`` at the top level).
+    A boolean that defaults to true gets a ``--no-...`` flag. ``advanced``
+    settings are left out of ``--help`` (they still have a flag and a key).
+    """
+    meta = {
+        "help": help,
+        "flag": flag,
+        "metavar": metavar,
+        "choices": choices,
+        "shown_default": shown_default,
+        "advanced": advanced,
+    }
+    return field(default=default, metadata=meta)
+
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class NodeSection:
+    """Top-level keys: the node as a whole."""
+
+    name: str | None = setting(None, "node id, unique in the cluster", metavar="NAME", shown_default="a random id")
+    data_dir: str = setting("pubsubclub-data", "folder for the node's stores", metavar="DIR")
+    http: str | None = setting(
+        None,
+        "operations listener: /health, /stats, /metrics, /tep (keep it private)",
+        metavar="ENDPOINT",
+        shown_default="off",
+    )
+    log_level: str = setting("info", "least severe log level written to stderr", choices=LOG_LEVELS)
+    auth: str | None = setting(
+        None,
+        "WAMP principals and roles, also applied to TEP and NSD (docs/security.md)",
+        metavar="FILE.toml",
+        shown_default="none: every client anonymous, everything allowed",
+    )
+    max_message_size: int = setting(MiB, "largest WAMP, PSC or TEP message accepted, in bytes", metavar="BYTES")
+    max_send_buffer: int = setting(
+        16 * MiB, "a WAMP or TEP client with more unread is dropped as a slow consumer", metavar="BYTES"
+    )
+    max_json_depth: int = setting(64, "deepest array/object nesting any client or peer may send", metavar="N")
+
+
+@dataclass(frozen=True)
+class WampSection:
+    """``[wamp]``: the WAMP front-end."""
+
+    listen: str = setting(
+        "tcp:8080:interface=127.0.0.1",
+        "WAMP listener, a Twisted endpoint (WebSocket at /ws, chat page at /)",
+        flag="--wamp",
+        metavar="ENDPOINT",
+    )
+    realm: str = setting("realm1", "WAMP realm served", flag="--realm", metavar="REALM")
+    chat_page: bool = setting(True, "serve the browser chat page at /", flag="--no-chat-page")
+
+
+@dataclass(frozen=True)
+class FederationSection:
+    """``[federation]``: links to the other nodes (PSC)."""
+
+    listen: str | None = setting(
+        "tcp:9001:interface=127.0.0.1", "federation listener, path /psc", flag="--psc", metavar="ENDPOINT"
+    )
+    peers: tuple[str, ...] = setting(
+        (), "PSC URL of another node, e.g. ws://127.0.0.1:9002/psc (repeatable)", flag="--peer", metavar="URL"
+    )
+    listen_role: str = setting(
+        "producer", "which role listens, cluster-wide", flag="--listen-role", choices=LISTEN_ROLES
+    )
+    advertise: str | None = setting(
+        None,
+        "the PSC URL other nodes use for this node",
+        flag="--advertise",
+        metavar="URL",
+        shown_default="the listener",
+    )
+    cluster_secret_file: str | None = setting(
+        None, "links must prove this secret (HMAC)", flag="--cluster-secret-file", metavar="FILE", shown_default="none"
+    )
+    ca_file: str | None = setting(
+        None,
+        "CA certificates that wss:// peers are verified against",
+        flag="--ca-file",
+        metavar="PEM",
+        shown_default="the system's",
+    )
+    replay_buffer_bytes: int = setting(
+        16 * MiB, "PSC 0.3 replay buffer per consumer node", flag="--replay-buffer-bytes", metavar="BYTES"
+    )
+    replay_window_seconds: float = setting(
+        60.0,
+        "a dropped link back within S seconds loses nothing (0: extension off)",
+        flag="--replay-window-seconds",
+        metavar="S",
+    )
+    max_link_queue: int = setting(
+        16 * MiB, "a PSC link with more queued for its peer is dropped", flag="--max-link-queue", metavar="BYTES"
+    )
+    learn_peers: bool = setting(
+        True, "tell peers whom this node dials and dial whom they know (off with Consul)", flag="--no-learn-peers"
+    )
+
+
+@dataclass(frozen=True)
+class ConsulSection:
+    """``[consul]``: discovery through the local Consul agent."""
+
+    url: str | None = setting(
+        None, "Consul agent URL, e.g. http://127.0.0.1:8500", flag="--consul", metavar="URL", shown_default="off"
+    )
+    service: str = setting(
+        "pubsubclub", "Consul service name the nodes register under", flag="--service", metavar="NAME"
+    )
+    token: str | None = setting(None, "Consul ACL token", metavar="TOKEN", shown_default="none")
+    dc: str | None = setting(None, "Consul datacenter", metavar="DC", shown_default="the agent's")
+    check: str = setting("ttl", "health check: ttl heartbeats, or http polls of /health", choices=CONSUL_CHECKS)
+    ttl: float = setting(10.0, "seconds the TTL check lives without a heartbeat", metavar="SECONDS")
+    debounce: float = setting(0.5, "seconds of quiet before a membership change applies", metavar="S", advanced=True)
+
+
+@dataclass(frozen=True)
+class NSDSection:
+    """``[nsd]``: the NSD front-end (TCP, JSON lines)."""
+
+    listen: str | None = setting(
+        None, "NSD listener, e.g. tcp:7000", flag="--nsd", metavar="ENDPOINT", shown_default="off"
+    )
+    prefix: str = setting("", "hub topic prefix of NSD channels", metavar="PREFIX", shown_default="none")
+    max_message_chars: int = setting(65_536, "largest NSD message, in characters", metavar="N")
+    retention_count: int = setting(10_000, "NSD messages kept per channel (0: all)", metavar="N")
+    retention_seconds: float = setting(0.0, "NSD history age limit in seconds (0: none)", metavar="S")
+    max_clock_skew: float = setting(
+        3600.0, "seconds an NSD when/stamp from another node may be ahead of this clock", metavar="S"
+    )
+
+
+@dataclass(frozen=True)
+class TEPSection:
+    """``[tep]``: the TEP front-end (WebSocket at /tep)."""
+
+    listen: str | None = setting(
+        None, "TEP listener, e.g. tcp:7100", flag="--tep", metavar="ENDPOINT", shown_default="off"
+    )
+    prefix: str = setting("", "hub topic prefix of TEP channels", metavar="PREFIX", shown_default="none")
+    client_publish: bool = setting(True, "TEP clients may publish (else they get #error)")
+    max_channels: int = setting(100, "channels one TEP client may join", metavar="N")
+    ops_token_file: str | None = setting(
+        None,
+        "bearer token of the TEP operator API (/tep on --http)",
+        metavar="FILE",
+        shown_default="none: the API is off",
+    )
+
+
+@dataclass(frozen=True)
+class MetricsSection:
+    """``[metrics]``: dumps and the Prometheus scrape."""
+
+    dir: str | None = setting(None, "write metrics dumps here (docs/metrics.md)", metavar="DIR", shown_default="off")
+    interval: float = setting(10.0, "seconds between metrics dumps", metavar="S")
+    max_topics: int = setting(200, "topics with their own /metrics series; the rest summed as __other__", metavar="N")
+
+
+#: Section name in TOML and on NodeConfig -> its dataclass; "" is the top level.
+SECTIONS: dict[str, type] = {
+    "": NodeSection,
+    "wamp": WampSection,
+    "federation": FederationSection,
+    "consul": ConsulSection,
+    "nsd": NSDSection,
+    "tep": TEPSection,
+    "metrics": MetricsSection,
+}
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One declared setting, as the CLI and the TOML loader see it."""
+
+    section: str
+    attr: str
+    field: Field[Any]
+
+    @property
+    def key(self) -> str:
+        """The TOML key inside its section (hyphenated)."""
+        return self.attr.replace("_", "-")
+
+    @property
+    def id(self) -> str:
+        """``section.key``, or ``key`` at the top level: how messages name it."""
+        return f"{self.section}.{self.key}" if self.section else self.key
+
+    @property
+    def default(self) -> Any:
+        """The declared default."""
+        return self.field.default if self.field.default is not MISSING else None
+
+    @property
+    def kind(self) -> str:
+        """The declared type, as text."""
+        return str(self.field.type)
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag."""
+        declared = self.field.metadata.get("flag")
+        if declared:
+            return str(declared)
+        base = f"{self.section}-{self.key}" if self.section else self.key
+        return f"--no-{base}" if self.kind == "bool" and self.default is True else f"--{base}"
+
+    @property
+    def legacy_key(self) -> str:
+        """The flat top-level TOML key of earlier versions (the flag without dashes or ``no-``)."""
+        name = self.flag.removeprefix("--")
+        if self.kind == "bool" and self.default is True:
+            name = name.removeprefix("no-")
+        return name
+
+    @property
+    def dest(self) -> str:
+        """The argparse destination."""
+        return f"{self.section}__{self.attr}" if self.section else self.attr
+
+    def help_text(self) -> str:
+        """The ``--help`` line: the text and the default."""
+        meta = self.field.metadata
+        text = str(meta["help"])
+        if self.kind == "bool":
+            state = "on; this flag turns it off" if self.default else "off; this flag turns it on"
+            return f"{text} (default: {state}; TOML: {self.toml_name()})"
+        shown = meta.get("shown_default")
+        if shown is None:
+            shown = "none" if self.default in ((), None) else str(self.default)
+        return f"{text} (default: {shown}; TOML: {self.toml_name()})"
+
+    def toml_name(self) -> str:
+        """Where it goes in the TOML file."""
+        return f"[{self.section}] {self.key}" if self.section else self.key
+
+
+def declared() -> Iterator[Setting]:
+    """Every setting, section by section, in declaration order."""
+    for section, cls in SECTIONS.items():
+        for f in fields(cls):
+            yield Setting(section, f.name, f)
+
+
+_BY_ID = {s.id: s for s in declared()}
+#: Flat keys of earlier versions -> the setting (also what tests and callers pass as flag values).
+_BY_LEGACY = {s.legacy_key.replace("-", "_"): s for s in declared()}
+_BY_LEGACY["peers"] = _BY_LEGACY["peer"]
 
 
 @dataclass(frozen=True)
 class NodeConfig:
-    """Everything ``pubsubclub node`` needs."""
+    """Everything ``pubsubclub node`` needs, one section per component."""
 
-    #: Node id: unique in the cluster; also the name in logs and metrics.
-    name: str | None = None
-    #: Twisted endpoint of the WAMP listener (WebSocket at ``/ws``, chat page at ``/``).
-    wamp: str = "tcp:8080:interface=127.0.0.1"
-    #: WAMP realm served.
-    realm: str = "realm1"
-    #: Twisted endpoint of the federation listener (``/psc``); None: do not listen.
-    psc: str | None = "tcp:9001:interface=127.0.0.1"
-    #: PSC URLs of the other nodes (static discovery).
-    peer: tuple[str, ...] = ()
-    #: Which role listens, cluster-wide: ``producer`` (default) or ``consumer``.
-    listen_role: str = "producer"
-    #: The PSC URL other nodes dial to reach this node (to recognise itself in peer lists).
-    advertise: str | None = None
-    #: Largest WAMP or PSC message accepted, in bytes.
-    max_message_size: int = 1024 * 1024
-    #: Serve the browser chat page at ``/`` of the WAMP listener.
-    chat_page: bool = True
-    #: Twisted endpoint of the operations listener (``/health``); None: off.
-    http: str | None = None
-    #: Consul agent URL (``http://127.0.0.1:8500``); None: static discovery only.
-    consul: str | None = None
-    #: Consul service name the nodes register under and watch.
-    service: str = "pubsubclub"
-    #: Consul ACL token.
-    consul_token: str | None = None
-    #: Consul datacenter.
-    consul_dc: str | None = None
-    #: Consul health check: ``ttl`` (the node heartbeats) or ``http`` (the agent polls ``/health``).
-    consul_check: str = "ttl"
-    #: Seconds the TTL check lives without a heartbeat (heartbeats and HTTP polls every ttl/3).
-    consul_ttl: float = 10.0
-    #: Seconds of quiet before a membership change is applied to the links.
-    consul_debounce: float = 0.5
-    #: File holding the cluster secret; links must prove it (HMAC) when set.
-    cluster_secret_file: str | None = None
-    #: CA certificates (PEM) that ``wss://`` peers are verified against.
-    ca_file: str | None = None
-    #: Folder for metrics dumps (docs/metrics.md); None: no dumps.
-    metrics_dir: str | None = None
-    #: Seconds between metrics dumps.
-    metrics_interval: float = 10.0
-    #: Twisted endpoint of the NSD listener (TCP, JSON lines); None: off.
-    nsd: str | None = None
-    #: Folder for the node's stores (SQLite files).
-    data_dir: str = "pubsubclub-data"
-    #: Hub topic of NSD channel ``c`` is ``nsd_prefix + c``.
-    nsd_prefix: str = ""
-    #: Largest NSD message, in characters of its JSON text.
-    nsd_max_message_chars: int = 65_536
-    #: NSD history kept per channel (0: unlimited).
-    nsd_retention_count: int = 10_000
-    #: NSD history kept, in seconds (0: unlimited).
-    nsd_retention_seconds: float = 0.0
-    #: Twisted endpoint of the TEP listener (WebSocket at ``/tep``); None: off.
-    tep: str | None = None
-    #: Hub topic of TEP channel ``c`` is ``tep_prefix + c``.
-    tep_prefix: str = ""
-    #: TEP clients may publish to channels (else they get an ``#error`` frame).
-    tep_client_publish: bool = True
-    #: Channels one TEP client may join at once.
-    tep_max_channels: int = 100
-    #: PSC 0.3 replay buffer kept per consumer node, in bytes.
-    replay_buffer_bytes: int = 16 * 1024 * 1024
-    #: Seconds a dropped link can come back without loss (PSC 0.3); 0 turns the extension off.
-    replay_window_seconds: float = 60.0
-    #: TOML file of WAMP principals and roles (docs/security.md); None: everyone anonymous, all allowed.
-    auth: str | None = None
-    #: Bytes a WAMP or TEP client may leave unread before it is dropped as a slow consumer.
-    max_send_buffer: int = 16 * 1024 * 1024
-    #: Bytes queued for one peer's PSC link before the link is dropped (its replay buffer is apart).
-    max_link_queue: int = 16 * 1024 * 1024
-    #: Tell peers whom this node dials and dial whom they know, so one ``peer`` joins a whole cluster
-    #: (off with ``consul``: Consul's health-checked list is the membership then).
-    learn_peers: bool = True
-    #: Deepest nesting of arrays/objects accepted from any client or peer (docs/security.md).
-    max_json_depth: int = 64
-    #: Seconds an NSD ``when`` or stamp from another node may be ahead of this node's clock.
-    nsd_max_clock_skew: float = 3600.0
-    #: Topics with series of their own in ``/metrics`` (the busiest); the rest are summed as ``__other__``.
-    metrics_max_topics: int = 200
-    #: File holding the bearer token of the TEP operator API (``/tep`` on ``http``); None: the API is off.
-    tep_ops_token_file: str | None = None
-    #: Extra fields kept for later front-ends.
-    extra: dict[str, Any] = field(default_factory=dict)
+    node: NodeSection = NodeSection()
+    wamp: WampSection = WampSection()
+    federation: FederationSection = FederationSection()
+    consul: ConsulSection = ConsulSection()
+    nsd: NSDSection = NSDSection()
+    tep: TEPSection = TEPSection()
+    metrics: MetricsSection = MetricsSection()
+    #: Deprecation notes from loading (logged when the node starts).
+    warnings: tuple[str, ...] = ()
 
     def validate(self) -> NodeConfig:
         """Return self, or raise :class:`ConfigError` naming the first bad key."""
-        if self.name is not None and (not self.name or len(self.name) > 128 or any(c.isspace() for c in self.name)):
+        node, wamp, fed, consul, nsd, tep, metrics = (
+            self.node,
+            self.wamp,
+            self.federation,
+            self.consul,
+            self.nsd,
+            self.tep,
+            self.metrics,
+        )
+        if node.name is not None and (not node.name or len(node.name) > 128 or any(c.isspace() for c in node.name)):
             raise ConfigError("name", "must be 1-128 characters without spaces")
-        _check_endpoint("wamp", self.wamp)
-        if self.psc is not None:
-            _check_endpoint("psc", self.psc)
-        if not self.realm or len(self.realm) > 255:
+        _check_endpoint("wamp", wamp.listen)
+        if fed.listen is not None:
+            _check_endpoint("psc", fed.listen)
+        if not wamp.realm or len(wamp.realm) > 255:
             raise ConfigError("realm", "must be a non-empty WAMP URI")
-        for url in self.peer:
+        for url in fed.peers:
             _check_url("peer", url)
-        if self.advertise is not None:
-            _check_url("advertise", self.advertise)
-        if self.listen_role not in LISTEN_ROLES:
-            raise ConfigError("listen-role", f"must be one of {', '.join(LISTEN_ROLES)}, not {self.listen_role!r}")
-        if self.http is not None:
-            _check_endpoint("http", self.http)
-        if self.consul is not None:
-            _check_http_url("consul", self.consul)
-        if self.consul_check not in CONSUL_CHECKS:
-            raise ConfigError("consul-check", f"must be one of {', '.join(CONSUL_CHECKS)}, not {self.consul_check!r}")
-        if self.consul is not None and self.consul_check == "http" and self.http is None:
+        if fed.advertise is not None:
+            _check_url("advertise", fed.advertise)
+        if fed.listen_role not in LISTEN_ROLES:
+            raise ConfigError("listen-role", f"must be one of {', '.join(LISTEN_ROLES)}, not {fed.listen_role!r}")
+        if node.log_level not in LOG_LEVELS:
+            raise ConfigError("log-level", f"must be one of {', '.join(LOG_LEVELS)}, not {node.log_level!r}")
+        if node.http is not None:
+            _check_endpoint("http", node.http)
+        if consul.url is not None:
+            _check_http_url("consul", consul.url)
+        if consul.check not in CONSUL_CHECKS:
+            raise ConfigError("consul-check", f"must be one of {', '.join(CONSUL_CHECKS)}, not {consul.check!r}")
+        if consul.url is not None and consul.check == "http" and node.http is None:
             raise ConfigError("consul-check", "http needs --http (the agent polls its /health)")
-        if not isinstance(self.consul_ttl, (int, float)) or not 0.3 <= self.consul_ttl <= 86400:
+        if not isinstance(consul.ttl, (int, float)) or not 0.3 <= consul.ttl <= 86400:
             raise ConfigError("consul-ttl", "must be a number of seconds between 0.3 and 86400")
-        if not isinstance(self.consul_debounce, (int, float)) or not 0 <= self.consul_debounce <= 60:
+        if not isinstance(consul.debounce, (int, float)) or not 0 <= consul.debounce <= 60:
             raise ConfigError("consul-debounce", "must be a number of seconds between 0 and 60")
-        if not self.service or len(self.service) > 128:
+        if not consul.service or len(consul.service) > 128:
             raise ConfigError("service", "must be 1-128 characters")
-        for key in ("cluster_secret_file", "ca_file", "tep_ops_token_file"):
-            path = getattr(self, key)
+        for key, path in (
+            ("cluster-secret-file", fed.cluster_secret_file),
+            ("ca-file", fed.ca_file),
+            ("tep-ops-token-file", tep.ops_token_file),
+        ):
             if path is not None and not os.path.isfile(path):
-                raise ConfigError(key.replace("_", "-"), f"no such file: {path}")
+                raise ConfigError(key, f"no such file: {path}")
         self.cluster_secret()
         self.tep_ops_token()
         self.trust_root()
-        if type(self.metrics_max_topics) is not int or not 1 <= self.metrics_max_topics <= 100_000:
+        if type(metrics.max_topics) is not int or not 1 <= metrics.max_topics <= 100_000:
             raise ConfigError("metrics-max-topics", "must be an integer between 1 and 100000")
-        if self.nsd is not None:
-            _check_endpoint("nsd", self.nsd)
-        if not 0.05 <= self.metrics_interval <= 86_400:
+        if nsd.listen is not None:
+            _check_endpoint("nsd", nsd.listen)
+        if not 0.05 <= metrics.interval <= 86_400:
             raise ConfigError("metrics-interval", "must be between 0.05 and 86400 seconds")
-        if not self.data_dir:
+        if not node.data_dir:
             raise ConfigError("data-dir", "must be a folder path")
-        if not isinstance(self.nsd_max_message_chars, int) or self.nsd_max_message_chars < 1:
+        if not isinstance(nsd.max_message_chars, int) or nsd.max_message_chars < 1:
             raise ConfigError("nsd-max-message-chars", "must be a positive integer")
-        if self.nsd_retention_count < 0 or self.nsd_retention_seconds < 0:
+        if nsd.retention_count < 0 or nsd.retention_seconds < 0:
             raise ConfigError(
-                "nsd-retention-count" if self.nsd_retention_count < 0 else "nsd-retention-seconds",
-                "must not be negative",
+                "nsd-retention-count" if nsd.retention_count < 0 else "nsd-retention-seconds", "must not be negative"
             )
-        if self.tep is not None:
-            _check_endpoint("tep", self.tep)
+        if tep.listen is not None:
+            _check_endpoint("tep", tep.listen)
         if (
-            not isinstance(self.tep_prefix, str)
-            or len(self.tep_prefix) > 128
-            or self.tep_prefix.startswith("$")
-            or not self.tep_prefix.isprintable()
-            or " " in self.tep_prefix
+            not isinstance(tep.prefix, str)
+            or len(tep.prefix) > 128
+            or tep.prefix.startswith("$")
+            or not tep.prefix.isprintable()
+            or " " in tep.prefix
         ):
             raise ConfigError("tep-prefix", "must be at most 128 printable characters, no spaces, not starting with $")
-        if not isinstance(self.tep_max_channels, int) or not 1 <= self.tep_max_channels <= 100_000:
+        if not isinstance(tep.max_channels, int) or not 1 <= tep.max_channels <= 100_000:
             raise ConfigError("tep-max-channels", "must be an integer between 1 and 100000")
-        if not isinstance(self.max_message_size, int) or not 1024 <= self.max_message_size <= 64 * 1024 * 1024:
+        if not isinstance(node.max_message_size, int) or not 1024 <= node.max_message_size <= 64 * MiB:
             raise ConfigError("max-message-size", "must be an integer between 1024 and 67108864")
         if (
-            not isinstance(self.replay_buffer_bytes, int)
-            or isinstance(self.replay_buffer_bytes, bool)
-            or not 65_536 <= self.replay_buffer_bytes <= 2**40
+            not isinstance(fed.replay_buffer_bytes, int)
+            or isinstance(fed.replay_buffer_bytes, bool)
+            or not 65_536 <= fed.replay_buffer_bytes <= 2**40
         ):
             raise ConfigError("replay-buffer-bytes", "must be an integer between 65536 and 1099511627776")
         if (
-            not isinstance(self.replay_window_seconds, (int, float))
-            or isinstance(self.replay_window_seconds, bool)
-            or not 0 <= self.replay_window_seconds <= 86_400
+            not isinstance(fed.replay_window_seconds, (int, float))
+            or isinstance(fed.replay_window_seconds, bool)
+            or not 0 <= fed.replay_window_seconds <= 86_400
         ):
             raise ConfigError("replay-window-seconds", "must be a number of seconds between 0 (off) and 86400")
-        for key in ("max_send_buffer", "max_link_queue"):
-            value = getattr(self, key)
+        for key, value in (("max-send-buffer", node.max_send_buffer), ("max-link-queue", fed.max_link_queue)):
             if type(value) is not int or not 65_536 <= value <= 2**40:
-                raise ConfigError(key.replace("_", "-"), "must be an integer between 65536 and 1099511627776")
+                raise ConfigError(key, "must be an integer between 65536 and 1099511627776")
         self.auth_policy()
-        if type(self.max_json_depth) is not int or not 2 <= self.max_json_depth <= 200:
+        if type(node.max_json_depth) is not int or not 2 <= node.max_json_depth <= 200:
             raise ConfigError("max-json-depth", "must be an integer between 2 and 200")
-        if not isinstance(self.nsd_max_clock_skew, (int, float)) or not 1 <= self.nsd_max_clock_skew <= 366 * 86400:
+        if not isinstance(nsd.max_clock_skew, (int, float)) or not 1 <= nsd.max_clock_skew <= 366 * 86400:
             raise ConfigError("nsd-max-clock-skew", "must be a number of seconds between 1 and 31622400")
         return self
 
     def auth_policy(self) -> AuthPolicy | None:
         """The :class:`~pubsubclub.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""
-        if self.auth is None:
+        path = self.node.auth
+        if path is None:
             return None
         from pubsubclub.wamp.auth import AuthFileError, load_auth
 
         try:
-            return load_auth(self.auth)
+            return load_auth(path)
         except AuthFileError as e:
-            where = self.auth if e.line is None else f"{self.auth} line {e.line}"
+            where = path if e.line is None else f"{path} line {e.line}"
             raise ConfigError("auth", f"{where}: {e.problem}") from None
 
     def cluster_secret(self) -> bytes | None:
         """The cluster secret (file contents without the trailing line break), or None."""
-        if self.cluster_secret_file is None:
+        if self.federation.cluster_secret_file is None:
             return None
-        return read_cluster_secret(self.cluster_secret_file)
+        return read_cluster_secret(self.federation.cluster_secret_file)
 
     def tep_ops_token(self) -> bytes | None:
         """The TEP operator API's bearer token (file contents without the trailing line break), or None."""
-        if self.tep_ops_token_file is None:
+        if self.tep.ops_token_file is None:
             return None
-        return read_cluster_secret(self.tep_ops_token_file, key="tep-ops-token-file")
+        return read_cluster_secret(self.tep.ops_token_file, key="tep-ops-token-file")
 
     def trust_root(self) -> Any:
         """The CAs of ``ca_file`` as a Twisted trust root, or None (the platform's CAs)."""
-        if self.ca_file is None:
+        path = self.federation.ca_file
+        if path is None:
             return None
         from pubsubclub.federation.tls import load_trust_root
 
         try:
-            return load_trust_root(self.ca_file)
+            return load_trust_root(path)
         except OSError as e:
-            raise ConfigError("ca-file", f"cannot read {self.ca_file}: {e.strerror}") from None
+            raise ConfigError("ca-file", f"cannot read {path}: {e.strerror}") from None
         except ValueError:
-            raise ConfigError("ca-file", f"{self.ca_file} holds no PEM certificate") from None
+            raise ConfigError("ca-file", f"{path} holds no PEM certificate") from None
+
+    def listeners(self) -> dict[str, str]:
+        """Every configured listener endpoint, by its flag name (wamp, psc, http, nsd, tep)."""
+        found = {
+            "psc": self.federation.listen,
+            "wamp": self.wamp.listen,
+            "http": self.node.http,
+            "nsd": self.nsd.listen,
+            "tep": self.tep.listen,
+        }
+        return {key: value for key, value in found.items() if value is not None}
 
     def public_listeners(self) -> list[str]:
-        """Keys of the TCP/TLS listeners not bound to a loopback address (no interface: every address)."""
-        public = []
-        for key in _LISTENER_KEYS:
-            value = getattr(self, key, None)
-            if value is not None and _binds_beyond_loopback(value):
-                public.append(key)
-        return public
+        """Flag names of the TCP/TLS listeners not bound to a loopback address (no interface: every address)."""
+        return [key for key, value in self.listeners().items() if _binds_beyond_loopback(value)]
 
 
 #: Largest cluster secret file read, in bytes (a secret is a line, not a document).
 MAX_SECRET_FILE = 4096
-#: Config keys holding listener endpoint strings.
-_LISTENER_KEYS = ("psc", "wamp", "http", "nsd", "tep")
 
 
 def read_cluster_secret(path: str, key: str = "cluster-secret-file") -> bytes:
@@ -322,17 +550,19 @@ def _check_url(key: str, value: Any) -> None:
         raise ConfigError(key, f"must be a ws://host:port/path URL, not {value!r}")
 
 
-def _key(name: str) -> str:
-    return name.replace("-", "_")
+# -- loading ------------------------------------------------------------------------------
 
 
-_FIELDS = {f.name for f in fields(NodeConfig)} - {"extra"}
-#: Declared type of each field, as text (annotations are strings here).
-_TYPES = {f.name: str(f.type) for f in fields(NodeConfig)}
+@dataclass(frozen=True)
+class FileValues:
+    """What a TOML file set: setting id -> value, and deprecation notes."""
+
+    values: dict[str, Any]
+    warnings: tuple[str, ...] = ()
 
 
-def load_toml(path: str) -> dict[str, Any]:
-    """Read a TOML config file into NodeConfig keyword arguments."""
+def load_toml(path: str) -> FileValues:
+    """Read a TOML config file: sections and their keys, or the deprecated flat keys."""
     try:
         with open(path, "rb") as f:
             raw = tomllib.load(f)
@@ -341,19 +571,35 @@ def load_toml(path: str) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as e:
         raise ConfigError("config", f"{path} is not valid TOML: {e}") from None
     values: dict[str, Any] = {}
+    warnings: list[str] = []
     for name, value in raw.items():
-        key = _key(name)
-        if key == "peers":
-            key = "peer"
-        if key not in _FIELDS:
-            raise ConfigError(name, f"unknown key in {path}")
-        values[key] = _typed(name, key, value)
-    return values
+        if name in SECTIONS and name and isinstance(value, dict):
+            for key, item in value.items():
+                found = _BY_ID.get(f"{name}.{key.replace('_', '-')}")
+                if found is None:
+                    raise ConfigError(f"{name}.{key}", f"unknown key in section [{name}] of {path}")
+                if found.id in values:
+                    raise ConfigError(found.id, f"set twice in {path} (flat and in [{found.section}])")
+                values[found.id] = _typed(found.id, found, item)
+            continue
+        found = _BY_ID.get(name.replace("_", "-"))
+        if found is None:
+            found = _BY_LEGACY.get(name.replace("-", "_"))
+            if found is None:
+                raise ConfigError(name, f"unknown key in {path}")
+            warnings.append(
+                f"{path}: config key {name!r} is deprecated; write it as {found.toml_name()}"
+                " (flat keys will stop working in a later version)"
+            )
+        if found.id in values:
+            raise ConfigError(name, f"set twice in {path} (flat and in [{found.section}])")
+        values[found.id] = _typed(name, found, value)
+    return FileValues(values, tuple(warnings))
 
 
-def _typed(name: str, key: str, value: Any) -> Any:
-    """Check a TOML value against the field's declared type."""
-    kind = _TYPES[key]
+def _typed(name: str, found: Setting, value: Any) -> Any:
+    """Check a TOML value against the setting's declared type."""
+    kind = found.kind
     if "tuple" in kind:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ConfigError(name, "must be a list of strings")
@@ -373,7 +619,80 @@ def _typed(name: str, key: str, value: Any) -> Any:
     return value
 
 
-def build(file_values: dict[str, Any], flag_values: dict[str, Any]) -> NodeConfig:
-    """Flags override the file; the result is validated."""
-    merged = {**file_values, **{k: v for k, v in flag_values.items() if v is not None}}
-    return replace(NodeConfig(), **merged).validate()
+def _resolve(key: str) -> Setting:
+    found = _BY_ID.get(key) or _BY_ID.get(key.replace("_", "-")) or _BY_LEGACY.get(key.replace("-", "_"))
+    if found is None:
+        raise ConfigError(key, "unknown setting")
+    return found
+
+
+def build(file_values: FileValues | Mapping[str, Any], flag_values: Mapping[str, Any]) -> NodeConfig:
+    """Flags override the file; the result is validated.
+
+    Both map a setting to its value, naming it by id (``consul.ttl``,
+    ``name``) or by its flat name (``consul_ttl``); None means "not given".
+    """
+    given: Mapping[str, Any]
+    if isinstance(file_values, FileValues):
+        warnings, given = file_values.warnings, file_values.values
+    else:
+        warnings, given = (), file_values
+    merged: dict[str, dict[str, Any]] = {section: {} for section in SECTIONS}
+    for source in (given, flag_values):
+        for key, value in source.items():
+            if value is None:
+                continue
+            found = _resolve(key)
+            merged[found.section][found.attr] = value
+    sections = {section or "node": replace(cls(), **merged[section]) for section, cls in SECTIONS.items()}
+    return NodeConfig(**sections, warnings=warnings).validate()
+
+
+# -- the command line -------------------------------------------------------------------
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per declared setting, with its help text and default; all default to "not given"."""
+    for s in declared():
+        meta = s.field.metadata
+        help_text = argparse.SUPPRESS if meta.get("advanced") else s.help_text()
+        if s.kind == "bool":
+            parser.add_argument(s.flag, dest=s.dest, action="store_const", const=not s.default, help=help_text)
+        elif "tuple" in s.kind:
+            parser.add_argument(s.flag, dest=s.dest, action="append", metavar=meta.get("metavar"), help=help_text)
+        else:
+            kind = {"int": int, "float": float}.get(s.kind.split(" ")[0], str)
+            parser.add_argument(
+                s.flag,
+                dest=s.dest,
+                type=kind,
+                metavar=meta.get("metavar"),
+                choices=meta.get("choices"),
+                help=help_text,
+            )
+
+
+def flag_values(args: argparse.Namespace) -> dict[str, Any]:
+    """The settings given on the command line, by id (None: not given)."""
+    out: dict[str, Any] = {}
+    for s in declared():
+        value = getattr(args, s.dest, None)
+        if value is not None and "tuple" in s.kind:
+            value = tuple(value)
+        out[s.id] = value
+    return out
+
+
+def reference_markdown() -> str:
+    """The table of every setting (docs/configuration.md holds it verbatim; a test keeps them equal)."""
+    rows = ["| TOML | flag | default | what |", "|---|---|---|---|"]
+    for s in declared():
+        meta = s.field.metadata
+        shown = meta.get("shown_default")
+        if s.kind == "bool":
+            shown = "true" if s.default else "false"
+        elif shown is None:
+            shown = "none" if s.default in ((), None) else repr(s.default).replace("'", '"')
+        text = str(meta["help"]).replace("|", "\\|")
+        rows.append(f"| `{s.toml_name()}` | `{s.flag}` | {shown} | {text} |")
+    return "\n".join(rows) + "\n"

@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
+from pubsubclub.counters import HubEvent
 from pubsubclub.metrics import Metrics
 
 #: Reserved hub topic on which the federation tells local subscribers that
@@ -95,8 +96,6 @@ class Hub:
         self._boot = os.urandom(3).hex()
         #: The node's metrics counters; every front-end and the federation count here.
         self.metrics = Metrics(self.node_id)
-        #: Simple counters, read by /health, tests and metrics.
-        self.stats = {"published": 0, "delivered": 0, "received": 0, "sink_errors": 0}
 
     # -- listeners ---------------------------------------------------------
 
@@ -124,9 +123,14 @@ class Hub:
         except Exception:
             self._failed(owner, getattr(call, "__name__", "call"), topic)
 
+    @property
+    def stats(self) -> dict[str, int]:
+        """The hub's event counters (a view of :attr:`metrics`)."""
+        return self.metrics.view("hub")
+
     def _failed(self, owner: object, what: str, topic: str) -> None:
         name = type(owner).__name__
-        self.stats["sink_errors"] += 1
+        self.metrics.event(HubEvent.SINK_ERRORS)
         self.metrics.sink_error(name)
         log.failure("{sink}.{what} raised on topic {topic!r}; isolated", sink=name, what=what, topic=topic)
 
@@ -184,7 +188,7 @@ class Hub:
 
         Returns the number of local deliveries.
         """
-        self.stats["published"] += 1
+        self.metrics.event(HubEvent.PUBLISHED)
         delivered = self._deliver(envelope, exclude)
         for listener in self._publish:
             try:
@@ -195,7 +199,7 @@ class Hub:
 
     def deliver_remote(self, envelope: Envelope) -> int:
         """Deliver a message received from another node, locally only."""
-        self.stats["received"] += 1
+        self.metrics.event(HubEvent.RECEIVED)
         return self._deliver(envelope, None)
 
     def _deliver(self, envelope: Envelope, exclude: Sink | None) -> int:
@@ -214,5 +218,5 @@ class Hub:
                 self._failed(sink, "deliver", envelope.topic)
                 continue
             count += 1
-        self.stats["delivered"] += count
+        self.metrics.event(HubEvent.DELIVERED, count)
         return count

@@ -18,6 +18,8 @@ from typing import Any
 import orjson
 from twisted.logger import Logger
 
+from pubsubclub.counters import COMPONENT_OF, COMPONENTS, AnyEvent
+
 log = Logger()
 
 SCHEMA_VERSION = 1
@@ -103,6 +105,8 @@ class Metrics:
         self.errors: dict[tuple[str, str], int] = {}
         #: Connections the node closed to protect itself, by (front-end or "psc", reason); cumulative.
         self.disconnects: dict[tuple[str, str], int] = {}
+        #: Event counters of the components (pubsubclub/counters.py), by (component, event); cumulative.
+        self.events: dict[tuple[str, str], int] = {}
 
     def count(
         self,
@@ -130,6 +134,15 @@ class Metrics:
         else:
             cell[0] += n
             cell[1] += nbytes
+
+    def event(self, event: AnyEvent, n: int = 1) -> None:
+        """Add ``n`` to a component's event counter (the component is the enum's)."""
+        key = (COMPONENT_OF[type(event)], event.value)
+        self.events[key] = self.events.get(key, 0) + n
+
+    def view(self, component: str) -> dict[str, int]:
+        """One component's event counters as a dict, every declared event present (for /stats)."""
+        return {e.value: self.events.get((component, e.value), 0) for e in COMPONENTS[component]}
 
     def link_count(self, peer: str, kind: str, n: int = 1) -> None:
         """Add ``n`` to a per-link replay counter (``kind`` is a key of LINK_COUNTS)."""
@@ -387,6 +400,12 @@ class PrometheusCollector:
         for (frontend, reason), n in sorted(self._metrics.disconnects.items()):
             disconnects.add_metric([frontend, reason], n)
         yield disconnects
+        events = CounterMetricFamily(
+            "pubsubclub_events", "Component events, as in /stats", labels=["component", "event"]
+        )
+        for (component, name), n in sorted(self._metrics.events.items()):
+            events.add_metric([component, name], n)
+        yield events
         subscribers = GaugeMetricFamily("pubsubclub_subscribers", "Local subscribers per topic", labels=["topic"])
         for topic, value in cap_topics(self._gauges(), self.max_topics).items():
             subscribers.add_metric([topic], value)

@@ -24,9 +24,9 @@ def start_logging(level: str) -> None:
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
 
 
-def run_node(config: NodeConfig, log_level: str = "info") -> int:
+def run_node(config: NodeConfig) -> int:
     """Run one node until SIGINT/SIGTERM; links are closed with a reason on the way out."""
-    start_logging(log_level)
+    start_logging(config.node.log_level)
     import txaio
 
     txaio.use_twisted()

@@ -73,8 +73,8 @@ def test_config_file_and_flags_merge(tmp_path: Path) -> None:
         'wamp = "tcp:8085:interface=127.0.0.1"\n'
     )
     config = build(load_toml(str(path)), {"realm": "r2"})
-    assert (config.name, config.listen_role, config.realm) == ("n1", "consumer", "r2")
-    assert config.peer == ("ws://127.0.0.1:9002/psc",)
+    assert (config.node.name, config.federation.listen_role, config.wamp.realm) == ("n1", "consumer", "r2")
+    assert config.federation.peers == ("ws://127.0.0.1:9002/psc",)
     with pytest.raises(ConfigError, match="'listen-role'"):
         build({}, {"listen_role": "nobody"})
 

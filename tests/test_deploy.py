@@ -255,7 +255,7 @@ def test_kubernetes_statefulset_matches_headless_service(tmp_path: Path) -> None
 
     concrete = [a.replace("$(POD_NAME)", f"{sts_name}-0").replace("$(POD_NAMESPACE)", "default") for a in args]
     config = node_config_from(concrete, tmp_path)
-    assert config.advertise in config.peer
+    assert config.federation.advertise in config.federation.peers
 
 
 # --- systemd ----------------------------------------------------------------------------------------
@@ -294,7 +294,7 @@ def test_systemd_unit_runs_node_with_config(tmp_path: Path) -> None:
 
     runnable = [a.replace("/etc/pubsubclub/node.toml", str(NODE_TOML)) for a in argv[1:]]
     config = node_config_from(runnable, tmp_path)
-    assert config.consul and config.advertise and config.http
+    assert config.consul.url and config.federation.advertise and config.node.http
 
 
 def test_systemd_unit_passes_systemd_analyze(tmp_path: Path) -> None:
@@ -313,10 +313,11 @@ def test_systemd_unit_passes_systemd_analyze(tmp_path: Path) -> None:
 def test_node_toml_example_loads_and_builds() -> None:
     """node.toml.example goes through load_toml + build: every key is known and every value valid."""
     values = load_toml(str(NODE_TOML))
+    assert values.warnings == (), "the example uses deprecated flat keys"
     config = build(values, {})
-    assert config.consul == "http://127.0.0.1:8500"
-    assert config.advertise and config.http and config.name
-    assert endpoint_port(config.psc or "") == urlsplit(config.advertise).port
+    assert config.consul.url == "http://127.0.0.1:8500"
+    assert config.federation.advertise and config.node.http and config.node.name
+    assert endpoint_port(config.federation.listen or "") == urlsplit(config.federation.advertise).port
 
 
 # --- Consul -----------------------------------------------------------------------------------------
@@ -333,7 +334,7 @@ def test_consul_service_definition_has_required_fields() -> None:
     """The service definition parses and has Name, ID, Port, PSC meta and an HTTP /health check with Interval."""
     raw = json.loads(CONSUL_SERVICE.read_text())
     service = lower_keys(raw)["service"]
-    assert service["name"] == NodeConfig().service
+    assert service["name"] == NodeConfig().consul.service
     assert service["id"]
     assert isinstance(service["port"], int) and service["port"] == 9001
     meta = service["meta"]
@@ -384,11 +385,11 @@ def test_dockerfile_is_sane(tmp_path: Path) -> None:
     assert cmd[0] == "node"
     assert_known_flags(cmd, "deploy/Dockerfile CMD")
     config = node_config_from(cmd, tmp_path)
-    ports = {endpoint_port(e) for e in (config.wamp, config.psc or "", config.http or "")}
+    ports = {endpoint_port(e) for e in (config.wamp.listen, config.federation.listen or "", config.node.http or "")}
     assert ports == {int(p) for p in " ".join(of["EXPOSE"]).split()} == {8080, 9001, 8081}
 
     (health,) = of["HEALTHCHECK"]
-    assert "/health" in health and f":{endpoint_port(config.http or '')}/health" in health
+    assert "/health" in health and f":{endpoint_port(config.node.http or '')}/health" in health
 
     copied = {src for args in of["COPY"] for src in args.split()[:-1]}
     assert {"setup.cfg", "pyproject.toml", "README.md", "pubsubclub"} <= copied

@@ -399,4 +399,4 @@ def test_consul_settings_are_validated_and_read_from_toml(tmp_path: Path) -> Non
     path = tmp_path / "node.toml"
     path.write_text('consul = "http://127.0.0.1:8500"\nconsul-ttl = 5\nconsul-check = "http"\nhttp = "tcp:8001"\n')
     config = build(load_toml(str(path)), {})
-    assert (config.consul_ttl, config.consul_check, config.consul_debounce) == (5.0, "http", 0.5)
+    assert (config.consul.ttl, config.consul.check, config.consul.debounce) == (5.0, "http", 0.5)

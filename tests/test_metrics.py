@@ -132,3 +132,29 @@ def test_new_topics_past_the_key_cap_are_summed_not_tracked() -> None:
     totals = list(m.totals())
     assert len(totals) <= 100
     assert sum(n for _, n, _ in totals) == 1000 + 5 * 100
+
+
+def test_stats_views_and_the_scrape_read_the_same_counters() -> None:
+    """Hub, federation, TEP, NSD and replay counters live only in Metrics: /stats views and /metrics agree."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pubsubclub.counters import COMPONENTS, FederationEvent, HubEvent, NSDEvent, ReplayEvent, TEPEvent
+    from pubsubclub.federation import Federation
+    from pubsubclub.hub import Hub
+
+    hub = Hub("n1")
+    federation = Federation(hub, reactor=None)
+    hub.metrics.event(FederationEvent.AUTH_REFUSED, 3)
+    hub.metrics.event(HubEvent.SINK_ERRORS)
+    hub.metrics.event(TEPEvent.BAD_FRAMES, 2)
+    hub.metrics.event(NSDEvent.REQUESTS, 5)
+    hub.metrics.event(ReplayEvent.DUPLICATES, 7)
+    assert federation.stats["auth_refused"] == 3 and hub.stats["sink_errors"] == 1
+    assert set(federation.stats) == {e.value for e in FederationEvent}
+    registry = CollectorRegistry()
+    registry.register(PrometheusCollector(hub.metrics, dict, list))
+    text = generate_latest(registry).decode()
+    for component in COMPONENTS:
+        for name, n in hub.metrics.view(component).items():
+            if n:
+                assert f'pubsubclub_events_total{{component="{component}",event="{name}"}} {float(n)}' in text

@@ -122,3 +122,16 @@ async def test_metrics_scrape_is_capped_by_topic(tmp_path: Path) -> None:
         assert len(text) < 20_000
     finally:
         node.stop()
+
+
+def test_deprecated_flat_key_is_logged_at_start(tmp_path: Path) -> None:
+    """A config file with a flat key of an earlier version starts the node and logs where the key belongs now."""
+    path = tmp_path / "node.toml"
+    path.write_text('realm = "realm1"\n[consul]\nttl = 5\n')
+    node = NodeProcess("flat", tmp_path, extra=("--config", str(path))).start()
+    try:
+        log = node.log_path.read_text()
+        assert "config key 'realm' is deprecated; write it as [wamp] realm" in log
+        assert "ttl" not in log.split("deprecated", 1)[1].split("\n", 1)[0]
+    finally:
+        node.stop()

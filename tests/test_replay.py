@@ -784,11 +784,11 @@ def test_not_json_payload_is_dropped_without_using_a_number(net: MemoryNetwork) 
 def test_replay_config_defaults_flags_and_toml(tmp_path: Any) -> None:
     """Defaults are 16 MiB / 60 s; TOML keys and flags set them; bad values name the key."""
     config = build({}, {})
-    assert (config.replay_buffer_bytes, config.replay_window_seconds) == (16 * 1024 * 1024, 60.0)
+    assert (config.federation.replay_buffer_bytes, config.federation.replay_window_seconds) == (16 * 1024 * 1024, 60.0)
     path = tmp_path / "node.toml"
     path.write_text("replay-buffer-bytes = 1048576\nreplay-window-seconds = 5\n")
     config = build(load_toml(str(path)), {"replay_window_seconds": 30.0})
-    assert (config.replay_buffer_bytes, config.replay_window_seconds) == (1048576, 30.0)
+    assert (config.federation.replay_buffer_bytes, config.federation.replay_window_seconds) == (1048576, 30.0)
     for key, value in (("replay_buffer_bytes", 10), ("replay_window_seconds", -1.0), ("replay_window_seconds", 1e9)):
         with pytest.raises(ConfigError) as info:
             build({}, {key: value})
@@ -804,10 +804,10 @@ def test_replay_flags_reach_the_config() -> None:
 
     args = parser().parse_args(["node", "--replay-buffer-bytes", "1048576", "--replay-window-seconds", "0"])
     config = _node_config(args)
-    assert (config.replay_buffer_bytes, config.replay_window_seconds) == (1048576, 0.0)
+    assert (config.federation.replay_buffer_bytes, config.federation.replay_window_seconds) == (1048576, 0.0)
     node_parser = parser()._subparsers._group_actions[0].choices["node"]  # type: ignore[union-attr]
     help_text = " ".join(node_parser.format_help().split())
-    assert "default 16777216" in help_text and "default 60; 0: extension off" in help_text
+    assert "default: 16777216" in help_text and "(0: extension off) (default: 60.0" in help_text
 
 
 def test_gap_meta_topic_is_the_same_hub_topic_in_every_realm() -> None:

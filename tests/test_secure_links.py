@@ -27,7 +27,7 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 from websockets.sync.server import serve as ws_serve
 
-from pubsubclub.config import ConfigError, NodeConfig, build
+from pubsubclub.config import ConfigError, build
 from pubsubclub.federation.auth import LinkAuth
 
 pytestmark = pytest.mark.slow
@@ -395,7 +395,7 @@ def test_public_listener_without_secret_warns(nodes: Nodes, tmp_path: Path) -> N
 )
 def test_public_listeners(endpoint: str, public: bool) -> None:
     """Listeners without an interface, or on a non-loopback one, count as public; UNIX sockets do not."""
-    config = NodeConfig(psc=endpoint, wamp="tcp:8080:interface=127.0.0.1").validate()
+    config = build({}, {"psc": endpoint, "wamp": "tcp:8080:interface=127.0.0.1"})
     assert config.public_listeners() == (["psc"] if public else [])
 
 

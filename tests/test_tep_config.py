@@ -16,7 +16,7 @@ def test_flags_set_every_tep_setting() -> None:
         ["node", "--tep", "tcp:7100", "--tep-prefix", "t.", "--no-tep-client-publish", "--tep-max-channels", "5"]
     )
     config = _node_config(args)
-    assert (config.tep, config.tep_prefix, config.tep_client_publish, config.tep_max_channels) == (
+    assert (config.tep.listen, config.tep.prefix, config.tep.client_publish, config.tep.max_channels) == (
         "tcp:7100",
         "t.",
         False,
@@ -27,7 +27,8 @@ def test_flags_set_every_tep_setting() -> None:
 def test_defaults_leave_tep_off() -> None:
     """Without flags TEP is off, unprefixed, open to client publishes, 100 channels per client."""
     config = _node_config(parser().parse_args(["node"]))
-    assert (config.tep, config.tep_prefix, config.tep_client_publish, config.tep_max_channels) == (None, "", True, 100)
+    tep = config.tep
+    assert (tep.listen, tep.prefix, tep.client_publish, tep.max_channels) == (None, "", True, 100)
 
 
 def test_toml_keys(tmp_path: Path) -> None:
@@ -35,7 +36,7 @@ def test_toml_keys(tmp_path: Path) -> None:
     path = tmp_path / "node.toml"
     path.write_text('tep = "tcp:7100"\ntep-client-publish = false\ntep_max_channels = 7\n')
     config = build(load_toml(str(path)), {})
-    assert (config.tep, config.tep_client_publish, config.tep_max_channels) == ("tcp:7100", False, 7)
+    assert (config.tep.listen, config.tep.client_publish, config.tep.max_channels) == ("tcp:7100", False, 7)
     path.write_text('tep-client-publish = "no"\n')
     with pytest.raises(ConfigError, match="tep-client-publish"):
         load_toml(str(path))

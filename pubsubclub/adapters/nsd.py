@@ -69,6 +69,7 @@ from twisted.logger import Logger
 from pubsubclub import jsonbounds
 from pubsubclub.adapters import nsd_codec as codec
 from pubsubclub.adapters.nsd_store import NSDStore
+from pubsubclub.counters import NSDEvent
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
 from pubsubclub.wamp.auth import AuthPolicy
@@ -164,22 +165,17 @@ class NSDService:
         self.role = None if auth is None else auth.anonymous_role
         #: The policy refuses anonymous clients, so every NSD client is turned away.
         self.refuse_clients = auth is not None and self.role is None
-        self.stats = {
-            "requests": 0,
-            "errors": 0,
-            "transfers_sent": 0,
-            "transfers_applied": 0,
-            "not_authorized": 0,
-            "foreign_stored": 0,
-            "rejected": 0,
-            "repaired": 0,
-        }
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """NSD's event counters (a view of the hub's metrics)."""
+        return self.hub.metrics.view("nsd")
 
     def start(self) -> None:
         """Repair the store, then subscribe to the replication topics and every known channel."""
         repaired = self.store.quarantine_bad_rows(self.clock.horizon(), self._row_problem)
         if repaired:
-            self.stats["repaired"] += repaired
+            self.hub.metrics.event(NSDEvent.REPAIRED, repaired)
             self.hub.metrics.error("nsd", "store_row_quarantined", repaired)
             log.warn(
                 "NSD store {path}: {n} bad row(s) moved to the quarantine table",
@@ -222,7 +218,7 @@ class NSDService:
 
     def _reject(self, source: str, problem: str, origin: str | None) -> None:
         """Skip a bad record from another node (or a bad foreign message): log and count, never raise."""
-        self.stats["rejected"] += 1
+        self.hub.metrics.event(NSDEvent.REJECTED)
         self.hub.metrics.error("nsd", f"{source}_rejected")
         log.warn(
             "NSD: skipped a bad {source} record from {origin}: {problem}", source=source, origin=origin, problem=problem
@@ -242,12 +238,12 @@ class NSDService:
 
     def handle(self, request: codec.Request) -> bytes:
         """Answer one request with one response line."""
-        self.stats["requests"] += 1
+        self.hub.metrics.event(NSDEvent.REQUESTS)
         role = self.role
         if role is not None:
             refused = self._refusal(request)
             if refused is not None:
-                self.stats["not_authorized"] += 1
+                self.hub.metrics.event(NSDEvent.NOT_AUTHORIZED)
                 return self._error(codec.not_authorized(refused))
         if isinstance(request, codec.OpenRequest):
             self._ensure_channel(request.identity, announce=True)
@@ -294,7 +290,7 @@ class NSDService:
         return None
 
     def _error(self, text: str) -> bytes:
-        self.stats["errors"] += 1
+        self.hub.metrics.event(NSDEvent.ERRORS)
         return codec.encode_error(text)
 
     def _publish(self, channel: str, message: dict[str, Any]) -> None:
@@ -378,7 +374,7 @@ class NSDService:
         except ValueError as e:
             self._reject("foreign", str(e), envelope.origin)
             return
-        self.stats["foreign_stored"] += 1
+        self.hub.metrics.event(NSDEvent.FOREIGN_STORED)
         self._store(channel, when, message_id, message)
 
     def _foreign_when(self, envelope: Envelope) -> int:
@@ -429,7 +425,7 @@ class NSDService:
         """A node started listening to our control topic: send it our whole state, in bounded chunks."""
         if topic != CONTROL_TOPIC:
             return
-        self.stats["transfers_sent"] += 1
+        self.hub.metrics.event(NSDEvent.TRANSFERS_SENT)
         channels = [c for c in self.store.channels() if self._name_ok(c)]
         subs = [list(s) for s in self.store.subscriptions() if self._subscription_problem(*s) is None]
         chunk, budget = self.settings.transfer_chunk, self.settings.transfer_chunk_bytes
@@ -465,7 +461,7 @@ class NSDService:
 
     def _apply_state(self, payload: dict[str, Any], origin: str | None) -> None:
         """Apply a state-transfer chunk; every bad record is skipped and counted, the rest applied."""
-        self.stats["transfers_applied"] += 1
+        self.hub.metrics.event(NSDEvent.TRANSFERS_APPLIED)
         channels, subs, messages = (payload.get(k, []) for k in ("channels", "subscriptions", "messages"))
         if not (isinstance(channels, list) and isinstance(subs, list) and isinstance(messages, list)):
             self._reject("transfer", "channels, subscriptions and messages must be arrays", origin)
@@ -542,14 +538,14 @@ class NSDProtocol(Protocol):
             if not item.data.strip():
                 continue
             if self._service.refuse_clients:
-                self._service.stats["not_authorized"] += 1
+                self._service.hub.metrics.event(NSDEvent.NOT_AUTHORIZED)
                 self.transport.write(codec.encode_error(codec.not_authorized(ANONYMOUS_REFUSED)))  # type: ignore[union-attr]
                 self.transport.loseConnection()  # type: ignore[union-attr]
                 return
             try:
                 request = codec.decode_request(item.data, self._service.settings.limits)
             except codec.NSDRequestError as e:
-                self._service.stats["errors"] += 1
+                self._service.hub.metrics.event(NSDEvent.ERRORS)
                 self.transport.write(codec.encode_error(e.error))  # type: ignore[union-attr]
                 continue
             try:

@@ -69,6 +69,7 @@ from pubsubclub.adapters.tep_codec import (
     echo_of,
     encode_server,
 )
+from pubsubclub.counters import TEPEvent
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
@@ -137,22 +138,15 @@ class TEPServer:
         self.refuse_clients = auth is not None and self.role is None
         #: Connected clients.
         self.clients: dict[TEPClient, None] = {}
-        #: Counters for /stats.
-        self.stats = {
-            "frames_received": 0,
-            "bad_frames": 0,
-            "published": 0,
-            "events_sent": 0,
-            "broadcasts_sent": 0,
-            "undeliverable": 0,
-            "dropped_slow": 0,
-            "refused_clients": 0,
-            "not_authorized": 0,
-        }
         self._broadcast_sink = _BroadcastSink(self)
         self._wire_key = f"tep|{prefix}"
 
     # -- lifecycle ---------------------------------------------------------------
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """TEP's event counters (a view of the hub's metrics)."""
+        return self.hub.metrics.view("tep")
 
     def add_client(self, client: TEPClient) -> None:
         """Count ``client`` in; the first one subscribes the node to broadcasts."""
@@ -255,11 +249,11 @@ class _BroadcastSink:
         server = self._server
         data = server.event_bytes(envelope)
         if data is None:
-            server.stats["undeliverable"] += 1
+            server.hub.metrics.event(TEPEvent.UNDELIVERABLE)
             return
         for client in list(server.clients):
             if client.send(data):
-                server.stats["broadcasts_sent"] += 1
+                server.hub.metrics.event(TEPEvent.BROADCASTS_SENT)
 
 
 class TEPClient:
@@ -284,7 +278,7 @@ class TEPClient:
         if self._transport is None:
             return
         server = self._server
-        server.stats["frames_received"] += 1
+        server.hub.metrics.event(TEPEvent.FRAMES_RECEIVED)
         try:
             frame = decode_client(data, self._limits)
         except TEPDecodeError as e:
@@ -304,12 +298,12 @@ class TEPClient:
     def binary_received(self, data: bytes) -> None:
         """A binary frame: TEP is JSON in text frames only."""
         if self._transport is not None:
-            self._server.stats["frames_received"] += 1
+            self._server.hub.metrics.event(TEPEvent.FRAMES_RECEIVED)
             self.refuse("binary frames are not supported; send one JSON object per text frame", None)
 
     def refuse(self, problem: str, data: bytes | None) -> None:
         """Answer a bad frame with ``#error``; the connection stays open."""
-        self._server.stats["bad_frames"] += 1
+        self._server.hub.metrics.event(TEPEvent.BAD_FRAMES)
         log.debug("TEP client {peer}: bad frame: {problem}", peer=self.peer, problem=problem)
         self._send_frame(ErrorFrame(problem, None if data is None else echo_of(data)))
 
@@ -342,10 +336,10 @@ class TEPClient:
             return
         role = server.role
         if role is not None and not role.may_publish(server.hub_topic(frame.topic)):
-            server.stats["not_authorized"] += 1
+            server.hub.metrics.event(TEPEvent.NOT_AUTHORIZED)
             self.refuse(f"not authorized: role {role.name!r} may not publish to channel {frame.topic!r}", data)
             return
-        server.stats["published"] += 1
+        server.hub.metrics.event(TEPEvent.PUBLISHED)
         envelope = self._hub.envelope(server.hub_topic(frame.topic), frame.payload)
         server.hub.metrics.count(envelope.topic, "tep", "published", 1, payload_size(envelope))
         # Like WAMP's default: the publisher does not get its own message.
@@ -358,10 +352,10 @@ class TEPClient:
         server = self._server
         data = server.event_bytes(envelope)
         if data is None:
-            server.stats["undeliverable"] += 1
+            server.hub.metrics.event(TEPEvent.UNDELIVERABLE)
             server.hub.metrics.count(envelope.topic, "tep", "dropped", 1, payload_size(envelope), reason="not_json")
         elif self.send(data):
-            server.stats["events_sent"] += 1
+            server.hub.metrics.event(TEPEvent.EVENTS_SENT)
             server.hub.metrics.count(envelope.topic, "tep", "delivered", 1, len(data))
 
     def send(self, data: bytes) -> bool:
@@ -374,7 +368,7 @@ class TEPClient:
         if unsent > limit:
             reason = f"slow consumer: {unsent} bytes unsent, limit is {limit}"
             log.warn("dropping TEP client {peer}: {reason}", peer=self.peer, reason=reason)
-            self._server.stats["dropped_slow"] += 1
+            self._server.hub.metrics.event(TEPEvent.DROPPED_SLOW)
             self._server.hub.metrics.disconnect("tep", "slow_consumer")
             self._detach()
             transport.drop(reason)
@@ -427,7 +421,7 @@ class TEPServerProtocol(WebSocketServerProtocol):
         """The handshake is done: create the client and watch the send buffer."""
         server: TEPServer = self.factory.tep_server
         if server.refuse_clients:
-            server.stats["refused_clients"] += 1
+            server.hub.metrics.event(TEPEvent.REFUSED_CLIENTS)
             log.info("TEP client {peer} refused: anonymous clients are not allowed", peer=self.peer)
             for data in encode_server(ErrorFrame(ANONYMOUS_REFUSED)):
                 self.sendMessage(data, False)

@@ -27,6 +27,7 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub import psc
+from pubsubclub.counters import FederationEvent
 from pubsubclub.federation.auth import AUTH_HEADER, DEFAULT_PROOF_TIMEOUT, AuthRefused, Challenge, LinkAuth, Refusal
 from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused
 from pubsubclub.federation.retry import RetryPolicy
@@ -55,17 +56,38 @@ log = Logger()
 
 @dataclass
 class _Server:
-    """One configured server we dial, and its current link."""
+    """One configured server we dial: its retry state and its current link."""
 
     url: str
     service: ClientService
-    factory: PSCClientFactory
     #: Reconnect delays taken since this server's last PSC handshake.
     failures: int = 0
     #: Learned from another node's handshake (not configured): forgotten when it stays unreachable.
     learned: bool = False
     #: When its link last went down (or the server was added); None while linked.
     down_since: float | None = None
+    #: The link dialled for it, from transport start to close; None between attempts.
+    link: Link | None = None
+
+
+@dataclass(eq=False)
+class Link:
+    """One PSC link: its protocol session, the transport carrying it, and the server it was dialled for."""
+
+    session: LinkSession
+    #: The Autobahn protocol (``close_link``, ``heard``, ``accepted``).
+    transport: Any
+    #: The server record it was dialled for; None when the peer dialled us.
+    server: _Server | None = None
+
+    @property
+    def direction(self) -> str:
+        """``out`` when we dialled, ``in`` when the peer did."""
+        return "in" if self.server is None else "out"
+
+    def close(self, code: int, reason: str) -> None:
+        """Close with a reason the peer can read."""
+        self.transport.close_link(code, reason)
 
 
 def _dialable(url: str) -> bool:
@@ -160,32 +182,24 @@ class Federation:
         self.outbox: Outbox | None = None
         self.inbox: Inbox | None = None
         if replay is not None:
-            self.outbox = Outbox(replay, reactor.seconds, boot=os.urandom(6).hex())
-            self.inbox = Inbox(replay.max_positions)
+            self.outbox = Outbox(replay, reactor.seconds, boot=os.urandom(6).hex(), metrics=hub.metrics)
+            self.inbox = Inbox(replay.max_positions, metrics=hub.metrics)
             if psc.V0_3 not in versions:
                 self.versions = (*versions, psc.V0_3)
         self._servers: dict[str, _Server] = {}
-        #: Every live link -> its Autobahn protocol.
-        self._links: dict[LinkSession, Any] = {}
+        #: Every live link, by its session.
+        self._links: dict[LinkSession, Link] = {}
         #: Open links on which we are the consumer (the peers are producers).
         self._producers: dict[LinkSession, None] = {}
         #: topic -> open links whose consumer asked for it (we are the producer).
         self._by_topic: dict[str, dict[LinkSession, None]] = {}
-        self.stats = {
-            "forwarded": 0,
-            "received": 0,
-            "links_opened": 0,
-            "links_refused": 0,
-            "dropped_not_json": 0,
-            "auth_refused": 0,
-            "gaps": 0,
-            "gap_messages": 0,
-            "duplicates_dropped": 0,
-            "dropped_bounds": 0,
-            "handler_errors": 0,
-        }
         hub.add_interest_listener(self)
         hub.add_publish_listener(self)
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The federation's event counters (a view of the hub's metrics)."""
+        return self.hub.metrics.view("federation")
 
     # -- listening ---------------------------------------------------------
 
@@ -218,7 +232,7 @@ class Federation:
 
     def auth_refused(self, peer: str, node: str | None, refusal: Refusal, how: str) -> None:
         """Log and count a link refused for not proving the cluster secret (``how``: HTTP status or close code)."""
-        self.stats["auth_refused"] += 1
+        self.hub.metrics.event(FederationEvent.AUTH_REFUSED)
         log.warn(
             "refused PSC link from {peer} (node {node}): {how}, {reason}",
             peer=peer,
@@ -296,9 +310,7 @@ class Federation:
             return self._retry.delay(server.failures, self._rand)
 
         service = ClientService(endpoint, factory, retryPolicy=retry_delay, clock=self._reactor)
-        server = self._servers[url] = _Server(
-            url, service, factory, learned=learned, down_since=self._reactor.seconds()
-        )
+        server = self._servers[url] = _Server(url, service, learned=learned, down_since=self._reactor.seconds())
         log.info("linking to {url}", url=url)
         service.startService()
 
@@ -308,9 +320,8 @@ class Federation:
         if server is None:
             return defer.succeed(None)
         log.info("unlinking from {url}", url=url)
-        for proto in list(self._links.values()):
-            if proto.factory is server.factory:
-                proto.close_link(CLOSE_REMOVED, "server removed from this node's list")
+        if server.link is not None:
+            server.link.close(CLOSE_REMOVED, "server removed from this node's list")
         return defer.maybeDeferred(server.service.stopService)
 
     def _forget_learned(self, server: _Server) -> None:
@@ -324,18 +335,21 @@ class Federation:
 
     def stop(self) -> defer.Deferred[Any]:
         """Close every link with a reason and stop dialling."""
-        for proto in list(self._links.values()):
+        for link in list(self._links.values()):
             # 1000, not 1001 "going away": Autobahn's sendClose only accepts 1000 and 3000-4999.
-            proto.close_link(1000, "node shutting down")
+            link.close(1000, "node shutting down")
         stopping = [defer.maybeDeferred(s.service.stopService) for s in self._servers.values()]
         self._servers.clear()
         return defer.DeferredList(stopping)
 
     # -- link lifecycle (called by the transport) --------------------------
 
-    def link_started(self, session: LinkSession, protocol: Any) -> None:
-        """A transport opened and its session exists."""
-        self._links[session] = protocol
+    def link_started(self, session: LinkSession, transport: Any, dialled: str | None) -> None:
+        """A transport opened and its session exists; ``dialled``: the server URL it was dialled for."""
+        server = None if dialled is None else self._servers.get(dialled)
+        link = self._links[session] = Link(session, transport, server)
+        if server is not None:
+            server.link = link
 
     def link_open(self, session: LinkSession) -> None:
         """Handshake done: the consumer sends its whole interest in one PSC201."""
@@ -344,11 +358,11 @@ class Federation:
                 log.warn(
                     "duplicate link to node {node} via {peer}; closing it", node=session.peer_node, peer=session.peer
                 )
-                self.stats["links_refused"] += 1
-                protocol = self._links[session]
-                protocol.close_link(CLOSE_DUPLICATE, f"already linked to node {session.peer_node}")
-                server = self._servers.get(getattr(protocol.factory, "url", ""))
-                if server is not None and server.learned and getattr(protocol.factory, "url", None) is not None:
+                self.hub.metrics.event(FederationEvent.LINKS_REFUSED)
+                duplicate = self._links[session]
+                duplicate.close(CLOSE_DUPLICATE, f"already linked to node {session.peer_node}")
+                server = duplicate.server
+                if server is not None and server.learned:
                     # Another URL of a node we already dial: do not keep redialling it.
                     self._reactor.callLater(0, self._forget_learned, server)
                 return
@@ -359,14 +373,13 @@ class Federation:
                 session.send(psc.Resume(epoch, seq, tuple(topics)))
             elif topics:
                 session.send(psc.Subscribe(tuple(topics)))
-        protocol = self._links.get(session)
-        for server in self._servers.values():
-            if protocol is not None and protocol.factory is server.factory:
-                server.failures = 0
-                server.down_since = None
-        if protocol is not None:
-            self._learn(protocol.heard)
-        self.stats["links_opened"] += 1
+        link = self._links.get(session)
+        if link is not None:
+            if link.server is not None:
+                link.server.failures = 0
+                link.server.down_since = None
+            self._learn(link.transport.heard)
+        self.hub.metrics.event(FederationEvent.LINKS_OPENED)
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
             role=session.role.value,
@@ -377,10 +390,12 @@ class Federation:
 
     def link_closed(self, session: LinkSession) -> None:
         """The transport closed (or we are closing it)."""
-        protocol = self._links.pop(session, None)
-        server = self._servers.get(getattr(getattr(protocol, "factory", None), "url", None) or "")
-        if server is not None and server.factory is protocol.factory and server.down_since is None:
-            server.down_since = self._reactor.seconds()
+        link = self._links.pop(session, None)
+        server = None if link is None else link.server
+        if server is not None and server.link is link:
+            server.link = None
+            if server.down_since is None:
+                server.down_since = self._reactor.seconds()
         self._producers.pop(session, None)
         if self.outbox is not None:
             self.outbox.detach(session)
@@ -415,19 +430,19 @@ class Federation:
         has two links to us (two URLs of one node) closes the newer one before
         sending anything on it, so the two sides never close each other's keeper.
         """
-        protocol = self._links.get(session)
-        if session.peer_node is None or not getattr(protocol, "accepted", False):
+        link = self._links.get(session)
+        if session.peer_node is None or link is None or link.server is not None:
             return
-        for other, other_protocol in list(self._links.items()):
+        for other, other_link in list(self._links.items()):
             if (
                 other is not session
                 and other.peer_node == session.peer_node
                 and other.role is session.role
-                and getattr(other_protocol, "accepted", False)
+                and other_link.server is None
             ):
                 log.info("closing the older link from node {node}: it dialled again", node=session.peer_node)
                 self.hub.metrics.disconnect("psc", "superseded")
-                other_protocol.close_link(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
+                other_link.close(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
 
     def queue_cap(self, session: LinkSession | None) -> int:
         """Bytes ``session``'s transport may hold unsent before the link is dropped.
@@ -483,7 +498,7 @@ class Federation:
             self.hub.metrics.link_count(peer, "replayed", len(plan.replay))
         old = self._links.get(plan.superseded)
         if old is not None:
-            old.close_link(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
+            old.close(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
         for topic in message.topics:
             self.hub.remote_subscribed(topic, peer)
 
@@ -496,8 +511,8 @@ class Federation:
 
     def _report_gap(self, gap: Gap) -> None:
         """Log, count and tell local subscribers of GAP_TOPIC that messages from a producer are lost."""
-        self.stats["gaps"] += 1
-        self.stats["gap_messages"] += gap.lost or 0
+        self.hub.metrics.event(FederationEvent.GAPS)
+        self.hub.metrics.event(FederationEvent.GAP_MESSAGES, gap.lost or 0)
         self.hub.metrics.link_count(gap.producer, "gaps", 1)
         if gap.lost:
             self.hub.metrics.link_count(gap.producer, "lost", gap.lost)
@@ -514,13 +529,13 @@ class Federation:
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         """A producer sent a PSC301 whose message breaks the JSON bounds: count it, keep the link."""
         peer = session.peer_node or session.peer
-        self.stats["dropped_bounds"] += 1
+        self.hub.metrics.event(FederationEvent.DROPPED_BOUNDS)
         self.hub.metrics.count(error.topic, "psc", "dropped", 1, session.last_size, peer=peer, reason="bounds")
         log.warn("dropped a PSC301 from {peer}: {problem}", peer=peer, problem=str(error))
 
     def link_error(self, session: LinkSession) -> None:
         """Handling a message from ``session`` raised (logged by the transport); the link stays."""
-        self.stats["handler_errors"] += 1
+        self.hub.metrics.event(FederationEvent.HANDLER_ERRORS)
         self.hub.metrics.error("psc", "handler_error")
 
     def link_received(self, session: LinkSession, message: psc.Publish) -> None:
@@ -530,7 +545,7 @@ class Federation:
             skipped = self.inbox.accept(session.peer_node or session.peer, meta.seq)
             if skipped:
                 if skipped == DUPLICATE:
-                    self.stats["duplicates_dropped"] += 1
+                    self.hub.metrics.event(FederationEvent.DUPLICATES_DROPPED)
                     self.hub.metrics.link_count(session.peer_node or session.peer, "duplicates", 1)
                     return
                 self._report_gap(Gap(session.peer_node or session.peer, skipped, "sequence"))
@@ -545,7 +560,7 @@ class Federation:
                 message_id=meta.message_id,
                 wamp_wrapped=meta.wamp_wrapped,
             )
-        self.stats["received"] += 1
+        self.hub.metrics.event(FederationEvent.RECEIVED)
         metrics = self.hub.metrics
         metrics.count(message.topic, "psc", "received", 1, session.last_size, peer=session.peer_node or session.peer)
         if envelope.published_at is not None and envelope.origin is not None:
@@ -603,13 +618,13 @@ class Federation:
                 session.send_raw(data)
                 count(topic, "psc", "forwarded", 1, len(data), peer=session.peer_node or session.peer)
         except TypeError as e:  # orjson: the payload is not JSON (e.g. msgpack bytes)
-            self.stats["dropped_not_json"] += 1
+            self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)
             self.hub.metrics.count(topic, "psc", "dropped", 1, payload_size(envelope), reason="not_json")
             log.warn(
                 "not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e
             )
             return
-        self.stats["forwarded"] += len(sessions or ()) + sent
+        self.hub.metrics.event(FederationEvent.FORWARDED, len(sessions or ()) + sent)
 
     # -- introspection -----------------------------------------------------
 
@@ -617,14 +632,9 @@ class Federation:
         """Every link and configured server, with its state, for /health and tests."""
         rows = []
         dialled = set()
-        for session, proto in self._links.items():
-            server_url = (
-                getattr(proto.factory, "url", None)
-                if proto.factory in {s.factory for s in self._servers.values()}
-                else None
-            )
-            if server_url:
-                dialled.add(server_url)
+        for session, link in self._links.items():
+            if link.server is not None:
+                dialled.add(link.server.url)
             rows.append(
                 {
                     "peer": session.peer,
@@ -632,7 +642,7 @@ class Federation:
                     "role": session.role.value,
                     "state": session.state.value,
                     "version": None if session.version is None else f"{session.version[0]}.{session.version[1]}",
-                    "direction": "out" if server_url else "in",
+                    "direction": link.direction,
                     "topics": len(session.topics),
                 }
             )

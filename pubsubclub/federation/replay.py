@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from pubsubclub import psc
+from pubsubclub.counters import ReplayEvent
+from pubsubclub.metrics import Metrics
 
 #: :meth:`Inbox.accept` result for a message already received: drop it.
 DUPLICATE = -1
@@ -113,8 +115,12 @@ class Resumption:
 class Outbox:
     """The producer side: one :class:`Stream` per consumer node, fed with every forwarded publish."""
 
-    def __init__(self, settings: ReplaySettings, clock: Callable[[], float], boot: str) -> None:
+    def __init__(
+        self, settings: ReplaySettings, clock: Callable[[], float], boot: str, metrics: Metrics | None = None
+    ) -> None:
         self.settings = settings
+        #: Where the counts go (the node's; a private one when used alone).
+        self.metrics = metrics if metrics is not None else Metrics("replay")
         self._clock = clock
         self._boot = boot
         self._epochs = itertools.count(1)
@@ -124,7 +130,11 @@ class Outbox:
         self._by_link: dict[Any, Stream] = {}
         #: Topic -> the streams that want it, attached or not.
         self._by_topic: dict[str, dict[Stream, None]] = {}
-        self.stats = {"replayed": 0, "trimmed": 0, "streams_expired": 0, "streams_superseded": 0}
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The producer side's counters (a view of :attr:`metrics`)."""
+        return {k: v for k, v in self.metrics.view("replay").items() if k != ReplayEvent.DUPLICATES}
 
     # -- interest ---------------------------------------------------------------
 
@@ -184,7 +194,7 @@ class Outbox:
         superseded = stream.link if stream.link is not None and stream.link is not link else None
         if superseded is not None:
             del self._by_link[superseded]
-            self.stats["streams_superseded"] += 1
+            self.metrics.event(ReplayEvent.STREAMS_SUPERSEDED)
         stream.link = link
         stream.detached_at = None
         self._by_link[link] = stream
@@ -192,7 +202,7 @@ class Outbox:
             self._remove_topic(stream, topic)
         for topic in request.topics:
             self._add_topic(stream, topic)
-        self.stats["replayed"] += len(replay)
+        self.metrics.event(ReplayEvent.REPLAYED, len(replay))
         return Resumption(psc.Position(stream.epoch, after, lost), replay, superseded)
 
     def detach(self, link: Any) -> None:
@@ -235,7 +245,7 @@ class Outbox:
                 sent.append((stream.link, len(data)))
         for stream in expired:
             self._drop(stream)
-            self.stats["streams_expired"] += 1
+            self.metrics.event(ReplayEvent.STREAMS_EXPIRED)
         return sent
 
     def summary(self) -> dict[str, int]:
@@ -259,7 +269,7 @@ class Outbox:
         limit = self.settings.max_bytes
         while buffer and (stream.nbytes > limit or buffer[0][1] < oldest):
             stream.nbytes -= len(buffer.popleft()[2])
-            self.stats["trimmed"] += 1
+            self.metrics.event(ReplayEvent.TRIMMED)
 
     def _new_stream(self, consumer: str | None) -> Stream:
         stream = Stream(consumer, f"{self._boot}-{next(self._epochs)}")
@@ -299,7 +309,7 @@ class Outbox:
             assert stream.detached_at is not None
             if i < excess or now - stream.detached_at > self.settings.window:
                 self._drop(stream)
-                self.stats["streams_expired"] += 1
+                self.metrics.event(ReplayEvent.STREAMS_EXPIRED)
 
 
 @dataclass(frozen=True)
@@ -317,11 +327,17 @@ class Gap:
 class Inbox:
     """The consumer side: the last position received from each producer node, across links."""
 
-    def __init__(self, max_positions: int = ReplaySettings.max_positions) -> None:
+    def __init__(self, max_positions: int = ReplaySettings.max_positions, metrics: Metrics | None = None) -> None:
         self._max = max_positions
+        #: Where the counts go (the node's; a private one when used alone).
+        self.metrics = metrics if metrics is not None else Metrics("replay")
         #: Producer -> [epoch, last sequence number received].
         self._positions: dict[str, list[Any]] = {}
-        self.stats = {"duplicates": 0}
+
+    @property
+    def stats(self) -> dict[str, int]:
+        """The consumer side's counters (a view of :attr:`metrics`)."""
+        return {ReplayEvent.DUPLICATES.value: self.metrics.view("replay")[ReplayEvent.DUPLICATES]}
 
     def position(self, producer: str) -> tuple[str | None, int]:
         """What to put in PSC103 for ``producer``: ``(None, 0)`` when we hold no position."""
@@ -351,7 +367,7 @@ class Inbox:
             pos = self._positions[producer] = [None, seq - 1]
         last = pos[1]
         if seq <= last:
-            self.stats["duplicates"] += 1
+            self.metrics.event(ReplayEvent.DUPLICATES)
             return DUPLICATE
         pos[1] = seq
         return seq - last - 1

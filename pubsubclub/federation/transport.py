@@ -11,7 +11,7 @@ message is logged and counted, and the link stays.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from autobahn.twisted.websocket import (
     WebSocketClientFactory,
@@ -26,20 +26,64 @@ from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pubsubclub.federation.auth import AUTH_HEADER, AuthRefused, Challenge, Offer, Refusal
+from pubsubclub import psc
+from pubsubclub.federation.auth import AUTH_HEADER, AuthRefused, Challenge, LinkAuth, Offer, Refusal
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_SELF,
     CLOSE_UNAUTHENTICATED,
     LinkError,
+    LinkOwner,
     LinkSession,
     LinkState,
     Role,
 )
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 
-if TYPE_CHECKING:
-    from pubsubclub.federation.federation import Federation
+
+class LinkHost(LinkOwner, Protocol):
+    """What a link's transport needs of the node's federation (and all it may touch).
+
+    :class:`~pubsubclub.federation.federation.Federation` provides it; the
+    transport hands each link's session and events over and never reaches
+    into the federation's records.
+    """
+
+    node_id: str
+    versions: tuple[psc.Version, ...]
+    limits: psc.Limits
+    listen_role: Role
+    auth: LinkAuth | None
+
+    def check_request(self, request: ConnectionRequest) -> tuple[dict[str, str], Challenge | None]:
+        """Refuse at the handshake (ConnectionDeny) or answer headers and the challenge to settle."""
+
+    def auth_refused(self, peer: str, node: str | None, refusal: Refusal, how: str) -> None:
+        """Log and count a refused proof."""
+
+    def client_headers(self, url: str) -> dict[str, str]:
+        """Extra request headers when dialling ``url``."""
+
+    def peer_headers(self) -> dict[str, str]:
+        """Peer-learning headers."""
+
+    def found_self(self, url: str) -> None:
+        """``url`` is this node."""
+
+    def link_started(self, session: LinkSession, transport: Any, dialled: str | None) -> None:
+        """A session exists on ``transport``; ``dialled`` is the server URL it was dialled for (None: accepted)."""
+
+    def link_closed(self, session: LinkSession) -> None:
+        """The transport closed."""
+
+    def link_error(self, session: LinkSession) -> None:
+        """Handling a message raised (not the peer's protocol error)."""
+
+    def link_overflow(self, session: LinkSession, queued: int) -> None:
+        """Too much queued for the peer: the link is being dropped."""
+
+    def queue_cap(self, session: LinkSession | None) -> int:
+        """Bytes that may be queued for ``session``'s peer."""
 
 #: HTTP header carrying a node's id in both directions of the WebSocket handshake.
 NODE_HEADER = "x-pubsubclub-node"
@@ -105,9 +149,11 @@ class _LinkProtocolBase:
     _overflowed = False
     #: What the peer's handshake said about the cluster: (its advertised URL, the URLs it dials).
     heard: tuple[str | None, str | None] = (None, None)
+    #: The server URL this connection was dialled for; None on the listening side.
+    dialled: str | None = None
 
     def _start_session(self, role: Role, peer: str) -> None:
-        federation: Federation = self.factory.federation
+        federation: LinkHost = self.factory.federation
         self.session = LinkSession(
             role,
             self._send_text,
@@ -118,7 +164,7 @@ class _LinkProtocolBase:
         )
         self.session.peer_node = self.peer_node
         self._backlog = watch_send_buffer(self.transport, "PSC")  # type: ignore[attr-defined]
-        federation.link_started(self.session, self)
+        federation.link_started(self.session, self, self.dialled)
         self.session.start()
 
     def _send_text(self, data: bytes) -> None:
@@ -131,7 +177,7 @@ class _LinkProtocolBase:
             if self._overflowed:
                 return
             queued = backlog.unsent()
-            federation: Federation = self.factory.federation
+            federation: LinkHost = self.factory.federation
             if queued > federation.queue_cap(self.session):
                 # A frozen or overwhelmed peer: drop it rather than queue for it
                 # without bound. A close frame would queue behind the backlog.
@@ -205,7 +251,7 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
 
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
         """Learn the peer's node id, check its offer; answer with ours, the challenge and the subprotocol."""
-        federation: Federation = self.factory.federation
+        federation: LinkHost = self.factory.federation
         self.peer_node = request.headers.get(NODE_HEADER)
         # Raises ConnectionDeny (HTTP 401/403/503) when no usable offer came.
         # A node dialling itself holds the secret, so it passes and learns
@@ -221,7 +267,7 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
 
     def onOpen(self) -> None:
         """Start the session in the cluster's listening role, once the dialler proved the secret."""
-        federation: Federation = self.factory.federation
+        federation: LinkHost = self.factory.federation
         if self.peer_node == federation.node_id:
             self._settle_challenge()
             self.sendClose(CLOSE_SELF, "a node never links to itself")
@@ -237,7 +283,7 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
         if challenge is None:
             super().onMessage(payload, isBinary)
             return
-        federation: Federation = self.factory.federation
+        federation: LinkHost = self.factory.federation
         self._settle_challenge()
         try:
             if isBinary or federation.auth is None:
@@ -254,7 +300,7 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
         self._refuse(Refusal.TIMEOUT)
 
     def _refuse(self, refusal: Refusal) -> None:
-        federation: Federation = self.factory.federation
+        federation: LinkHost = self.factory.federation
         federation.auth_refused(str(self.peer), self.peer_node, refusal, f"closed {CLOSE_UNAUTHENTICATED}")
         self.sendClose(CLOSE_UNAUTHENTICATED, refusal.value)
 
@@ -265,7 +311,7 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
                 self._proof_timer.cancel()
             self._proof_timer = None
         challenge, self._challenge = self._challenge, None
-        federation: Federation = self.factory.federation
+        federation: LinkHost = self.factory.federation
         if challenge is not None and federation.auth is not None:
             federation.auth.settle(challenge)
 
@@ -294,9 +340,10 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
     _opened = False
 
     def onConnecting(self, transport_details: Any) -> ConnectingRequest:
-        """Handshake headers made per attempt: a proof must carry a fresh nonce and time."""
+        """Handshake headers made per attempt: a proof must carry a fresh nonce."""
         factory = self.factory
-        federation: Federation = factory.federation
+        self.dialled = factory.url
+        federation: LinkHost = factory.federation
         headers = {NODE_HEADER: federation.node_id, **federation.client_headers(factory.url)}
         if federation.auth is not None:
             self._offer = federation.auth.offer(federation.node_id)
@@ -325,7 +372,7 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
     def onOpen(self) -> None:
         """Start the session in the role opposite to the listeners'."""
         self._opened = True
-        federation: Federation = self.factory.federation
+        federation: LinkHost = self.factory.federation
         if self._answer_refused is not None:
             # It accepted us without proving the secret: it is not a cluster
             # node, and anything it sent would be injected into our hub.
@@ -334,7 +381,7 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
                 url=self.factory.url,
                 reason=self._answer_refused.value,
             )
-            federation.stats["auth_refused"] += 1
+            federation.auth_refused(self.factory.url, self.peer_node, self._answer_refused, "not linked")
             self.sendClose(CLOSE_UNAUTHENTICATED, "listener did not prove the cluster secret")
             return
         if self.peer_node is not None and self.peer_node == federation.node_id:
@@ -363,7 +410,7 @@ class PSCServerFactory(WebSocketServerFactory):
 
     protocol = PSCServerProtocol
 
-    def __init__(self, federation: Federation, clock: IReactorTime, ping_interval: float) -> None:
+    def __init__(self, federation: LinkHost, clock: IReactorTime, ping_interval: float) -> None:
         super().__init__(reactor=clock)
         self.federation = federation
         self.clock = clock
@@ -388,7 +435,7 @@ class PSCClientFactory(WebSocketClientFactory):
 
     protocol = PSCClientProtocol
 
-    def __init__(self, federation: Federation, url: str, clock: IReactorTime, ping_interval: float) -> None:
+    def __init__(self, federation: LinkHost, url: str, clock: IReactorTime, ping_interval: float) -> None:
         super().__init__(
             url,
             reactor=clock,

@@ -7,7 +7,6 @@ Progress goes to stderr as ``[k/6] ...`` lines plus Spark's console progress bar
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -21,7 +20,6 @@ from pyspark.sql import functions as F
 
 from pubsubclub.reports import page
 from pubsubclub.reports import transforms as X
-from pubsubclub.reports.command import add_arguments, run
 
 #: Settings the job starts Spark with; ``conf`` given to ``run_report`` wins.
 DEFAULT_CONF = {
@@ -243,10 +241,3 @@ def print_summary(result: ReportResult, file: Any = None) -> None:
     print(f"forwarded between nodes: {forwarded:,}; dropped: {drops:,}", file=out)
     print(f"tables: {result.out}/<table>/ (Parquet); page: {result.html}", file=out)
     print(f"took {result.seconds:.1f} s", file=out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Parse ``--metrics ... --out ...`` and run the report; the exit code (used by :mod:`.submit`)."""
-    parser = argparse.ArgumentParser(prog="pubsubclub-report", description="The pubsubclub cluster report.")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -4,17 +4,19 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
+from pubsubclub.counters import Kind, RecordType
+
 #: The only record schema version this report understands.
 SCHEMA_VERSION = 1
 
 #: Column that ``from_json`` fills with the raw line when the line does not parse against ``RECORD_SCHEMA``.
 CORRUPT_COLUMN = "_corrupt_record"
 
-#: Record types of schema v1.
-RECORD_TYPES = ("counter", "latency", "gauge", "link")
+#: Record types of schema v1 (pubsubclub/counters.py names them for the node too).
+RECORD_TYPES = tuple(t.value for t in RecordType)
 
 #: Counter kinds of schema v1.
-COUNTER_KINDS = ("published", "delivered", "forwarded", "received", "dropped")
+COUNTER_KINDS = tuple(k.value for k in Kind)
 
 #: Bad-record reasons, in the order they are checked.
 BAD_REASONS = ("unknown_version", "corrupt_json", "unknown_type", "missing_fields", "invalid_value")

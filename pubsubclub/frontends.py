@@ -1,0 +1,239 @@
+"""The client front-ends of a node, as peers around its hub.
+
+Each front-end is built from its own config section (``config.wamp``,
+``config.nsd``, ``config.tep``) plus the node-wide limits, listens on its
+endpoint, and takes part in shutdown in two steps: :meth:`Frontend.close`
+says goodbye to its clients while the links are still up, :meth:`Frontend.finish`
+releases what it holds once they are down. :class:`pubsubclub.node.Node`
+composes them; nothing here knows about the federation. A new protocol is
+one more class with this shape (docs/architecture.md, "Adding a front-end").
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from twisted.internet import defer
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+from twisted.web.static import File
+
+from pubsubclub.config import NodeConfig
+from pubsubclub.hub import Hub
+from pubsubclub.jsonbounds import JSONBounds
+from pubsubclub.wamp.auth import AuthPolicy
+
+log = Logger()
+
+
+class Frontend:
+    """What the node needs of a front-end; subclasses implement :meth:`listen` and :meth:`stats`."""
+
+    #: Short name: the key of its URL in the node's ready line and in /stats.
+    name = ""
+
+    def __init__(self) -> None:
+        self._ports: list[IListeningPort] = []
+
+    async def listen(self) -> dict[str, str]:
+        """Start serving; return the URLs served, by name."""
+        raise NotImplementedError
+
+    def ports(self) -> list[IListeningPort]:
+        """The listening ports (stopped first on shutdown)."""
+        return self._ports
+
+    def close(self, reason: str) -> defer.Deferred[Any] | None:
+        """Say goodbye to every client (the links are still up); a Deferred when that takes time."""
+        return None
+
+    def finish(self) -> None:
+        """Release stores and timers, after the links are closed."""
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and sizes for /stats."""
+        raise NotImplementedError
+
+
+def listen_url(port: IListeningPort, scheme: str, path: str) -> str:
+    """The URL a listening port serves, with 127.0.0.1 for a wildcard bind."""
+    host = port.getHost()
+    address = getattr(host, "host", "127.0.0.1")
+    if address in ("0.0.0.0", "::", ""):
+        address = "127.0.0.1"
+    return f"{scheme}://{address}:{host.port}{path}"  # type: ignore[attr-defined]
+
+
+def json_bounds(config: NodeConfig) -> JSONBounds:
+    """The node-wide bounds on decoded JSON."""
+    return JSONBounds(max_depth=config.node.max_json_depth)
+
+
+class WampFrontend(Frontend):
+    """WAMP v2 over WebSocket at ``/ws`` (and the chat page at ``/``)."""
+
+    name = "wamp"
+
+    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
+        from pubsubclub.wamp.broker import WampLimits
+        from pubsubclub.wamp.server import WampServer
+
+        self._config = config
+        self._reactor = reactor
+        limits = WampLimits(
+            max_message_size=config.node.max_message_size,
+            json=json_bounds(config),
+            max_send_buffer=config.node.max_send_buffer,
+        )
+        self.server = WampServer(hub, realms=(config.wamp.realm,), limits=limits, auth=auth, reactor=reactor)
+        self.router = self.server.router
+        super().__init__()
+
+    def _site(self) -> Site:
+        from pubsubclub.chatpage import STATIC_DIR, find_autobahn_js
+
+        chat = self._config.wamp.chat_page
+        site = self.server.site(str(STATIC_DIR) if chat else None)
+        if chat:
+            bundle = find_autobahn_js()
+            if bundle is not None:
+                site.resource.putChild(b"autobahn.min.js", File(str(bundle), defaultType="application/javascript"))
+            else:
+                log.warn("autobahn-js browser bundle not found; the chat page will not connect (run make js)")
+        # No /stats here: peer addresses and who wants which topic are for
+        # operators, on the --http listener only (docs/security.md).
+        return site
+
+    async def listen(self) -> dict[str, str]:
+        """Serve WAMP (and the chat page); its URLs as ``wamp`` and ``http``."""
+        endpoint = self._config.wamp.listen
+        tls = endpoint.startswith("ssl:")
+        port = await self.server.listen(endpoint, self._site())
+        self._ports.append(port)
+        return {
+            "wamp": listen_url(port, "wss" if tls else "ws", "/ws"),
+            "http": listen_url(port, "https" if tls else "http", "/"),
+        }
+
+    def close(self, reason: str) -> None:
+        """GOODBYE to every session."""
+        self.router.shutdown(reason)
+
+    def stats(self) -> dict[str, Any]:
+        """Open sessions."""
+        return {"sessions": len(self.router.sessions)}
+
+
+class NSDFrontend(Frontend):
+    """NSD: TCP, JSON lines, with its SQLite store in the data dir."""
+
+    name = "nsd"
+
+    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
+        self._hub = hub
+        self._config = config
+        self._auth = auth
+        self._reactor = reactor
+        self.service: Any = None
+        super().__init__()
+
+    async def listen(self) -> dict[str, str]:
+        """Open the store, join the hub, serve NSD; its URL as ``nsd``."""
+        from pubsubclub.adapters.nsd import NSDFactory, NSDService, NSDSettings
+        from pubsubclub.adapters.nsd_codec import NSDLimits
+        from pubsubclub.adapters.nsd_store import NSDStore
+
+        config, section = self._config, self._config.nsd
+        assert section.listen is not None
+        os.makedirs(config.node.data_dir, exist_ok=True)
+        store = NSDStore(os.path.join(config.node.data_dir, "nsd.sqlite3"))
+        settings = NSDSettings(
+            limits=NSDLimits(max_message_chars=section.max_message_chars, json=json_bounds(config)),
+            prefix=section.prefix,
+            retention_count=section.retention_count or None,
+            retention_seconds=section.retention_seconds or None,
+            auth=self._auth,
+            # A transfer chunk must fit in one PSC message (one NSD message more may follow the budget).
+            transfer_chunk_bytes=max(config.node.max_message_size // 4, 1024),
+            max_clock_skew=section.max_clock_skew,
+        )
+        self.service = NSDService(self._hub, store, self._reactor.seconds, settings)
+        self.service.start()
+        port = await serverFromString(self._reactor, section.listen).listen(NSDFactory(self.service))
+        self._ports.append(port)
+        host = port.getHost()
+        return {"nsd": f"tcp://{getattr(host, 'host', '127.0.0.1')}:{host.port}"}  # type: ignore[attr-defined]
+
+    def finish(self) -> None:
+        """Leave the hub and close the store."""
+        if self.service is not None:
+            self.service.stop()
+
+    def stats(self) -> dict[str, Any]:
+        """The store's sizes and the service's counters."""
+        if self.service is None:
+            return {}
+        return {**self.service.store.stats(), **self.service.stats}
+
+
+class TEPFrontend(Frontend):
+    """TEP: topic/payload JSON over WebSocket at ``/tep``; its operator API is served by the node's ops listener."""
+
+    name = "tep"
+
+    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
+        from pubsubclub.adapters.tep import TEPServer
+        from pubsubclub.adapters.tep_codec import TEPLimits
+
+        self._config = config
+        self._reactor = reactor
+        section = config.tep
+        self.server = TEPServer(
+            hub,
+            TEPLimits(
+                max_frame_bytes=config.node.max_message_size,
+                max_channels_per_client=section.max_channels,
+                json=json_bounds(config),
+                max_send_buffer=config.node.max_send_buffer,
+            ),
+            prefix=section.prefix,
+            client_publish=section.client_publish,
+            auth=auth,
+        )
+        super().__init__()
+
+    async def listen(self) -> dict[str, str]:
+        """Serve TEP; its URL as ``tep``."""
+        endpoint = self._config.tep.listen
+        assert endpoint is not None
+        root = Resource()
+        # Autobahn declares IResource with zope, which mypy cannot see.
+        root.putChild(b"tep", self.server.resource())  # type: ignore[arg-type]
+        site = Site(root)
+        site.noisy = False
+        port = await serverFromString(self._reactor, endpoint).listen(site)
+        self._ports.append(port)
+        return {"tep": listen_url(port, "ws", "/tep")}
+
+    def operations(self) -> Resource | None:
+        """``/tep`` for the ops listener, when a token file is configured (else the API is off)."""
+        from pubsubclub.adapters.tep import TEPOperationsResource
+
+        token = self._config.tep_ops_token()
+        if token is None:
+            log.info("TEP operator API (/tep on --http) is off: no --tep-ops-token-file")
+            return None
+        return TEPOperationsResource(self.server, token)
+
+    def close(self, reason: str) -> defer.Deferred[Any] | None:
+        """Close every TEP client with ``reason``; fires when they have all gone."""
+        # TEP clients finish their closing handshake while the links close.
+        return self.server.stop(reason)
+
+    def stats(self) -> dict[str, Any]:
+        """Clients and the server's counters."""
+        return {"clients": len(self.server.clients), **self.server.stats}
