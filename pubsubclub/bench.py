@@ -172,6 +172,11 @@ def _spawn_node(
     return proc, ready["wamp"], ready["ops"]
 
 
+def _progress(text: str) -> None:
+    """One progress line on stderr (stdout keeps only the results, e.g. for --json)."""
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
 def _free_port() -> int:
     import socket
 
@@ -233,19 +238,31 @@ def _one_run(
 def run_bench(args: argparse.Namespace) -> int:
     """Run both measurements and print them."""
     procs: list[subprocess.Popen[str]] = []
+    _progress(
+        f"settings: --count {args.count} --size {args.size} --rate {args.rate} --latency-count "
+        f"{args.latency_count} --max-seconds {args.max_seconds:g} --realm {args.realm} "
+        f"(defaults: 50000, 100, 1000, 5000, 60, realm1)"
+        + (f"; targets {args.target[0]} -> {args.target[1]}" if args.target else "; two local nodes")
+    )
     try:
         ops_a: str | None
         if args.target:
             url_a, url_b = args.target
             ops_a = args.target_ops
         else:
+            _progress("starting two nodes (bench-a, bench-b) on 127.0.0.1")
             ports = [_free_port() for _ in range(6)]
             pa, url_a, ops_a = _spawn_node("bench-a", ports[0], ports[1], ports[3], ports[4])
             procs.append(pa)
             pb, url_b, _ = _spawn_node("bench-b", ports[2], ports[3], ports[1], ports[5])
             procs.append(pb)
+        _progress(f"throughput run: {args.count} messages of {args.size} B as fast as possible (A -> B)")
         throughput = _one_run(
             url_a, url_b, ops_a, args.realm, "throughput", args.count, args.size, 0, args.max_seconds
+        )
+        _progress(
+            f"throughput: {throughput['delivered_rate']:.0f} msgs/s delivered; latency run: "
+            f"{args.latency_count} messages at {args.rate}/s"
         )
         latency = _one_run(
             url_a, url_b, ops_a, args.realm, "latency", args.latency_count, args.size, args.rate, args.max_seconds

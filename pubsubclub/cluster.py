@@ -13,6 +13,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,6 +84,30 @@ def stop_nodes(procs: list[subprocess.Popen[str]]) -> None:
             proc.kill()
 
 
+def wait_linked(rows: list[dict[str, Any]], timeout: float = 20.0) -> bool:
+    """Until every node reports a link each way with every other (its /health), or ``timeout``.
+
+    The endpoint table is printed after this, so it comes after the nodes'
+    start-up and link-up logs instead of being buried in them.
+    """
+    want = 2 * (len(rows) - 1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            linked = all(_open_links(row["health"]) >= want for row in rows)
+        except (OSError, ValueError, KeyError):
+            linked = False
+        if linked:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def _open_links(health_url: str) -> int:
+    with urllib.request.urlopen(health_url, timeout=2) as r:
+        return int(json.loads(r.read())["open_links"])
+
+
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The endpoints of every node."""
     columns = [("node", "name"), ("WAMP", "wamp"), ("chat page", "http"), ("PSC", "psc"), ("NSD", "nsd"),
@@ -97,6 +123,8 @@ def run_cluster(layout: ClusterLayout) -> int:
     """Start the nodes, print their endpoints, wait for Ctrl-C, stop them all."""
     procs, rows = start_nodes(layout)
     try:
+        if not wait_linked(rows):
+            print("pubsubclub: warning: the nodes did not all link within 20 s", file=sys.stderr, flush=True)
         print_table(rows)
         print(f"stores and metrics under {layout.data_dir}/; cluster running; Ctrl-C stops every node", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))

@@ -64,6 +64,15 @@ def _wildcard(port: IListeningPort) -> bool:
     return getattr(port.getHost(), "host", "") in ("0.0.0.0", "::", "")
 
 
+class _QuietSite(Site):
+    """The ops listener's site: no access log line per probe (Consul and load balancers poll /health)."""
+
+    noisy = False
+
+    def log(self, request: Any) -> None:
+        """Skip the access log."""
+
+
 class Node:
     """A running ``pubsubclub node``."""
 
@@ -212,8 +221,7 @@ class Node:
             api = self.tep.operations()
             if api is not None:
                 ops.putChild(b"tep", api)
-        site = Site(ops)
-        site.noisy = False
+        site = _QuietSite(ops)
         port = await serverFromString(self.reactor, endpoint).listen(site)
         self.ports.append(port)
         self.urls["health"] = listen_url(port, "http", "/health")

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gc
+import signal
 import sys
+from typing import Any
 
 from twisted.internet import defer
 from twisted.logger import (
@@ -57,5 +59,34 @@ def run_node(config: NodeConfig) -> int:
         print_ready(node, urls)
 
     reactor.callWhenRunning(lambda: defer.ensureDeferred(start()))  # type: ignore[attr-defined]
-    reactor.run()  # type: ignore[attr-defined]
+    _stop_on_signals(reactor)
+    reactor.run(installSignalHandlers=False)  # type: ignore[attr-defined,call-arg]
     return exit_code[0]
+
+
+def _stop_on_signals(reactor: Any) -> None:
+    """SIGINT and SIGTERM stop the reactor once; later ones are ignored.
+
+    Ctrl-C in a terminal reaches every process of ``pubsubclub cluster``, which
+    then sends SIGTERM as well: Twisted's own handlers would call
+    ``reactor.stop`` twice and log ``ReactorNotRunning`` as critical.
+    """
+    stopping = [False]
+
+    def handler(signum: int, frame: Any) -> None:
+        if stopping[0]:
+            return
+        stopping[0] = True
+        log_signal = "SIGINT" if signum == signal.SIGINT else "SIGTERM"
+        reactor.callFromThread(_stop, reactor, log_signal)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _stop(reactor: Any, name: str) -> None:
+    from twisted.logger import Logger
+
+    Logger().info("received {signal}, shutting down", signal=name)
+    if reactor.running:
+        reactor.stop()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -93,7 +94,10 @@ def test_node_listener_in_use_exits_nonzero(tmp_path: Path) -> None:
 
 
 def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
-    """``pubsubclub cluster --nodes 2`` prints a table of endpoints, and Ctrl-C stops every node."""
+    """``pubsubclub cluster --nodes 2`` prints a table of endpoints after the nodes' link-up logs; Ctrl-C stops all.
+
+    stdout and stderr share one pipe here, as they share a terminal.
+    """
     data = tmp_path / "data"
     wamp, psc, ops = free_run(2), free_run(2), free_run(2)
     while psc - 1 <= wamp <= psc + 1:
@@ -101,8 +105,8 @@ def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "pubsubclub", "cluster", "--nodes", "2", "--wamp-base-port", str(wamp),
          "--psc-base-port", str(psc), "--nsd-base-port", str(free_run(2)), "--tep-base-port", str(free_run(2)),
-         "--http-base-port", str(ops), "--data-dir", str(data), "--log-level", "warn"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO, start_new_session=True,
+         "--http-base-port", str(ops), "--data-dir", str(data), "--log-level", "info"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0, cwd=REPO, start_new_session=True,
     )  # fmt: skip
     try:
         assert proc.stdout is not None
@@ -114,8 +118,10 @@ def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
             chunk = os.read(proc.stdout.fileno(), 65536)
             assert chunk, (out, proc.stderr.read() if proc.stderr else "")
             out += chunk
-        lines = [out.decode()]
-        table = "".join(lines)
+        table = out.decode()
+        assert "PSC link up" in table  # the nodes' logs came first ...
+        header = re.search(r"^node +WAMP", table, re.MULTILINE)
+        assert header is not None and "PSC link up" not in table[header.start() :]  # ... and none after the table
         assert f"ws://127.0.0.1:{wamp}/ws" in table and f"ws://127.0.0.1:{wamp + 1}/ws" in table
         assert f"ws://127.0.0.1:{psc + 1}/psc" in table
         import urllib.request
@@ -132,3 +138,19 @@ def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(WAIT_SECONDS)
+
+
+@pytest.mark.slow
+def test_bench_prints_settings_progress_and_results() -> None:
+    """A short ``pubsubclub bench``: settings and defaults, then progress on stderr; results on stdout."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--count", "300", "--latency-count", "100", "--rate", "200",
+         "--max-seconds", "10", "--json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    err = result.stderr
+    assert "bench: settings: --count 300 --size 100 --rate 200" in err and "(defaults: 50000, 100, 1000" in err
+    assert err.index("starting two nodes") < err.index("throughput run") < err.index("latency run")
+    results = json.loads(result.stdout)
+    assert results["throughput"]["sent"] == 300 and results["latency"]["sent"] == 100

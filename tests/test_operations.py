@@ -135,3 +135,17 @@ def test_deprecated_flat_key_is_logged_at_start(tmp_path: Path) -> None:
         assert "ttl" not in log.split("deprecated", 1)[1].split("\n", 1)[0]
     finally:
         node.stop()
+
+
+def test_ctrl_c_and_sigterm_together_stop_once(tmp_path: Path) -> None:
+    """SIGINT then SIGTERM (Ctrl-C under ``pubsubclub cluster``): one clean shutdown, exit 0, nothing critical."""
+    import signal
+
+    node = NodeProcess("twice", tmp_path).start()
+    assert node.proc is not None
+    node.proc.send_signal(signal.SIGINT)
+    node.proc.send_signal(signal.SIGTERM)
+    assert node.proc.wait(20) == 0
+    log = node.log_path.read_text()
+    assert "received SIGINT, shutting down" in log and "node twice shutting down" in log
+    assert "ReactorNotRunning" not in log and "critical" not in log
