@@ -213,6 +213,41 @@ class TEPSection:
 
 
 @dataclass(frozen=True)
+class StreamSection:
+    """``[stream]``: the stream front-end (TCP, Kafka-style, docs/stream.md), its durable log under data-dir."""
+
+    listen: str | None = setting(
+        None,
+        "stream listener, e.g. tcp:7878:interface=127.0.0.1",
+        flag="--stream",
+        metavar="ENDPOINT",
+        shown_default="off",
+    )
+    prefix: str = setting("", "hub topic prefix of stream topics", metavar="PREFIX", shown_default="none")
+    fsync: bool = setting(True, "Status OK only after fsync (one per reactor turn); off: after write() only")
+    segment_bytes: int = setting(64 * MiB, "log segment size", metavar="BYTES")
+    retention_bytes: int = setting(1024 * MiB, "log kept per topic (0: unlimited)", metavar="BYTES")
+    retention_seconds: float = setting(7 * 86400.0, "log age kept (0: unlimited)", metavar="S")
+    max_header_bytes: int = setting(65_536, "largest JSON header a client may send", metavar="BYTES")
+    max_payload_bytes: int = setting(16 * MiB, "largest payload a client may publish", metavar="BYTES")
+
+
+@dataclass(frozen=True)
+class SysVSection:
+    """``[sysv]``: the System V message-queue front-end (docs/sysv.md)."""
+
+    key: str | None = setting(None, "System V queue key, e.g. 0x420", flag="--sysv", metavar="KEY", shown_default="off")
+    prefix: str = setting("", "hub topic prefix of SysV channels", metavar="PREFIX", shown_default="none")
+    max_users: int = setting(16, "logged-in users at most", metavar="N")
+    max_channels: int = setting(16, "channels at most", metavar="N")
+    max_subscriptions: int = setting(64, "subscriptions at most, all users together", metavar="N")
+    max_blocks: int = setting(64, "blocks at most, all users together", metavar="N")
+    client_queue_share: int = setting(
+        64, "deliveries waiting in the queue for one client before further ones are dropped", metavar="N"
+    )
+
+
+@dataclass(frozen=True)
 class MetricsSection:
     """``[metrics]``: dumps and the Prometheus scrape."""
 
@@ -229,6 +264,8 @@ SECTIONS: dict[str, type] = {
     "consul": ConsulSection,
     "nsd": NSDSection,
     "tep": TEPSection,
+    "stream": StreamSection,
+    "sysv": SysVSection,
     "metrics": MetricsSection,
 }
 
@@ -323,6 +360,8 @@ class NodeConfig:
     consul: ConsulSection = ConsulSection()
     nsd: NSDSection = NSDSection()
     tep: TEPSection = TEPSection()
+    stream: StreamSection = StreamSection()
+    sysv: SysVSection = SysVSection()
     metrics: MetricsSection = MetricsSection()
     #: Deprecation notes from loading (logged when the node starts).
     warnings: tuple[str, ...] = ()
@@ -425,7 +464,49 @@ class NodeConfig:
             raise ConfigError("max-json-depth", "must be an integer between 2 and 200")
         if not isinstance(nsd.max_clock_skew, (int, float)) or not 1 <= nsd.max_clock_skew <= 366 * 86400:
             raise ConfigError("nsd-max-clock-skew", "must be a number of seconds between 1 and 31622400")
+        for key, prefix in (
+            ("nsd-prefix", nsd.prefix),
+            ("stream-prefix", self.stream.prefix),
+            ("sysv-prefix", self.sysv.prefix),
+        ):
+            _check_prefix(key, prefix)
+        self._validate_stream()
+        self._validate_sysv()
         return self
+
+    def _validate_stream(self) -> None:
+        stream = self.stream
+        if stream.listen is not None:
+            _check_endpoint("stream", stream.listen)
+        for key, value, low, high in (
+            ("stream-segment-bytes", stream.segment_bytes, 4096, 2**40),
+            ("stream-retention-bytes", stream.retention_bytes, 0, 2**50),
+            ("stream-max-header-bytes", stream.max_header_bytes, 256, 16 * MiB),
+            ("stream-max-payload-bytes", stream.max_payload_bytes, 1, 1024 * MiB),
+        ):
+            if type(value) is not int or not low <= value <= high:
+                raise ConfigError(key, f"must be an integer between {low} and {high}")
+        if not isinstance(stream.retention_seconds, (int, float)) or stream.retention_seconds < 0:
+            raise ConfigError("stream-retention-seconds", "must be a number of seconds, 0 for unlimited")
+
+    def _validate_sysv(self) -> None:
+        sysv = self.sysv
+        if sysv.key is not None:
+            try:
+                number = int(sysv.key, 0)
+            except ValueError:
+                raise ConfigError("sysv", f"must be an integer key such as 0x420, not {sysv.key!r}") from None
+            if not 1 <= number <= 0x7FFFFFFF:
+                raise ConfigError("sysv", "must be a positive 32-bit key (IPC_PRIVATE, 0, is not allowed)")
+        for key, value in (
+            ("sysv-max-users", sysv.max_users),
+            ("sysv-max-channels", sysv.max_channels),
+            ("sysv-max-subscriptions", sysv.max_subscriptions),
+            ("sysv-max-blocks", sysv.max_blocks),
+            ("sysv-client-queue-share", sysv.client_queue_share),
+        ):
+            if type(value) is not int or not 1 <= value <= 100_000:
+                raise ConfigError(key, "must be an integer between 1 and 100000")
 
     def auth_policy(self) -> AuthPolicy | None:
         """The :class:`~pubsubclub.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""
@@ -445,6 +526,10 @@ class NodeConfig:
         if self.federation.cluster_secret_file is None:
             return None
         return read_cluster_secret(self.federation.cluster_secret_file)
+
+    def sysv_key(self) -> int | None:
+        """The SysV queue key as an integer (``0x420`` -> 1056), or None when the front-end is off."""
+        return None if self.sysv.key is None else int(self.sysv.key, 0)
 
     def tep_ops_token(self) -> bytes | None:
         """The TEP operator API's bearer token (file contents without the trailing line break), or None."""
@@ -474,6 +559,7 @@ class NodeConfig:
             "http": self.node.http,
             "nsd": self.nsd.listen,
             "tep": self.tep.listen,
+            "stream": self.stream.listen,
         }
         return {key: value for key, value in found.items() if value is not None}
 
@@ -529,6 +615,18 @@ def _check_endpoint(key: str, value: Any) -> None:
         _parseServer(value, None)
     except Exception as e:  # Twisted raises assorted errors for bad strings.
         raise ConfigError(key, f"bad endpoint {value!r}: {e}") from None
+
+
+def _check_prefix(key: str, value: Any) -> None:
+    """A hub topic prefix: short, printable, no spaces, never reaching the reserved ``$`` topics."""
+    if (
+        not isinstance(value, str)
+        or len(value) > 128
+        or value.startswith("$")
+        or not value.isprintable()
+        or " " in value
+    ):
+        raise ConfigError(key, "must be at most 128 printable characters, no spaces, not starting with $")
 
 
 def _check_http_url(key: str, value: Any) -> None:

@@ -90,8 +90,20 @@ class Node:
         self.wamp = WampFrontend(self.hub, config, self.auth, reactor)
         self.nsd = NSDFrontend(self.hub, config, self.auth, reactor) if config.nsd.listen is not None else None
         self.tep = TEPFrontend(self.hub, config, self.auth, reactor) if config.tep.listen is not None else None
+        self.stream: Frontend | None = None
+        if config.stream.listen is not None:
+            from pubsubclub.adapters.stream import StreamFrontend
+
+            self.stream = StreamFrontend(self.hub, config, self.auth, reactor)
+        self.sysv: Frontend | None = None
+        if config.sysv.key is not None:
+            from pubsubclub.adapters.sysv import SysVFrontend
+
+            self.sysv = SysVFrontend(self.hub, config, self.auth, reactor)
         #: Every client front-end, in start order.
-        self.frontends: list[Frontend] = [f for f in (self.wamp, self.nsd, self.tep) if f is not None]
+        self.frontends: list[Frontend] = [
+            f for f in (self.wamp, self.nsd, self.tep, self.stream, self.sysv) if f is not None
+        ]
         self.ports: list[IListeningPort] = []
         self.urls: dict[str, str] = {}
         #: ``starting`` -> ``ready`` -> ``stopping`` -> ``stopped``.
@@ -126,6 +138,8 @@ class Node:
             "wamp": self.wamp.stats(),
             "nsd": None if self.nsd is None else self.nsd.stats(),
             "tep": None if self.tep is None else self.tep.stats(),
+            "stream": None if self.stream is None else self.stream.stats(),
+            "sysv": None if self.sysv is None else self.sysv.stats(),
         }
 
     def _warn_about_exposure(self) -> None:

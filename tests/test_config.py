@@ -144,3 +144,11 @@ def test_configuration_doc_lists_every_setting() -> None:
     """docs/configuration.md holds the table generated from the declarations, unchanged."""
     doc = (REPO / "docs" / "configuration.md").read_text()
     assert reference_markdown() in doc
+
+
+@pytest.mark.parametrize("key", ["nsd_prefix", "tep_prefix", "stream_prefix", "sysv_prefix"])
+def test_topic_prefixes_cannot_reach_reserved_topics(key: str) -> None:
+    """A front-end's prefix starting with $ would map its channels onto the cluster's reserved topics."""
+    with pytest.raises(ConfigError) as e:
+        build({}, {key: "$nsd."})
+    assert e.value.key == key.replace("_", "-")
