@@ -115,6 +115,7 @@ class NodeProcess:
         self.http_port = free_port()
         self.nsd_port = free_port()
         self.tep_port = free_port()
+        self.stream_port = free_port()
         self.data_dir = log_dir / f"{name}-data"
         #: Bearer token file of the TEP operator API (written when the front-ends are on).
         self.ops_token_path = log_dir / f"{name}-ops-token"
@@ -171,6 +172,7 @@ class NodeProcess:
         if self.frontends:
             cmd += ["--nsd", f"tcp:{self.nsd_port}:interface=127.0.0.1", "--data-dir", str(self.data_dir)]
             cmd += ["--tep", f"tcp:{self.tep_port}:interface=127.0.0.1"]
+            cmd += ["--stream", f"tcp:{self.stream_port}:interface=127.0.0.1"]
             self.ops_token_path.write_text(OPS_TOKEN + "\n")
             cmd += ["--tep-ops-token-file", str(self.ops_token_path)]
         for peer in self.peers:
