@@ -114,6 +114,7 @@ def main() -> int:
         psc_base=int(os.environ.get("DEMO_PSC_PORT", "9001")),
         nsd_base=int(os.environ.get("DEMO_NSD_PORT", "7001")),
         tep_base=int(os.environ.get("DEMO_TEP_PORT", "7101")),
+        stream_base=int(os.environ.get("DEMO_STREAM_PORT", "7878")),
         http_base=int(os.environ.get("DEMO_HTTP_PORT", "8181")),
         data_dir=os.environ.get("DEMO_DATA_DIR", "pubsubclub-data"),
         log_level="warn",

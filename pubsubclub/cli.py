@@ -33,6 +33,7 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--psc-base-port", type=int, default=9001, help="PSC port of node 1; node k uses base+k-1")
     cluster.add_argument("--nsd-base-port", type=int, default=7001, help="NSD port of node 1")
     cluster.add_argument("--tep-base-port", type=int, default=7101, help="TEP port of node 1")
+    cluster.add_argument("--stream-base-port", type=int, default=7878, help="stream port of node 1")
     cluster.add_argument("--http-base-port", type=int, default=8181, help="ops (/health, /metrics) port of node 1")
     cluster.add_argument("--data-dir", default="pubsubclub-data", help="stores and metrics folder")
     cluster.add_argument("--metrics-interval", type=float, default=10.0, help="seconds between metrics dumps")
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
                 psc_base=args.psc_base_port,
                 nsd_base=args.nsd_base_port,
                 tep_base=args.tep_base_port,
+                stream_base=args.stream_base_port,
                 http_base=args.http_base_port,
                 data_dir=args.data_dir,
                 listen_role=args.listen_role,

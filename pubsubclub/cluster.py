@@ -28,6 +28,7 @@ class ClusterLayout:
     psc_base: int = 9001
     nsd_base: int = 7001
     tep_base: int = 7101
+    stream_base: int = 7878
     http_base: int = 8181
     data_dir: str = "pubsubclub-data"
     listen_role: str = "producer"
@@ -46,6 +47,7 @@ def node_command(layout: ClusterLayout, index: int) -> list[str]:
     cmd = [sys.executable, "-m", "pubsubclub", "node", "--name", name,
            "--wamp", listen(layout.wamp_base), "--psc", listen(layout.psc_base),
            "--nsd", listen(layout.nsd_base), "--tep", listen(layout.tep_base), "--http", listen(layout.http_base),
+           "--stream", listen(layout.stream_base),
            "--data-dir", os.path.join(layout.data_dir, name),
            "--metrics-dir", os.path.join(layout.data_dir, "metrics"),
            "--metrics-interval", str(layout.metrics_interval),
@@ -111,7 +113,7 @@ def _open_links(health_url: str) -> int:
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The endpoints of every node."""
     columns = [("node", "name"), ("WAMP", "wamp"), ("chat page", "http"), ("PSC", "psc"), ("NSD", "nsd"),
-               ("TEP", "tep"), ("health", "health")]  # fmt: skip
+               ("TEP", "tep"), ("stream", "stream"), ("health", "health")]  # fmt: skip
     widths = [max(len(title), *(len(str(row.get(key, "-"))) for row in rows)) for title, key in columns]
     print("  ".join(title.ljust(w) for (title, _), w in zip(columns, widths, strict=True)))
     for row in rows:

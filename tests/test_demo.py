@@ -20,7 +20,8 @@ pytestmark = pytest.mark.slow
 def test_demo_shows_fan_out_and_stops_on_ctrl_c(tmp_path: Path) -> None:
     """The demo prints the endpoint table, the message received on node2 and node3, and stops on SIGINT."""
     env = dict(os.environ)
-    for key in ("DEMO_WAMP_PORT", "DEMO_PSC_PORT", "DEMO_NSD_PORT", "DEMO_TEP_PORT", "DEMO_HTTP_PORT"):
+    for name in ("WAMP", "PSC", "NSD", "TEP", "HTTP", "STREAM"):
+        key = f"DEMO_{name}_PORT"
         env[key] = str(free_run(3))
     env["DEMO_DATA_DIR"] = str(tmp_path / "data")
     proc = subprocess.Popen(
