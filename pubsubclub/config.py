@@ -112,6 +112,11 @@ class WampSection:
     )
     realm: str = setting("realm1", "WAMP realm served", flag="--realm", metavar="REALM")
     chat_page: bool = setting(True, "serve the browser chat page at /", flag="--no-chat-page")
+    await_interest: bool = setting(
+        False,
+        "hold SUBSCRIBED until every linked node has the new interest, so a publish made after it on any node"
+        " arrives (one round trip per link)",
+    )
 
 
 @dataclass(frozen=True)

@@ -89,7 +89,14 @@ class WampFrontend(Frontend):
             json=json_bounds(config),
             max_send_buffer=config.node.max_send_buffer,
         )
-        self.server = WampServer(hub, realms=(config.wamp.realm,), limits=limits, auth=auth, reactor=reactor)
+        self.server = WampServer(
+            hub,
+            realms=(config.wamp.realm,),
+            limits=limits,
+            auth=auth,
+            reactor=reactor,
+            await_interest=config.wamp.await_interest,
+        )
         self.router = self.server.router
         super().__init__()
 

@@ -103,6 +103,19 @@ class Hub:
         """Register ``listener`` for first/last subscriber notifications."""
         self._interest.append(listener)
 
+    def interest_settled(self) -> Any:
+        """A Deferred that fires once the node's interest so far has reached every linked node.
+
+        Interest listeners that can tell (the federation: a round trip on each
+        link to the nodes it asked for topics) are asked; without them it fires
+        at once. A publish made on any node after it fired reaches this node's
+        subscribers of those topics.
+        """
+        from twisted.internet import defer
+
+        waits = [listener.interest_settled() for listener in self._interest if hasattr(listener, "interest_settled")]
+        return defer.gatherResults(waits, consumeErrors=True).addCallback(lambda _: None)
+
     def add_publish_listener(self, listener: PublishListener) -> None:
         """Register ``listener`` for every local publish."""
         self._publish.append(listener)

@@ -168,3 +168,27 @@ async def test_one_peer_each_joins_a_full_mesh(tmp_path) -> None:
     finally:
         for node in nodes:
             node.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_await_interest_makes_a_publish_right_after_subscribed_arrive(
+    cluster_factory: Callable[..., Cluster],
+) -> None:
+    """With --wamp-await-interest, SUBSCRIBED on node 2 means node 1 has the interest: its next publish arrives.
+
+    Twenty fresh topics, each subscribed on node 2 and published on node 1 the
+    moment SUBSCRIBED comes back, with no wait in between.
+    """
+    cluster = cluster_factory(2, extra=("--wamp-await-interest",))
+    await cluster.linked()
+    sub = await connect(cluster[1].wamp_url)
+    pub = await connect(cluster[0].wamp_url)
+    recorders = []
+    for i in range(20):
+        rec, _ = await subscribe(sub, f"com.example.fresh.{i}")
+        await publish_acked(pub, f"com.example.fresh.{i}", i)
+        recorders.append(rec)
+    for i, rec in enumerate(recorders):
+        await rec.wait_for(1)
+        assert rec.args == [i]
+    await leave(sub, pub)

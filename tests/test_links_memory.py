@@ -750,3 +750,54 @@ def test_bad_urls_in_a_handshake_are_ignored_and_counted(net: MemoryNetwork) -> 
     assert a.hub.metrics.errors[("psc", "bad_learned_url")] == 4
     a.remove_server("ws://10.0.0.9:7/psc")
     net.stop()
+
+
+# -- knowing that interest has propagated ---------------------------------------------------------
+
+
+def test_interest_settles_only_after_the_producer_handled_it(net: MemoryNetwork) -> None:
+    """interest_settled fires after a round trip on each producer link, so the producer has the PSC201 by then."""
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    _link(net, a, 9002)
+    a.hub.subscribe("t.new", RecordingSink())
+    settled = a.hub.interest_settled()
+    assert not settled.called  # the PSC201 and the ping are still on the wire
+    assert "t.new" not in b.remote_interest()
+    net.flush()
+    assert settled.called and b.remote_interest() == {"t.new": ["a"]}
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_interest_settles_when_a_link_goes_down_or_at_once_without_links(net: MemoryNetwork) -> None:
+    """A link lost while waiting counts as settled (its interest is resent on reconnect); no links: at once."""
+    alone = net.node("alone", 9003)
+    assert alone.hub.interest_settled().called
+    a = net.node("a", 9001)
+    net.node("b", 9002)
+    link = _link(net, a, 9002)
+    link.server_wire.muted = True
+    settled = a.hub.interest_settled()
+    assert not settled.called
+    link.server_wire.loseConnection()
+    net.flush()
+    assert settled.called
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_interest_settles_after_the_timeout_when_the_peer_never_answers(net: MemoryNetwork) -> None:
+    """A peer that reads but never answers cannot hold SUBSCRIBED for ever: the wait ends after its timeout."""
+    from pubsubclub.federation.federation import INTEREST_SETTLE_TIMEOUT
+
+    a = net.node("a", 9001)
+    net.node("b", 9002)
+    link = _link(net, a, 9002)
+    link.server_wire.muted = True
+    settled = a.hub.interest_settled()
+    net.advance(INTEREST_SETTLE_TIMEOUT - 0.5)
+    assert not settled.called
+    net.advance(1)
+    assert settled.called and settled.result is None
+    net.stop()

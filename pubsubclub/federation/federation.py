@@ -53,6 +53,9 @@ from pubsubclub.metrics import payload_size
 
 log = Logger()
 
+#: Longest wait for the linked nodes to confirm our interest (``interest_settled``), in seconds.
+INTEREST_SETTLE_TIMEOUT = 5.0
+
 
 @dataclass
 class _Server:
@@ -575,6 +578,23 @@ class Federation:
             data = psc.encode(psc.Subscribe((topic,)))
             for session in self._producers:
                 session.send_raw(data)
+
+    def interest_settled(self, timeout: float = INTEREST_SETTLE_TIMEOUT) -> defer.Deferred[None]:
+        """Fires once every producer we are linked to has handled all we sent it so far (our interest).
+
+        One WebSocket round trip per open consumer link; a link that closes
+        meanwhile counts as settled (it will send its interest again when it
+        comes back), and after ``timeout`` seconds it fires anyway.
+        """
+        waits = []
+        for session in list(self._producers):
+            link = self._links.get(session)
+            if link is not None and session.state is LinkState.OPEN:
+                waits.append(link.transport.round_trip())
+        settled: defer.Deferred[None] = defer.gatherResults(waits, consumeErrors=True).addCallback(lambda _: None)
+        if waits:
+            settled.addTimeout(timeout, self._reactor, onTimeoutCancel=lambda *_: None)
+        return settled
 
     def topic_removed(self, topic: str) -> None:
         """Last local subscriber gone: tell every producer."""

@@ -21,6 +21,7 @@ from autobahn.twisted.websocket import (
 )
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectingRequest, ConnectionRequest, ConnectionResponse
+from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
@@ -192,6 +193,37 @@ class _LinkProtocolBase:
         if backlog is not None:
             backlog.written(len(data))
 
+    def round_trip(self) -> defer.Deferred[None]:
+        """Fires when the peer has read everything sent on this link so far (a ping, answered in order).
+
+        WebSocket control frames are read in order with data frames, and the
+        peer handles each data frame as it reads it, so its pong comes after
+        it handled our earlier messages (PSC201 included). Fires too when the
+        link goes down (nothing is left to wait for there).
+        """
+        waiting: dict[bytes, defer.Deferred[None]] = self.__dict__.setdefault("_round_trips", {})
+        self._round_trip_count = getattr(self, "_round_trip_count", 0) + 1
+        key = b"psc-rt-%d" % self._round_trip_count
+        done: defer.Deferred[None] = defer.Deferred()
+        if self.state != WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
+            done.callback(None)
+            return done
+        waiting[key] = done
+        self.sendPing(key)  # type: ignore[attr-defined]
+        return done
+
+    def onPong(self, payload: bytes) -> None:
+        """A pong: fire the round trip that sent it (auto-ping pongs are Autobahn's own)."""
+        done = self.__dict__.get("_round_trips", {}).pop(payload, None)
+        if done is not None and not done.called:
+            done.callback(None)
+
+    def _end_round_trips(self) -> None:
+        waiting = self.__dict__.pop("_round_trips", {})
+        for done in waiting.values():
+            if not done.called:
+                done.callback(None)
+
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         session = self.session
         if session is None:
@@ -232,6 +264,7 @@ class _LinkProtocolBase:
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Also cancel the close-handshake timer, which Autobahn leaves running when TCP goes first."""
+        self._end_round_trips()
         super().connectionLost(reason)  # type: ignore[misc]
         call = getattr(self, "closeHandshakeTimeoutCall", None)
         if call is not None:

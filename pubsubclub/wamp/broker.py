@@ -232,6 +232,7 @@ class WampRouter:
         auth: AuthPolicy | None = None,
         random_bytes: Callable[[int], bytes] = os.urandom,
         clock: Callable[[], float] = time.time,
+        await_interest: bool = False,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
@@ -247,6 +248,8 @@ class WampRouter:
         #: Randomness for authentication challenges, and the clock stamping them.
         self.random_bytes = random_bytes
         self.clock = clock
+        #: Hold SUBSCRIBED until the hub says every linked node has the interest (``Hub.interest_settled``).
+        self.await_interest = await_interest
         self._subscriptions: dict[str, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()
         #: Sessions with an open transport.
@@ -639,7 +642,11 @@ class BrokerSession:
             self._subscriptions[subscription] = topic
             self._topics[topic] = subscription
             self._hub.subscribe(topic, self)
-        self._send(message.Subscribed(msg.request, subscription))
+        answer = message.Subscribed(msg.request, subscription)
+        if self._router.await_interest:
+            self._hub.interest_settled().addCallback(lambda _: self._send(answer))
+        else:
+            self._send(answer)
 
     def _on_unsubscribe(self, msg: message.Unsubscribe) -> None:
         topic = self._subscriptions.pop(msg.subscription, None)

@@ -31,10 +31,11 @@ class WampServer:
         limits: WampLimits = WampLimits(),
         auth: AuthPolicy | None = None,
         reactor: Any = None,
+        await_interest: bool = False,
     ) -> None:
         self.hub = hub
         # No policy: every session is anonymous and may do everything.
-        self.router = WampRouter(hub, realms, limits, auth=auth)
+        self.router = WampRouter(hub, realms, limits, auth=auth, await_interest=await_interest)
         self._reactor = reactor
 
     def site(self, static_dir: str | None = None) -> Site:
