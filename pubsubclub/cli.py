@@ -56,6 +56,14 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--latency-count", type=int, default=5000, help="messages in the latency run")
     bench.add_argument("--max-seconds", type=float, default=60.0, help="time bound of each run")
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument(
+        "--scenario",
+        choices=["wamp", "stream"],
+        default="wamp",
+        help="wamp: cross-node WAMP throughput and latency (default); stream: durable stream publish and catch-up",
+    )
+    bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
+    bench.add_argument("--relaxed", action="store_true", help="stream: the node acks after write(), no fsync")
     report = sub.add_parser("report", help="PySpark report over the nodes' metrics dumps (docs/report.md)")
     add_report_arguments(report)
     return top
@@ -95,6 +103,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return run_cluster(layout)
         if args.command == "bench":
+            if args.scenario == "stream":
+                from pubsubclub.bench_stream import run_stream_bench
+
+                return run_stream_bench(args)
             from pubsubclub.bench import run_bench
 
             return run_bench(args)

@@ -61,6 +61,10 @@ def run_node(config: NodeConfig) -> int:
     reactor.callWhenRunning(lambda: defer.ensureDeferred(start()))  # type: ignore[attr-defined]
     _stop_on_signals(reactor)
     reactor.run(installSignalHandlers=False)  # type: ignore[attr-defined,call-arg]
+    # A signal arriving while the interpreter exits would meet the default
+    # action again (Python resets its handlers) and turn exit 0 into -15.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return exit_code[0]
 
 

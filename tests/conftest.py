@@ -107,15 +107,18 @@ class NodeProcess:
         self.name = name
         #: Also serve NSD and TEP (their replication topics show up in PSC traffic).
         self.frontends = frontends
-        self.wamp_port = free_port()
+        # Client and ops listeners bind port 0 and the bound port is read back
+        # from the ready line (start()); only the PSC port is chosen up front,
+        # because peers must be told it before the node starts.
+        self.wamp_port = 0
         self.psc_port = free_port()
         self.listen_role = listen_role
         self.extra = extra
         self.peers: list[str] = []
-        self.http_port = free_port()
-        self.nsd_port = free_port()
-        self.tep_port = free_port()
-        self.stream_port = free_port()
+        self.http_port = 0
+        self.nsd_port = 0
+        self.tep_port = 0
+        self.stream_port = 0
         self.data_dir = log_dir / f"{name}-data"
         #: Bearer token file of the TEP operator API (written when the front-ends are on).
         self.ops_token_path = log_dir / f"{name}-ops-token"
@@ -194,7 +197,22 @@ class NodeProcess:
         if not line:
             raise AssertionError(f"{self.name} exited during start; log:\n{self.log_path.read_text()}")
         self.ready = json.loads(line)
+        self._read_back_ports()
         return self
+
+    def _read_back_ports(self) -> None:
+        """The ports the node bound (it was given port 0), from its ready line."""
+        ready = self.ready
+
+        def port(key: str) -> int:
+            return int(ready[key].rsplit(":", 1)[1].split("/", 1)[0])
+
+        self.wamp_port = port("wamp")
+        if "ops" in ready:
+            self.http_port = port("ops")
+        for key in ("nsd", "tep", "stream"):
+            if key in ready:
+                setattr(self, f"{key}_port", port(key))
 
     def stats(self) -> dict[str, Any]:
         """The node's /stats JSON (from the operations listener; the WAMP listener does not serve it)."""
