@@ -111,6 +111,13 @@ class WampSection:
         metavar="ENDPOINT",
     )
     realm: str = setting("realm1", "WAMP realm served", flag="--realm", metavar="REALM")
+    rawsocket: str | None = setting(
+        None,
+        "WAMP over RawSocket (JSON and MessagePack; Autobahn's rs:// URLs), e.g. tcp:8090",
+        flag="--rawsocket",
+        metavar="ENDPOINT",
+        shown_default="off",
+    )
     chat_page: bool = setting(True, "serve the browser chat page at /", flag="--no-chat-page")
     await_interest: bool = setting(
         False,
@@ -385,6 +392,8 @@ class NodeConfig:
         if node.name is not None and (not node.name or len(node.name) > 128 or any(c.isspace() for c in node.name)):
             raise ConfigError("name", "must be 1-128 characters without spaces")
         _check_endpoint("wamp", wamp.listen)
+        if wamp.rawsocket is not None:
+            _check_endpoint("rawsocket", wamp.rawsocket)
         if fed.listen is not None:
             _check_endpoint("psc", fed.listen)
         if not wamp.realm or len(wamp.realm) > 255:
@@ -565,6 +574,7 @@ class NodeConfig:
             "nsd": self.nsd.listen,
             "tep": self.tep.listen,
             "stream": self.stream.listen,
+            "rawsocket": self.wamp.rawsocket,
         }
         return {key: value for key, value in found.items() if value is not None}
 

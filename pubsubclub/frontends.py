@@ -121,10 +121,18 @@ class WampFrontend(Frontend):
         tls = endpoint.startswith("ssl:")
         port = await self.server.listen(endpoint, self._site())
         self._ports.append(port)
-        return {
+        urls = {
             "wamp": listen_url(port, "wss" if tls else "ws", "/ws"),
             "http": listen_url(port, "https" if tls else "http", "/"),
         }
+        raw = self._config.wamp.rawsocket
+        if raw is not None:
+            from pubsubclub.wamp.rawsocket import WampRawSocketFactory
+
+            raw_port = await serverFromString(self._reactor, raw).listen(WampRawSocketFactory(self.router))
+            self._ports.append(raw_port)
+            urls["rawsocket"] = listen_url(raw_port, "rss" if raw.startswith("ssl:") else "rs", "")
+        return urls
 
     def close(self, reason: str) -> None:
         """GOODBYE to every session."""

@@ -152,7 +152,7 @@ class Node:
                 " read every message and publish into it",
                 keys=", ".join(public),
             )
-        open_frontends = [key for key in public if key in ("wamp", "tep", "nsd")]
+        open_frontends = [key for key in public if key in ("wamp", "rawsocket", "tep", "nsd", "stream")]
         if open_frontends and self.auth is None:
             log.warn(
                 "SECURITY WARNING: client listeners {keys} accept connections beyond this host and there is no"
