@@ -171,6 +171,9 @@ class FederationSection:
     learn_peers: bool = setting(
         True, "tell peers whom this node dials and dial whom they know (off with Consul)", flag="--no-learn-peers"
     )
+    batch: bool = setting(
+        True, "offer PSC 0.4: a link sends each reactor turn's messages in one frame (needs the replay window)"
+    )
 
 
 @dataclass(frozen=True)

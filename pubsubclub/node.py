@@ -53,6 +53,7 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         # With Consul, its health-checked list is the membership: learning from
         # peers would redial nodes Consul has dropped as unhealthy.
         learn_peers=section.learn_peers and config.consul.url is None,
+        batch=section.batch,
         replay=None
         if not section.replay_window_seconds
         else ReplaySettings(max_bytes=section.replay_buffer_bytes, window=section.replay_window_seconds),

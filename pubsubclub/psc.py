@@ -37,7 +37,11 @@ V0_1: Version = (0, 1)
 V0_2: Version = (0, 2)
 #: Replay after short outages; spoken only by a federation that keeps a replay buffer.
 V0_3: Version = (0, 3)
-#: Versions every link speaks, lowest first (a federation with a replay buffer adds 0.3).
+#: 0.3 plus batching: a text frame may carry several messages, one per line (docs/protocol.md).
+V0_4: Version = (0, 4)
+#: Separates the messages of a 0.4 batch frame; encoded messages never contain it (JSON escapes it).
+BATCH_SEPARATOR = b"\n"
+#: Versions every link speaks, lowest first (a federation with a replay buffer adds 0.3, and 0.4 to batch).
 SUPPORTED_VERSIONS: tuple[Version, ...] = (V0_1, V0_2)
 
 HELLO = 101

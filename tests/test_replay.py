@@ -402,11 +402,11 @@ def net() -> Iterator[MemoryNetwork]:
 
 
 def _pair(
-    net: MemoryNetwork, **producer: Any
+    net: MemoryNetwork, batch: bool = True, **producer: Any
 ) -> tuple[Federation, Federation, RecordingSink, RecordingSink, MemoryLink]:
-    """Consumer ``a`` (subscribed to ``t``, and to gap reports) dials producer ``b``; both speak 0.3."""
-    a = net.node("a", 9001, replay=REPLAY)
-    b = net.node("b", 9002, **({"replay": REPLAY} | producer))
+    """Consumer ``a`` (subscribed to ``t``, and to gap reports) dials producer ``b``; both speak 0.3 (0.4: batched)."""
+    a = net.node("a", 9001, replay=REPLAY, batch=batch)
+    b = net.node("b", 9002, **({"replay": REPLAY, "batch": batch} | producer))
     sink, gaps = RecordingSink(), RecordingSink()
     a.hub.subscribe("t", sink)
     a.hub.subscribe(GAP_TOPIC, gaps)
@@ -450,7 +450,7 @@ def _reconnect(net: MemoryNetwork, cut: Cut) -> MemoryLink:
 
 def test_0_3_is_negotiated_and_every_publish_numbered(net: MemoryNetwork) -> None:
     """Two replay nodes pick 0.3: PSC103 follows PSC102, PSC104 answers it, PSC301 carries 's' 1, 2, 3."""
-    a, b, sink, gaps, link = _pair(net)
+    a, b, sink, gaps, link = _pair(net, batch=False)
     _publish(b, "x", "y", "z")
     net.flush()
     consumer_said = link.client_wire.messages()
@@ -879,5 +879,78 @@ def test_two_urls_of_one_node_keep_the_first_link(net: MemoryNetwork) -> None:
     _publish(b, "once")
     net.flush()
     assert [e.payload for e in sink.got] == ["once"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+# -- PSC 0.4: batched frames ------------------------------------------------------------------------
+
+
+def _frames_with_publishes(wire: Any) -> list[int]:
+    """For each text frame with PSC301s in it, how many it holds."""
+    counts = []
+    for text in wire.texts():
+        n = sum(1 for line in text.split(psc.BATCH_SEPARATOR) if line.startswith(b"[301"))
+        if n:
+            counts.append(n)
+    return counts
+
+
+def test_0_4_batches_a_turns_publishes_in_one_frame_and_keeps_order(net: MemoryNetwork) -> None:
+    """Publishes of one turn leave as one frame, the next turn's as another; order is kept within and across."""
+    a, b, sink, _gaps, link = _pair(net)
+    assert [r["version"] for r in a.links() + b.links()] == ["0.4", "0.4"]
+    _publish(b, 1, 2, 3)
+    net.flush()
+    _publish(b, 4, 5)
+    net.flush()
+    assert [e.payload for e in sink.got] == [1, 2, 3, 4, 5]
+    assert _frames_with_publishes(link.server_wire) == [3, 2]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_0_4_adds_no_timer_a_lone_message_leaves_in_its_turn(net: MemoryNetwork) -> None:
+    """Under light load a message is written at the end of the turn it was published in: a zero-delay call."""
+    _a, b, sink, _gaps, link = _pair(net)
+    net.flush()
+    before = len(link.server_wire.texts())
+    _publish(b, "now")
+    [call] = [c for c in net.reactor.getDelayedCalls() if c.getTime() == net.reactor.seconds()]
+    assert call.active() and len(link.server_wire.texts()) == before
+    net.reactor.advance(0)  # the end of this turn: no time passes
+    assert len(link.server_wire.texts()) == before + 1
+    net.flush()
+    assert [e.payload for e in sink.got] == ["now"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize("frame", [b'[301,"t",1,{"s":1}]\n\n[301,"t",2,{"s":2}]', b'[301,"t",1,{"s":1}]\nnot json'])
+def test_0_4_malformed_batch_closes_the_link(net: MemoryNetwork, frame: bytes) -> None:
+    """An empty line or a bad message in a batch is a protocol error: 4400, as for any bad PSC message."""
+    a, _b, _sink, _gaps, link = _pair(net)
+    net.flush()
+    session = link.client.session
+    assert session is not None and session.batched
+    with pytest.raises(LinkError) as e:
+        session.receive(frame)
+    assert e.value.code == CLOSE_BAD_MESSAGE
+    net.stop()
+
+
+def test_0_4_and_0_3_nodes_deliver_everything_exactly_once(net: MemoryNetwork) -> None:
+    """A batching node and one without the extension settle on 0.3; every message arrives once, in order."""
+    a = net.node("a", 9001, replay=REPLAY)  # offers 0.4
+    b = net.node("b", 9002, replay=REPLAY, batch=False)  # 0.3 at most
+    sink = RecordingSink()
+    a.hub.subscribe("t", sink)
+    a.add_server(psc_url(9002))
+    [link] = net.answer()
+    assert [r["version"] for r in a.links() + b.links()] == ["0.3", "0.3"]
+    _publish(b, *range(10))
+    net.flush()
+    assert [e.payload for e in sink.got] == list(range(10))
+    assert _frames_with_publishes(link.server_wire) == [1] * 10
     net.stop()
     assert net.reactor.getDelayedCalls() == []

@@ -157,6 +157,7 @@ class Federation:
         replay: ReplaySettings | None = None,
         max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
         learn_peers: bool = True,
+        batch: bool = True,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -189,6 +190,8 @@ class Federation:
             self.inbox = Inbox(replay.max_positions, metrics=hub.metrics)
             if psc.V0_3 not in versions:
                 self.versions = (*versions, psc.V0_3)
+            if batch and psc.V0_4 not in self.versions:
+                self.versions = (*self.versions, psc.V0_4)
         self._servers: dict[str, _Server] = {}
         #: Every live link, by its session.
         self._links: dict[LinkSession, Link] = {}

@@ -128,6 +128,11 @@ class LinkSession:
         """Whether this link speaks the 0.3 replay extension (numbered PSC301, PSC103/PSC104)."""
         return self.version is not None and self.version >= psc.V0_3
 
+    @property
+    def batched(self) -> bool:
+        """Whether frames on this link may carry several messages, one per line (0.4)."""
+        return self.version is not None and self.version >= psc.V0_4
+
     def start(self) -> None:
         """The transport opened: the consumer speaks first, whoever dialled."""
         if self.role is Role.CONSUMER:
@@ -149,7 +154,18 @@ class LinkSession:
             self._send(data)
 
     def receive(self, data: bytes) -> None:
-        """Handle one message from the peer; raise :class:`LinkError` on violations."""
+        """Handle one frame from the peer (several messages on a 0.4 link); raise :class:`LinkError` on violations."""
+        if self.batched and psc.BATCH_SEPARATOR in data:
+            for part in data.split(psc.BATCH_SEPARATOR):
+                if not part:
+                    raise LinkError(CLOSE_BAD_MESSAGE, "bad PSC batch: an empty line")
+                if self.state is LinkState.CLOSED:
+                    return
+                self._receive_one(part)
+            return
+        self._receive_one(data)
+
+    def _receive_one(self, data: bytes) -> None:
         if self.state is LinkState.CLOSED:
             return
         self.last_size = len(data)

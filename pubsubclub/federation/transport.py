@@ -169,10 +169,37 @@ class _LinkProtocolBase:
         self.session.start()
 
     def _send_text(self, data: bytes) -> None:
+        """Send one encoded message; on a 0.4 link, gather it into this reactor turn's batch frame."""
         if self.state != WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
             # Closing (a ping timed out, an overflow): the session ends with
             # the connection; until then there is nowhere to write.
             return
+        session = self.session
+        if session is not None and session.batched:
+            pending = self.__dict__.setdefault("_batch", [])
+            pending.append(data)
+            self._batch_bytes = getattr(self, "_batch_bytes", 0) + len(data) + 1
+            if self._batch_bytes >= self.factory.federation.limits.max_message_size:
+                self._flush_batch()  # a frame never exceeds what the peer accepts
+            elif getattr(self, "_batch_call", None) is None:
+                # No timer of any length: flushed when this reactor turn's work is done,
+                # so a lone message leaves as soon as it would have unbatched.
+                self._batch_call = self.factory.reactor.callLater(0, self._flush_batch)
+            return
+        self._write_frame(data)
+
+    def _flush_batch(self) -> None:
+        """Send the gathered messages as one frame, one per line."""
+        call = getattr(self, "_batch_call", None)
+        if call is not None and call.active():
+            call.cancel()
+        self._batch_call = None
+        pending = self.__dict__.pop("_batch", None)
+        self._batch_bytes = 0
+        if pending and self.state == WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
+            self._write_frame(pending[0] if len(pending) == 1 else psc.BATCH_SEPARATOR.join(pending))
+
+    def _write_frame(self, data: bytes) -> None:
         backlog = self._backlog
         if backlog is not None:
             if self._overflowed:
@@ -242,7 +269,8 @@ class _LinkProtocolBase:
             self.factory.federation.link_error(session)
 
     def close_link(self, code: int, reason: str) -> None:
-        """Close with a reason the peer can read; stop handling its messages."""
+        """Close with a reason the peer can read (after the batch gathered so far); stop handling its messages."""
+        self._flush_batch()
         session = self.session
         if session is not None:
             self.factory.federation.link_closed(session)
@@ -265,6 +293,11 @@ class _LinkProtocolBase:
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Also cancel the close-handshake timer, which Autobahn leaves running when TCP goes first."""
         self._end_round_trips()
+        call = getattr(self, "_batch_call", None)
+        if call is not None and call.active():
+            call.cancel()
+        self._batch_call = None
+        self.__dict__.pop("_batch", None)
         super().connectionLost(reason)  # type: ignore[misc]
         call = getattr(self, "closeHandshakeTimeoutCall", None)
         if call is not None:

@@ -83,8 +83,13 @@ class RecordingWire(iosim.FakeTransport):
         return [payload for opcode, payload in self.frames() if opcode == _OPCODE_TEXT]
 
     def messages(self) -> list[psc.Message]:
-        """The PSC messages written, decoded (the cluster-secret proof frame is not one)."""
-        return [psc.decode(text) for text in self.texts() if not text.startswith(PROOF_PREFIX)]
+        """The PSC messages written, decoded, a 0.4 batch frame split into its lines (the proof frame is not one)."""
+        return [
+            psc.decode(line)
+            for text in self.texts()
+            if not text.startswith(PROOF_PREFIX)
+            for line in text.split(psc.BATCH_SEPARATOR)
+        ]
 
     def close(self) -> tuple[int, str] | None:
         """The close frame written, as (code, reason), if any."""
