@@ -184,7 +184,10 @@ def random_wamp_id() -> int:
     return _random.randint(1, MAX_ID)
 
 
-_random = random.SystemRandom()
+# Drawn uniformly as the spec asks, from a generator seeded once from the OS:
+# SystemRandom would cost a getrandom() syscall per publication. WAMP ids are
+# identifiers, not secrets (authentication challenges use os.urandom).
+_random = random.Random(os.urandom(32))
 
 
 def event_arguments(envelope: Envelope) -> tuple[list[Any], dict[str, Any] | None]:
