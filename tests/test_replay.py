@@ -954,3 +954,21 @@ def test_0_4_and_0_3_nodes_deliver_everything_exactly_once(net: MemoryNetwork) -
     assert _frames_with_publishes(link.server_wire) == [1] * 10
     net.stop()
     assert net.reactor.getDelayedCalls() == []
+
+
+def test_0_4_frames_never_exceed_the_message_limit(net: MemoryNetwork) -> None:
+    """Many messages in one turn are split into frames of at most max-message-size; all arrive, in order."""
+    limits = psc.Limits(max_message_size=4096)
+    a = net.node("a", 9001, replay=REPLAY, limits=limits)
+    b = net.node("b", 9002, replay=REPLAY, limits=limits)
+    sink = RecordingSink()
+    a.hub.subscribe("t", sink)
+    a.add_server(psc_url(9002))
+    [link] = net.answer()
+    _publish(b, *(("x" * 300) + str(i) for i in range(100)))
+    net.flush()
+    assert [e.payload for e in sink.got] == [("x" * 300) + str(i) for i in range(100)]
+    sizes = [len(t) for t in link.server_wire.texts()]
+    assert max(sizes) <= 4096 and len(_frames_with_publishes(link.server_wire)) > 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []

@@ -176,12 +176,14 @@ class _LinkProtocolBase:
             return
         session = self.session
         if session is not None and session.batched:
+            if self.__dict__.get("_batch") and (
+                getattr(self, "_batch_bytes", 0) + 1 + len(data) > self.factory.federation.limits.max_message_size
+            ):
+                self._flush_batch()  # a frame never exceeds what the peer accepts
             pending = self.__dict__.setdefault("_batch", [])
             pending.append(data)
-            self._batch_bytes = getattr(self, "_batch_bytes", 0) + len(data) + 1
-            if self._batch_bytes >= self.factory.federation.limits.max_message_size:
-                self._flush_batch()  # a frame never exceeds what the peer accepts
-            elif getattr(self, "_batch_call", None) is None:
+            self._batch_bytes = getattr(self, "_batch_bytes", 0) + len(data) + (1 if len(pending) > 1 else 0)
+            if getattr(self, "_batch_call", None) is None:
                 # No timer of any length: flushed when this reactor turn's work is done,
                 # so a lone message leaves as soon as it would have unbatched.
                 self._batch_call = self.factory.reactor.callLater(0, self._flush_batch)
