@@ -1,4 +1,4 @@
-"""The report tests' one local Spark session and an exact frame comparison (a pytest plugin).
+"""The report tests' one local Spark session, an exact frame comparison and dump writers (a pytest plugin).
 
 PYTEST_DONT_REWRITE: imported by the test modules before pytest registers it as a plugin.
 """
@@ -7,12 +7,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
+import orjson
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 
 from pubsubclub.reports.job import DEFAULT_CONF, start_spark
+
+#: 2026-01-01T00:00:00Z, the generator's first interval start and a minute boundary.
+T0 = 1_767_225_600.0
 
 #: Settings of the test session: two cores, few shuffle partitions, no UI or progress bar.
 TEST_CONF = {
@@ -45,3 +50,23 @@ def assert_frame(frame: DataFrame, columns: Sequence[str], rows: Sequence[Sequen
     got = Counter(tuple(_hashable(v) for v in row) for row in frame.collect())
     want = Counter(tuple(_hashable(v) for v in row) for row in rows)
     assert got == want, f"missing {want - got}, unexpected {got - want}"
+
+
+def counter(
+    node: str, topic: str, kind: str, count: int, nbytes: int, ts: float = T0 + 10, **kw: Any
+) -> dict[str, Any]:
+    """A counter record of one 10 s interval."""
+    frontend = "psc" if kind in ("forwarded", "received") else "wamp"
+    return {"v": 1, "type": "counter", "node": node, "start": ts - 10, "ts": ts, "topic": topic,
+            "frontend": frontend, "kind": kind, "peer": None, "reason": None, "count": count,
+            "bytes": nbytes} | kw  # fmt: skip
+
+
+def write_dump(root: Path, node: str, ts: float, records: list[Any], seq: int = 0, tail: str = "") -> Path:
+    """One dump file in the documented layout; ``records`` may hold raw lines (str); ``tail`` is appended as is."""
+    folder = root / f"node={node}" / "date=2026-01-01" / "hour=00"
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"part-{int(ts * 1000)}-{seq}.jsonl"
+    text = "".join((r if isinstance(r, str) else orjson.dumps(r).decode()) + "\n" for r in records)
+    path.write_text(text + tail)
+    return path

@@ -10,38 +10,17 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-import orjson
 import pytest
 from pyspark.sql import SparkSession
-from report_spark import assert_frame
+from report_spark import T0, assert_frame, counter, write_dump
 
 from pubsubclub import cli
+from pubsubclub.reports.command import java_problem
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import NoRecordsError, ReportResult, run_report
 
 REPO = Path(__file__).resolve().parent.parent
-T0 = 1_767_225_600.0  # 2026-01-01T00:00:00Z
 BOUNDS = [1.0, 5.0]
-
-
-def counter(
-    node: str, topic: str, kind: str, count: int, nbytes: int, ts: float = T0 + 10, **kw: Any
-) -> dict[str, Any]:
-    """A counter record of one 10 s interval."""
-    frontend = "psc" if kind in ("forwarded", "received") else "wamp"
-    return {"v": 1, "type": "counter", "node": node, "start": ts - 10, "ts": ts, "topic": topic,
-            "frontend": frontend, "kind": kind, "peer": None, "reason": None, "count": count,
-            "bytes": nbytes} | kw  # fmt: skip
-
-
-def write_dump(root: Path, node: str, ts: float, records: list[Any], seq: int = 0, tail: str = "") -> Path:
-    """One dump file in the documented layout; ``records`` may hold raw lines (str); ``tail`` is appended as is."""
-    folder = root / f"node={node}" / "date=2026-01-01" / "hour=00"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"part-{int(ts * 1000)}-{seq}.jsonl"
-    text = "".join((r if isinstance(r, str) else orjson.dumps(r).decode()) + "\n" for r in records)
-    path.write_text(text + tail)
-    return path
 
 
 @pytest.fixture
@@ -182,6 +161,55 @@ def test_missing_folder_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
     """A --metrics folder that does not exist is exit code 2."""
     assert cli.main(["report", "--metrics", str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
     assert "no such folder" in capsys.readouterr().err
+
+
+def test_without_the_report_extra_the_command_says_what_to_install(
+    cluster_dumps: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """When pyspark or matplotlib cannot be imported, exit 2 with one line naming the [report] extra."""
+    for module in ("pyspark", "matplotlib"):
+        with monkeypatch.context() as m:
+            m.setitem(sys.modules, module, None)  # a None entry makes ``import module`` fail
+            code = cli.main(["report", "--metrics", str(cluster_dumps), "--out", str(tmp_path / "out")])
+        err = capsys.readouterr().err
+        assert code == 2
+        assert err.splitlines() == [
+            f"pubsubclub report: error: the report needs {module}: pip install 'pubsubclub[report]'"
+        ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_java_the_command_names_the_package(cluster_dumps: Path, tmp_path: Path) -> None:
+    """No java on PATH and no JAVA_HOME: exit 2 with one line naming Java 17 and its Debian package, Spark unstarted."""
+    empty_bin = tmp_path / "bin"
+    empty_bin.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("JAVA_HOME", "PYSPARK_GATEWAY_PORT")}
+    env["PATH"] = str(empty_bin)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "report", "--metrics", str(cluster_dumps), "--out", str(tmp_path / "out")],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.splitlines() == [
+        "pubsubclub report: error: the report needs Java 17 to run Spark, but there is no java on PATH and "
+        "JAVA_HOME is not set (Debian/Ubuntu: apt-get install openjdk-17-jre-headless)"
+    ]
+    assert not (tmp_path / "out").exists()
+
+
+def test_java_is_looked_up_where_spark_looks(tmp_path: Path) -> None:
+    """JAVA_HOME/bin/java when JAVA_HOME is set (even if PATH has a java), else java on PATH."""
+    home = tmp_path / "jdk"
+    (home / "bin").mkdir(parents=True)
+    java = home / "bin" / "java"
+    java.write_text("#!/bin/sh\n")
+    java.chmod(0o755)
+    nothing = str(tmp_path / "nothing")
+    assert java_problem({"PATH": nothing}) == "there is no java on PATH and JAVA_HOME is not set"
+    assert java_problem({"PATH": str(home / "bin")}) is None
+    assert java_problem({"PATH": nothing, "JAVA_HOME": str(home)}) is None
+    broken = str(tmp_path / "old-jdk")
+    assert java_problem({"PATH": str(home / "bin"), "JAVA_HOME": broken}) == f"JAVA_HOME={broken} holds no bin/java"
 
 
 def test_generated_dumps_follow_the_layout_and_add_up(spark: SparkSession, tmp_path: Path) -> None:

@@ -199,6 +199,31 @@ def test_top_topics_ranks_by_published_then_name(spark: SparkSession) -> None:
     )
 
 
+def test_internal_topics_are_not_top_topics(spark: SparkSession) -> None:
+    """Topics starting with ``$`` never rank among the top topics, however busy; internal_topics lists them."""
+    frame = records(
+        spark,
+        [
+            counter("a", "$nsd.log", "published", 900, 9000),
+            counter("a", "$realm.other#chat", "published", 800, 8000),
+            counter("a", "$cluster.gap", "received", 2, 20, peer="b"),
+            counter("a", "mid", "published", 9, 90),
+            counter("a", "low", "published", 1, 10),
+        ],
+    )
+    totals = X.topic_totals(frame)
+    assert_frame(
+        X.top_topics(totals, 3).select("rank", "topic", "published"),
+        ["rank", "topic", "published"],
+        [(1, "mid", 9), (2, "low", 1)],
+    )
+    assert_frame(
+        X.internal_topics(totals),
+        ["topic", "published", "delivered", "forwarded", "received"],
+        [("$nsd.log", 900, 0, 0, 0), ("$realm.other#chat", 800, 0, 0, 0), ("$cluster.gap", 0, 0, 0, 2)],
+    )
+
+
 def test_fanout_is_deliveries_per_publish_across_nodes(spark: SparkSession) -> None:
     """Delivered over published, summed over all nodes; null for a topic nobody published."""
     frame = records(

@@ -3,13 +3,61 @@
 from __future__ import annotations
 
 import argparse
+import importlib
+import os
+import shutil
 import sys
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 #: Exit codes of ``pubsubclub report`` (docs/report.md).
 EXIT_OK = 0
 EXIT_USAGE = 2
 EXIT_NO_RECORDS = 3
+
+#: Modules the report needs that a plain ``pip install pubsubclub`` does not bring (the ``[report]`` extra).
+REPORT_MODULES = ("pyspark", "matplotlib")
+#: The Debian/Ubuntu package with a Java that Spark runs on.
+JAVA_PACKAGE = "openjdk-17-jre-headless"
+
+
+def missing_modules(names: tuple[str, ...] = REPORT_MODULES) -> list[str]:
+    """The modules of ``names`` that cannot be imported."""
+    missing = []
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    return missing
+
+
+def java_problem(environ: Mapping[str, str]) -> str | None:
+    """Why Spark would find no ``java`` in ``environ``, or None; looks where ``spark-class`` does.
+
+    ``JAVA_HOME`` wins when set (its ``bin/java``), else ``java`` on ``PATH``.
+    """
+    home = environ.get("JAVA_HOME")
+    if home:
+        if os.access(os.path.join(home, "bin", "java"), os.X_OK):
+            return None
+        return f"JAVA_HOME={home} holds no bin/java"
+    if shutil.which("java", path=environ.get("PATH", os.defpath)) is not None:
+        return None
+    return "there is no java on PATH and JAVA_HOME is not set"
+
+
+def _setup_problem(environ: Mapping[str, str]) -> str | None:
+    """Why the report cannot start here (missing extra or Java), as one line, or None."""
+    missing = missing_modules()
+    if missing:
+        return f"the report needs {' and '.join(missing)}: pip install 'pubsubclub[report]'"
+    if "PYSPARK_GATEWAY_PORT" in environ:  # under spark-submit: the JVM is already running
+        return None
+    problem = java_problem(environ)
+    if problem:
+        return f"the report needs Java 17 to run Spark, but {problem} (Debian/Ubuntu: apt-get install {JAVA_PACKAGE})"
+    return None
 
 
 def parse_time(text: str) -> float:
@@ -83,6 +131,10 @@ def run(args: argparse.Namespace) -> int:
         return EXIT_USAGE
     if args.top < 1:
         print("pubsubclub report: error: --top must be at least 1", file=sys.stderr)
+        return EXIT_USAGE
+    problem = _setup_problem(os.environ)
+    if problem:
+        print(f"pubsubclub report: error: {problem}", file=sys.stderr)
         return EXIT_USAGE
     from pubsubclub.reports.job import InputError, NoRecordsError, print_summary, run_report
 

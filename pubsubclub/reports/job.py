@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ TABLE_ORDER: dict[str, list[str]] = {
     "topic_totals": ["-published", "topic"],
     "node_minute": ["node", "minute"],
     "top_topics": ["rank"],
+    "internal_topics": ["-published", "topic"],
     "fanout": ["topic"],
     "traffic_matrix": ["node", "peer"],
     "drops": ["node", "frontend", "reason"],
@@ -70,6 +72,22 @@ class ReportResult:
     observed_seconds: float | None
     seconds: float
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+
+
+def as_utc(value: Any) -> Any:
+    """A timestamp collected from Spark as an aware UTC datetime; any other value as it is.
+
+    PySpark turns a timestamp column into a naive datetime in the driver's
+    local time zone (not ``spark.sql.session.timeZone``), so the page, which
+    labels times UTC, would be off by the local offset.
+    """
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.astimezone(UTC)  # a naive datetime is taken as local time, fold included
+    return value
+
+
+def _page_row(row: dict[str, Any]) -> dict[str, Any]:
+    return {k: as_utc(v) for k, v in row.items()}
 
 
 def _stderr(message: str) -> None:
@@ -122,6 +140,7 @@ def build_tables(records: DataFrame, top: int) -> dict[str, DataFrame]:
         "topic_totals": totals,
         "node_minute": X.node_minute_series(records),
         "top_topics": X.top_topics(totals, top),
+        "internal_topics": X.internal_topics(totals),
         "fanout": X.fanout(records),
         "traffic_matrix": X.traffic_matrix(records),
         "drops": X.drops_by_reason(records),
@@ -199,9 +218,9 @@ def _run(
             ordered = frame.coalesce(1).sortWithinPartitions(*order).cache()
             ordered.write.mode("overwrite").parquet(str(path))
             paths[name] = path
-            rows[name] = [r.asDict() for r in ordered.collect()]
+            rows[name] = [_page_row(r.asDict()) for r in ordered.collect()]
             ordered.unpersist()
-        rows["window"] = [r.asDict() for r in X.observation_window(records).collect()]
+        rows["window"] = [_page_row(r.asDict()) for r in X.observation_window(records).collect()]
     finally:
         compacted.unpersist()
 

@@ -25,6 +25,10 @@ from pubsubclub.reports.schema import (
 #: Longest raw line kept as an example of a bad record.
 EXAMPLE_CHARS = 200
 
+#: Hub topics starting with this are reserved for the cluster (``$nsd.log``, ``$cluster.gap``, and further
+#: WAMP realms as ``$realm.<realm>#<topic>``; docs/architecture.md): no front-end takes such a name from a client.
+INTERNAL_TOPIC_PREFIX = "$"
+
 #: Percentiles of the latency table, as integers so that ranks are computed exactly.
 PERCENTILES = (50, 90, 99)
 
@@ -235,14 +239,27 @@ def node_minute_series(records: DataFrame) -> DataFrame:
     return records.where(F.col("type") == "counter").groupBy("node", minute).agg(*_kind_sums())
 
 
-def top_topics(totals: DataFrame, n: int) -> DataFrame:
-    """The ``n`` topics most published (ties by name) from ``topic_totals`` output, ranked from 1.
+def _internal(topic: Column) -> Column:
+    return topic.startswith(INTERNAL_TOPIC_PREFIX)
 
+
+def top_topics(totals: DataFrame, n: int) -> DataFrame:
+    """The ``n`` most published topics (ties by name) from ``topic_totals`` output, ranked from 1.
+
+    Internal topics (``INTERNAL_TOPIC_PREFIX``) are left out: see ``internal_topics``.
     Columns: ``rank``, ``topic``, ``published``, ``published_bytes``, ``published_per_s``, ``delivered``.
     """
-    top = totals.orderBy(F.col("published").desc(), F.col("topic")).limit(n)
+    top = totals.where(~_internal(F.col("topic"))).orderBy(F.col("published").desc(), F.col("topic")).limit(n)
     rank = F.row_number().over(Window.orderBy(F.col("published").desc(), F.col("topic")))
     return top.select(rank.alias("rank"), "topic", "published", "published_bytes", "published_per_s", "delivered")
+
+
+def internal_topics(totals: DataFrame) -> DataFrame:
+    """The internal topics (``INTERNAL_TOPIC_PREFIX``) of ``topic_totals`` output, which ``top_topics`` leaves out.
+
+    Columns: ``topic``, ``published``, ``delivered``, ``forwarded``, ``received``.
+    """
+    return totals.where(_internal(F.col("topic"))).select("topic", "published", "delivered", "forwarded", "received")
 
 
 def fanout(records: DataFrame) -> DataFrame:
