@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from twisted.logger import Logger
 
 from pubsubclub.counters import HubEvent
-from pubsubclub.metrics import Metrics
+from pubsubclub.metrics import Metrics, payload_size
 
 #: Reserved hub topic on which the federation tells local subscribers that
 #: messages from another node were lost (PSC 0.3 gap reports, docs/protocol.md).
@@ -52,9 +52,15 @@ class Envelope:
 
 
 class Sink(Protocol):
-    """Anything that can receive messages for the topics it subscribed to."""
+    """Anything that can receive messages for the topics it subscribed to.
 
-    def deliver(self, envelope: Envelope) -> None:
+    A sink whose class sets ``counts_as`` to a front-end's name (``"wamp"``,
+    ``"tep"``) has its deliveries counted by the hub, once per message for all
+    such sinks together (``delivered`` in the metrics); its ``deliver``
+    returns False for a message it did not send.
+    """
+
+    def deliver(self, envelope: Envelope) -> bool | None:
         """Hand one message to the client behind this sink."""
 
 
@@ -220,16 +226,25 @@ class Hub:
         if not sinks:
             return 0
         count = 0
+        tally: dict[str, int] = {}
         # Copy: a sink may unsubscribe while being delivered to.
         for sink in list(sinks):
             if sink is exclude:
                 continue
             try:
-                sink.deliver(envelope)
+                sent = sink.deliver(envelope)
             except Exception:
                 # One failing sink must not cost the others this message.
                 self._failed(sink, "deliver", envelope.topic)
                 continue
             count += 1
+            source = getattr(sink, "counts_as", None)
+            if source is not None and sent is not False:
+                tally[source] = tally.get(source, 0) + 1
         self.metrics.event(HubEvent.DELIVERED, count)
+        if tally:
+            # Once per message and front-end, however many recipients (docs/metrics.md).
+            size = payload_size(envelope)
+            for source, n in tally.items():
+                self.metrics.count(envelope.topic, source, "delivered", n, n * size)
         return count

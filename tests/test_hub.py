@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.testing import RecordingSink
 
@@ -102,3 +104,26 @@ def test_sink_unsubscribing_during_delivery_is_safe() -> None:
     assert hub.publish(hub.envelope("t", 1)) == 2
     assert hub.publish(hub.envelope("t", 2)) == 1
     assert [e.payload for e in stayer.got] == [1, 2]
+
+
+def test_deliveries_are_counted_once_per_message_and_front_end(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three WAMP-like sinks and one that did not send: one count call, n=2 delivered, n*size bytes."""
+    from pubsubclub.hub import Hub
+
+    class Sent:
+        counts_as = "wamp"
+
+        def __init__(self, sent: bool) -> None:
+            self.sent = sent
+
+        def deliver(self, envelope: Envelope) -> bool:
+            return self.sent
+
+    hub = Hub("n1")
+    for sink in (Sent(True), Sent(True), Sent(False)):
+        hub.subscribe("t", sink)
+    calls = []
+    original = hub.metrics.count
+    monkeypatch.setattr(hub.metrics, "count", lambda *a, **k: (calls.append(a), original(*a, **k)))
+    hub.publish(hub.envelope("t", "abc"))
+    assert calls == [("t", "wamp", "delivered", 2, 2 * len(b'"abc"'))]

@@ -347,16 +347,21 @@ class TEPClient:
 
     # -- output ------------------------------------------------------------------
 
-    def deliver(self, envelope: Envelope) -> None:
-        """The hub sink: send ``envelope`` as an event."""
+    #: The hub counts what this sink delivers under the ``tep`` front-end, once per message.
+    counts_as = "tep"
+
+    def deliver(self, envelope: Envelope) -> bool:
+        """The hub sink: send ``envelope`` as an event; True if sent."""
         server = self._server
         data = server.event_bytes(envelope)
         if data is None:
             server.hub.metrics.event(TEPEvent.UNDELIVERABLE)
             server.hub.metrics.count(envelope.topic, "tep", "dropped", 1, payload_size(envelope), reason="not_json")
-        elif self.send(data):
+            return False
+        if self.send(data):
             server.hub.metrics.event(TEPEvent.EVENTS_SENT)
-            server.hub.metrics.count(envelope.topic, "tep", "delivered", 1, len(data))
+            return True
+        return False
 
     def send(self, data: bytes) -> bool:
         """Send one text frame, or drop this client if it lags too far; True if sent."""

@@ -417,13 +417,16 @@ class BrokerSession:
 
     # -- the hub Sink ----------------------------------------------------------
 
-    def deliver(self, envelope: Envelope) -> None:
-        """Send ``envelope`` as an EVENT, or drop this client if it lags too far."""
+    #: The hub counts what this sink delivers under the ``wamp`` front-end, once per message.
+    counts_as = "wamp"
+
+    def deliver(self, envelope: Envelope) -> bool:
+        """Send ``envelope`` as an EVENT, or drop this client if it lags too far; True if sent."""
         if self._state is not _State.ESTABLISHED or self._transport is None:
-            return
+            return False
         subscription = self._topics.get(envelope.topic)
         if subscription is None:
-            return
+            return False
         transport = self._transport
         unsent = transport.unsent_bytes()
         if unsent > self._limits.max_send_buffer:
@@ -439,10 +442,10 @@ class BrokerSession:
             self._hub.metrics.disconnect("wamp", "slow_consumer")
             self._end()
             transport.drop(reason)
-            return
+            return False
         try:
             transport.send(self._router.event_for(envelope, subscription))
-            self._hub.metrics.count(envelope.topic, "wamp", "delivered", 1, payload_size(envelope))
+            return True
         except Exception:
             # Called from the hub's delivery loop: one bad recipient or
             # payload must not stop delivery to the others.
@@ -451,6 +454,7 @@ class BrokerSession:
                 session=self._session_id,
                 message_id=envelope.message_id,
             )
+            return False
 
     # -- closing ---------------------------------------------------------------
 
