@@ -12,6 +12,9 @@ the NSD front-end, ``config.federation`` to the federation, ...); see
 docs/configuration.md. The flat keys of earlier versions (``consul-ttl = 5``
 at the top level) still load, each with a deprecation warning naming its new
 place.
+
+Why one long module: most of its length is the declarations themselves, one
+per setting, which is the point of keeping them in one place.
 """
 
 from __future__ import annotations

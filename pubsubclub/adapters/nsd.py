@@ -52,6 +52,9 @@ The ``when`` clock
     ``max_clock_skew`` ahead of this node's clock is refused: one absurd value
     would otherwise drag every later ``when`` past it, up to SQLite's 64-bit
     limit.
+
+Why one long module: the NSD service, its cluster replication and its Twisted
+protocol are one front-end.
 """
 
 from __future__ import annotations

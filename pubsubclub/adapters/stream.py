@@ -28,6 +28,8 @@ string; other bytes (and text starting with NUL) become WAMP's binary-in-JSON
 form, ``"\\u0000" + base64``, which Autobahn JSON clients decode to bytes.
 Back to bytes: a string is its UTF-8 (the binary form decoded), any other
 JSON value its compact JSON text.
+
+Why one long module: the stream service and its connection protocol are one front-end.
 """
 
 from __future__ import annotations

@@ -24,6 +24,8 @@ Errors come in two kinds:
 Headers are case-sensitive, as the spec says. One leniency: a comma before a
 closing ``}`` or ``]`` (outside strings) is accepted, because the spec's own
 ``Unsubscribe`` example has one.
+
+Why one long module: it is the stream protocol's whole wire format, encoder and decoders, sans-IO.
 """
 
 from __future__ import annotations

@@ -63,6 +63,9 @@ that keep the topic over ``retention_bytes``. Only topics marked with
 
 Not thread-safe: one thread (the reactor's) uses a StreamLog; ``lock`` keeps a second
 process out.
+
+Why one long module: the log's on-disk format, recovery, index, retention and
+offsets are one storage design and are read together.
 """
 
 from __future__ import annotations

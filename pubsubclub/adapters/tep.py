@@ -36,6 +36,8 @@ Payloads
     Sent as they are in the envelope. A WAMP publication with several
     arguments or keyword arguments arrives as its ``{"args": [...],
     "kwargs": {...}}`` wrapper object (docs/protocol-mapping.md).
+
+Why one long module: the TEP server, its clients and its operator API are one front-end.
 """
 
 from __future__ import annotations

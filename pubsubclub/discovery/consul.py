@@ -12,6 +12,9 @@ Two parts:
   heartbeats, or an HTTP check on ``/health``), watches the service's passing
   instances with blocking queries and turns each change into
   ``Federation.add_server`` / ``remove_server`` calls, debounced.
+
+Why one long module: the python-consul adapter, the registration lifecycle and
+the watch are each small and only make sense together.
 """
 
 from __future__ import annotations

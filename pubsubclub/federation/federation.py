@@ -6,6 +6,10 @@ dials configured servers (``add_server`` / ``remove_server``, each a Twisted
 forwards local publishes to the consumers that asked for their topic.
 Messages received from a producer are delivered locally only, never forwarded
 again: one hop over a full mesh, so no loops and no duplicates.
+
+Why one long module: it is the federation's one state (servers, links,
+interest, forwarding, replay hooks); the link protocol and transport live
+apart.
 """
 
 from __future__ import annotations

@@ -51,6 +51,10 @@ For error tests, ``fail(mode, count=, seconds=)`` makes ``/v1/`` requests fail:
 is not JSON), ``drop`` (the connection closed without an answer) or ``hang``
 (no answer at all). ``state_file`` keeps the state across restarts, like an
 agent with a data directory; ``restart()`` does the same in-process.
+
+Why one long module: it is one faithful double of Consul's HTTP API (services,
+checks, blocking queries, fault injection), and splitting it would split one
+state.
 """
 
 from __future__ import annotations

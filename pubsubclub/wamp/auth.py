@@ -27,6 +27,9 @@ AUTHENTICATE. It reads no socket and starts no timer; randomness and the
 clock are injected. WAMP-CRA uses Autobahn's ``compute_wcs`` (the client's
 own helper), cryptosign PyNaCl's Ed25519 check, which is what Autobahn's
 ``CryptosignKey`` signs with (Autobahn ships no router-side verifier).
+
+Why one long module: the policy file's parser (with error positions) and the
+authentication state machine share the policy's types.
 """
 
 from __future__ import annotations

@@ -38,6 +38,10 @@ Hot path
     recipient of an envelope. It is built once and memoised in
     ``envelope.wire["wamp"]``; Autobahn caches each message's bytes per
     serializer, so each wire format is encoded once per message.
+
+Why one long module: it is the whole broker role (session state machine,
+subscriptions, publish, realms); splitting it would spread one state machine
+over files.
 """
 
 from __future__ import annotations
