@@ -122,6 +122,9 @@ class WampSection:
         shown_default="off",
     )
     chat_page: bool = setting(True, "serve the browser chat page at /", flag="--no-chat-page")
+    call_timeout: float = setting(
+        0.0, "longest a node-local RPC call may take, in seconds (0: only the caller's own timeout option)", metavar="S"
+    )
     await_interest: bool = setting(
         False,
         "hold SUBSCRIBED until every linked node has the new interest, so a publish made after it on any node"

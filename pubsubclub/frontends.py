@@ -96,6 +96,7 @@ class WampFrontend(Frontend):
             auth=auth,
             reactor=reactor,
             await_interest=config.wamp.await_interest,
+            max_call_seconds=config.wamp.call_timeout,
         )
         self.router = self.server.router
         super().__init__()

@@ -57,13 +57,14 @@ from typing import Any, Protocol
 
 from autobahn.wamp import message
 from autobahn.wamp.message import Message
-from autobahn.wamp.role import RoleBrokerFeatures
+from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 from twisted.logger import Logger
 
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.metrics import payload_size
 from pubsubclub.wamp.auth import NOT_AUTHORIZED, Authenticator, AuthPolicy, Challenge, Deny, Role, Welcome
+from pubsubclub.wamp.dealer import Dealer
 
 __all__ = [
     "BrokerSession",
@@ -100,14 +101,8 @@ META_TOPICS = {GAP_EVENT_TOPIC: GAP_TOPIC}
 # with NSD channels and TEP channels, whose names are not lower-case URIs.
 _LOOSE_URI = re.compile(r"^([^\s\.#]+\.)*[^\s\.#]+$")
 
-#: Messages only a dealer (or a client) would receive; we have no dealer.
-_RPC_MESSAGES = (
-    message.Call,
-    message.Cancel,
-    message.Register,
-    message.Unregister,
-    message.Yield,
-)
+#: RPC messages of the Advanced Profile that we do not offer (CANCEL needs call canceling).
+_UNOFFERED_RPC = (message.Cancel,)
 
 
 @dataclass(frozen=True)
@@ -240,6 +235,8 @@ class WampRouter:
         random_bytes: Callable[[int], bytes] = os.urandom,
         clock: Callable[[], float] = time.time,
         await_interest: bool = False,
+        call_later: Callable[[float, Callable[[], None]], Any] | None = None,
+        max_call_seconds: float = 0.0,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
@@ -257,6 +254,8 @@ class WampRouter:
         self.clock = clock
         #: Hold SUBSCRIBED until the hub says every linked node has the interest (``Hub.interest_settled``).
         self.await_interest = await_interest
+        #: Node-local RPC (pubsubclub/wamp/dealer.py); calls time out through ``call_later`` when given.
+        self.dealer = Dealer(new_id, call_later=call_later, max_call_seconds=max_call_seconds)
         self._subscriptions: dict[str, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()
         #: Sessions with an open transport.
@@ -479,6 +478,7 @@ class BrokerSession:
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
+        self._router.dealer.left(self)
         self._hub.unsubscribe_all(self)
         for topic in self._subscriptions.values():
             self._router.release_subscription(topic)
@@ -494,6 +494,31 @@ class BrokerSession:
         transport = self._transport
         if transport is not None and transport.isOpen():
             transport.send(msg)
+
+    def send_message(self, msg: Message) -> None:
+        """Send one message to this session's client (the dealer's view of a session)."""
+        self._send(msg)
+
+    def _on_rpc(self, msg: message.Register | message.Call) -> None:
+        """REGISTER or CALL: checked like a publish (URI, role), then the node's dealer."""
+        request_type = msg.MESSAGE_TYPE
+        problem = self._topic_problem(msg.procedure)
+        if problem is None and msg.procedure.startswith("wamp.") and isinstance(msg, message.Register):
+            problem = "procedures starting with 'wamp.' are reserved"
+        if problem is not None:
+            self._error(request_type, msg.request, INVALID_URI, problem)
+            return
+        role = self._role
+        if role is not None and not role.may_publish(msg.procedure):
+            verb = "register" if isinstance(msg, message.Register) else "call"
+            text = f"role {role.name!r} may not {verb} {msg.procedure!r}"
+            self._error(request_type, msg.request, NOT_AUTHORIZED, text)
+            return
+        assert self._realm is not None
+        if isinstance(msg, message.Register):
+            self._router.dealer.register(self, self._realm, msg)
+        else:
+            self._router.dealer.call(self, self._realm, msg)
 
     def _error(self, request_type: int, request: int, uri: str, text: str) -> None:
         self._send(message.Error(request_type, request, uri, args=[text]))
@@ -531,8 +556,16 @@ class BrokerSession:
             self._on_unsubscribe(msg)
         elif isinstance(msg, message.Goodbye):
             self._on_goodbye(msg)
-        elif isinstance(msg, _RPC_MESSAGES):
-            self.protocol_violation(f"{type(msg).__name__.upper()} received, but this router has no dealer role")
+        elif isinstance(msg, (message.Register, message.Call)):
+            self._on_rpc(msg)
+        elif isinstance(msg, message.Unregister):
+            self._router.dealer.unregister(self, msg)
+        elif isinstance(msg, message.Yield):
+            self._router.dealer.yielded(self, msg)
+        elif isinstance(msg, message.Error) and msg.request_type == message.Invocation.MESSAGE_TYPE:
+            self._router.dealer.invocation_error(self, msg)
+        elif isinstance(msg, _UNOFFERED_RPC):
+            self.protocol_violation(f"{type(msg).__name__.upper()} received, but this dealer offers no call canceling")
         else:
             self.protocol_violation(f"{type(msg).__name__.upper()} is not allowed once the session is established")
 
@@ -580,7 +613,10 @@ class BrokerSession:
         self._send(
             message.Welcome(
                 session=self._session_id,
-                roles={"broker": RoleBrokerFeatures(publisher_exclusion=True)},
+                roles={
+                    "broker": RoleBrokerFeatures(publisher_exclusion=True),
+                    "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True),
+                },
                 realm=self._realm,
                 authid=authid,
                 authrole=authrole,

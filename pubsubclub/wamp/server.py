@@ -32,10 +32,23 @@ class WampServer:
         auth: AuthPolicy | None = None,
         reactor: Any = None,
         await_interest: bool = False,
+        max_call_seconds: float = 0.0,
     ) -> None:
         self.hub = hub
+        if reactor is None:
+            from twisted.internet import reactor as default_reactor
+
+            reactor = default_reactor
         # No policy: every session is anonymous and may do everything.
-        self.router = WampRouter(hub, realms, limits, auth=auth, await_interest=await_interest)
+        self.router = WampRouter(
+            hub,
+            realms,
+            limits,
+            auth=auth,
+            await_interest=await_interest,
+            call_later=reactor.callLater,
+            max_call_seconds=max_call_seconds,
+        )
         self._reactor = reactor
 
     def site(self, static_dir: str | None = None) -> Site:
@@ -44,7 +57,4 @@ class WampServer:
 
     def listen(self, endpoint: str, site: Site | None = None) -> defer.Deferred[IListeningPort]:
         """Serve WAMP on a Twisted endpoint string."""
-        reactor = self._reactor
-        if reactor is None:
-            from twisted.internet import reactor
-        return serverFromString(reactor, endpoint).listen(site or self.site())
+        return serverFromString(self._reactor, endpoint).listen(site or self.site())

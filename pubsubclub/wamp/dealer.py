@@ -1,0 +1,200 @@
+"""A node-local WAMP Dealer (Basic Profile RPC) for the sessions of one node.
+
+REGISTER/UNREGISTER, CALL -> INVOCATION -> YIELD/ERROR -> RESULT/ERROR, with:
+
+- one callee per procedure and realm (exact match): a second REGISTER gets
+  ERROR ``wamp.error.procedure_already_exists``;
+- a CALL of a procedure nobody registered on this node gets ERROR
+  ``wamp.error.no_such_procedure`` (RPC is not federated: a procedure
+  registered on another node is unknown here; docs/architecture.md);
+- a callee's ERROR reaches the caller with the callee's URI, args and kwargs;
+- a callee that leaves mid-call leaves its callers ERROR ``wamp.error.canceled``,
+  never a hang; a caller that leaves has its pending calls forgotten (a late
+  YIELD or ERROR from the callee is dropped);
+- the CALL option ``timeout`` (milliseconds), and a node-wide upper bound
+  (``[wamp] call-timeout``), end a call with ERROR ``wamp.error.timeout``;
+- with ``--auth``, a role may REGISTER and CALL the URIs it may publish to.
+
+Sans-IO apart from the injected ``call_later`` for timeouts: sessions are any
+objects with ``send(msg)`` (the broker's sessions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autobahn.wamp import message
+
+NO_SUCH_PROCEDURE = "wamp.error.no_such_procedure"
+PROCEDURE_ALREADY_EXISTS = "wamp.error.procedure_already_exists"
+NO_SUCH_REGISTRATION = "wamp.error.no_such_registration"
+CANCELED = "wamp.error.canceled"
+TIMEOUT = "wamp.error.timeout"
+NOT_AUTHORIZED = "wamp.error.not_authorized"
+
+
+class Party(Protocol):
+    """A session as the dealer sees it."""
+
+    def send_message(self, msg: message.Message) -> None:
+        """Send one WAMP message to this session's client."""
+
+
+@dataclass(eq=False)
+class _Registration:
+    id: int
+    realm: str
+    procedure: str
+    callee: Party
+
+
+@dataclass(eq=False)
+class _Call:
+    """One CALL in flight: who asked, who answers, and the timer ending it."""
+
+    caller: Party
+    request: int
+    callee: Party
+    registration: _Registration
+    timer: Any = None
+
+
+@dataclass
+class Dealer:
+    """The RPC state of one router (all its realms)."""
+
+    new_id: Callable[[], int]
+    #: ``call_later(seconds, fn)`` -> an object with ``cancel()``; None: no timeouts.
+    call_later: Callable[[float, Callable[[], None]], Any] | None = None
+    #: Longest a call may take, in seconds (0: only the caller's own ``timeout`` option).
+    max_call_seconds: float = 0.0
+    _by_procedure: dict[tuple[str, str], _Registration] = field(default_factory=dict)
+    _by_id: dict[int, _Registration] = field(default_factory=dict)
+    #: Invocation request id -> the call it answers.
+    _calls: dict[int, _Call] = field(default_factory=dict)
+
+    # -- callee side ----------------------------------------------------------------
+
+    def register(self, callee: Party, realm: str, msg: message.Register) -> None:
+        """REGISTER: REGISTERED, or ERROR when the procedure already has a callee."""
+        key = (realm, msg.procedure)
+        if key in self._by_procedure:
+            callee.send_message(
+                message.Error(
+                    message.Register.MESSAGE_TYPE,
+                    msg.request,
+                    PROCEDURE_ALREADY_EXISTS,
+                    args=[f"procedure {msg.procedure!r} is already registered"],
+                )
+            )
+            return
+        registration = _Registration(self.new_id(), realm, msg.procedure, callee)
+        self._by_procedure[key] = registration
+        self._by_id[registration.id] = registration
+        callee.send_message(message.Registered(msg.request, registration.id))
+
+    def unregister(self, callee: Party, msg: message.Unregister) -> None:
+        """UNREGISTER: UNREGISTERED, or ERROR for a registration that is not this session's."""
+        registration = self._by_id.get(msg.registration)
+        if registration is None or registration.callee is not callee:
+            callee.send_message(
+                message.Error(
+                    message.Unregister.MESSAGE_TYPE,
+                    msg.request,
+                    NO_SUCH_REGISTRATION,
+                    args=[f"no registration {msg.registration} in this session"],
+                )
+            )
+            return
+        self._drop_registration(registration, "procedure unregistered by its callee")
+        callee.send_message(message.Unregistered(msg.request))
+
+    def yielded(self, callee: Party, msg: message.Yield) -> None:
+        """YIELD: the caller gets RESULT (a progressive YIELD a progressive RESULT)."""
+        call = self._calls.get(msg.request)
+        if call is None or call.callee is not callee:
+            return  # the caller left, or the call timed out: nothing to answer
+        progress = bool(msg.progress)
+        if not progress:
+            self._finish(msg.request)
+        call.caller.send_message(message.Result(call.request, args=msg.args, kwargs=msg.kwargs, progress=progress))
+
+    def invocation_error(self, callee: Party, msg: message.Error) -> None:
+        """ERROR for an INVOCATION: the caller gets ERROR for its CALL with the callee's URI and arguments."""
+        call = self._calls.get(msg.request)
+        if call is None or call.callee is not callee:
+            return
+        self._finish(msg.request)
+        call.caller.send_message(
+            message.Error(message.Call.MESSAGE_TYPE, call.request, msg.error, args=msg.args, kwargs=msg.kwargs)
+        )
+
+    # -- caller side ----------------------------------------------------------------------
+
+    def call(self, caller: Party, realm: str, msg: message.Call) -> None:
+        """CALL: an INVOCATION to the callee, or ERROR when there is none."""
+        registration = self._by_procedure.get((realm, msg.procedure))
+        if registration is None:
+            caller.send_message(
+                message.Error(
+                    message.Call.MESSAGE_TYPE,
+                    msg.request,
+                    NO_SUCH_PROCEDURE,
+                    args=[f"no procedure {msg.procedure!r} is registered on this node"],
+                )
+            )
+            return
+        invocation = self.new_id()
+        call = self._calls[invocation] = _Call(caller, msg.request, registration.callee, registration)
+        seconds = [s for s in ((msg.timeout or 0) / 1000.0, self.max_call_seconds) if s > 0]
+        if seconds and self.call_later is not None:
+            call.timer = self.call_later(min(seconds), lambda: self._time_out(invocation))
+        registration.callee.send_message(
+            message.Invocation(
+                invocation,
+                registration.id,
+                args=msg.args,
+                kwargs=msg.kwargs,
+                timeout=msg.timeout,
+                receive_progress=msg.receive_progress,
+            )
+        )
+
+    def _time_out(self, invocation: int) -> None:
+        call = self._calls.pop(invocation, None)
+        if call is None:
+            return
+        call.timer = None
+        call.caller.send_message(
+            message.Error(message.Call.MESSAGE_TYPE, call.request, TIMEOUT, args=["the call took too long"])
+        )
+
+    def _finish(self, invocation: int) -> None:
+        call = self._calls.pop(invocation, None)
+        if call is not None and call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+
+    # -- sessions leaving ---------------------------------------------------------------------
+
+    def left(self, party: Party) -> None:
+        """A session ended: its registrations go (their callers get ERROR), its own calls are forgotten."""
+        for registration in [r for r in self._by_id.values() if r.callee is party]:
+            self._drop_registration(registration, "the callee left during the call")
+        for invocation, call in list(self._calls.items()):
+            if call.caller is party:
+                self._finish(invocation)
+
+    def _drop_registration(self, registration: _Registration, why: str) -> None:
+        self._by_id.pop(registration.id, None)
+        self._by_procedure.pop((registration.realm, registration.procedure), None)
+        for invocation, call in list(self._calls.items()):
+            if call.registration is registration:
+                self._finish(invocation)
+                call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, CANCELED, args=[why]))
+
+    def registrations(self) -> int:
+        """Procedures registered (for /stats)."""
+        return len(self._by_id)

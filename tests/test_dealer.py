@@ -1,0 +1,124 @@
+"""The node-local Dealer with Autobahn-Python clients on a real node: Basic Profile exchanges and every error."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import CallOptions
+from conftest import NodeProcess
+from twisted.internet import defer, reactor
+from wampclient import connect, leave
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[NodeProcess]:
+    """One node."""
+    started = NodeProcess("rpc", tmp_path).start()
+    yield started
+    started.stop()
+
+
+async def call_error(session: Any, procedure: str, *args: Any, **kwargs: Any) -> ApplicationError:
+    """The ApplicationError a call ends with (fails if it returns)."""
+    try:
+        result = await session.call(procedure, *args, **kwargs)
+    except ApplicationError as e:
+        return e
+    raise AssertionError(f"the call returned {result!r}")
+
+
+@pytest_twisted.ensureDeferred
+async def test_register_call_result_with_args_and_kwargs(node: NodeProcess) -> None:
+    """A callee's procedure answers a caller in another session; args and kwargs cross both ways."""
+    callee, caller = await connect(node.wamp_url), await connect(node.wamp_url)
+
+    def add(a: int, b: int, scale: int = 1) -> dict[str, int]:
+        return {"sum": (a + b) * scale}
+
+    await callee.register(add, "com.example.add")
+    assert await caller.call("com.example.add", 2, 3, scale=10) == {"sum": 50}
+    await leave(callee, caller)
+
+
+@pytest_twisted.ensureDeferred
+async def test_duplicate_register_and_unknown_procedure(node: NodeProcess) -> None:
+    """A second REGISTER gets procedure_already_exists; a CALL of nothing, and after UNREGISTER, no_such_procedure."""
+    first, second, caller = await connect(node.wamp_url), await connect(node.wamp_url), await connect(node.wamp_url)
+    registration = await first.register(lambda: "one", "com.example.only")
+    with pytest.raises(ApplicationError) as e:
+        await second.register(lambda: "two", "com.example.only")
+    assert e.value.error == "wamp.error.procedure_already_exists"
+    assert (await call_error(caller, "com.example.nobody")).error == "wamp.error.no_such_procedure"
+    assert await caller.call("com.example.only") == "one"
+    await registration.unregister()
+    assert (await call_error(caller, "com.example.only")).error == "wamp.error.no_such_procedure"
+    await second.register(lambda: "two", "com.example.only")  # free again
+    assert await caller.call("com.example.only") == "two"
+    await leave(first, second, caller)
+
+
+@pytest_twisted.ensureDeferred
+async def test_callee_error_reaches_the_caller_with_its_uri(node: NodeProcess) -> None:
+    """A callee raising ApplicationError: the caller gets that URI and its args."""
+    callee, caller = await connect(node.wamp_url), await connect(node.wamp_url)
+
+    def fail() -> None:
+        raise ApplicationError("com.example.error.out_of_stock", "none left", item=7)
+
+    await callee.register(fail, "com.example.buy")
+    error = await call_error(caller, "com.example.buy")
+    assert error.error == "com.example.error.out_of_stock"
+    assert error.args == ("none left",) and error.kwargs == {"item": 7}
+    await leave(callee, caller)
+
+
+@pytest_twisted.ensureDeferred
+async def test_callee_leaving_mid_call_ends_the_call_with_an_error(node: NodeProcess) -> None:
+    """The callee goes away while a call waits for it: the caller gets wamp.error.canceled, not a hang."""
+    callee, caller = await connect(node.wamp_url), await connect(node.wamp_url)
+    started: defer.Deferred[None] = defer.Deferred()
+
+    def slow() -> defer.Deferred[str]:
+        started.callback(None)
+        return defer.Deferred()  # never answers
+
+    await callee.register(slow, "com.example.slow")
+    pending = defer.ensureDeferred(call_error(caller, "com.example.slow"))
+    await started
+    callee.disconnect()
+    error = await pending.addTimeout(10, reactor)
+    assert error.error == "wamp.error.canceled"
+    await leave(caller)
+
+
+@pytest_twisted.ensureDeferred
+async def test_call_timeout_and_a_caller_leaving(node: NodeProcess) -> None:
+    """CALL timeout (ms): ERROR wamp.error.timeout; a caller that leaves mid-call costs the callee nothing."""
+    callee, caller = await connect(node.wamp_url), await connect(node.wamp_url)
+    answers: list[defer.Deferred[str]] = []
+    invoked: list[defer.Deferred[None]] = [defer.Deferred(), defer.Deferred()]
+
+    def held() -> defer.Deferred[str]:
+        answers.append(defer.Deferred())
+        invoked[len(answers) - 1].callback(None)
+        return answers[-1]
+
+    await callee.register(held, "com.example.held")
+    await callee.register(lambda: "pong", "com.example.ping")
+    error = await call_error(caller, "com.example.held", options=CallOptions(timeout=200))
+    assert error.error == "wamp.error.timeout"
+    answers[0].callback("too late")  # the late YIELD is dropped by the dealer
+    leaving = await connect(node.wamp_url)
+    leaving.call("com.example.held").addErrback(lambda _: None)
+    await invoked[1].addTimeout(10, reactor)
+    leaving.disconnect()
+    answers[1].callback("nobody to tell")
+    assert await caller.call("com.example.ping") == "pong"  # the callee and the dealer carry on
+    await leave(callee, caller)
