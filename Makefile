@@ -39,7 +39,11 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pubsubclub tests examples
 	$(VENV)/bin/mypy
 
-test: $(STAMP) $(JS) sysdeps lint
+# The System V example client (docs/sysv.md); the SysV tests also build their own copy.
+examples/sysv/client: examples/sysv/client.c examples/sysv/pubsubclub_sysv.h
+	gcc -std=c11 -Wall -Wextra -O2 -o $@ examples/sysv/client.c
+
+test: $(STAMP) $(JS) sysdeps lint examples/sysv/client
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)
