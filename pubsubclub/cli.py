@@ -58,10 +58,12 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "stream"],
+        choices=["wamp", "stream", "idle"],
         default="wamp",
-        help="wamp: cross-node WAMP throughput and latency (default); stream: durable stream publish and catch-up",
+        help="wamp: cross-node WAMP throughput and latency (default); stream: durable stream publish and catch-up;"
+        " idle: node memory per idle WAMP session",
     )
+    bench.add_argument("--sessions", type=int, default=10_000, help="idle: WAMP sessions to open (default 10000)")
     bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
     bench.add_argument("--relaxed", action="store_true", help="stream: the node acks after write(), no fsync")
     report = sub.add_parser("report", help="PySpark report over the nodes' metrics dumps (docs/report.md)")
@@ -103,6 +105,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return run_cluster(layout)
         if args.command == "bench":
+            if args.scenario == "idle":
+                from pubsubclub.bench_idle import run_idle_bench
+
+                return run_idle_bench(args)
             if args.scenario == "stream":
                 from pubsubclub.bench_stream import run_stream_bench
 

@@ -155,3 +155,15 @@ def test_bench_prints_settings_progress_and_results() -> None:
     assert err.index("starting two nodes") < err.index("throughput run") < err.index("latency run")
     results = json.loads(result.stdout)
     assert results["throughput"]["sent"] == 300 and results["latency"]["sent"] == 100
+
+
+@pytest.mark.slow
+def test_bench_idle_scenario_measures_memory_per_session() -> None:
+    """``bench --scenario idle`` opens the sessions (every HELLO answered with WELCOME) and reports RSS per session."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "idle", "--sessions", "100", "--json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout)
+    assert results["sessions"] == 100 and results["rss_after"] >= results["rss_before"] > 0

@@ -1,0 +1,133 @@
+"""``pubsubclub bench --scenario idle``: node memory per idle WAMP session.
+
+One node is started; a lean client opens ``--sessions`` WebSocket connections
+(a minimal RFC 6455 client on asyncio: the upgrade, one masked text frame
+with HELLO, the WELCOME read back) and keeps them open, idle. The node's RSS
+(``/proc/<pid>/status``) is read before the first connection and after the
+last WELCOME; the difference divided by the count is the cost of one idle
+session (its TCP connection, WebSocket protocol and broker session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import platform
+import resource
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}}}]).encode()
+
+
+def _progress(text: str) -> None:
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def _rss(pid: int) -> int:
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def _frame(payload: bytes) -> bytes:
+    mask = os.urandom(4)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    n = len(payload)
+    header = bytes([0x81, 0x80 | n]) if n < 126 else bytes([0x81, 0x80 | 126]) + struct.pack("!H", n)
+    return header + mask + masked
+
+
+async def _session(port: int) -> asyncio.StreamWriter:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: wamp.2.json\r\n\r\n"
+        ).encode()
+    )
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(_frame(HELLO))
+    head = await reader.readexactly(2)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = struct.unpack("!H", await reader.readexactly(2))[0]
+    welcome = json.loads(await reader.readexactly(length))
+    if welcome[0] != 2:
+        raise RuntimeError(f"no WELCOME: {welcome!r}")
+    return writer
+
+
+async def _open_all(port: int, count: int, deadline: float) -> list[asyncio.StreamWriter]:
+    writers: list[asyncio.StreamWriter] = []
+    batch = 200
+    while len(writers) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(writers)} of {count} sessions before the time bound")
+        n = min(batch, count - len(writers))
+        writers.extend(await asyncio.gather(*(_session(port) for _ in range(n))))
+        if len(writers) % 2000 == 0:
+            _progress(f"{len(writers)} sessions open")
+    return writers
+
+
+def run_idle_bench(args: argparse.Namespace) -> int:
+    """Start a node, open the sessions, print the memory per session."""
+    count = args.sessions
+    _progress(f"settings: --scenario idle --sessions {count} --max-seconds {args.max_seconds:g} (defaults: 10000, 60)")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, count * 2 + 1024)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # the node inherits it
+    if want < count + 256:
+        raise SystemExit(f"pubsubclub: error: the open-file limit ({hard}) is too low for {count} sessions")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "pubsubclub", "node", "--name", "bench-idle", "--log-level", "warn",
+           "--wamp", f"tcp:{port}:interface=127.0.0.1", "--psc", "tcp:0:interface=127.0.0.1",
+           "--no-chat-page"]  # fmt: skip
+    node = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    writers: list[Any] = []
+    try:
+        assert node.stdout is not None
+        node.stdout.readline()
+        before = _rss(node.pid)
+        loop = asyncio.new_event_loop()
+        started = time.perf_counter()
+        writers = loop.run_until_complete(_open_all(port, count, time.monotonic() + args.max_seconds))
+        opened = time.perf_counter() - started
+        after = _rss(node.pid)
+        for writer in writers:
+            writer.transport.abort()
+        loop.close()
+    finally:
+        node.terminate()
+        node.wait(20)
+    per_session = (after - before) / count
+    results = {
+        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "scenario": "idle",
+        "sessions": count,
+        "rss_before": before,
+        "rss_after": after,
+        "bytes_per_session": per_session,
+        "open_seconds": opened,
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(
+            f"{count} idle WAMP sessions: node RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MiB, "
+            f"{per_session / 1024:.1f} KiB per session (opened in {opened:.1f} s)"
+        )
+    return 0
