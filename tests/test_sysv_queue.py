@@ -1,0 +1,89 @@
+"""The real queue under the front-end: probes, purges, oversized messages and the receiving thread."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+
+import pytest
+import pytest_twisted
+import sysv_ipc
+from conftest import until
+from twisted.internet import reactor
+
+from pubsubclub.adapters.sysv import QueueReceiver, SysVQueue
+from pubsubclub.adapters.sysv_codec import BODY_SIZE, Signal, pack
+
+
+@pytest.fixture
+def queue() -> Iterator[SysVQueue]:
+    """A queue of a random key, removed at the end."""
+    while True:
+        key = random.randint(0x10000000, 0x7FFFFFF0)
+        try:
+            sysv_ipc.MessageQueue(key)
+        except sysv_ipc.ExistentialError:
+            break
+    q = SysVQueue(key)
+    yield q
+    try:
+        q.remove()
+    except sysv_ipc.ExistentialError:
+        pass
+
+
+def test_a_missing_queue_is_created_and_an_existing_one_used(queue: SysVQueue) -> None:
+    """The first open creates (mode 0600); a second open finds the same queue."""
+    assert queue.created
+    again = SysVQueue(queue.key)
+    assert not again.created and again.id == queue.id
+    assert sysv_ipc.MessageQueue(queue.key).mode & 0o777 == 0o600
+
+
+def test_waiting_asks_without_taking(queue: SysVQueue) -> None:
+    """The zero-room probe says whether a PID has messages, and leaves them where they are."""
+    assert not queue.waiting(4242)
+    queue.send(4242, pack(1, Signal.OPERATION_SUCCESS))
+    queue.send(4243, pack(1, Signal.OPERATION_SUCCESS))
+    assert queue.waiting(4242) and queue.waiting(4242)
+    assert queue.used() == 2
+    assert queue.purge(4242) == 1
+    assert not queue.waiting(4242) and queue.waiting(4243)
+    assert queue.used() == 1
+    assert queue.capacity() == queue.size_bytes() // BODY_SIZE
+
+
+def test_an_oversized_message_does_not_block_the_ones_behind_it(queue: SysVQueue) -> None:
+    """A message far bigger than the protocol's is read (to be refused), not left at the head."""
+    raw = sysv_ipc.MessageQueue(queue.key, max_message_size=8192)
+    raw.send(b"x" * 8000, type=1)
+    raw.send(pack(4242, Signal.CONNECTION), type=1)
+    assert len(queue.receive()) == 8000
+    assert queue.receive() == pack(4242, Signal.CONNECTION)
+
+
+@pytest_twisted.ensureDeferred
+async def test_the_receiving_thread_hands_over_and_stops(queue: SysVQueue) -> None:
+    """Messages reach the reactor in order; stop wakes the thread, which exits within milliseconds."""
+    got: list[bytes] = []
+    receiver = QueueReceiver(queue, got.append, reactor, lambda failure: got.append(b"lost"))
+    receiver.start()
+    for i in range(300):  # more than may be pending at once
+        sysv_ipc.MessageQueue(queue.key).send(pack(4242 + i, Signal.CONNECTION), type=1)
+    await until(lambda: len(got) == 300, "every message handed over")
+    assert got == [pack(4242 + i, Signal.CONNECTION) for i in range(300)]
+    await receiver.stop()
+    assert not receiver.running
+    assert receiver.stop_ms is not None and receiver.stop_ms < 1000
+    assert queue.used() == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_removed_queue_is_reported(queue: SysVQueue) -> None:
+    """ipcrm under the thread: it ends and reports the loss (the front-end makes a new queue)."""
+    lost: list[Exception] = []
+    receiver = QueueReceiver(queue, lambda data: None, reactor, lost.append)
+    receiver.start()
+    queue.remove()
+    await until(lambda: bool(lost), "the loss reported")
+    assert not receiver.running
