@@ -32,7 +32,7 @@ sysdeps: browser
 	@command -v docker-compose >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
 	@command -v systemd-analyze >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd)
 
-demo: $(STAMP) $(JS)
+demo: $(STAMP) $(JS) examples/sysv/client
 	$(PY) examples/demo.py
 
 lint: $(STAMP)

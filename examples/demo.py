@@ -7,10 +7,18 @@
 3. keeps the cluster up with the browser chat page served by every node: open
    two of the printed chat URLs in two browsers and chat across nodes.
 
+4. a stream subscriber on node 2 (port 7879) and the C client of
+   examples/sysv/ on node 1's System V queue: the C client's message, on
+   SysV channel ``chat`` (hub topic ``pubsubclub.demo.chat``, the chat page's
+   topic), arrives at the stream subscriber on another node and, while the
+   demo runs, in every open chat page (the C client says hello again every
+   15 seconds).
+
 Ctrl-C stops everything. Ports (node k uses base + k - 1): WAMP 8080, PSC 9001,
-NSD 7001, TEP 7101, ops 8181, or set DEMO_WAMP_PORT, DEMO_PSC_PORT,
-DEMO_NSD_PORT, DEMO_TEP_PORT, DEMO_HTTP_PORT; stores and metrics go to
-DEMO_DATA_DIR (default pubsubclub-data).
+NSD 7001, TEP 7101, stream 7878, ops 8181, SysV key 0x420, or set
+DEMO_WAMP_PORT, DEMO_PSC_PORT, DEMO_NSD_PORT, DEMO_TEP_PORT, DEMO_STREAM_PORT,
+DEMO_HTTP_PORT, DEMO_SYSV_KEY; stores and metrics go to DEMO_DATA_DIR (default
+pubsubclub-data).
 """
 
 from __future__ import annotations
@@ -18,6 +26,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import subprocess
 import sys
 import time
 import urllib.request
@@ -38,6 +48,51 @@ from pubsubclub.cluster import ClusterLayout, print_table, start_nodes, stop_nod
 
 TOPIC = "pubsubclub.demo.hello"
 NODES = 3
+#: The chat page's topic; SysV channel "chat" maps to it with the demo's SysV prefix.
+CHAT_TOPIC = "pubsubclub.demo.chat"
+SYSV_PREFIX = "pubsubclub.demo."
+C_CLIENT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sysv", "client")
+
+
+def c_client_says(key: int, text: str) -> list[str]:
+    """Run the C client once on queue ``key``: log in, register channel ``chat``, send ``text``, quit."""
+    script = f"connect\nlogin democ\nregister chat\nsend chat {text}\nquit\n"
+    done = subprocess.run([C_CLIENT, hex(key)], input=script, capture_output=True, text=True, timeout=30)
+    return done.stdout.splitlines()
+
+
+def show_sysv_to_stream(nodes: list[dict[str, Any]], key: int) -> None:
+    """A stream subscriber on node 2 gets what the C client sends on node 1's queue."""
+    from pubsubclub.adapters import stream_codec as c
+
+    host, port = nodes[1]["stream"].split("//")[1].split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    decoder = c.ClientDecoder()
+    sock.sendall(c.encode(c.Connect("demo", "demo")) + c.encode(c.Subscribe(CHAT_TOPIC, c.Position.LATEST)))
+
+    def events(n: int) -> list[Any]:
+        got: list[Any] = []
+        while len(got) < n:
+            data = sock.recv(65536)
+            if not data:
+                raise SystemExit("the stream connection closed")
+            decoder.receive(data)
+            got.extend(decoder.events())
+        return got
+
+    events(2)  # OK for Connect and Subscribe
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # node 1 must know node 2 wants the chat topic
+        with urllib.request.urlopen(nodes[0]["ops"] + "stats", timeout=5) as r:
+            if "node2" in json.loads(r.read())["remote_interest"].get(CHAT_TOPIC, []):
+                break
+        time.sleep(0.05)
+    print(f"\nthe C client (examples/sysv/client) sends on {nodes[0]['name']}'s SysV queue {key:#x}, channel chat:")
+    for line in c_client_says(key, "hello from C"):
+        print(f"  C client: {line}")
+    [message] = [e for e in events(1) if isinstance(e, c.Message)]
+    print(f"  stream subscriber on {nodes[1]['name']} received: {message.payload.decode()!r}")
+    sock.close()
 
 
 def wait_for_mesh(nodes: list[dict[str, Any]], timeout: float = 15.0) -> None:
@@ -115,6 +170,8 @@ def main() -> int:
         nsd_base=int(os.environ.get("DEMO_NSD_PORT", "7001")),
         tep_base=int(os.environ.get("DEMO_TEP_PORT", "7101")),
         stream_base=int(os.environ.get("DEMO_STREAM_PORT", "7878")),
+        sysv_base_key=int(os.environ.get("DEMO_SYSV_KEY", "0x420"), 0),
+        sysv_prefix=SYSV_PREFIX,
         http_base=int(os.environ.get("DEMO_HTTP_PORT", "8181")),
         data_dir=os.environ.get("DEMO_DATA_DIR", "pubsubclub-data"),
         log_level="warn",
@@ -124,10 +181,15 @@ def main() -> int:
         wait_for_mesh(nodes)
         print_table(nodes)
         task.react(lambda r: defer.ensureDeferred(show_fan_out(nodes)))
-    except SystemExit as e:
+    except SystemExit as e:  # task.react ends with SystemExit, 0 when all went well
         if e.code not in (0, None):
             stop_nodes(procs)
             raise
+    try:
+        show_sysv_to_stream(nodes, layout.sysv_base_key)
+    except Exception:
+        stop_nodes(procs)
+        raise
     print(
         "\nchat: open two of the chat pages above (different nodes) and type."
         f"\nNSD (telnet/nc, JSON lines) and TEP (WebSocket /tep) are served too; stores and metrics are in"
@@ -137,8 +199,12 @@ def main() -> int:
         # The reactor above left its own handlers installed; Ctrl-C is ours again.
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        for proc in procs:
-            proc.wait()
+        n = 1
+        while all(proc.poll() is None for proc in procs):
+            # The C client greets the chat pages every 15 s (they show SysV messages as text).
+            time.sleep(15)
+            n += 1
+            c_client_says(layout.sysv_base_key, f"hello from C #{n}")
     except KeyboardInterrupt:
         pass
     finally:

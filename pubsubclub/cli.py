@@ -34,6 +34,9 @@ def parser() -> argparse.ArgumentParser:
     cluster.add_argument("--nsd-base-port", type=int, default=7001, help="NSD port of node 1")
     cluster.add_argument("--tep-base-port", type=int, default=7101, help="TEP port of node 1")
     cluster.add_argument("--stream-base-port", type=int, default=7878, help="stream port of node 1")
+    cluster.add_argument(
+        "--sysv-base-key", type=lambda v: int(v, 0), default=0x420, help="SysV queue key of node 1 (0: none)"
+    )
     cluster.add_argument("--http-base-port", type=int, default=8181, help="ops (/health, /metrics) port of node 1")
     cluster.add_argument("--data-dir", default="pubsubclub-data", help="stores and metrics folder")
     cluster.add_argument("--metrics-interval", type=float, default=10.0, help="seconds between metrics dumps")
@@ -97,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 nsd_base=args.nsd_base_port,
                 tep_base=args.tep_base_port,
                 stream_base=args.stream_base_port,
+                sysv_base_key=args.sysv_base_key,
                 http_base=args.http_base_port,
                 data_dir=args.data_dir,
                 listen_role=args.listen_role,

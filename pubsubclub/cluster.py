@@ -29,6 +29,10 @@ class ClusterLayout:
     nsd_base: int = 7001
     tep_base: int = 7101
     stream_base: int = 7878
+    #: SysV queue key of node 1; node k uses base + k - 1 (one queue per node). 0: no SysV front-end.
+    sysv_base_key: int = 0x420
+    #: Hub topic prefix of the nodes' SysV channels (a channel name has at most 16 characters).
+    sysv_prefix: str = ""
     http_base: int = 8181
     data_dir: str = "pubsubclub-data"
     listen_role: str = "producer"
@@ -52,6 +56,10 @@ def node_command(layout: ClusterLayout, index: int) -> list[str]:
            "--metrics-dir", os.path.join(layout.data_dir, "metrics"),
            "--metrics-interval", str(layout.metrics_interval),
            "--listen-role", layout.listen_role, "--log-level", layout.log_level]  # fmt: skip
+    if layout.sysv_base_key:
+        cmd += ["--sysv", hex(layout.sysv_base_key + offset)]
+        if layout.sysv_prefix:
+            cmd += ["--sysv-prefix", layout.sysv_prefix]
     for k in range(1, layout.count + 1):
         if k != index:
             cmd += ["--peer", f"ws://127.0.0.1:{layout.psc_base + k - 1}/psc"]
@@ -113,7 +121,7 @@ def _open_links(health_url: str) -> int:
 def print_table(rows: list[dict[str, Any]]) -> None:
     """The endpoints of every node."""
     columns = [("node", "name"), ("WAMP", "wamp"), ("chat page", "http"), ("PSC", "psc"), ("NSD", "nsd"),
-               ("TEP", "tep"), ("stream", "stream"), ("health", "health")]  # fmt: skip
+               ("TEP", "tep"), ("stream", "stream"), ("SysV", "sysv"), ("health", "health")]  # fmt: skip
     widths = [max(len(title), *(len(str(row.get(key, "-"))) for row in rows)) for title, key in columns]
     print("  ".join(title.ljust(w) for (title, _), w in zip(columns, widths, strict=True)))
     for row in rows:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import re
 import selectors
 import signal
@@ -105,7 +106,7 @@ def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "pubsubclub", "cluster", "--nodes", "2", "--wamp-base-port", str(wamp),
          "--psc-base-port", str(psc), "--nsd-base-port", str(free_run(2)), "--tep-base-port", str(free_run(2)),
-         "--stream-base-port", str(free_run(2)),
+         "--stream-base-port", str(free_run(2)), "--sysv-base-key", hex(random.randint(0x10000000, 0x7FFFFFF0)),
          "--http-base-port", str(ops), "--data-dir", str(data), "--log-level", "info"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0, cwd=REPO, start_new_session=True,
     )  # fmt: skip

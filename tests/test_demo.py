@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import selectors
 import signal
 import subprocess
@@ -24,6 +25,7 @@ def test_demo_shows_fan_out_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         key = f"DEMO_{name}_PORT"
         env[key] = str(free_run(3))
     env["DEMO_DATA_DIR"] = str(tmp_path / "data")
+    env["DEMO_SYSV_KEY"] = hex(random.randint(0x10000000, 0x7FFFFFF0))
     proc = subprocess.Popen(
         [sys.executable, str(REPO / "examples" / "demo.py")],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0, cwd=REPO, env=env, start_new_session=True,
@@ -51,6 +53,8 @@ def _check_demo(proc: subprocess.Popen[bytes], env: dict[str, str], tmp_path: Pa
     assert "node2 received: {'text': 'hello from node1'" in text
     assert "node3 received: {'text': 'hello from node1'" in text
     assert f"http://127.0.0.1:{env['DEMO_WAMP_PORT']}/" in text
+    assert "C client: reply OPERATION_SUCCESS" in text
+    assert "stream subscriber on node2 received: '[chat] [democ]: hello from C'" in text
     os.killpg(proc.pid, signal.SIGINT)  # what Ctrl-C in a terminal does: the whole group
     assert proc.wait(WAIT_SECONDS) == 0
     assert (tmp_path / "data" / "node1" / "nsd.sqlite3").exists()

@@ -44,6 +44,9 @@
     var m = (args && args.length) ? args[0] : kwargs;
     if (m && typeof m === "object" && "text" in m) {
       addMessage(String(m.nick || "anonymous"), String(m.text));
+    } else if (typeof m === "string") {
+      // Text from other front-ends (SysV "[chat] [nick]: text", TEP, stream).
+      addMessage("", m);
     } else {
       addMessage("?", JSON.stringify({ args: args, kwargs: kwargs }));
     }
