@@ -224,3 +224,24 @@ def test_reserved_topics_and_unknown_requests_are_refused(node: NodeProcess) -> 
     assert writer.recv(2) == [error(c.ErrorCode.BAD_REQUEST)] * 2
     writer.send(c.Publish("t.ok", b"ok"))
     assert writer.one() == OK
+
+
+def test_stream_traffic_is_counted_in_metrics_like_other_front_ends(node: NodeProcess) -> None:
+    """published, delivered and dropped (reason checksum) under front-end stream in /metrics."""
+    import urllib.request
+
+    writer, reader = client(node), client(node)
+    reader.send(c.Subscribe("t.metrics", c.Position.LATEST))
+    assert reader.one() == OK
+    writer.send(c.Publish("t.metrics", b"12345"))
+    assert writer.one() == OK
+    writer.raw(b'{"Publish": {"topic": "t.metrics", "payload_size": 1, "checksum": "' + b"0" * 40 + b'"}}x')
+    assert writer.one() == error(c.ErrorCode.CHECKSUM_MISMATCH)
+    assert reader.one() == c.Message("t.metrics", 0, b"12345")
+    with urllib.request.urlopen(node.ops_url + "metrics", timeout=5) as r:
+        text = r.read().decode()
+    series = [ln for ln in text.splitlines() if ln.startswith("pubsubclub_messages_total") and "t.metrics" in ln]
+    for kind, reason in (("published", ""), ("delivered", ""), ("dropped", "checksum")):
+        wanted = ('frontend="stream"', f'kind="{kind}"', f'reason="{reason}"')
+        line = next((ln for ln in series if all(w in ln for w in wanted)), None)
+        assert line is not None and line.endswith(" 1.0"), (kind, line)
