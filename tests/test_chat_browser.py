@@ -101,3 +101,57 @@ def test_chat_message_crosses_nodes_in_the_browser(cluster_factory: Callable[...
         if watcher.poll() is None:
             watcher.kill()
             watcher.wait()
+
+
+def test_the_c_clients_message_shows_up_in_a_chat_page_on_another_node(tmp_path: Path) -> None:
+    """As in the demo: the C client on node 1's SysV queue, channel chat (prefix pubsubclub.demo.), node 2's page."""
+    import random
+
+    from conftest import NodeProcess
+
+    chromium = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+    node = shutil.which("node")
+    if not os.access(chromium, os.X_OK) or node is None:
+        pytest.fail("chromium and node are needed (make test installs them)")
+    c_client = tmp_path / "client"
+    subprocess.run(
+        ["gcc", "-std=c11", "-O2", "-o", str(c_client), str(REPO / "examples" / "sysv" / "client.c")], check=True
+    )
+    key = random.randint(0x10000000, 0x7FFFFFF0)
+    one = NodeProcess("node1", tmp_path, extra=("--sysv", hex(key), "--sysv-prefix", "pubsubclub.demo."))
+    two = NodeProcess("node2", tmp_path)
+    one.peers, two.peers = [two.psc_url], [one.psc_url]
+    cluster = Cluster([one.start(), two.start()])
+    page = None
+    try:
+        cluster.wait_linked()
+        text = f"hello from C {random.randint(0, 10**9)}"
+        page = subprocess.Popen(
+            [node, str(CHAT_BROWSER_JS), "--watch", two.http_url, "--text", text, "--timeout", str(PAGE_TIMEOUT)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        )  # fmt: skip
+        assert page.stdout is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(page.stdout, selectors.EVENT_READ)
+            first = page.stdout.readline() if sel.select(3 * PAGE_TIMEOUT) else ""
+        assert json.loads(first or "{}") == {"connected": True}, (first, page.stderr.read() if page.stderr else "")
+        wait_until(lambda: "node2" in one.stats()["remote_interest"].get(CHAT_TOPIC, []), "the page's interest")
+        script = f"connect\nlogin democ\nregister chat\nsend chat {text}\nquit\n"
+        said = subprocess.run([str(c_client), hex(key)], input=script, capture_output=True, text=True, timeout=30)
+        assert "reply OPERATION_SUCCESS" in said.stdout, said.stdout
+        out, err = page.communicate(timeout=3 * PAGE_TIMEOUT + WAIT_SECONDS)
+        result = json.loads(out.splitlines()[-1])
+        assert page.returncode == 0 and result["ok"] is True, (result, err)
+        assert result["seen"] == f"·: [chat] [democ]: {text}", result  # as text, not as a JSON dump
+    finally:
+        if page is not None and page.poll() is None:
+            page.kill()
+            page.wait()
+        for n in cluster.nodes:
+            n.stop()
+        try:
+            import sysv_ipc
+
+            sysv_ipc.MessageQueue(key).remove()
+        except Exception:  # already gone
+            pass

@@ -45,8 +45,8 @@
     if (m && typeof m === "object" && "text" in m) {
       addMessage(String(m.nick || "anonymous"), String(m.text));
     } else if (typeof m === "string") {
-      // Text from other front-ends (SysV "[chat] [nick]: text", TEP, stream).
-      addMessage("", m);
+      // Text from other front-ends (SysV "[chat] [nick]: text", TEP, stream), shown as it is.
+      addMessage("·", m);
     } else {
       addMessage("?", JSON.stringify({ args: args, kwargs: kwargs }));
     }

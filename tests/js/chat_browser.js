@@ -30,20 +30,24 @@ function usage(msg) {
   process.exit(2);
 }
 
-const opts = { nick: "alice", timeout: "20", checkA: true };
+const opts = { nick: "alice", timeout: "20", checkA: true, watch: false };
 const urls = [];
 const argv = process.argv.slice(2);
 for (let i = 0; i < argv.length; i++) {
   const a = argv[i];
   if (a === "-h" || a === "--help") { usage(); }
   else if (a === "--no-check-a") { opts.checkA = false; }
+  else if (a === "--watch") { opts.watch = true; }
   else if (["--screenshot", "--nick", "--text", "--timeout"].includes(a)) {
     if (i + 1 >= argv.length) { usage("missing value for " + a); }
     opts[a.slice(2)] = argv[++i];
   } else if (a.startsWith("--")) { usage("unknown option " + a); }
   else { urls.push(a); }
 }
-if (urls.length !== 2) { usage("need exactly two URLs"); }
+// --watch URL --text TEXT: open one page, print {"connected": true}, then wait for TEXT
+// to show up there (sent by something else: another protocol's client).
+if (urls.length !== (opts.watch ? 1 : 2)) { usage(opts.watch ? "--watch takes one URL" : "need exactly two URLs"); }
+if (opts.watch && !opts.text) { usage("--watch needs --text"); }
 const timeoutMs = Number(opts.timeout) * 1000;
 if (!(timeoutMs > 0)) { usage("--timeout must be > 0"); }
 const text = opts.text || ("hello from A " + Math.random().toString(36).slice(2, 10));
@@ -109,6 +113,15 @@ async function main() {
   }, 3 * timeoutMs + 30000);
   try {
     browser = await chromium.launch({ executablePath: CHROMIUM, headless: true, args: CHROMIUM_ARGS, timeout: 60000 });
+    if (opts.watch) {
+      pageB = await openPage(browser, urls[0], debug.b.console);
+      await waitConnected(pageB, "watched");
+      await out({ connected: true });
+      const seen = await waitMessage(pageB, "watched");
+      if (opts.screenshot) { await pageB.screenshot({ path: opts.screenshot }); }
+      await out({ ok: true, seen: seen });
+      return 0;
+    }
     const pageA = await openPage(browser, urls[0], debug.a.console);
     pageB = await openPage(browser, urls[1], debug.b.console);
     await Promise.all([waitConnected(pageA, "A"), waitConnected(pageB, "B")]);
