@@ -61,11 +61,13 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "stream", "idle"],
+        choices=["wamp", "stream", "idle", "fanout"],
         default="wamp",
         help="wamp: cross-node WAMP throughput and latency (default); stream: durable stream publish and catch-up;"
-        " idle: node memory per idle WAMP session",
+        " idle: node memory per idle WAMP session; fanout: one publisher to --subscribers over 3 nodes",
     )
+    bench.add_argument("--subscribers", type=int, default=1000, help="fanout: subscribers (default 1000)")
+    bench.add_argument("--fanout-messages", type=int, default=2000, help="fanout: messages published (default 2000)")
     bench.add_argument("--sessions", type=int, default=10_000, help="idle: WAMP sessions to open (default 10000)")
     bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
     bench.add_argument("--relaxed", action="store_true", help="stream: the node acks after write(), no fsync")
@@ -109,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return run_cluster(layout)
         if args.command == "bench":
+            if args.scenario == "fanout":
+                from pubsubclub.bench_fanout import run_fanout_bench
+
+                return run_fanout_bench(args)
             if args.scenario == "idle":
                 from pubsubclub.bench_idle import run_idle_bench
 

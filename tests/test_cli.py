@@ -168,3 +168,16 @@ def test_bench_idle_scenario_measures_memory_per_session() -> None:
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)
     assert results["sessions"] == 100 and results["rss_after"] >= results["rss_before"] > 0
+
+
+@pytest.mark.slow
+def test_bench_fanout_scenario_delivers_every_message_to_every_subscriber() -> None:
+    """``bench --scenario fanout`` over 3 nodes: every subscriber gets every message, the rate is reported."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "fanout", "--subscribers", "30",
+         "--fanout-messages", "100", "--json"],
+        capture_output=True, text=True, timeout=120, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout)
+    assert (results["deliveries"], results["lost"]) == (3000, 0) and results["deliveries_per_second"] > 0
