@@ -172,6 +172,12 @@ def _spawn_node(
     return proc, ready["wamp"], ready["ops"]
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _progress(text: str) -> None:
     """One progress line on stderr (stdout keeps only the results, e.g. for --json)."""
     print(f"bench: {text}", file=sys.stderr, flush=True)
@@ -257,9 +263,14 @@ def run_bench(args: argparse.Namespace) -> int:
             pb, url_b, _ = _spawn_node("bench-b", ports[2], ports[3], ports[1], ports[5])
             procs.append(pb)
         _progress(f"throughput run: {args.count} messages of {args.size} B as fast as possible (A -> B)")
+        cpu_before = [_cpu_seconds(p.pid) for p in procs]
         throughput = _one_run(
             url_a, url_b, ops_a, args.realm, "throughput", args.count, args.size, 0, args.max_seconds
         )
+        if procs:
+            # Both nodes' CPU (user + system, from /proc) per delivered message, for the whole run.
+            spent = sum(_cpu_seconds(p.pid) for p in procs) - sum(cpu_before)
+            throughput["server_cpu_us_per_msg"] = spent / max(throughput["received"], 1) * 1e6
         _progress(
             f"throughput: {throughput['delivered_rate']:.0f} msgs/s delivered; latency run: "
             f"{args.latency_count} messages at {args.rate}/s"
@@ -285,6 +296,7 @@ def run_bench(args: argparse.Namespace) -> int:
         print(
             f"throughput: sent {t['sent']} at {t['publish_rate']:.0f}/s, delivered {t['received']} "
             f"at {t['delivered_rate']:.0f} msgs/s cross-node, lost {t['lost']}"
+            + (f", nodes' CPU {t['server_cpu_us_per_msg']:.0f} us/msg" if "server_cpu_us_per_msg" in t else "")
         )
         if lat["latency_ms"]:
             lm = lat["latency_ms"]
