@@ -147,5 +147,7 @@ def test_ctrl_c_and_sigterm_together_stop_once(tmp_path: Path) -> None:
     node.proc.send_signal(signal.SIGTERM)
     assert node.proc.wait(20) == 0
     log = node.log_path.read_text()
-    assert "received SIGINT, shutting down" in log and "node twice shutting down" in log
+    # Whichever of the two Python handles first stops the node; the other is ignored.
+    assert log.count("shutting down\n") == 2  # "received SIG..., shutting down" and "node twice shutting down"
+    assert ("received SIGINT" in log) != ("received SIGTERM" in log) and "node twice shutting down" in log
     assert "ReactorNotRunning" not in log and "critical" not in log
