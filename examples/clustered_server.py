@@ -1,8 +1,9 @@
 """The user's own WAMP server (``tiny_wamp_server.py``) joined to a PubSubClub cluster.
 
 The whole integration is the class below: mix in ``PubSubClubMixin``, call
-``pubsubclub_setup``, report first/last subscribers and local publishes, and
-implement ``pubsubclub_dispatch`` for messages from other nodes.
+``pubsubclub_setup``, report first/last subscribers and local publishes (with
+their WAMP args and kwargs), and implement ``pubsubclub_dispatch_event`` for
+messages from other nodes.
 
     python examples/clustered_server.py --name a --wamp 8081 --psc 9101 --peer ws://127.0.0.1:9102/psc
 """
@@ -42,10 +43,10 @@ class ClusteredServer(PubSubClubMixin, TinyServer):
 
     def dispatch(self, topic: str, args: list[Any], kwargs: dict[str, Any], exclude: Any = None) -> None:
         super().dispatch(topic, args, kwargs, exclude)
-        self.pubsubclub_published(topic, args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs})
+        self.pubsubclub_published_event(topic, args, kwargs)  # args and kwargs cross unchanged
 
-    def pubsubclub_dispatch(self, topic: str, message: Any) -> None:
-        TinyServer.dispatch(self, topic, [message], {})  # local only: never forwarded again
+    def pubsubclub_dispatch_event(self, topic: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        TinyServer.dispatch(self, topic, args, kwargs)  # local only: never forwarded again
 
 
 def main() -> None:

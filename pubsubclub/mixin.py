@@ -8,10 +8,20 @@ small; a server must:
 * call :meth:`~PubSubClubMixin.pubsubclub_subscribed` when a topic gets its
   first local subscriber and :meth:`~PubSubClubMixin.pubsubclub_unsubscribed`
   when it loses its last one (calling them more often is harmless);
-* call :meth:`~PubSubClubMixin.pubsubclub_published` after it delivered a
-  local publish to its own subscribers;
-* implement :meth:`~PubSubClubMixin.pubsubclub_dispatch`, which delivers a
-  message that came from another node to its local subscribers only.
+* call :meth:`~PubSubClubMixin.pubsubclub_published_event` with the
+  publish's WAMP ``args`` and ``kwargs`` after it delivered it to its own
+  subscribers;
+* implement :meth:`~PubSubClubMixin.pubsubclub_dispatch_event`, which
+  delivers a message from another node, as ``args`` and ``kwargs``, to its
+  local subscribers only.
+
+``args`` and ``kwargs`` cross the cluster unchanged, between mixin servers,
+built-in nodes and WAMP clients on either: a publish of ``("hi", url)`` with
+``k=1`` arrives as ``("hi", url)`` with ``k=1`` everywhere. The hooks of
+earlier versions, ``pubsubclub_published(topic, message)`` and
+``pubsubclub_dispatch(topic, message)``, still work (one value per message;
+several args arrive as a ``{"args": [...], "kwargs": {...}}`` dict) and warn
+once with a DeprecationWarning.
 
 Everything else - listening for links, dialling peers, the handshake, pings,
 reconnects, interest bookkeeping - is the mixin's. A server that wants the
@@ -21,6 +31,7 @@ does) may subscribe sinks on :attr:`pubsubclub_hub` directly instead.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from twisted.internet import defer
@@ -40,7 +51,10 @@ class _ServerSink:
         self._server = server
 
     def deliver(self, envelope: Envelope) -> None:
-        self._server.pubsubclub_dispatch(envelope.topic, envelope.payload)
+        from pubsubclub.wamp.broker import event_arguments
+
+        args, kwargs = event_arguments(envelope)
+        self._server.pubsubclub_dispatch_event(envelope.topic, list(args), dict(kwargs or {}))
 
 
 class PubSubClubMixin:
@@ -99,13 +113,46 @@ class PubSubClubMixin:
         """The server has no local subscriber left for ``topic``."""
         self.pubsubclub_hub.unsubscribe(topic, self._pubsubclub_sink)
 
+    def pubsubclub_published_event(self, topic: str, args: Any = (), kwargs: dict[str, Any] | None = None) -> None:
+        """The server delivered a publish (WAMP ``args``, ``kwargs``) locally; send it to the rest of the cluster."""
+        hub = self.pubsubclub_hub
+        args, kwargs = list(args), dict(kwargs or {})
+        if len(args) == 1 and not kwargs:
+            envelope = hub.envelope(topic, args[0])
+        else:
+            envelope = hub.envelope(topic, {"args": args, "kwargs": kwargs}, wamp_wrapped=True)
+        hub.publish(envelope, exclude=self._pubsubclub_sink)
+
     def pubsubclub_published(self, topic: str, message: Any) -> None:
-        """The server delivered ``message`` locally; send it to the rest of the cluster."""
+        """Deprecated: :meth:`pubsubclub_published_event`. ``message`` travels as the one argument."""
+        _deprecated("pubsubclub_published(topic, message)", "pubsubclub_published_event(topic, args, kwargs)")
         hub = self.pubsubclub_hub
         hub.publish(hub.envelope(topic, message), exclude=self._pubsubclub_sink)
 
     # -- what the server provides ---------------------------------------------
 
+    def pubsubclub_dispatch_event(self, topic: str, args: list[Any], kwargs: dict[str, Any]) -> None:
+        """Deliver a message from another node (WAMP ``args``, ``kwargs``) to local subscribers only.
+
+        The default hands it to the deprecated :meth:`pubsubclub_dispatch`, as
+        one value (several args as a ``{"args", "kwargs"}`` dict).
+        """
+        _deprecated("pubsubclub_dispatch(topic, message)", "pubsubclub_dispatch_event(topic, args, kwargs)")
+        message = args[0] if len(args) == 1 and not kwargs else {"args": args, "kwargs": kwargs}
+        self.pubsubclub_dispatch(topic, message)
+
     def pubsubclub_dispatch(self, topic: str, message: Any) -> None:
-        """Deliver a message from another node to local subscribers only."""
-        raise NotImplementedError("a PubSubClubMixin server must implement pubsubclub_dispatch(topic, message)")
+        """Deprecated: implement :meth:`pubsubclub_dispatch_event` instead."""
+        raise NotImplementedError(
+            "a PubSubClubMixin server must implement pubsubclub_dispatch_event(topic, args, kwargs)"
+        )
+
+
+_warned: set[str] = set()
+
+
+def _deprecated(old: str, new: str) -> None:
+    """Warn once per hook that an old hook is in use."""
+    if old not in _warned:
+        _warned.add(old)
+        warnings.warn(f"PubSubClubMixin.{old} is deprecated; use {new}", DeprecationWarning, stacklevel=3)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import pytest_twisted
@@ -88,3 +89,51 @@ async def test_user_server_with_mixin_federates_publishes(two_servers: tuple[Exa
     await rec.wait_until(lambda r: "end" in r.args)
     assert rec.args == [*range(10), "end"]
     await leave(pub, sub)
+
+
+@pytest_twisted.ensureDeferred
+async def test_args_and_kwargs_cross_unchanged_between_mixin_servers_and_a_node(tmp_path: Path) -> None:
+    """("hi", url) with k=1 published on a mixin server or a built-in node arrives as exactly that everywhere."""
+    from conftest import NodeProcess
+    from twisted.internet import reactor
+
+    a, b = ExampleServer("a", tmp_path), ExampleServer("b", tmp_path)
+    node = NodeProcess("n", tmp_path)
+    psc = {"a": f"ws://127.0.0.1:{a.psc_port}/psc", "b": f"ws://127.0.0.1:{b.psc_port}/psc", "n": node.psc_url}
+    node.peers = [psc["a"], psc["b"]]
+    node.start()
+    a.start([psc["b"], psc["n"]])
+    b.start([psc["a"], psc["n"]])
+    urls = {"a": f"ws://127.0.0.1:{a.wamp_port}/ws", "b": f"ws://127.0.0.1:{b.wamp_port}/ws", "n": node.wamp_url}
+    sessions: dict[str, Any] = {}
+    try:
+        recs = {}
+        for name, url in urls.items():
+            sessions[name] = await connect(url)
+            recs[name], _ = await subscribe(sessions[name], "example.args")
+        for source in ("a", "n"):
+            others = [name for name in urls if name != source]
+            # Interest is up once a probe from the source reaches every other subscriber.
+            probes = {}
+            for name in others:
+                probes[name], _ = await subscribe(sessions[name], f"example.probe.{source}")
+            prober = task.LoopingCall(lambda s=source: sessions[s].publish(f"example.probe.{s}", "probe"))
+            prober.clock = reactor
+            prober.start(0.05)
+            try:
+                for name in others:
+                    await probes[name].wait_for(1)
+            finally:
+                prober.stop()
+            await publish_acked(sessions[source], "example.args", "hi", "ws://x/y", k=1, source=source)
+            for name in others:
+                await recs[name].wait_until(lambda r, s=source: any(kw.get("source") == s for _, kw in r.events))
+                assert (("hi", "ws://x/y"), {"k": 1, "source": source}) in recs[name].events, (source, name)
+    finally:
+        for session in sessions.values():
+            await leave(session)
+        for server in (a, b):
+            if server.proc is not None:
+                server.proc.terminate()
+                server.proc.wait(WAIT_SECONDS)
+        node.stop()
