@@ -18,16 +18,16 @@ import os
 import platform
 import resource
 import socket
-import struct
 import subprocess
 import sys
 import time
 import urllib.request
 from typing import Any
 
-from pubsubclub.bench_idle import _frame, _progress
+from pubsubclub.bench_idle import frame, joined_session, progress, read_frame
 
 TOPIC = "pubsubclub.bench.fanout"
+PUBSUB_HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]).encode()
 NODES = 3
 
 
@@ -62,57 +62,23 @@ async def _read_frames(reader: asyncio.StreamReader, want: int, counter: list[in
     """Count EVENT frames (type 36) until ``want`` arrived."""
     got = 0
     while got < want:
-        head = await reader.readexactly(2)
-        length = head[1] & 0x7F
-        if length == 126:
-            length = struct.unpack("!H", await reader.readexactly(2))[0]
-        elif length == 127:
-            length = struct.unpack("!Q", await reader.readexactly(8))[0]
-        payload = await reader.readexactly(length)
-        if payload.startswith(b"[36,"):
+        if (await read_frame(reader)).startswith(b"[36,"):
             got += 1
             counter[0] += 1
     done.set()
 
 
-async def _joined(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    import base64
-
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    key = base64.b64encode(os.urandom(16)).decode()
-    writer.write(
-        (
-            f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: wamp.2.json\r\n\r\n"
-        ).encode()
-    )
-    await reader.readuntil(b"\r\n\r\n")
-    writer.write(_frame(json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]).encode()))
-    await _one(reader)  # WELCOME
-    return reader, writer
-
-
-async def _one(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readexactly(2)
-    length = head[1] & 0x7F
-    if length == 126:
-        length = struct.unpack("!H", await reader.readexactly(2))[0]
-    elif length == 127:
-        length = struct.unpack("!Q", await reader.readexactly(8))[0]
-    return await reader.readexactly(length)
-
-
 async def _run(ports: list[int], ops: str, subscribers: int, count: int, size: int, deadline: float) -> dict[str, Any]:
     subs = []
     for i in range(subscribers):
-        reader, writer = await _joined(ports[i % NODES])
-        writer.write(_frame(json.dumps([32, i + 1, {}, TOPIC]).encode()))
-        answer = await _one(reader)
+        reader, writer = await joined_session(ports[i % NODES], PUBSUB_HELLO)
+        writer.write(frame(json.dumps([32, i + 1, {}, TOPIC]).encode()))
+        answer = await read_frame(reader)
         if not answer.startswith(b"[33,"):
             raise RuntimeError(f"no SUBSCRIBED: {answer[:80]!r}")
         subs.append((reader, writer))
         if (i + 1) % 250 == 0:
-            _progress(f"{i + 1} subscribers")
+            progress(f"{i + 1} subscribers")
     # Node 1 must know both other nodes want the topic before the first publish.
     while time.monotonic() < deadline:
         with urllib.request.urlopen(ops + "stats", timeout=5) as r:
@@ -122,10 +88,10 @@ async def _run(ports: list[int], ops: str, subscribers: int, count: int, size: i
     counter = [0]
     done = [asyncio.Event() for _ in subs]
     readers = [asyncio.ensure_future(_read_frames(r, count, counter, d)) for (r, _), d in zip(subs, done, strict=True)]
-    pub_reader, pub_writer = await _joined(ports[0])
+    pub_reader, pub_writer = await joined_session(ports[0], PUBSUB_HELLO)
     body = "x" * size
-    frames = [_frame(json.dumps([16, n + 1, {}, TOPIC, [body]]).encode()) for n in range(min(count, 1000))]
-    _progress(f"publishing {count} messages of {size} B on node 1 to {subscribers} subscribers")
+    frames = [frame(json.dumps([16, n + 1, {}, TOPIC, [body]]).encode()) for n in range(min(count, 1000))]
+    progress(f"publishing {count} messages of {size} B on node 1 to {subscribers} subscribers")
     start = time.perf_counter()
     for n in range(count):
         pub_writer.write(frames[n % len(frames)])
@@ -145,7 +111,7 @@ async def _run(ports: list[int], ops: str, subscribers: int, count: int, size: i
 def run_fanout_bench(args: argparse.Namespace) -> int:
     """Start 3 nodes, fan one publisher out to the subscribers, print deliveries/s."""
     subscribers, count, size = args.subscribers, args.fanout_messages, args.size
-    _progress(
+    progress(
         f"settings: --scenario fanout --subscribers {subscribers} --fanout-messages {count} --size {size}"
         f" --max-seconds {args.max_seconds:g} (defaults: 1000, 2000, 100, 60)"
     )

@@ -27,7 +27,8 @@ from typing import Any
 HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}}}]).encode()
 
 
-def _progress(text: str) -> None:
+def progress(text: str) -> None:
+    """One progress line on stderr."""
     print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
@@ -38,7 +39,8 @@ def _rss(pid: int) -> int:
     raise RuntimeError("no VmRSS")
 
 
-def _frame(payload: bytes) -> bytes:
+def frame(payload: bytes) -> bytes:
+    """One masked text frame (a client must mask)."""
     mask = os.urandom(4)
     masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
     n = len(payload)
@@ -46,7 +48,19 @@ def _frame(payload: bytes) -> bytes:
     return header + mask + masked
 
 
-async def _session(port: int) -> asyncio.StreamWriter:
+async def read_frame(reader: asyncio.StreamReader) -> bytes:
+    """The payload of the next (unmasked, server-sent) WebSocket frame."""
+    head = await reader.readexactly(2)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = struct.unpack("!H", await reader.readexactly(2))[0]
+    elif length == 127:
+        length = struct.unpack("!Q", await reader.readexactly(8))[0]
+    return await reader.readexactly(length)
+
+
+async def joined_session(port: int, hello: bytes = HELLO) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WAMP session over a minimal WebSocket client: the upgrade, HELLO, WELCOME read back."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     key = base64.b64encode(os.urandom(16)).decode()
     writer.write(
@@ -56,15 +70,15 @@ async def _session(port: int) -> asyncio.StreamWriter:
         ).encode()
     )
     await reader.readuntil(b"\r\n\r\n")
-    writer.write(_frame(HELLO))
-    head = await reader.readexactly(2)
-    length = head[1] & 0x7F
-    if length == 126:
-        length = struct.unpack("!H", await reader.readexactly(2))[0]
-    welcome = json.loads(await reader.readexactly(length))
+    writer.write(frame(hello))
+    welcome = json.loads(await read_frame(reader))
     if welcome[0] != 2:
         raise RuntimeError(f"no WELCOME: {welcome!r}")
-    return writer
+    return reader, writer
+
+
+async def _session(port: int) -> asyncio.StreamWriter:
+    return (await joined_session(port))[1]
 
 
 async def _open_all(port: int, count: int, deadline: float) -> list[asyncio.StreamWriter]:
@@ -76,14 +90,14 @@ async def _open_all(port: int, count: int, deadline: float) -> list[asyncio.Stre
         n = min(batch, count - len(writers))
         writers.extend(await asyncio.gather(*(_session(port) for _ in range(n))))
         if len(writers) % 2000 == 0:
-            _progress(f"{len(writers)} sessions open")
+            progress(f"{len(writers)} sessions open")
     return writers
 
 
 def run_idle_bench(args: argparse.Namespace) -> int:
     """Start a node, open the sessions, print the memory per session."""
     count = args.sessions
-    _progress(f"settings: --scenario idle --sessions {count} --max-seconds {args.max_seconds:g} (defaults: 10000, 60)")
+    progress(f"settings: --scenario idle --sessions {count} --max-seconds {args.max_seconds:g} (defaults: 10000, 60)")
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, count * 2 + 1024)
     if soft < want:

@@ -31,7 +31,6 @@ import math
 import struct
 from typing import Any
 
-from autobahn.wamp.exception import InvalidUriError, ProtocolError
 from autobahn.wamp.message import Message
 from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
@@ -39,7 +38,7 @@ from twisted.python.failure import Failure
 
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
-from pubsubclub.wamp.transport import bounded_serializers
+from pubsubclub.wamp.transport import bounded_serializers, feed_session
 
 log = Logger()
 
@@ -154,24 +153,8 @@ class WampRawSocketProtocol(Protocol):
                 self._message(payload)
 
     def _message(self, payload: bytes) -> None:
-        session, serializer = self._session, self._serializer
-        if session is None or serializer is None:
-            return
-        try:
-            messages = serializer.unserialize(payload)
-        except ProtocolError as e:
-            session.protocol_violation(str(e))
-            return
-        except InvalidUriError as e:
-            session.invalid_uri(None, str(e))
-            return
-        except Exception as e:  # any other decoder failure is still the peer's bad input
-            session.protocol_violation(f"undecodable WAMP message: {type(e).__name__}")
-            return
-        for msg in messages:
-            if self._session is None:
-                return
-            session.onMessage(msg)
+        if self._serializer is not None:
+            feed_session(lambda: self._session, self._serializer, payload, None)
 
     def _fail(self, problem: str) -> None:
         log.info("RawSocket client {peer}: {problem}; closing", peer=self._peer(), problem=problem)

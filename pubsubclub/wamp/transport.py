@@ -21,6 +21,7 @@ module adds what a public-facing router needs on top:
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -69,35 +70,7 @@ class WampServerProtocol(WampWebSocketServerProtocol):
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803
         """Decode WAMP messages; answer undecodable input with ABORT."""
-        session = self._session
-        if session is None:
-            return
-        try:
-            messages = self._serializer.unserialize(payload, isBinary)
-        except ProtocolError as e:
-            session.protocol_violation(str(e))
-            return
-        except InvalidUriError as e:
-            session.invalid_uri(self._raw_message(payload), str(e))
-            return
-        except Exception as e:
-            # Any other decoder failure is still the peer's bad input.
-            log.debug("undecodable WAMP message: {error!r}", error=e)
-            session.protocol_violation(f"undecodable WAMP message: {type(e).__name__}")
-            return
-        for msg in messages:
-            if self._session is None:
-                return
-            session.onMessage(msg)
-
-    def _raw_message(self, payload: bytes) -> Any:
-        """The message as a plain list, for replying to a refused URI."""
-        try:
-            # Autobahn's object serializer (JSON or MessagePack) for this
-            # connection; only the first (and only, unbatched) message.
-            return self._serializer._serializer.unserialize(payload)[0]
-        except Exception:
-            return None
+        feed_session(lambda: self._session, self._serializer, payload, isBinary)
 
     def send(self, msg: Message) -> None:
         """Serialize ``msg`` (cached per message and wire format) and send it."""
@@ -117,6 +90,45 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         self.wasClean = False
         self.wasNotCleanReason = reason
         self.dropConnection(abort=True)
+
+
+def feed_session(current: Callable[[], Any], serializer: Any, payload: bytes, is_binary: bool | None) -> None:
+    """Decode one transport message and hand each WAMP message to the session ``current()`` returns.
+
+    Undecodable input is the peer's fault: ABORT (``protocol_violation``), or
+    an ERROR for a refused URI (``invalid_uri``). Shared by the WebSocket and
+    RawSocket transports, so both treat bad input alike.
+    """
+    session = current()
+    if session is None:
+        return
+    try:
+        messages = serializer.unserialize(payload, is_binary)
+    except ProtocolError as e:
+        session.protocol_violation(str(e))
+        return
+    except InvalidUriError as e:
+        session.invalid_uri(_raw_message(serializer, payload), str(e))
+        return
+    except Exception as e:
+        # Any other decoder failure is still the peer's bad input.
+        log.debug("undecodable WAMP message: {error!r}", error=e)
+        session.protocol_violation(f"undecodable WAMP message: {type(e).__name__}")
+        return
+    for msg in messages:
+        if current() is None:
+            return
+        session.onMessage(msg)
+
+
+def _raw_message(serializer: Any, payload: bytes) -> Any:
+    """The message as a plain list, for replying to a refused URI."""
+    try:
+        # Autobahn's object serializer (JSON or MessagePack) for this
+        # connection; only the first (and only, unbatched) message.
+        return serializer._serializer.unserialize(payload)[0]
+    except Exception:
+        return None
 
 
 class _BoundedJsonObjectSerializer(JsonObjectSerializer):  # type: ignore[misc]
