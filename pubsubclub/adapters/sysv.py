@@ -22,6 +22,9 @@ Channels and hub topics
     SysV channel ``c`` is hub topic ``prefix + c`` (``--sysv-prefix``). The
     channel registry is this node's (the queue is): a channel exists for the
     node's SysV clients once one of them registered it (MSGREG).
+
+Why one long module: the service, the queue's budget, the receive thread and
+the front-end are one queue's whole life and are read together.
 """
 
 from __future__ import annotations
