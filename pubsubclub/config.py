@@ -125,6 +125,9 @@ class WampSection:
     call_timeout: float = setting(
         0.0, "longest a node-local RPC call may take, in seconds (0: only the caller's own timeout option)", metavar="S"
     )
+    max_pending_calls: int = setting(
+        1000, "node-local RPC calls one session may have in flight; one more gets an ERROR at once", metavar="N"
+    )
     await_interest: bool = setting(
         False,
         "hold SUBSCRIBED until every linked node has the new interest, so a publish made after it on any node"
@@ -443,6 +446,8 @@ class NodeConfig:
             raise ConfigError("metrics-max-topics", "must be an integer between 1 and 100000")
         if nsd.listen is not None:
             _check_endpoint("nsd", nsd.listen)
+        if type(wamp.max_pending_calls) is not int or not 1 <= wamp.max_pending_calls <= 1_000_000:
+            raise ConfigError("wamp-max-pending-calls", "must be an integer between 1 and 1000000")
         if not 0.05 <= metrics.interval <= 86_400:
             raise ConfigError("metrics-interval", "must be between 0.05 and 86400 seconds")
         if not node.data_dir:

@@ -97,6 +97,7 @@ class WampFrontend(Frontend):
             reactor=reactor,
             await_interest=config.wamp.await_interest,
             max_call_seconds=config.wamp.call_timeout,
+            max_pending_calls=config.wamp.max_pending_calls,
         )
         self.router = self.server.router
         super().__init__()

@@ -237,6 +237,7 @@ class WampRouter:
         await_interest: bool = False,
         call_later: Callable[[float, Callable[[], None]], Any] | None = None,
         max_call_seconds: float = 0.0,
+        max_pending_calls: int = 1000,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
@@ -255,7 +256,9 @@ class WampRouter:
         #: Hold SUBSCRIBED until the hub says every linked node has the interest (``Hub.interest_settled``).
         self.await_interest = await_interest
         #: Node-local RPC (pubsubclub/wamp/dealer.py); calls time out through ``call_later`` when given.
-        self.dealer = Dealer(new_id, call_later=call_later, max_call_seconds=max_call_seconds)
+        self.dealer = Dealer(
+            new_id, call_later=call_later, max_call_seconds=max_call_seconds, max_pending_calls=max_pending_calls
+        )
         self._subscriptions: dict[str, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()
         #: Sessions with an open transport.
