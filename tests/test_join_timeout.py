@@ -18,11 +18,11 @@ import pytest
 import pytest_twisted
 from conftest import NodeProcess, free_port
 from rawws import close_of
-from twisted.internet import threads
 from test_rawsocket import Raw
-from websockets.sync.client import connect as ws_connect
-from wampclient import leave, publish_acked, subscribe
+from twisted.internet import threads
 from wampclient import connect as wamp_connect
+from wampclient import leave, publish_acked, subscribe
+from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow
 
