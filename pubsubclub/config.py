@@ -30,6 +30,8 @@ from urllib.parse import urlsplit
 
 from twisted.internet.endpoints import _parseServer  # type: ignore[attr-defined]
 
+from pubsubclub.dumpfile import DUMP_FORMATS
+
 if TYPE_CHECKING:
     from pubsubclub.wamp.auth import AuthPolicy
 
@@ -284,6 +286,11 @@ class MetricsSection:
     dir: str | None = setting(None, "write metrics dumps here (docs/metrics.md)", metavar="DIR", shown_default="off")
     interval: float = setting(10.0, "seconds between metrics dumps", metavar="S")
     max_topics: int = setting(200, "topics with their own /metrics series; the rest summed as __other__", metavar="N")
+    dump_format: str = setting(
+        "jsonl",
+        "file format of the metrics dumps: JSON lines, Parquet (needs pyarrow: the parquet extra), or both",
+        choices=DUMP_FORMATS,
+    )
 
 
 #: Section name in TOML and on NodeConfig -> its dataclass; "" is the top level.
@@ -456,6 +463,10 @@ class NodeConfig:
             raise ConfigError("wamp-join-timeout", "must be a number of seconds between 0.1 and 3600")
         if type(wamp.max_pending_calls) is not int or not 1 <= wamp.max_pending_calls <= 1_000_000:
             raise ConfigError("wamp-max-pending-calls", "must be an integer between 1 and 1000000")
+        if metrics.dump_format not in DUMP_FORMATS:
+            raise ConfigError(
+                "metrics-dump-format", f"must be one of {', '.join(DUMP_FORMATS)}, not {metrics.dump_format!r}"
+            )
         if not 0.05 <= metrics.interval <= 86_400:
             raise ConfigError("metrics-interval", "must be between 0.05 and 86400 seconds")
         if not node.data_dir:

@@ -1,10 +1,11 @@
-"""Node metrics: cheap counters on the hot path, periodic JSON-lines dumps, Prometheus.
+"""Node metrics: cheap counters on the hot path, periodic dumps (JSON lines and/or Parquet), Prometheus.
 
 Front-ends and the federation call :meth:`Metrics.count` (one dict lookup and
 two integer additions) and :meth:`Metrics.latency`. Every interval a
-:class:`MetricsDumper` writes the interval's counts as one file in the layout
-and schema of docs/metrics.md (written to a temporary name, then renamed), and
-folds them into the running totals that the Prometheus collector reports.
+:class:`MetricsDumper` writes the interval's counts as one file per format in
+the layout and schema of docs/metrics.md (through :mod:`pubsubclub.dumpfile`:
+a temporary name, then renamed), and folds them into the running totals that
+the Prometheus collector reports.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import orjson
 from twisted.logger import Logger
 
 from pubsubclub.counters import COMPONENT_OF, COMPONENTS, AnyEvent
+from pubsubclub.dumpfile import formats_of, parquet_problem, write_dump
 
 log = Logger()
 
@@ -298,7 +300,12 @@ def records(
 
 
 class MetricsDumper:
-    """Writes one JSON-lines file per interval under ``directory``."""
+    """Writes one file per interval and format (JSON lines, Parquet) under ``directory``.
+
+    ``dump_format`` is ``[metrics] dump-format``. When it asks for Parquet and
+    pyarrow cannot be imported, the dumper writes JSON lines only and
+    ``problem`` says why (the node logs it at start).
+    """
 
     def __init__(
         self,
@@ -307,6 +314,7 @@ class MetricsDumper:
         gauges: Callable[[], dict[str, int]],
         links: Callable[[], list[dict[str, Any]]],
         clock: Callable[[], float] = time.time,
+        dump_format: str = "jsonl",
     ) -> None:
         self.metrics = metrics
         self.directory = directory
@@ -315,9 +323,14 @@ class MetricsDumper:
         self._clock = clock
         self._seq = 0
         self.files_written = 0
+        formats = formats_of(dump_format)
+        #: Why Parquet was asked for but is not written, or None.
+        self.problem = parquet_problem() if "parquet" in formats else None
+        #: The formats each dump is written in.
+        self.formats = ("jsonl",) if self.problem else formats
 
     def dump(self) -> str | None:
-        """Write the interval's records; return the file's path (None when there was nothing)."""
+        """Write the interval's records; the last file's path (None when there was nothing)."""
         now = self._clock()
         start, counters, latency = self.metrics.take_interval(now)
         if not counters and not latency:
@@ -330,24 +343,16 @@ class MetricsDumper:
             time.strftime("date=%Y-%m-%d", stamp),
             time.strftime("hour=%H", stamp),
         )
-        os.makedirs(folder, exist_ok=True)
         self._seq += 1
-        name = f"part-{int(now * 1000)}-{self._seq:06d}.jsonl"
-        temporary = os.path.join(folder, f".{name}.tmp")
-        with open(temporary, "wb") as f:
-            f.write(b"".join(orjson.dumps(row) + b"\n" for row in rows))
-            f.flush()
-            os.fsync(f.fileno())
-        final = os.path.join(folder, name)
-        os.replace(temporary, final)
-        self.files_written += 1
-        return final
+        written = write_dump(folder, f"part-{int(now * 1000)}-{self._seq:06d}", rows, self.formats)
+        self.files_written += len(written)
+        return written[-1]
 
     def safe_dump(self) -> None:
         """Dump, logging instead of raising (called from a timer)."""
         try:
             self.dump()
-        except OSError as e:
+        except (OSError, ValueError, TypeError) as e:  # pyarrow's errors are ValueError/TypeError subclasses
             log.error("cannot write metrics to {dir}: {error}", dir=self.directory, error=e)
 
 

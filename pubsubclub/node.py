@@ -111,7 +111,13 @@ class Node:
         self.state = "starting"
         self.dumper: MetricsDumper | None = None
         if config.metrics.dir is not None:
-            self.dumper = MetricsDumper(self.metrics, config.metrics.dir, self.subscriber_gauges, self.federation.links)
+            self.dumper = MetricsDumper(
+                self.metrics,
+                config.metrics.dir,
+                self.subscriber_gauges,
+                self.federation.links,
+                dump_format=config.metrics.dump_format,
+            )
         self._dump_loop: task.LoopingCall | None = None
         #: Things to stop first on shutdown (discovery deregisters here).
         self.before_stop: list[Any] = []
@@ -196,6 +202,8 @@ class Node:
         for url in self.config.federation.peers:
             self.federation.add_server(url)
         if self.dumper is not None:
+            if self.dumper.problem:
+                log.warn("metrics dumps in JSON lines only: {problem}", problem=self.dumper.problem)
             self._dump_loop = task.LoopingCall(self.dumper.safe_dump)
             self._dump_loop.clock = self.reactor
             self._dump_loop.start(self.config.metrics.interval, now=False)

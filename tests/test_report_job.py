@@ -154,7 +154,7 @@ def test_empty_folder_exits_3_with_a_message(tmp_path: Path, capsys: pytest.Capt
     (tmp_path / "m" / "node=a").mkdir(parents=True)
     code = cli.main(["report", "--metrics", str(tmp_path / "m"), "--out", str(tmp_path / "out")])
     assert code == 3
-    assert "no metrics files (*.jsonl) under" in capsys.readouterr().err
+    assert "no metrics files (*.jsonl, *.parquet) under" in capsys.readouterr().err
 
 
 def test_missing_folder_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -237,7 +237,7 @@ def test_generate_is_deterministic(tmp_path: Path) -> None:
 def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``pubsubclub report --generate N`` writes N records and says where."""
     assert cli.main(["report", "--generate", "100", "--out", str(tmp_path / "m"), "--nodes", "2"]) == 0
-    assert "wrote 100 records in 1 files" in capsys.readouterr().out
+    assert "wrote 100 records in 1 files (jsonl)" in capsys.readouterr().out
     assert sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "m").rglob("*.jsonl")) == 100
 
 

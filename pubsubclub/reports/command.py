@@ -10,6 +10,9 @@ import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
+from pubsubclub.dumpfile import DUMP_FORMATS
+from pubsubclub.reports.generate import RECORDS_PER_FILE
+
 #: Exit codes of ``pubsubclub report`` (docs/report.md).
 EXIT_OK = 0
 EXIT_USAGE = 2
@@ -108,6 +111,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     gen.add_argument("--topics", type=int, default=100, metavar="M", help="synthetic topics (default 100)")
     gen.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
     gen.add_argument("--workers", type=int, metavar="P", help="generator processes (default: CPU count)")
+    gen.add_argument(
+        "--dump-format",
+        choices=DUMP_FORMATS,
+        default="jsonl",
+        help="file format, as a node's [metrics] dump-format (default jsonl; parquet needs pyarrow)",
+    )
+    gen.add_argument(
+        "--per-file",
+        type=int,
+        default=RECORDS_PER_FILE,
+        metavar="R",
+        help=f"records per dump file (default {RECORDS_PER_FILE})",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -116,13 +132,22 @@ def run(args: argparse.Namespace) -> int:
         from pubsubclub.reports.generate import generate
 
         try:
-            made = generate(args.out, args.generate, args.nodes, args.topics, args.seed, workers=args.workers)
+            made = generate(
+                args.out,
+                args.generate,
+                args.nodes,
+                args.topics,
+                args.seed,
+                per_file=args.per_file,
+                workers=args.workers,
+                dump_format=args.dump_format,
+            )
         except ValueError as e:
             print(f"pubsubclub report: error: {e}", file=sys.stderr)
             return EXIT_USAGE
         rate = made.records / made.seconds if made.seconds else 0.0
         print(
-            f"wrote {made.records:,} records in {made.files:,} files under {args.out} "
+            f"wrote {made.records:,} records in {made.files:,} files ({args.dump_format}) under {args.out} "
             f"in {made.seconds:.1f} s ({rate:,.0f} records/s)"
         )
         return EXIT_OK

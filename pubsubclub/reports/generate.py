@@ -1,9 +1,10 @@
 """Synthetic metrics dumps in the exact layout of docs/metrics.md, for benchmarks and tests.
 
-Plain Python and orjson, no Spark. File ``i`` is node ``i % nodes`` at
-interval ``i // nodes`` and is generated from its own seeded random stream,
-so the output depends only on the arguments, not on how many worker
-processes write it.
+Plain Python, no Spark; files are written by :func:`pubsubclub.dumpfile.write_dump`,
+as a node writes them (JSON lines, Parquet through pyarrow, or both). File
+``i`` is node ``i % nodes`` at interval ``i // nodes`` and is generated from
+its own seeded random stream, so the output depends only on the arguments,
+not on how many worker processes write it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import orjson
+from pubsubclub.dumpfile import DUMP_FORMATS, formats_of, parquet_problem, write_dump
 
 #: Interval start of the first file: 2026-01-01T00:00:00Z.
 BASE_TIME = 1_767_225_600.0
@@ -55,6 +56,7 @@ class _Plan:
     topics: int
     seed: int
     per_file: int
+    formats: tuple[str, ...]
 
     @property
     def files(self) -> int:
@@ -82,7 +84,7 @@ def _topic_table(topics: int) -> list[int]:
     return table
 
 
-def _file_records(plan: _Plan, index: int, topic_table: list[int]) -> tuple[Path, list[dict[str, Any]]]:
+def _file_records(plan: _Plan, index: int, topic_table: list[int]) -> tuple[Path, str, list[dict[str, Any]]]:
     rng = random.Random(plan.seed * 1_000_003 + index)
     node_i, interval = index % plan.nodes, index // plan.nodes
     node = node_name(node_i)
@@ -126,24 +128,21 @@ def _file_records(plan: _Plan, index: int, topic_table: list[int]) -> tuple[Path
     del records[n:]
     stamp = time.gmtime(ts)
     folder = Path(plan.out, f"node={node}", time.strftime("date=%Y-%m-%d", stamp), time.strftime("hour=%H", stamp))
-    return folder / f"part-{int(ts * 1000)}-0.jsonl", records
+    return folder, f"part-{int(ts * 1000)}-0", records
 
 
 def _write_files(plan: _Plan, first: int, last: int) -> Counter[str]:
     """Write files ``first`` to ``last - 1``; the sum of counts per kind."""
     topic_table = _topic_table(plan.topics)
     tally: Counter[str] = Counter()
-    dumps = orjson.dumps
     for index in range(first, last):
-        path, records = _file_records(plan, index, topic_table)
+        folder, stem, records = _file_records(plan, index, topic_table)
         for r in records:
             if r["type"] == "counter":
                 tally[r["kind"]] += r["count"]
         tally["records"] += len(records)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(b"\n".join(dumps(r) for r in records) + b"\n")
-        os.replace(tmp, path)  # a reader never sees half a file
+        # Renamed into place like a node's dumps; not synced: synthetic data is cheap to write again.
+        write_dump(str(folder), stem, records, plan.formats, durable=False)
     return tally
 
 
@@ -164,17 +163,27 @@ def generate(
     seed: int = 0,
     per_file: int = RECORDS_PER_FILE,
     workers: int | None = None,
+    dump_format: str = "jsonl",
 ) -> GenerateResult:
     """Write ``records`` synthetic records under ``out`` in the dump layout; what was written.
 
     Each file holds one link and one latency record per peer, then counters
     (published, delivered, forwarded, received, dropped) and subscriber
-    gauges over Zipf-distributed topics.
+    gauges over Zipf-distributed topics. ``dump_format`` is a node's
+    ``[metrics] dump-format``: ``jsonl``, ``parquet`` (needs pyarrow) or
+    ``both`` (each dump in both formats: same records, two files); ``files``
+    in the result counts dumps, not files.
     """
     if records < 0 or nodes < 1 or topics < 1 or per_file < 1:
         raise ValueError("records must be >= 0 and nodes, topics, per_file >= 1")
+    if dump_format not in DUMP_FORMATS:
+        raise ValueError(f"format must be one of {', '.join(DUMP_FORMATS)}, not {dump_format!r}")
+    formats = formats_of(dump_format)
+    problem = parquet_problem() if "parquet" in formats else None
+    if problem:
+        raise ValueError(problem)
     began = time.monotonic()
-    plan = _Plan(str(out), records, nodes, topics, seed, per_file)
+    plan = _Plan(str(out), records, nodes, topics, seed, per_file, formats)
     Path(out).mkdir(parents=True, exist_ok=True)
     workers = workers or os.cpu_count() or 1
     tally: Counter[str] = Counter()

@@ -1,5 +1,10 @@
 """The report job's edge: read the dumps, run the transforms, write Parquet, ``report.html`` and a summary.
 
+Dumps are JSON lines (parsed against the declared schema) or Parquet (read
+natively with the same schema), mixed freely; a dump written in both formats
+is read once, from its Parquet copy, and a damaged Parquet file is skipped
+with a warning (docs/report.md, "Input").
+
 A plain library: ``pubsubclub report`` calls it, and under ``spark-submit``
 the small entry module :mod:`pubsubclub.reports.submit` does (docs/report.md).
 Progress goes to stderr as ``[k/6] ...`` lines plus Spark's console progress bar.
@@ -21,6 +26,12 @@ from pyspark.sql import functions as F
 
 from pubsubclub.reports import page
 from pubsubclub.reports import transforms as X
+from pubsubclub.reports.schema import RECORD_SCHEMA
+
+#: Suffixes of the dump files the report reads (docs/metrics.md).
+JSONL, PARQUET = ".jsonl", ".parquet"
+#: Every Parquet file starts and ends with these four bytes.
+PARQUET_MAGIC = b"PAR1"
 
 #: Settings the job starts Spark with; ``conf`` given to ``run_report`` wins.
 DEFAULT_CONF = {
@@ -72,6 +83,8 @@ class ReportResult:
     observed_seconds: float | None
     seconds: float
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict, repr=False)
+    #: Dump files left unread, as (path, why): damaged Parquet files.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def as_utc(value: Any) -> Any:
@@ -98,13 +111,85 @@ def _is_local(location: str) -> bool:
     return "://" not in location or location.startswith("file://")
 
 
-def _count_dump_files(location: str) -> int:
+@dataclass(frozen=True)
+class DumpFiles:
+    """What to read: the JSON-lines and Parquet files, or None for "every such file under the location"."""
+
+    jsonl: list[str] | None
+    parquet: list[str] | None
+    #: Files left out, as (path, why).
+    skipped: list[tuple[str, str]]
+    #: Files of each format found (before leaving any out).
+    found: dict[str, int]
+
+
+def parquet_damage(path: str | os.PathLike[str]) -> str | None:
+    """Why the file at ``path`` cannot be a whole Parquet file (cut short, not Parquet), or None.
+
+    Checks what a file cut short loses first: the trailing magic and footer
+    length. A file whose bytes are damaged in the middle passes; Spark skips
+    it when it fails to read it (``ignoreCorruptFiles``).
+    """
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            size = f.seek(0, os.SEEK_END)
+            if size < 12:
+                return f"{size} bytes: too short for a Parquet file (cut short?)"
+            f.seek(size - 8)
+            tail = f.read(8)
+    except OSError as e:
+        return f"cannot read it: {e.strerror}"
+    if head != PARQUET_MAGIC:
+        return "does not start like a Parquet file"
+    if tail[4:] != PARQUET_MAGIC:
+        return "no Parquet footer at its end (cut short while being written or copied?)"
+    if int.from_bytes(tail[:4], "little") > size - 12:
+        return "its footer length is larger than the file (damaged)"
+    return None
+
+
+def _local_files(location: str) -> list[str]:
     root = Path(location.removeprefix("file://"))
     if not root.exists():
         raise InputError(f"no such folder: {location}")
     if root.is_file():
-        return 1
-    return sum(1 for _dir, _subdirs, files in os.walk(root) for name in files if name.endswith(".jsonl"))
+        return [str(root)]
+    return [
+        os.path.join(folder, name)
+        for folder, _subdirs, files in os.walk(root)
+        for name in files
+        if name.endswith((JSONL, PARQUET)) and not name.startswith((".", "_"))
+    ]
+
+
+def plan_files(found: list[str], check: Callable[[str], str | None] | None = parquet_damage) -> DumpFiles:
+    """Which of the ``found`` dump files to read.
+
+    A Parquet file that ``check`` finds damaged is skipped; a JSON-lines file
+    with a readable Parquet twin (the same dump, written in both formats) is
+    not read, so each dump counts once. When nothing is left out, the lists
+    are None: Spark reads every such file under the location itself.
+    """
+    parquet = [p for p in found if p.endswith(PARQUET)]
+    jsonl = [p for p in found if p.endswith(JSONL)]
+    skipped: list[tuple[str, str]] = []
+    readable = []
+    for path in parquet:
+        why = check(path) if check else None
+        if why:
+            skipped.append((path, why))
+        else:
+            readable.append(path)
+    twins = {p[: -len(PARQUET)] for p in readable}
+    alone = [p for p in jsonl if p[: -len(JSONL)] not in twins]
+    counts = {"jsonl": len(jsonl), "parquet": len(parquet)}
+    return DumpFiles(
+        None if len(alone) == len(jsonl) else alone,
+        None if not skipped else readable,
+        sorted(skipped),
+        counts,
+    )
 
 
 def start_spark(master: str | None, conf: dict[str, str] | None = None) -> SparkSession:
@@ -123,14 +208,59 @@ def start_spark(master: str | None, conf: dict[str, str] | None = None) -> Spark
     return spark
 
 
-def read_lines(spark: SparkSession, location: str) -> DataFrame:
-    """Every line of every ``*.jsonl`` file under ``location`` (one ``value`` column).
+def _reader(spark: SparkSession, suffix: str) -> Any:
+    return spark.read.option("recursiveFileLookup", "true").option("pathGlobFilter", f"*{suffix}")
+
+
+def read_lines(spark: SparkSession, location: str, files: list[str] | None = None) -> DataFrame:
+    """Every line of every ``*.jsonl`` file under ``location``, or of ``files`` (one ``value`` column).
 
     Hive folders (``node=``/``date=``/``hour=``) are walked but not turned into
     columns: records carry their node and times. ``.tmp`` files being written
     are skipped.
     """
-    return spark.read.option("recursiveFileLookup", "true").option("pathGlobFilter", "*.jsonl").text(location)
+    if files is not None:
+        return spark.read.text(files) if files else spark.createDataFrame([], "value string")
+    return _reader(spark, JSONL).text(location)
+
+
+def read_parquet(spark: SparkSession, location: str, files: list[str] | None = None) -> DataFrame:
+    """Every record of every ``*.parquet`` dump under ``location``, or of ``files``, with ``RECORD_SCHEMA``.
+
+    The schema is given, not read from the files (no pass over footers);
+    a column a file lacks is null. A file Spark cannot read is skipped
+    (``ignoreCorruptFiles``) instead of failing the job.
+    """
+    reader = _reader(spark, PARQUET).schema(RECORD_SCHEMA).option("ignoreCorruptFiles", "true")
+    if files is not None:
+        return reader.parquet(*files) if files else spark.createDataFrame([], RECORD_SCHEMA)
+    return reader.parquet(location)
+
+
+def list_files(spark: SparkSession, location: str) -> list[str]:
+    """The dump files under a location that is not local (``hdfs://``, ``s3a://``, ...), listed by Spark."""
+    found: list[str] = []
+    for suffix in (JSONL, PARQUET):
+        try:
+            found += _reader(spark, suffix).text(location).inputFiles()
+        except Exception as e:  # noqa: BLE001  (Spark's AnalysisException: nothing there)
+            if "PATH_NOT_FOUND" not in str(e) and "Path does not exist" not in str(e):
+                raise
+            raise InputError(f"no such folder: {location}") from None
+    return found
+
+
+def read_records(spark: SparkSession, location: str, files: DumpFiles) -> DataFrame:
+    """The classified records of every dump to read (``transforms.parse_lines`` columns), both formats in one frame."""
+    parts = []
+    if files.found["jsonl"]:
+        parts.append(X.parse_lines(read_lines(spark, location, files.jsonl)))
+    if files.found["parquet"]:
+        parts.append(X.classify_records(read_parquet(spark, location, files.parquet)))
+    frame = parts[0]
+    for part in parts[1:]:
+        frame = frame.unionByName(part)
+    return frame
 
 
 def build_tables(records: DataFrame, top: int) -> dict[str, DataFrame]:
@@ -169,13 +299,21 @@ def run_report(
     """
     began = time.monotonic()
     location, out = os.fspath(metrics_dir), Path(out_dir)
-    if _is_local(location) and _count_dump_files(location) == 0:
-        raise NoRecordsError(f"no metrics files (*.jsonl) under {location}")
+    local = _is_local(location)
+    files = plan_files(_local_files(location)) if local else None
+    if files is not None and not any(files.found.values()):
+        raise NoRecordsError(f"no metrics files (*.jsonl, *.parquet) under {location}")
     own_session = spark is None
     progress(f"{time.monotonic() - began:6.1f}s [1/{STEPS}] starting Spark ({master or 'from spark-submit'})")
     session = spark or start_spark(master, conf)
     try:
-        return _run(session, location, out, since, until, top, progress, began)
+        if files is None:
+            files = plan_files(list_files(session, location), check=None)
+            if not any(files.found.values()):
+                raise NoRecordsError(f"no metrics files (*.jsonl, *.parquet) under {location}")
+        for path, why in files.skipped:
+            progress(f"warning: skipping damaged dump file {path}: {why}")
+        return _run(session, location, files, out, since, until, top, progress, began)
     finally:
         if own_session:
             session.stop()
@@ -184,6 +322,7 @@ def run_report(
 def _run(
     spark: SparkSession,
     location: str,
+    files: DumpFiles,
     out: Path,
     since: float | None,
     until: float | None,
@@ -191,8 +330,10 @@ def _run(
     progress: Callable[[str], None],
     began: float,
 ) -> ReportResult:
-    progress(f"{time.monotonic() - began:6.1f}s [2/{STEPS}] reading, parsing, compacting {location} (one pass)")
-    parsed = X.parse_lines(read_lines(spark, location))
+    what = ", ".join(f"{n:,} {fmt}" for fmt, n in files.found.items() if n)
+    step = f"[2/{STEPS}] reading, parsing, compacting {location} ({what} files; one pass)"
+    progress(f"{time.monotonic() - began:6.1f}s {step}")
+    parsed = read_records(spark, location, files)
     compacted = X.compact(X.filter_window(parsed, since, until)).cache()
     try:
         bad_rows = [r.asDict() for r in X.bad_record_counts(compacted).orderBy("reason").collect()]
@@ -226,7 +367,7 @@ def _run(
 
     progress(f"{time.monotonic() - began:6.1f}s [5/{STEPS}] writing {out / 'report.html'}")
     html = out / "report.html"
-    data = page.PageData(location, valid, (since, until), bad_rows, rows)
+    data = page.PageData(location, valid, (since, until), bad_rows, rows, files.skipped)
     html.write_text(page.render(data), encoding="utf-8")
     progress(f"{time.monotonic() - began:6.1f}s [6/{STEPS}] done in {time.monotonic() - began:.1f} s")
     top_rows = rows["top_topics"]
@@ -240,6 +381,7 @@ def _run(
         observed_seconds=rows["window"][0]["seconds"],
         seconds=time.monotonic() - began,
         rows=rows,
+        skipped=files.skipped,
     )
 
 
@@ -250,6 +392,10 @@ def print_summary(result: ReportResult, file: Any = None) -> None:
     print(f"records: {result.records:,} valid, {bad:,} bad lines skipped", file=out)
     for reason, n in result.bad.items():
         print(f"  bad {reason}: {n:,}", file=out)
+    if result.skipped:
+        print(f"damaged dump files skipped: {len(result.skipped):,}", file=out)
+        for path, why in result.skipped:
+            print(f"  {path}: {why}", file=out)
     if result.observed_seconds is not None:
         print(f"observed: {result.observed_seconds:,.0f} s", file=out)
     print(f"top topic: {result.top_topic or '-'}", file=out)

@@ -57,6 +57,8 @@ class PageData:
     window: tuple[float | None, float | None]
     bad: list[Row]
     tables: dict[str, list[Row]] = field(default_factory=dict)
+    #: Dump files left unread, as (path, why): damaged Parquet files.
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def _fmt(value: Any) -> str:
@@ -279,6 +281,10 @@ def render(data: PageData) -> str:
         if data.bad
         else "<p>No bad lines.</p>"
     )
+    if data.skipped:
+        items = "".join(f"<li><code>{escape(path)}</code>: {escape(why)}</li>" for path, why in data.skipped)
+        count = f"{len(data.skipped):,} damaged dump files were skipped"
+        bad_html += f'<p class="bad" id="skipped-files">{count}:</p><ul>{items}</ul>'
     internal_html = (
         '<h3>Internal topics</h3><p class="note">Topics starting with <code>$</code> are reserved for the cluster '
         "(NSD replication, gap notices, further WAMP realms) and left out of the top topics above.</p>"

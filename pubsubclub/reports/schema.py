@@ -5,6 +5,7 @@ from __future__ import annotations
 from pyspark.sql import types as T
 
 from pubsubclub.counters import Kind, RecordType
+from pubsubclub.dumpfile import RECORD_COLUMNS
 
 #: The only record schema version this report understands.
 SCHEMA_VERSION = 1
@@ -32,44 +33,20 @@ REQUIRED_FIELDS: dict[str, tuple[str, ...]] = {
     "link": ("peer", "role", "direction", "state"),
 }
 
-_S = T.StringType()
-_L = T.LongType()
-_D = T.DoubleType()
+_SPARK_TYPES = {
+    "long": T.LongType(),
+    "double": T.DoubleType(),
+    "string": T.StringType(),
+    "array<double>": T.ArrayType(T.DoubleType()),
+    "array<long>": T.ArrayType(T.LongType()),
+}
 
-#: One flat struct holding the fields of every record type (a field a type does not use is null).
-RECORD_SCHEMA = T.StructType(
-    [
-        T.StructField("v", _L),
-        T.StructField("type", _S),
-        T.StructField("node", _S),
-        T.StructField("start", _D),
-        T.StructField("ts", _D),
-        # counter
-        T.StructField("topic", _S),
-        T.StructField("frontend", _S),
-        T.StructField("kind", _S),
-        T.StructField("peer", _S),  # also link
-        T.StructField("reason", _S),
-        T.StructField("count", _L),  # also latency
-        T.StructField("bytes", _L),
-        # latency
-        T.StructField("origin", _S),
-        T.StructField("bounds_ms", T.ArrayType(_D)),
-        T.StructField("counts", T.ArrayType(_L)),
-        T.StructField("sum_ms", _D),
-        # gauge
-        T.StructField("name", _S),
-        T.StructField("value", _D),
-        # link
-        T.StructField("peer_node", _S),
-        T.StructField("role", _S),
-        T.StructField("direction", _S),
-        T.StructField("state", _S),
-    ]
-)
+#: One flat struct holding the fields of every record type (a field a type does not use is null);
+#: the columns of ``dumpfile.RECORD_COLUMNS``, which the nodes' Parquet dumps are written with too.
+RECORD_SCHEMA = T.StructType([T.StructField(name, _SPARK_TYPES[kind]) for name, kind in RECORD_COLUMNS])
 
 #: ``RECORD_SCHEMA`` plus the corrupt-line column, the schema handed to ``from_json``.
-PARSE_SCHEMA = T.StructType([*RECORD_SCHEMA.fields, T.StructField(CORRUPT_COLUMN, _S)])
+PARSE_SCHEMA = T.StructType([*RECORD_SCHEMA.fields, T.StructField(CORRUPT_COLUMN, T.StringType())])
 
 #: The input of the job: one line of a dump file per row (what ``spark.read.text`` gives).
-LINES_SCHEMA = T.StructType([T.StructField("value", _S)])
+LINES_SCHEMA = T.StructType([T.StructField("value", T.StringType())])

@@ -96,12 +96,26 @@ def parse_lines(lines: DataFrame) -> DataFrame:
             "r"
         ),
     )
-    flat = parsed.select("line", "r.*")
+    return _classify(parsed.select("line", "r.*"), F.col("line"))
+
+
+def classify_records(records: DataFrame) -> DataFrame:
+    """Classify records read from Parquet dumps (the ``RECORD_SCHEMA`` columns) as ``parse_lines`` does lines.
+
+    Same output columns as ``parse_lines``; a Parquet record cannot be
+    ``corrupt_json`` (a damaged file is never read: docs/report.md), and a
+    bad record's ``line`` is the record written as JSON.
+    """
+    with_corrupt = records.select(*_RECORD_COLUMNS, F.lit(None).cast("string").alias(CORRUPT_COLUMN))
+    return _classify(with_corrupt, F.to_json(F.struct(*_RECORD_COLUMNS)))
+
+
+def _classify(flat: DataFrame, line: Column) -> DataFrame:
     reason = _bad_reason()
     return flat.select(
         *_RECORD_COLUMNS,
         reason.alias("bad_reason"),
-        F.when(reason.isNotNull(), F.col("line")).alias("line"),
+        F.when(reason.isNotNull(), line).alias("line"),
         F.lit(1).cast("long").alias("lines"),
     )
 
