@@ -125,6 +125,8 @@ class NodeProcess:
         self.log_path = log_dir / f"{name}.log"
         self.proc: subprocess.Popen[str] | None = None
         self.ready: dict[str, Any] = {}
+        #: The process's environment (None: this one's).
+        self.env: dict[str, str] | None = None
 
     @property
     def psc_url(self) -> str:
@@ -186,7 +188,9 @@ class NodeProcess:
         """Start the process and wait for its ready line."""
         log = open(self.log_path, "a")
         watch_log(self.log_path)
-        self.proc = subprocess.Popen(self.command(), stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO)
+        self.proc = subprocess.Popen(
+            self.command(), stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO, env=self.env
+        )
         log.close()
         assert self.proc.stdout is not None
         sel = selectors.DefaultSelector()

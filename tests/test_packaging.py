@@ -25,13 +25,14 @@ def test_vendored_bundle_is_found_first_and_carries_its_licence(monkeypatch: pyt
 
 
 def test_report_dependencies_are_an_extra() -> None:
-    """pyspark and matplotlib are in the [report] extra, not in what a node install pulls in."""
+    """pyspark and matplotlib are in the [report] extra, pyarrow in [parquet], none in what a node install pulls in."""
     cfg = configparser.ConfigParser()
     cfg.read(REPO / "setup.cfg")
     required = cfg["options"]["install_requires"]
     extras = cfg["options.extras_require"]
-    assert "pyspark" not in required and "matplotlib" not in required
+    assert "pyspark" not in required and "matplotlib" not in required and "pyarrow" not in required
     assert "pyspark" in extras["report"] and "matplotlib" in extras["report"]
+    assert "pyarrow" in extras["parquet"]
 
 
 @pytest.mark.slow
