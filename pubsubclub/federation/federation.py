@@ -203,6 +203,8 @@ class Federation:
         self._producers: dict[LinkSession, None] = {}
         #: topic -> open links whose consumer asked for it (we are the producer).
         self._by_topic: dict[str, dict[LinkSession, None]] = {}
+        #: Called (no arguments) after other nodes' interest in our topics may have changed.
+        self._remote_topics_listeners: list[Callable[[], None]] = []
         hub.add_interest_listener(self)
         hub.add_publish_listener(self)
 
@@ -415,6 +417,7 @@ class Federation:
                 sessions.pop(session, None)
                 if not sessions:
                     del self._by_topic[topic]
+        self._remote_topics_changed()
 
     def link_subscribed(self, session: LinkSession, topics: tuple[str, ...]) -> None:
         """A consumer asked us (its producer) for ``topics``."""
@@ -429,6 +432,7 @@ class Federation:
         peer = session.peer_node or session.peer
         for topic in topics:
             self.hub.remote_subscribed(topic, peer)
+        self._remote_topics_changed()
 
     def _supersede_ghosts(self, session: LinkSession) -> None:
         """Close older links accepted from the node that just spoke on ``session`` in the same role.
@@ -484,6 +488,7 @@ class Federation:
             sessions.pop(session, None)
             if not sessions:
                 del self._by_topic[topic]
+        self._remote_topics_changed()
 
     def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
         """0.3: a consumer resumes its stream; answer PSC104, resend what it missed, then go live."""
@@ -511,6 +516,7 @@ class Federation:
             old.close(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
         for topic in message.topics:
             self.hub.remote_subscribed(topic, peer)
+        self._remote_topics_changed()
 
     def link_position(self, session: LinkSession, message: psc.Position) -> None:
         """0.3: the producer said where its stream continues; report a gap it announces."""
@@ -652,6 +658,26 @@ class Federation:
             )
             return
         self.hub.metrics.event(FederationEvent.FORWARDED, len(sessions or ()) + sent)
+
+    # -- other nodes' interest ---------------------------------------------
+
+    def add_remote_topics_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` whenever the set of :meth:`remote_topics` may have changed (a bridge follows it)."""
+        self._remote_topics_listeners.append(listener)
+
+    def remote_topics(self) -> set[str]:
+        """Every topic some other node asked us for (PSC201/PSC103), on live links or kept replay streams."""
+        topics = set(self._by_topic)
+        if self.outbox is not None:
+            topics |= self.outbox.topics()
+        return topics
+
+    def _remote_topics_changed(self) -> None:
+        for listener in self._remote_topics_listeners:
+            try:
+                listener()
+            except Exception:
+                log.failure("remote topics listener {listener!r} raised; isolated", listener=listener)
 
     # -- introspection -----------------------------------------------------
 

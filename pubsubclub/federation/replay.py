@@ -142,6 +142,10 @@ class Outbox:
         """Whether any stream (with or without a link) takes ``topic``."""
         return topic in self._by_topic
 
+    def topics(self) -> set[str]:
+        """Every topic some stream wants."""
+        return set(self._by_topic)
+
     def subscribe(self, link: Any, topics: tuple[str, ...]) -> None:
         """The consumer on ``link`` asked for ``topics`` (PSC201)."""
         stream = self._by_link.get(link)

@@ -200,6 +200,13 @@ def event_arguments(envelope: Envelope) -> tuple[list[Any], dict[str, Any] | Non
     return [payload], None
 
 
+def wamp_envelope(hub: Hub, topic: str, args: Sequence[Any] | None, kwargs: dict[str, Any] | None) -> Envelope:
+    """A new envelope for a WAMP publish of ``args``/``kwargs`` (the inverse of :func:`event_arguments`)."""
+    if args is not None and len(args) == 1 and not kwargs:
+        return hub.envelope(topic, args[0])
+    return hub.envelope(topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True)
+
+
 class _State(enum.Enum):
     """Where a :class:`BrokerSession` is in its life."""
 
@@ -747,13 +754,7 @@ class BrokerSession:
                     request_type, msg.request, NOT_AUTHORIZED, f"role {role.name!r} may not publish to {msg.topic!r}"
                 )
             return
-        args, kwargs = msg.args, msg.kwargs
-        if args is not None and len(args) == 1 and not kwargs:
-            envelope = self._hub.envelope(topic, args[0])
-        else:
-            envelope = self._hub.envelope(
-                topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True
-            )
+        envelope = wamp_envelope(self._hub, topic, msg.args, msg.kwargs)
         publication = envelope.wire["wamp.publication"] = self._router.new_id()
         exclude_me = msg.exclude_me is not False
         self._hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))

@@ -1,0 +1,671 @@
+"""``pubsubclub bridge``: a cluster node whose local side is an unmodified WAMP router (docs/bridge.md).
+
+Why it exists: Crossbar.io cannot take a broker class, so the mixin cannot reach
+it; a bridge joins the router as an ordinary WAMP client instead and is, on the
+cluster side, a full node (the node's hub and federation, no client listeners).
+
+Two directions, each exactly once:
+
+- **Router -> cluster.** Which topics the router's clients want comes from the
+  router's subscription meta API (``wamp.subscription.list``/``get``/
+  ``list_subscribers`` at join, then the ``on_create``/``on_subscribe``/
+  ``on_unsubscribe``/``on_delete`` events), kept by :class:`RouterInterest`
+  (sans-IO). Sessions with the bridge role (``--bridge-role``, checked with
+  ``wamp.session.get``) are bridges and never count, so two bridges on one
+  router cannot keep interest alive for each other. The bridge subscribes its
+  hub sink to those topics, so the federation asks the other nodes for them;
+  what arrives is published into the router with ``exclude_me`` and
+  ``exclude_authrole=[bridge role]``.
+- **Cluster -> router.** The bridge subscribes on the router to the topics the
+  other nodes asked it for (:meth:`Federation.remote_topics`) and publishes
+  each event into the hub as a local publish (the hub forwards it once, one
+  hop). Events from bridge-role publishers (when the router discloses them)
+  and retained events are dropped.
+
+One active bridge per router: several bridges on one router would each carry
+every message (duplicates). The active bridge holds a registration of the
+lock procedure (``--bridge-lock``); the router's Dealer refuses a second one
+(``wamp.error.procedure_already_exists``), so at most one bridge is active at
+a time. The others wait on standby, without interest or router subscriptions,
+and try again whenever a registration is deleted (``wamp.registration.on_delete``,
+which the router sends when the active bridge leaves or dies).
+
+Reconnects: a :class:`~twisted.application.internet.ClientService` with the
+federation's backoff. A new router session re-reads the subscription list
+(interest found unchanged is not churned on the cluster), subscribes again and
+republishes nothing, so nothing is duplicated; while the router is away,
+messages from the cluster are dropped and counted.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from autobahn.twisted.wamp import ApplicationSession
+from autobahn.twisted.websocket import WampWebSocketClientFactory
+from autobahn.wamp import auth as wamp_auth
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import ComponentConfig, PublishOptions, SubscribeOptions
+from twisted.application.internet import ClientService
+from twisted.internet import defer
+from twisted.logger import Logger
+
+from pubsubclub.config import NodeConfig
+from pubsubclub.counters import BridgeEvent
+from pubsubclub.federation import Federation
+from pubsubclub.federation.federation import endpoint_for_url
+from pubsubclub.federation.retry import RetryPolicy
+from pubsubclub.frontends import Frontend
+from pubsubclub.hub import Envelope, Hub
+from pubsubclub.metrics import payload_size
+from pubsubclub.wamp.broker import event_arguments, wamp_envelope
+
+log = Logger()
+
+#: The subscription meta events a bridge follows.
+META_EVENTS = (
+    "wamp.subscription.on_create",
+    "wamp.subscription.on_subscribe",
+    "wamp.subscription.on_unsubscribe",
+    "wamp.subscription.on_delete",
+)
+#: Seconds a clean stop waits for the router's GOODBYE before closing the connection.
+LEAVE_TIMEOUT = 3.0
+
+
+# -- sans-IO: which topics the router's clients want --------------------------------------------
+
+
+@dataclass
+class _Subscription:
+    """One router subscription (Crossbar: one per URI and match policy)."""
+
+    uri: str
+    match: str
+    members: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class InterestStep:
+    """What one meta-API fact changed: topics gained or lost, sessions whose role must be asked."""
+
+    added: tuple[str, ...] = ()
+    removed: tuple[str, ...] = ()
+    lookup: tuple[int, ...] = ()
+
+
+class RouterInterest:
+    """The exact topics that non-bridge sessions of a router subscribe to, from its meta API.
+
+    Fed facts in the order they arrive on the bridge's router session (a
+    listing's answer reflects every event that arrived before it, since one
+    connection delivers in order), it answers which topics became wanted or
+    unwanted. A session counts once its role is known and is not the bridge
+    role; ``own_session`` (the bridge itself) never counts. Prefix and wildcard
+    subscriptions are kept (:meth:`patterns`) but not turned into topics: the
+    cluster's interest is by exact topic.
+    """
+
+    def __init__(self, own_session: int, bridge_role: str) -> None:
+        self.bridge_role = bridge_role
+        self._subs: dict[int, _Subscription] = {}
+        #: session -> True (a bridge), False (counts), None (role asked, not yet known).
+        self._bridge: dict[int, bool | None] = {own_session: True}
+        self._own = own_session
+        self._wanted: set[str] = set()
+
+    def wanted(self) -> set[str]:
+        """The exact topics some counted session subscribes to."""
+        return set(self._wanted)
+
+    def patterns(self) -> list[tuple[str, str]]:
+        """``(match, uri)`` of the prefix and wildcard subscriptions seen."""
+        return sorted((s.match, s.uri) for s in self._subs.values() if s.match != "exact")
+
+    def sessions(self) -> int:
+        """Sessions tracked (members of some subscription, or asked about)."""
+        return len(self._bridge) - 1
+
+    def created(self, session: int, details: dict[str, Any]) -> InterestStep:
+        """``wamp.subscription.on_create``: ``session`` made subscription ``details`` (then subscribes to it)."""
+        self._describe(details)
+        return self.subscribed(session, int(details["id"]))
+
+    def listed(self, details: dict[str, Any], members: Iterable[int]) -> InterestStep:
+        """A subscription as ``wamp.subscription.get`` and ``list_subscribers`` describe it now."""
+        sub = self._describe(details)
+        before = self._counted(sub)
+        old = sub.members
+        sub.members = set(members)
+        lookup = self._ask(sub.members)
+        for session in old - sub.members:
+            self._forget_if_idle(session)
+        return self._step(sub, before, lookup)
+
+    def subscribed(self, session: int, sub_id: int) -> InterestStep:
+        """``wamp.subscription.on_subscribe``."""
+        sub = self._subs.get(sub_id)
+        if sub is None:  # a subscription we never heard created: its listing is still on the way
+            return InterestStep()
+        before = self._counted(sub)
+        sub.members.add(session)
+        return self._step(sub, before, self._ask((session,)))
+
+    def unsubscribed(self, session: int, sub_id: int) -> InterestStep:
+        """``wamp.subscription.on_unsubscribe`` (also sent for every subscription of a session that left)."""
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            return InterestStep()
+        before = self._counted(sub)
+        sub.members.discard(session)
+        self._forget_if_idle(session)
+        return self._step(sub, before)
+
+    def deleted(self, sub_id: int) -> InterestStep:
+        """``wamp.subscription.on_delete`` (or ``get`` found it gone): the subscription no longer exists."""
+        sub = self._subs.pop(sub_id, None)
+        if sub is None:
+            return InterestStep()
+        before = self._counted(sub)
+        sub.members.clear()
+        step = self._step(sub, before)
+        for session in list(self._bridge):
+            self._forget_if_idle(session)
+        return step
+
+    def role_known(self, session: int, authrole: str | None) -> InterestStep:
+        """``wamp.session.get`` answered ``authrole`` for ``session`` (None: no such session any more)."""
+        if self._bridge.get(session, False) is not None or session == self._own:
+            return InterestStep()
+        subs = [sub for sub in self._subs.values() if session in sub.members]
+        before = [self._counted(sub) for sub in subs]
+        if authrole is None:
+            for sub in subs:
+                sub.members.discard(session)
+            self._bridge.pop(session, None)
+        else:
+            self._bridge[session] = authrole == self.bridge_role
+        added: list[str] = []
+        removed: list[str] = []
+        for sub, was in zip(subs, before, strict=True):
+            step = self._step(sub, was)
+            added += step.added
+            removed += step.removed
+        return InterestStep(tuple(added), tuple(removed))
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _describe(self, details: dict[str, Any]) -> _Subscription:
+        sub_id = int(details["id"])
+        sub = self._subs.get(sub_id)
+        if sub is None:
+            sub = self._subs[sub_id] = _Subscription(str(details["uri"]), str(details.get("match") or "exact"))
+        return sub
+
+    def _ask(self, sessions: Iterable[int]) -> tuple[int, ...]:
+        lookup = []
+        for session in sessions:
+            if session not in self._bridge:
+                self._bridge[session] = None
+                lookup.append(session)
+        return tuple(lookup)
+
+    def _forget_if_idle(self, session: int) -> None:
+        if session != self._own and self._bridge.get(session) is not None:
+            if not any(session in sub.members for sub in self._subs.values()):
+                del self._bridge[session]
+
+    def _counted(self, sub: _Subscription) -> bool:
+        if sub.match != "exact" or sub.uri.startswith("wamp."):
+            return False
+        return any(self._bridge.get(member) is False for member in sub.members)
+
+    def _step(self, sub: _Subscription, before: bool, lookup: tuple[int, ...] = ()) -> InterestStep:
+        after = self._counted(sub)
+        if after and not before:
+            self._wanted.add(sub.uri)
+            return InterestStep(added=(sub.uri,), lookup=lookup)
+        if before and not after:
+            self._wanted.discard(sub.uri)
+            return InterestStep(removed=(sub.uri,), lookup=lookup)
+        return InterestStep(lookup=lookup)
+
+
+# -- the router side of a bridge node ---------------------------------------------------------
+
+
+def _routable(topic: str) -> bool:
+    """Whether a hub topic is a WAMP topic of the bridged realm (not a reserved ``$`` topic)."""
+    return not topic.startswith("$") and not topic.startswith("wamp.")
+
+
+class _RouterSink:
+    """The bridge's hub sink: what the cluster sends for the router's clients."""
+
+    counts_as = "bridge"
+
+    def __init__(self, bridge: RouterBridge) -> None:
+        self._bridge = bridge
+
+    def deliver(self, envelope: Envelope) -> bool:
+        return self._bridge.publish_into_router(envelope)
+
+
+class _BridgeSession(ApplicationSession):  # type: ignore[misc]
+    """One router session of a bridge; everything it hears goes to the :class:`RouterBridge`."""
+
+    def __init__(self, config: ComponentConfig, bridge: RouterBridge) -> None:
+        super().__init__(config)
+        self._bridge = bridge
+
+    def onConnect(self) -> None:
+        authid = self._bridge.authid
+        methods = self._bridge.authmethods()
+        if authid is None or not methods:
+            self.join(self.config.realm)
+        else:
+            self.join(self.config.realm, authmethods=methods, authid=authid)
+
+    def onChallenge(self, challenge: Any) -> str:
+        return self._bridge.answer(challenge)
+
+    async def onJoin(self, details: Any) -> None:
+        await self._bridge.joined(self, details)
+
+    def onLeave(self, details: Any) -> None:
+        self._bridge.left(self, details)
+        super().onLeave(details)
+
+    def onDisconnect(self) -> None:
+        self._bridge.left(self, None)
+
+
+class RouterBridge(Frontend):
+    """The router as the bridge node's only front-end: one WAMP client session, kept joined."""
+
+    name = "router"
+
+    def __init__(
+        self,
+        hub: Hub,
+        federation: Federation,
+        config: NodeConfig,
+        reactor: Any,
+        retry: RetryPolicy = RetryPolicy(),
+        rand: Any = random.random,
+    ) -> None:
+        super().__init__()
+        section = config.bridge
+        assert section.router is not None, "a bridge needs --router"
+        self.url = section.router
+        self.realm = config.wamp.realm
+        self.role = section.role
+        self.lock = section.lock
+        self.authid = section.authid
+        self.ticket, self.cra_secret = config.bridge_credentials()
+        self._hub = hub
+        self._federation = federation
+        self._reactor = reactor
+        self._retry = retry
+        self._rand = rand
+        self._trust_root = config.trust_root()
+        self._sink = _RouterSink(self)
+        self._metrics = hub.metrics
+        #: The joined router session, or None.
+        self.session: _BridgeSession | None = None
+        #: This bridge holds the lock: it carries messages both ways.
+        self.active = False
+        self._interest: RouterInterest | None = None
+        #: The interest whose listing has been read (facts about it apply to the hub one by one).
+        self._synced: RouterInterest | None = None
+        #: Hub topics our sink is subscribed to (the router's clients' interest as the cluster sees it).
+        self._hub_topics: set[str] = set()
+        #: Topic -> router subscription (or the Deferred of one being made).
+        self._router_subs: dict[str, Any] = {}
+        self._reconcile_call: Any = None
+        self._failures = 0
+        self._service: ClientService | None = None
+        self._stopping = False
+        federation.add_remote_topics_listener(self._remote_topics_changed)
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def listen(self) -> dict[str, str]:
+        """Start joining the router (in the background, retried); its URL as ``router``."""
+        factory = WampWebSocketClientFactory(
+            lambda: _BridgeSession(ComponentConfig(self.realm), self), url=self.url, serializers=None
+        )
+        factory.setProtocolOptions(autoPingInterval=5.0, autoPingTimeout=5.0)
+        endpoint = endpoint_for_url(self._reactor, self.url, self._trust_root)
+
+        def retry_delay(attempt: int) -> float:
+            self._failures += 1
+            return self._retry.delay(self._failures, self._rand)
+
+        self._service = ClientService(endpoint, factory, retryPolicy=retry_delay, clock=self._reactor)
+        self._service.startService()
+        log.info("bridge: joining {url} realm {realm}", url=self.url, realm=self.realm)
+        return {"router": self.url}
+
+    def close(self, reason: str) -> defer.Deferred[Any] | None:
+        """Leave the router (which releases the lock at once), then stop reconnecting."""
+        self._stopping = True
+        session = self.session
+        service = self._service
+
+        async def goodbye() -> None:
+            if session is not None and session.is_attached():
+                closed = session.leave("wamp.close.system_shutdown", reason)
+                if isinstance(closed, defer.Deferred):
+                    closed.addTimeout(LEAVE_TIMEOUT, self._reactor)
+                    try:
+                        await closed
+                    except Exception:  # no GOODBYE in time: the connection is closed below
+                        pass
+            if service is not None:
+                await service.stopService()
+
+        return defer.ensureDeferred(goodbye())
+
+    def stats(self) -> dict[str, Any]:
+        """Router session, role, interest and subscriptions, for /stats."""
+        interest = self._interest
+        return {
+            "router": self.url,
+            "realm": self.realm,
+            "joined": self.session is not None,
+            "session": None if self.session is None else self.session._session_id,
+            "active": self.active,
+            "interest": sorted(self._hub_topics),
+            "router_subscriptions": sorted(
+                t for t, s in self._router_subs.items() if not isinstance(s, defer.Deferred)
+            ),
+            "patterns_not_federated": [] if interest is None else [list(p) for p in interest.patterns()],
+            "events": self._metrics.view("bridge"),
+        }
+
+    # -- credentials ------------------------------------------------------------------------
+
+    def authmethods(self) -> list[str]:
+        """The methods offered in HELLO (none: anonymous)."""
+        return (["ticket"] if self.ticket is not None else []) + (["wampcra"] if self.cra_secret is not None else [])
+
+    def answer(self, challenge: Any) -> str:
+        """AUTHENTICATE for a CHALLENGE: the ticket, or the WAMP-CRA signature (salted keys derived)."""
+        if challenge.method == "ticket" and self.ticket is not None:
+            return self.ticket
+        if challenge.method == "wampcra" and self.cra_secret is not None:
+            key: bytes | str = self.cra_secret.encode()
+            extra = challenge.extra
+            if "salt" in extra:
+                key = wamp_auth.derive_key(key, extra["salt"], extra.get("iterations"), extra.get("keylen"))
+            return str(wamp_auth.compute_wcs(key, extra["challenge"]).decode("ascii"))
+        raise ApplicationError("wamp.error.authentication_failed", f"cannot answer a {challenge.method} challenge")
+
+    # -- router session ---------------------------------------------------------------------
+
+    async def joined(self, session: _BridgeSession, details: Any) -> None:
+        """Joined: check our role, then try to become the router's active bridge."""
+        self._failures = 0
+        if self._stopping:
+            session.leave("wamp.close.system_shutdown", "bridge shutting down")
+            return
+        self._metrics.event(BridgeEvent.JOINS)
+        if details.authrole != self.role:
+            log.error(
+                "bridge: the router gave this bridge the role {got!r}, not {want!r}: bridges must have their own"
+                " role (see docs/bridge.md); leaving",
+                got=details.authrole,
+                want=self.role,
+            )
+            self._metrics.event(BridgeEvent.WRONG_ROLE)
+            session.leave("wamp.error.not_authorized", f"bridge role must be {self.role}")
+            return
+        self.session = session
+        log.info(
+            "bridge: joined {url} realm {realm} as session {session} ({authid}, role {role})",
+            url=self.url,
+            realm=self.realm,
+            session=details.session,
+            authid=details.authid,
+            role=details.authrole,
+        )
+        try:
+            await session.subscribe(self._registration_deleted, "wamp.registration.on_delete")
+            await self._try_lead(session)
+        except Exception as e:
+            if self.session is session:
+                log.warn("bridge: setting up the router session failed: {error}; reconnecting", error=e)
+                session.disconnect()
+
+    def left(self, session: _BridgeSession, details: Any) -> None:
+        """The router session ended (GOODBYE, ABORT or a lost connection); the service reconnects."""
+        if self.session is not session:
+            return
+        self.session = None
+        was_active = self.active
+        self.active = False
+        self._interest = None
+        self._synced = None
+        self._router_subs.clear()
+        if not self._stopping:
+            log.info(
+                "bridge: left {url}{reason}; reconnecting (interest kept until the router is read again)",
+                url=self.url,
+                reason="" if details is None else f" ({details.reason})",
+            )
+        if was_active:
+            self._metrics.event(BridgeEvent.DEACTIVATIONS)
+
+    def _registration_deleted(self, session_id: int, registration_id: int) -> None:
+        """A registration went away: if it was the lock, a standby bridge may now become active."""
+        session = self.session
+        if session is not None and not self.active and not self._stopping:
+            defer.ensureDeferred(self._try_lead(session)).addErrback(
+                lambda f: log.warn("bridge: taking over failed: {error}", error=f.getErrorMessage())
+            )
+
+    async def _try_lead(self, session: _BridgeSession) -> None:
+        """Register the lock procedure: success makes us active, ``procedure_already_exists`` standby."""
+        try:
+            await session.register(self._lock_called, self.lock)
+        except ApplicationError as e:
+            if e.error != ApplicationError.PROCEDURE_ALREADY_EXISTS:
+                raise
+            if self._hub_topics:
+                log.info("bridge: another bridge is active on {url}; standing by", url=self.url)
+            self._sync_hub(set())
+            return
+        if self.session is not session:
+            return
+        self.active = True
+        self._metrics.event(BridgeEvent.ACTIVATIONS)
+        log.info("bridge: active on {url} (holds {lock})", url=self.url, lock=self.lock)
+        await self._read_interest(session)
+
+    def _lock_called(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The lock procedure answers who holds it (handy for operators)."""
+        return {"node": self._hub.node_id, "session": None if self.session is None else self.session._session_id}
+
+    async def _read_interest(self, session: _BridgeSession) -> None:
+        """Follow the meta events, then read every existing subscription; then match the hub to it.
+
+        Meta events that arrive while the listing is read update the interest
+        but not the hub; once it is read, the hub is set to the whole interest
+        (topics found unchanged after a reconnect are not churned) and later
+        facts apply one by one.
+        """
+        interest = self._interest = RouterInterest(int(session._session_id or 0), self.role)
+        for topic in META_EVENTS:
+            await session.subscribe(self._meta_event(interest, topic), topic)
+        listing = await session.call("wamp.subscription.list")
+        ids = [sub_id for kind in ("exact", "prefix", "wildcard") for sub_id in listing.get(kind, ())]
+        await defer.gatherResults([defer.ensureDeferred(self._read_one(session, interest, i)) for i in ids])
+        if self._interest is not interest:
+            return
+        self._sync_hub(interest.wanted())
+        self._synced = interest
+        self._schedule_reconcile()
+        patterns = interest.patterns()
+        if patterns:
+            log.warn("bridge: pattern subscriptions are not federated: {patterns}", patterns=patterns)
+
+    async def _read_one(self, session: _BridgeSession, interest: RouterInterest, sub_id: int) -> None:
+        try:
+            described = await session.call("wamp.subscription.get", sub_id)
+            members = await session.call("wamp.subscription.list_subscribers", sub_id)
+        except ApplicationError:  # deleted meanwhile
+            self._apply(interest, interest.deleted(sub_id))
+            return
+        if isinstance(described, dict):
+            self._apply(interest, interest.listed(described, members or ()))
+
+    def _meta_event(self, interest: RouterInterest, topic: str) -> Any:
+        def handle(session_id: int, arg: Any, *rest: Any, **kwargs: Any) -> None:
+            if self._interest is not interest:
+                return
+            if topic.endswith("on_create"):
+                step = interest.created(session_id, arg)
+            elif topic.endswith("on_subscribe"):
+                step = interest.subscribed(session_id, arg)
+            elif topic.endswith("on_unsubscribe"):
+                step = interest.unsubscribed(session_id, arg)
+            else:
+                step = interest.deleted(arg)
+            self._apply(interest, step)
+
+        return handle
+
+    def _apply(self, interest: RouterInterest, step: InterestStep) -> None:
+        """Carry out an interest step: hub (un)subscriptions once the listing is read, role questions."""
+        if self._synced is interest and self._interest is interest and self.active:
+            for topic in step.added:
+                self._hub_subscribe(topic)
+            for topic in step.removed:
+                self._hub_unsubscribe(topic)
+        for session_id in step.lookup:
+            defer.ensureDeferred(self._ask_role(interest, session_id))
+
+    async def _ask_role(self, interest: RouterInterest, session_id: int) -> None:
+        session = self.session
+        if session is None:
+            return
+        try:
+            info = await session.call("wamp.session.get", session_id)
+        except ApplicationError:
+            role: str | None = None  # no such session any more
+        except Exception as e:  # our own session went away meanwhile
+            log.debug("bridge: wamp.session.get {session} failed: {error}", session=session_id, error=e)
+            return
+        else:
+            found = info.get("authrole") if isinstance(info, dict) else None
+            role = "" if found is None else str(found)
+        self._apply(interest, interest.role_known(session_id, role))
+
+    # -- interest: router clients -> hub ----------------------------------------------------
+
+    def _sync_hub(self, wanted: set[str]) -> None:
+        """Make the hub subscriptions of our sink equal to ``wanted`` (no churn for unchanged topics)."""
+        wanted = {t for t in wanted if _routable(t)}
+        for topic in sorted(self._hub_topics - wanted):
+            self._hub_unsubscribe(topic)
+        for topic in sorted(wanted - self._hub_topics):
+            self._hub_subscribe(topic)
+
+    def _hub_subscribe(self, topic: str) -> None:
+        if _routable(topic) and topic not in self._hub_topics:
+            self._hub_topics.add(topic)
+            self._hub.subscribe(topic, self._sink)
+
+    def _hub_unsubscribe(self, topic: str) -> None:
+        if topic in self._hub_topics:
+            self._hub_topics.discard(topic)
+            self._hub.unsubscribe(topic, self._sink)
+
+    # -- cluster -> router ------------------------------------------------------------------
+
+    def publish_into_router(self, envelope: Envelope) -> bool:
+        """Publish a message from the cluster into the router for its clients (never back to a bridge)."""
+        session = self.session
+        if session is None or not self.active or not session.is_attached():
+            self._metrics.event(BridgeEvent.DROPPED_NO_ROUTER)
+            self._metrics.count(envelope.topic, "bridge", "dropped", 1, payload_size(envelope), reason="no_router")
+            return False
+        args, kwargs = event_arguments(envelope)
+        options = PublishOptions(acknowledge=True, exclude_me=True, exclude_authrole=[self.role])
+        d = session.publish(envelope.topic, *args, options=options, **(kwargs or {}))
+        self._metrics.event(BridgeEvent.INTO_ROUTER)
+        if d is not None:
+            d.addErrback(self._publish_failed, envelope.topic)
+        return True
+
+    def _publish_failed(self, failure: Any, topic: str) -> None:
+        self._metrics.event(BridgeEvent.PUBLISH_ERRORS)
+        log.warn(
+            "bridge: publishing on {topic} into the router failed: {error}",
+            topic=topic,
+            error=failure.getErrorMessage(),
+        )
+
+    # -- router -> cluster ------------------------------------------------------------------
+
+    def _remote_topics_changed(self) -> None:
+        self._schedule_reconcile()
+
+    def _schedule_reconcile(self) -> None:
+        if self._reconcile_call is None or not self._reconcile_call.active():
+            self._reconcile_call = self._reactor.callLater(0, self._reconcile)
+
+    def _reconcile(self) -> None:
+        """Subscribe on the router to exactly the topics other nodes want from us (active bridge only)."""
+        session = self.session
+        if session is None or not self.active or self._stopping:
+            return
+        wanted = {t for t in self._federation.remote_topics() if _routable(t)}
+        for topic in sorted(set(self._router_subs) - wanted):
+            self._router_unsubscribe(topic)
+        for topic in sorted(wanted - set(self._router_subs)):
+            self._router_subscribe(session, topic)
+
+    def _router_subscribe(self, session: _BridgeSession, topic: str) -> None:
+        d = session.subscribe(self._router_event(topic), topic, options=SubscribeOptions(details=True))
+        self._router_subs[topic] = d
+
+        def made(subscription: Any) -> None:
+            if self.session is not session:
+                return
+            if self._router_subs.get(topic) is d:
+                self._router_subs[topic] = subscription
+            else:  # no longer wanted while it was being made
+                subscription.unsubscribe().addErrback(lambda _: None)
+
+        def failed(failure: Any) -> None:
+            if self._router_subs.get(topic) is d:
+                del self._router_subs[topic]
+            log.warn(
+                "bridge: subscribing to {topic} on the router failed: {error}",
+                topic=topic,
+                error=failure.getErrorMessage(),
+            )
+
+        d.addCallbacks(made, failed)
+
+    def _router_unsubscribe(self, topic: str) -> None:
+        subscription = self._router_subs.pop(topic)
+        if not isinstance(subscription, defer.Deferred) and subscription.active:
+            subscription.unsubscribe().addErrback(lambda _: None)
+
+    def _router_event(self, topic: str) -> Any:
+        def handle(*args: Any, details: Any = None, **kwargs: Any) -> None:
+            if details is not None and (details.publisher_authrole == self.role or details.retained):
+                self._metrics.event(BridgeEvent.LOOPS_DROPPED)
+                return
+            envelope = wamp_envelope(self._hub, topic, args, kwargs)
+            self._metrics.event(BridgeEvent.FROM_ROUTER)
+            self._metrics.count(topic, "bridge", "published", 1, payload_size(envelope))
+            self._hub.publish(envelope, exclude=self._sink)
+
+        return handle

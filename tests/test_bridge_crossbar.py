@@ -1,0 +1,355 @@
+"""``pubsubclub bridge`` against real Crossbar.io routers (from PyPI, `make crossbar`) and real nodes.
+
+Every scenario counts deliveries exactly: each publisher ends with a marker
+message, and since delivery is FIFO per publisher and topic, once a subscriber
+has the marker it has everything it will ever get from that publisher, so its
+count must be exact (no loss, no duplicate). The routers are shared by the
+module (a Crossbar start takes seconds); each test uses its own topics.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import pytest_twisted
+from autobahn.twisted.wamp import ApplicationSession
+from autobahn.wamp.types import PublishOptions
+from bridgeproc import BridgeProcess
+from twisted.internet import threads
+from conftest import Cluster, NodeProcess, free_port, until
+from wampclient import Recorder, connect, leave, publish_acked, subscribe
+
+from pubsubclub.testing import crossbar
+from pubsubclub.testing.crossbar import CrossbarProcess
+
+REPO = Path(__file__).resolve().parent.parent
+MARKER = "--marker--"
+#: Messages each publisher sends per scenario (plus its marker).
+COUNT = 20
+
+
+@pytest.fixture(scope="module")
+def routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[CrossbarProcess]]:
+    """Two Crossbar routers for the module (the tests restart or stop none of them)."""
+    started = []
+    try:
+        for i in (1, 2):
+            proc = CrossbarProcess(tmp_path_factory.mktemp(f"router{i}"), free_port(), name=f"crossbar{i}")
+            started.append(proc.start())
+        yield started
+    finally:
+        for proc in started:
+            proc.stop()
+
+
+@pytest.fixture
+def own_router(tmp_path: Path) -> Iterator[CrossbarProcess]:
+    """A router of the test's own (for tests that restart it)."""
+    proc = CrossbarProcess(tmp_path / "own-router", free_port(), name="own-crossbar")
+    proc.start()
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def members(tmp_path: Path) -> Iterator[Callable[..., Any]]:
+    """Start nodes and bridges that list each other as peers; all are stopped at the end."""
+    started: list[NodeProcess] = []
+
+    def make(n_nodes: int, bridges: list[tuple[CrossbarProcess, str]]) -> tuple[list[NodeProcess], list[BridgeProcess]]:
+        nodes = [NodeProcess(f"node{i + 1}", tmp_path) for i in range(n_nodes)]
+        made = [BridgeProcess(f"bridge{i + 1}", tmp_path, router, authid) for i, (router, authid) in enumerate(bridges)]
+        everyone: list[NodeProcess] = [*nodes, *made]
+        for member in everyone:
+            member.peers = [other.psc_url for other in everyone if other is not member]
+        for member in everyone:
+            member.start()
+            started.append(member)
+        return nodes, made
+
+    yield make
+    for member in started:
+        member.stop()
+
+
+def wants(node: NodeProcess, topic: str, peer: str) -> Callable[[], bool]:
+    """Whether ``node`` knows that ``peer`` wants ``topic`` (its PSC201 arrived)."""
+    return lambda: peer in node.stats()["remote_interest"].get(topic, [])
+
+
+async def send(session: ApplicationSession, topic: str, origin: str, count: int = COUNT) -> None:
+    """``count`` acknowledged publishes with two args and kwargs, then the marker."""
+    for i in range(count):
+        await session.publish(topic, origin, i, options=PublishOptions(acknowledge=True), seq=i, origin=origin)
+    await publish_acked(session, topic, MARKER, origin)
+
+
+def from_origin(rec: Recorder, origin: str) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+    """The events of ``rec`` published by ``origin`` (the marker left out)."""
+    return [(a, k) for a, k in rec.events if a and a[0] == origin]
+
+
+async def marker_from(rec: Recorder, origin: str) -> None:
+    """Until ``rec`` got ``origin``'s marker."""
+    await rec.wait_until(lambda r: any(a == (MARKER, origin) for a, _ in r.events), timeout=20)
+
+
+def assert_exactly_once(rec: Recorder, origin: str, count: int = COUNT) -> None:
+    """``rec`` got each of ``origin``'s messages once, in order, args and kwargs unchanged, and one marker."""
+    got = from_origin(rec, origin)
+    assert got == [((origin, i), {"seq": i, "origin": origin}) for i in range(count)]
+    assert sum(1 for a, _ in rec.events if a == (MARKER, origin)) == 1
+
+
+def test_docs_show_the_config_the_tests_use() -> None:
+    """docs/bridge.md's config.json is the launcher's (``example_config``), so the documented one is tested."""
+    text = (REPO / "docs" / "bridge.md").read_text()
+    start = text.index("```json\n") + len("```json\n")
+    shown = json.loads(text[start : text.index("```", start)])
+    assert shown == crossbar.example_config()
+
+
+@pytest_twisted.ensureDeferred
+async def test_crossbar_client_and_node_client_both_directions(routers: list[CrossbarProcess], members: Any) -> None:
+    """Crossbar client <-> bridge <-> node <-> Autobahn client: each message once each way, args and kwargs kept."""
+    router = routers[0]
+    (node,), (bridge,) = members(1, [(router, "bridge-1")])
+    await Cluster([node, bridge]).linked()
+    topic = "bridge.both"
+    on_router = await connect(router.url, authid="client-1", ticket="ticket-of-client-1")
+    on_node = await connect(node.wamp_url)
+    try:
+        router_rec, _ = await subscribe(on_router, topic)
+        node_rec, _ = await subscribe(on_node, topic)
+        await bridge.until_carries(interest=(topic,), router_subscriptions=(topic,))
+        await until(wants(node, topic, "bridge1"), "node1 to know bridge1 wants the topic")
+        await send(on_router, topic, "crossbar")
+        await send(on_node, topic, "node")
+        await marker_from(node_rec, "crossbar")
+        await marker_from(router_rec, "node")
+        assert_exactly_once(node_rec, "crossbar")
+        assert_exactly_once(router_rec, "node")
+        # exclude_me (default true) kept its meaning on both sides: no publisher heard itself.
+        assert from_origin(router_rec, "crossbar") == [] and from_origin(node_rec, "node") == []
+        stats = bridge.bridge_stats()["events"]
+        assert stats["from_router"] == COUNT + 1 and stats["into_router"] == COUNT + 1
+        assert stats["loops_dropped"] == 0
+    finally:
+        await leave(on_router, on_node)
+
+
+@pytest_twisted.ensureDeferred
+async def test_exclude_me_false_on_the_router_and_plain_payloads(routers: list[CrossbarProcess], members: Any) -> None:
+    """A router client publishing with exclude_me=False hears itself once (from the router, not back from the cluster)."""
+    router = routers[0]
+    (node,), (bridge,) = members(1, [(router, "bridge-1")])
+    await Cluster([node, bridge]).linked()
+    topic = "bridge.exclude_me"
+    on_router = await connect(router.url)
+    on_node = await connect(node.wamp_url)
+    try:
+        router_rec, _ = await subscribe(on_router, topic)
+        node_rec, _ = await subscribe(on_node, topic)
+        await bridge.until_carries(interest=(topic,), router_subscriptions=(topic,))
+        await until(wants(node, topic, "bridge1"), "node1 to know bridge1 wants the topic")
+        for i in range(5):
+            await on_router.publish(topic, "self", i, options=PublishOptions(acknowledge=True, exclude_me=False))
+        await on_router.publish(topic, {"plain": True}, options=PublishOptions(acknowledge=True, exclude_me=False))
+        await publish_acked(on_router, topic, MARKER, "self")
+        await publish_acked(on_node, topic, MARKER, "node")
+        await marker_from(node_rec, "self")
+        await marker_from(router_rec, "node")
+        assert [a for a, _ in router_rec.events if a and a[0] == "self"] == [("self", i) for i in range(5)]
+        assert [a for a, _ in node_rec.events if a and a[0] == "self"] == [("self", i) for i in range(5)]
+        assert router_rec.events.count((({"plain": True},), {})) == 1
+        assert node_rec.events.count((({"plain": True},), {})) == 1
+    finally:
+        await leave(on_router, on_node)
+
+
+@pytest_twisted.ensureDeferred
+async def test_subscription_made_before_the_bridge_started(routers: list[CrossbarProcess], members: Any) -> None:
+    """A Crossbar subscription that existed before the bridge joined is federated (crossbar issue #1909)."""
+    router = routers[1]
+    topic = "bridge.before"
+    on_router = await connect(router.url)
+    try:
+        router_rec, _ = await subscribe(on_router, topic)
+        (node,), (bridge,) = members(1, [(router, "bridge-2")])
+        await Cluster([node, bridge]).linked()
+        await bridge.until_carries(interest=(topic,))
+        await until(wants(node, topic, "bridge1"), "node1 to know bridge1 wants the topic")
+        on_node = await connect(node.wamp_url)
+        try:
+            await send(on_node, topic, "node")
+            await marker_from(router_rec, "node")
+            assert_exactly_once(router_rec, "node")
+        finally:
+            await leave(on_node)
+    finally:
+        await leave(on_router)
+
+
+@pytest_twisted.ensureDeferred
+async def test_bridges_own_and_other_bridges_subscriptions_are_no_interest(
+    routers: list[CrossbarProcess], members: Any
+) -> None:
+    """A bridge-role session's subscription (another bridge, say) does not make the bridge ask the cluster."""
+    router = routers[1]
+    (node,), (bridge,) = members(1, [(router, "bridge-1")])
+    await Cluster([node, bridge]).linked()
+    other_bridge = await connect(router.url, authid="bridge-3", ticket="ticket-of-bridge-3")
+    client = await connect(router.url)
+    try:
+        await subscribe(other_bridge, "bridge.only_a_bridge_wants")
+        await subscribe(client, "bridge.a_client_wants")
+        await bridge.until_carries(interest=("bridge.a_client_wants",))
+        # The client's subscription came after the other bridge's: its interest is settled too.
+        assert "bridge.only_a_bridge_wants" not in bridge.bridge_stats()["interest"]
+        assert "bridge.only_a_bridge_wants" not in node.stats()["remote_interest"]
+    finally:
+        await leave(other_bridge, client)
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_routers_federated_through_the_cluster(routers: list[CrossbarProcess], members: Any) -> None:
+    """Two Crossbar routers, each with its bridge, and a node: every message reaches every other side once."""
+    (node,), (bridge1, bridge2) = members(1, [(routers[0], "bridge-1"), (routers[1], "bridge-2")])
+    await Cluster([node, bridge1, bridge2]).linked()
+    topic = "bridge.two_routers"
+    c1 = await connect(routers[0].url)
+    c2 = await connect(routers[1].url)
+    on_node = await connect(node.wamp_url)
+    try:
+        rec1, _ = await subscribe(c1, topic)
+        rec2, _ = await subscribe(c2, topic)
+        rec_node, _ = await subscribe(on_node, topic)
+        for bridge in (bridge1, bridge2):
+            await bridge.until_carries(interest=(topic,), router_subscriptions=(topic,))
+        for a, b in ((node, "bridge1"), (node, "bridge2"), (bridge1, "bridge2"), (bridge2, "bridge1")):
+            await until(wants(a, topic, b), f"{a.name} to know {b} wants the topic")
+        await send(c1, topic, "router1")
+        await send(c2, topic, "router2")
+        await send(on_node, topic, "node")
+        for rec, origins in (
+            (rec1, ("router2", "node")),
+            (rec2, ("router1", "node")),
+            (rec_node, ("router1", "router2")),
+        ):
+            for origin in origins:
+                await marker_from(rec, origin)
+                assert_exactly_once(rec, origin)
+        assert from_origin(rec1, "router1") == from_origin(rec2, "router2") == from_origin(rec_node, "node") == []
+    finally:
+        await leave(c1, c2, on_node)
+
+
+@pytest_twisted.ensureDeferred
+async def test_two_bridges_on_one_router_one_carries_the_other_takes_over(
+    routers: list[CrossbarProcess], members: Any
+) -> None:
+    """Two bridges on one router: one is active, nothing is duplicated or looped; stopping it hands over."""
+    router = routers[0]
+    (node,), bridges = members(1, [(router, "bridge-1"), (router, "bridge-2")])
+    await Cluster([node, *bridges]).linked()
+    topic = "bridge.two_bridges"
+    on_router = await connect(router.url)
+    on_node = await connect(node.wamp_url)
+    try:
+        router_rec, _ = await subscribe(on_router, topic)
+        node_rec, _ = await subscribe(on_node, topic)
+        await until(lambda: sum(b.active() for b in bridges) == 1, "one active bridge")
+        active = next(b for b in bridges if b.active())
+        standby = next(b for b in bridges if b is not active)
+        await active.until_carries(interest=(topic,), router_subscriptions=(topic,))
+        await until(wants(node, topic, active.name), "node1 to know the active bridge wants the topic")
+        await send(on_router, topic, "crossbar")
+        await send(on_node, topic, "node")
+        await marker_from(node_rec, "crossbar")
+        await marker_from(router_rec, "node")
+        assert_exactly_once(node_rec, "crossbar")
+        assert_exactly_once(router_rec, "node")
+        assert standby.bridge_stats()["interest"] == [] and standby.bridge_stats()["router_subscriptions"] == []
+        assert standby.name not in node.stats()["remote_interest"].get(topic, [])
+
+        assert active.stop() == 0
+        await standby.until_carries(interest=(topic,), router_subscriptions=(topic,))
+        await until(wants(node, topic, standby.name), "node1 to know the new active bridge wants the topic")
+        router_rec.events.clear()
+        node_rec.events.clear()
+        await send(on_router, topic, "crossbar")
+        await send(on_node, topic, "node")
+        await marker_from(node_rec, "crossbar")
+        await marker_from(router_rec, "node")
+        assert_exactly_once(node_rec, "crossbar")
+        assert_exactly_once(router_rec, "node")
+    finally:
+        await leave(on_router, on_node)
+
+
+@pytest_twisted.ensureDeferred
+async def test_crossbar_restart(own_router: CrossbarProcess, members: Any) -> None:
+    """After the router restarts, the bridge rejoins, re-reads interest, resubscribes; nothing lost or doubled."""
+    router = own_router
+    (node,), (bridge,) = members(1, [(router, "bridge-1")])
+    await Cluster([node, bridge]).linked()
+    topic = "bridge.router_restart"
+    on_node = await connect(node.wamp_url)
+    node_rec, _ = await subscribe(on_node, topic)
+    try:
+        for round_ in range(2):
+            on_router = await connect(router.url)
+            try:
+                router_rec, _ = await subscribe(on_router, topic)
+                await bridge.until_carries(interest=(topic,), router_subscriptions=(topic,))
+                await until(wants(node, topic, "bridge1"), "node1 to know bridge1 wants the topic")
+                node_rec.events.clear()
+                await send(on_router, topic, "crossbar")
+                await send(on_node, topic, "node")
+                await marker_from(node_rec, "crossbar")
+                await marker_from(router_rec, "node")
+                assert_exactly_once(node_rec, "crossbar")
+                assert_exactly_once(router_rec, "node")
+            finally:
+                await leave(on_router)
+            if round_ == 0:
+                await threads.deferToThread(router.restart)
+                await until(lambda: bridge.bridge_stats()["events"]["joins"] >= 2, "the bridge to join the new router")
+        assert bridge.bridge_stats()["events"]["joins"] == 2
+    finally:
+        await leave(on_node)
+
+
+@pytest_twisted.ensureDeferred
+async def test_bridge_restart(routers: list[CrossbarProcess], members: Any) -> None:
+    """A bridge stopped with SIGTERM exits 0; started again, it carries both ways exactly once."""
+    router = routers[1]
+    (node,), (bridge,) = members(1, [(router, "bridge-1")])
+    await Cluster([node, bridge]).linked()
+    topic = "bridge.bridge_restart"
+    on_router = await connect(router.url)
+    on_node = await connect(node.wamp_url)
+    try:
+        router_rec, _ = await subscribe(on_router, topic)
+        node_rec, _ = await subscribe(on_node, topic)
+        for round_ in range(2):
+            if round_ == 1:
+                assert bridge.stop() == 0
+                bridge.start()
+                await Cluster([node, bridge]).linked()
+            await bridge.until_carries(interest=(topic,), router_subscriptions=(topic,))
+            await until(wants(node, topic, "bridge1"), "node1 to know bridge1 wants the topic")
+            router_rec.events.clear()
+            node_rec.events.clear()
+            await send(on_router, topic, "crossbar")
+            await send(on_node, topic, "node")
+            await marker_from(node_rec, "crossbar")
+            await marker_from(router_rec, "node")
+            assert_exactly_once(node_rec, "crossbar")
+            assert_exactly_once(router_rec, "node")
+    finally:
+        await leave(on_router, on_node)
