@@ -73,7 +73,7 @@ class BridgeProcess(NodeProcess):
         return bool(self.bridge_stats()["active"])
 
     def carries(self, interest: tuple[str, ...] = (), router_subscriptions: tuple[str, ...] = ()) -> bool:
-        """Active, with ``interest`` from the router's clients and subscribed on the router to ``router_subscriptions``."""
+        """Active, wanting ``interest`` for its router's clients, subscribed there to ``router_subscriptions``."""
         stats = self.bridge_stats()
         return (
             stats["active"]

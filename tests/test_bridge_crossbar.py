@@ -19,8 +19,8 @@ import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp.types import PublishOptions
 from bridgeproc import BridgeProcess
-from twisted.internet import threads
 from conftest import Cluster, NodeProcess, free_port, until
+from twisted.internet import threads
 from wampclient import Recorder, connect, leave, publish_acked, subscribe
 
 from pubsubclub.testing import crossbar
@@ -144,7 +144,7 @@ async def test_crossbar_client_and_node_client_both_directions(routers: list[Cro
 
 @pytest_twisted.ensureDeferred
 async def test_exclude_me_false_on_the_router_and_plain_payloads(routers: list[CrossbarProcess], members: Any) -> None:
-    """A router client publishing with exclude_me=False hears itself once (from the router, not back from the cluster)."""
+    """A router client publishing with exclude_me=False hears itself once: from the router, not the cluster."""
     router = routers[0]
     (node,), (bridge,) = members(1, [(router, "bridge-1")])
     await Cluster([node, bridge]).linked()
