@@ -180,6 +180,15 @@ class FederationSection:
     batch: bool = setting(
         True, "offer PSC 0.4: a link sends each reactor turn's messages in one frame (needs the replay window)"
     )
+    patterns: bool = setting(
+        True, "offer PSC 0.5: federate WAMP prefix/wildcard subscriptions (needs batching and the replay window)"
+    )
+    max_patterns_per_peer: int = setting(
+        10_000,
+        "a peer holding more PSC 0.5 patterns is disconnected; this node announces at most this many",
+        flag="--max-patterns-per-peer",
+        metavar="N",
+    )
 
 
 @dataclass(frozen=True)
@@ -479,6 +488,8 @@ class NodeConfig:
             or not 0 <= fed.replay_window_seconds <= 86_400
         ):
             raise ConfigError("replay-window-seconds", "must be a number of seconds between 0 (off) and 86400")
+        if type(fed.max_patterns_per_peer) is not int or not 1 <= fed.max_patterns_per_peer <= 1_000_000:
+            raise ConfigError("max-patterns-per-peer", "must be an integer between 1 and 1000000")
         for key, value in (("max-send-buffer", node.max_send_buffer), ("max-link-queue", fed.max_link_queue)):
             if type(value) is not int or not 65_536 <= value <= 2**40:
                 raise ConfigError(key, "must be an integer between 65536 and 1099511627776")
