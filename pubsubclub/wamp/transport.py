@@ -96,7 +96,8 @@ def feed_session(current: Callable[[], Any], serializer: Any, payload: bytes, is
     """Decode one transport message and hand each WAMP message to the session ``current()`` returns.
 
     Undecodable input is the peer's fault: ABORT (``protocol_violation``), or
-    an ERROR for a refused URI (``invalid_uri``). Shared by the WebSocket and
+    an ERROR for a refused URI (``invalid_uri``) or an unknown SUBSCRIBE match
+    policy (``unparsable``). Shared by the WebSocket and
     RawSocket transports, so both treat bad input alike.
     """
     session = current()
@@ -105,7 +106,7 @@ def feed_session(current: Callable[[], Any], serializer: Any, payload: bytes, is
     try:
         messages = serializer.unserialize(payload, is_binary)
     except ProtocolError as e:
-        session.protocol_violation(str(e))
+        session.unparsable(_raw_message(serializer, payload), str(e))
         return
     except InvalidUriError as e:
         session.invalid_uri(_raw_message(serializer, payload), str(e))
