@@ -538,7 +538,8 @@ class BrokerSession:
                 and isinstance(options, dict)
                 and options.get("match", message.Subscribe.MATCH_EXACT) not in (message.Subscribe.MATCH_EXACT, *MATCHES)
             ):
-                text = f"unknown match policy {str(options['match'])[:40]!r}; this broker offers exact, prefix, wildcard"
+                match = str(options["match"])[:40]
+                text = f"unknown match policy {match!r}; this broker offers exact, prefix, wildcard"
                 self._error(message.Subscribe.MESSAGE_TYPE, request, INVALID_ARGUMENT, text)
                 return
         self.protocol_violation(problem)
