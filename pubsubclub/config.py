@@ -124,8 +124,17 @@ class WampSection:
         shown_default="off",
     )
     chat_page: bool = setting(True, "serve the browser chat page at /", flag="--no-chat-page")
+    join_timeout: float = setting(
+        10.0,
+        "seconds a WAMP client may take to open its WebSocket or RawSocket connection, and again to be WELCOMEd,"
+        " before it is closed",
+        metavar="S",
+    )
     call_timeout: float = setting(
         0.0, "longest a node-local RPC call may take, in seconds (0: only the caller's own timeout option)", metavar="S"
+    )
+    max_pending_calls: int = setting(
+        1000, "node-local RPC calls one session may have in flight; one more gets an ERROR at once", metavar="N"
     )
     await_interest: bool = setting(
         False,
@@ -181,6 +190,15 @@ class FederationSection:
     )
     batch: bool = setting(
         True, "offer PSC 0.4: a link sends each reactor turn's messages in one frame (needs the replay window)"
+    )
+    patterns: bool = setting(
+        True, "offer PSC 0.5: federate WAMP prefix/wildcard subscriptions (needs batching and the replay window)"
+    )
+    max_patterns_per_peer: int = setting(
+        10_000,
+        "a peer holding more PSC 0.5 patterns is disconnected; this node announces at most this many",
+        flag="--max-patterns-per-peer",
+        metavar="N",
     )
 
 
@@ -501,6 +519,10 @@ class NodeConfig:
             raise ConfigError("metrics-max-topics", "must be an integer between 1 and 100000")
         if nsd.listen is not None:
             _check_endpoint("nsd", nsd.listen)
+        if not isinstance(wamp.join_timeout, (int, float)) or not 0.1 <= wamp.join_timeout <= 3600:
+            raise ConfigError("wamp-join-timeout", "must be a number of seconds between 0.1 and 3600")
+        if type(wamp.max_pending_calls) is not int or not 1 <= wamp.max_pending_calls <= 1_000_000:
+            raise ConfigError("wamp-max-pending-calls", "must be an integer between 1 and 1000000")
         if not 0.05 <= metrics.interval <= 86_400:
             raise ConfigError("metrics-interval", "must be between 0.05 and 86400 seconds")
         if not node.data_dir:
@@ -537,6 +559,8 @@ class NodeConfig:
             or not 0 <= fed.replay_window_seconds <= 86_400
         ):
             raise ConfigError("replay-window-seconds", "must be a number of seconds between 0 (off) and 86400")
+        if type(fed.max_patterns_per_peer) is not int or not 1 <= fed.max_patterns_per_peer <= 1_000_000:
+            raise ConfigError("max-patterns-per-peer", "must be an integer between 1 and 1000000")
         for key, value in (("max-send-buffer", node.max_send_buffer), ("max-link-queue", fed.max_link_queue)):
             if type(value) is not int or not 65_536 <= value <= 2**40:
                 raise ConfigError(key, "must be an integer between 65536 and 1099511627776")

@@ -88,6 +88,7 @@ class WampFrontend(Frontend):
             max_message_size=config.node.max_message_size,
             json=json_bounds(config),
             max_send_buffer=config.node.max_send_buffer,
+            join_timeout=config.wamp.join_timeout,
         )
         self.server = WampServer(
             hub,
@@ -97,6 +98,7 @@ class WampFrontend(Frontend):
             reactor=reactor,
             await_interest=config.wamp.await_interest,
             max_call_seconds=config.wamp.call_timeout,
+            max_pending_calls=config.wamp.max_pending_calls,
         )
         self.router = self.server.router
         super().__init__()

@@ -45,7 +45,11 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         hub,
         listen_role=Role(section.listen_role),
         reactor=reactor,
-        limits=Limits(max_message_size=config.node.max_message_size, json=json_bounds(config)),
+        limits=Limits(
+            max_message_size=config.node.max_message_size,
+            json=json_bounds(config),
+            max_patterns_per_peer=section.max_patterns_per_peer,
+        ),
         advertise_url=section.advertise,
         secret=config.cluster_secret(),
         endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
@@ -54,6 +58,7 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         # peers would redial nodes Consul has dropped as unhealthy.
         learn_peers=section.learn_peers and config.consul.url is None,
         batch=section.batch,
+        patterns=section.patterns,
         replay=None
         if not section.replay_window_seconds
         else ReplaySettings(max_bytes=section.replay_buffer_bytes, window=section.replay_window_seconds),
@@ -150,6 +155,7 @@ class Node:
             "links": self.federation.links(),
             "servers": self.federation.servers(),
             "remote_interest": self.federation.remote_interest(),
+            "remote_patterns": self.federation.remote_patterns(),
             "discovery": None if self.discovery is None else self.discovery.status(),
             "wamp": None if self.wamp is None else self.wamp.stats(),
             "nsd": None if self.nsd is None else self.nsd.stats(),

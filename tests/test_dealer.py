@@ -122,3 +122,40 @@ async def test_call_timeout_and_a_caller_leaving(node: NodeProcess) -> None:
     answers[1].callback("nobody to tell")
     assert await caller.call("com.example.ping") == "pong"  # the callee and the dealer carry on
     await leave(callee, caller)
+
+
+@pytest_twisted.ensureDeferred
+async def test_calls_in_flight_are_bounded_per_caller(tmp_path: Path) -> None:
+    """A callee that never answers cannot make the node hold calls without bound: one more gets ERROR at once."""
+    bounded = NodeProcess("rpc", tmp_path, extra=("--wamp-max-pending-calls", "2")).start()
+    try:
+        callee, caller, other = [await connect(bounded.wamp_url) for _ in range(3)]
+        held: list[defer.Deferred[str]] = []
+        invoked: list[defer.Deferred[None]] = [defer.Deferred() for _ in range(4)]
+
+        def hold() -> defer.Deferred[str]:
+            held.append(defer.Deferred())
+            invoked[len(held) - 1].callback(None)
+            return held[-1]
+
+        await callee.register(hold, "com.example.hold")
+        first, second = caller.call("com.example.hold"), caller.call("com.example.hold")
+        await defer.gatherResults([invoked[0], invoked[1]]).addTimeout(10, reactor)
+        error = await defer.ensureDeferred(call_error(caller, "com.example.hold")).addTimeout(10, reactor)
+        assert error.error == "pubsubclub.error.too_many_calls"
+        assert "the limit is 2" in str(error.args[0])
+        # The bound is per caller: another session still gets through, and an answer frees a place.
+        third = other.call("com.example.hold")
+        await invoked[2].addTimeout(10, reactor)
+        held[0].callback("one")
+        assert await first == "one"
+        held[2].callback("three")
+        assert await third == "three"
+        fourth = caller.call("com.example.hold")
+        await invoked[3].addTimeout(10, reactor)
+        held[1].callback("two")
+        held[3].callback("four")
+        assert (await second, await fourth) == ("two", "four")
+        await leave(callee, caller, other)
+    finally:
+        bounded.stop()

@@ -54,6 +54,7 @@ from pubsubclub.federation.transport import (
 )
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.metrics import payload_size
+from pubsubclub.patterns import Pattern
 
 log = Logger()
 
@@ -162,6 +163,7 @@ class Federation:
         max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
         learn_peers: bool = True,
         batch: bool = True,
+        patterns: bool = True,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -196,6 +198,8 @@ class Federation:
                 self.versions = (*versions, psc.V0_3)
             if batch and psc.V0_4 not in self.versions:
                 self.versions = (*self.versions, psc.V0_4)
+            if batch and patterns and psc.V0_5 not in self.versions:
+                self.versions = (*self.versions, psc.V0_5)
         self._servers: dict[str, _Server] = {}
         #: Every live link, by its session.
         self._links: dict[LinkSession, Link] = {}
@@ -205,7 +209,12 @@ class Federation:
         self._by_topic: dict[str, dict[LinkSession, None]] = {}
         #: Called (no arguments) after other nodes' interest in our topics may have changed.
         self._remote_topics_listeners: list[Callable[[], None]] = []
+        #: Local patterns announced to 0.5 producers (at most ``limits.max_patterns_per_peer``) ...
+        self._announced: dict[Pattern, None] = {}
+        #: ... and those held back past that limit, announced as announced ones go.
+        self._held: dict[Pattern, None] = {}
         hub.add_interest_listener(self)
+        hub.add_pattern_listener(self)
         hub.add_publish_listener(self)
 
     @property
@@ -382,7 +391,8 @@ class Federation:
             topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
             if session.with_replay and self.inbox is not None:
                 epoch, seq = self.inbox.position(session.peer_node or session.peer)
-                session.send(psc.Resume(epoch, seq, tuple(topics)))
+                patterns = tuple(self._announced) if session.with_patterns else None
+                session.send(psc.Resume(epoch, seq, tuple(topics), patterns))
             elif topics:
                 session.send(psc.Subscribe(tuple(topics)))
         link = self._links.get(session)
@@ -488,6 +498,16 @@ class Federation:
             sessions.pop(session, None)
             if not sessions:
                 del self._by_topic[topic]
+        self._remote_topics_changed()
+
+    def link_pattern(self, session: LinkSession, pattern: Pattern, added: bool) -> None:
+        """0.5: a consumer asked us (its producer) for ``pattern``, or no longer wants it."""
+        if self.outbox is None:  # 0.5 is offered only with an outbox
+            return
+        if added:
+            self.outbox.subscribe_pattern(session, pattern)
+        else:
+            self.outbox.unsubscribe_pattern(session, pattern)
         self._remote_topics_changed()
 
     def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
@@ -616,6 +636,43 @@ class Federation:
             for session in self._producers:
                 session.send_raw(data)
 
+    def pattern_added(self, pattern: Pattern) -> None:
+        """A pattern's first local holder: PSC203 to every 0.5 producer (within the per-peer limit)."""
+        if len(self._announced) >= self.limits.max_patterns_per_peer:
+            self._held[pattern] = None
+            self.hub.metrics.error("psc", "patterns_over_limit")
+            log.warn(
+                "not announcing pattern {pattern!r} to peers: {limit} patterns already announced"
+                " (max-patterns-per-peer); its subscribers get only what this node publishes",
+                pattern=pattern.pattern,
+                limit=self.limits.max_patterns_per_peer,
+            )
+            return
+        self._announce(pattern, psc.SubscribePattern(pattern))
+
+    def pattern_removed(self, pattern: Pattern) -> None:
+        """A pattern's last local holder went: PSC204 to every 0.5 producer; announce one held back."""
+        if pattern in self._held:
+            del self._held[pattern]
+            return
+        if pattern not in self._announced:
+            return
+        del self._announced[pattern]
+        self._send_to_pattern_producers(psc.encode(psc.UnsubscribePattern(pattern)))
+        if self._held:
+            waiting = next(iter(self._held))
+            del self._held[waiting]
+            self._announce(waiting, psc.SubscribePattern(waiting))
+
+    def _announce(self, pattern: Pattern, message: psc.SubscribePattern) -> None:
+        self._announced[pattern] = None
+        self._send_to_pattern_producers(psc.encode(message))
+
+    def _send_to_pattern_producers(self, data: bytes) -> None:
+        for session in self._producers:
+            if session.with_patterns:
+                session.send_raw(data)
+
     def local_published(self, envelope: Envelope) -> None:
         """Forward a local publish to each consumer that asked for its topic."""
         sessions = self._by_topic.get(envelope.topic)
@@ -697,6 +754,7 @@ class Federation:
                     "version": None if session.version is None else f"{session.version[0]}.{session.version[1]}",
                     "direction": link.direction,
                     "topics": len(session.topics),
+                    "patterns": len(session.patterns),
                 }
             )
         for url in self._servers:
@@ -710,6 +768,7 @@ class Federation:
                         "version": None,
                         "direction": "out",
                         "topics": 0,
+                        "patterns": 0,
                     }
                 )
         return rows
@@ -723,6 +782,12 @@ class Federation:
             for topic, consumers in self.outbox.interest().items():
                 interest[topic] = sorted(interest.get(topic, []) + consumers)
         return interest
+
+    def remote_patterns(self) -> dict[str, list[str]]:
+        """``"<match>:<pattern>"`` -> the peers that asked us for it (0.5)."""
+        if self.outbox is None:
+            return {}
+        return {f"{p.match}:{p.pattern}": peers for p, peers in self.outbox.pattern_interest().items()}
 
     def open_links(self) -> int:
         """Number of links past their handshake."""

@@ -3,7 +3,8 @@
 Modern Autobahn ships only client roles, so the broker is ours. It speaks the
 Broker role of the WAMP Basic Profile: HELLO/WELCOME/ABORT/GOODBYE,
 SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
-ERROR. There is no dealer: RPC messages end the session with
+ERROR, plus the Advanced Profile's pattern-based subscriptions (``match:
+"prefix"`` and ``"wildcard"``; see "Patterns" below). There is no dealer: RPC messages end the session with
 ``wamp.error.protocol_violation`` (a peer must not use a role the router did
 not announce in WELCOME).
 
@@ -13,6 +14,15 @@ Realms and topics
     topic ``f"$realm.{r}#{t}"``. Topics starting with ``$`` are reserved for the
     cluster's own use (no front-end accepts them from clients), so the
     mapping never collides. :func:`hub_topic` is the one place that does this.
+
+Patterns
+    A prefix or wildcard SUBSCRIBE becomes a hub pattern
+    (:class:`~pubsubclub.patterns.Pattern`) under the same realm mapping as
+    topics (:func:`hub_pattern`), so a pattern of one realm never matches
+    another realm's topics. One subscription id per (match, pattern),
+    broker-wide, like exact ones; its EVENTs carry the concrete WAMP topic in
+    ``details.topic``. A session subscribed to a topic several ways gets one
+    EVENT per matching subscription, as WAMP asks.
 
 Payloads
     A PUBLISH with exactly one positional argument and no keyword arguments
@@ -63,6 +73,7 @@ from twisted.logger import Logger
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.metrics import payload_size
+from pubsubclub.patterns import MATCHES, PREFIX, Pattern
 from pubsubclub.wamp.auth import NOT_AUTHORIZED, Authenticator, AuthPolicy, Challenge, Deny, Role, Welcome
 from pubsubclub.wamp.dealer import Dealer
 
@@ -71,6 +82,7 @@ __all__ = [
     "WampLimits",
     "WampRouter",
     "WampTransport",
+    "hub_pattern",
     "hub_topic",
     "uri_problem",
 ]
@@ -84,6 +96,8 @@ INVALID_URI = "wamp.error.invalid_uri"
 NO_SUCH_REALM = "wamp.error.no_such_realm"
 NO_SUCH_SUBSCRIPTION = "wamp.error.no_such_subscription"
 PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
+#: ABORT reason for a client that does not join within ``WampLimits.join_timeout``.
+JOIN_TIMEOUT = "wamp.error.timeout"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 GOODBYE_AND_OUT = "wamp.close.goodbye_and_out"
 TOO_MANY_SUBSCRIPTIONS = "pubsubclub.error.too_many_subscriptions"
@@ -100,6 +114,12 @@ META_TOPICS = {GAP_EVENT_TOPIC: GAP_TOPIC}
 # whitespace, '.' or '#'. Loose, not strict, because the topic space is shared
 # with NSD channels and TEP channels, whose names are not lower-case URIs.
 _LOOSE_URI = re.compile(r"^([^\s\.#]+\.)*[^\s\.#]+$")
+#: Pattern URIs (WAMP spec, "Pattern-based Subscriptions"): a prefix may end
+#: with '.', a wildcard may have empty components anywhere.
+_PATTERN_URI = {
+    "prefix": re.compile(r"^([^\s\.#]+\.)*[^\s\.#]*$"),
+    "wildcard": re.compile(r"^(([^\s\.#]+\.)|\.)*[^\s\.#]*$"),
+}
 
 #: RPC messages of the Advanced Profile that we do not offer (CANCEL needs call canceling).
 _UNOFFERED_RPC = (message.Cancel,)
@@ -119,8 +139,13 @@ class WampLimits:
     max_send_buffer: int = 16 * 1024 * 1024
     #: Depth, integer range, floats and strings of every message (docs/security.md).
     json: JSONBounds = DEFAULT_BOUNDS
+    #: Seconds a client connection may take from TCP accept to WELCOME (WebSocket
+    #: upgrade, RawSocket handshake, HELLO and any authentication), else it is closed.
+    join_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.join_timeout, (int, float)) or not self.join_timeout > 0:
+            raise ValueError(f"WampLimits.join_timeout must be a positive number, not {self.join_timeout!r}")
         for name in (
             "max_message_size",
             "max_uri_length",
@@ -163,6 +188,34 @@ def hub_topic(realm: str, topic: str, default_realm: str) -> str:
     if realm == default_realm:
         return topic
     return f"$realm.{realm}#{topic}"
+
+
+def hub_pattern(realm: str, match: str, uri: str, default_realm: str) -> Pattern:
+    """The hub pattern for WAMP pattern ``uri`` in ``realm``: mapped like a topic, so it stays in its realm."""
+    return Pattern(match, uri if realm == default_realm else f"$realm.{realm}#{uri}")
+
+
+def wamp_topic(realm: str, topic: str, default_realm: str) -> str:
+    """The WAMP topic a client of ``realm`` knows for hub ``topic`` (the inverse of :func:`hub_topic`)."""
+    if realm == default_realm:
+        return topic
+    return topic.removeprefix(f"$realm.{realm}#")
+
+
+def pattern_problem(match: str, uri: str, max_length: int) -> str | None:
+    """Why ``uri`` is not an acceptable prefix or wildcard pattern, or None if it is."""
+    if len(uri) > max_length:
+        return f"URI is {len(uri)} characters long; the limit is {max_length}"
+    if not uri:
+        return f"an empty {match} pattern is not allowed (it would match every topic)"
+    if uri.startswith("$"):
+        return f"URI {uri!r:.80} is reserved: topics starting with '$' are the cluster's own"
+    if not uri.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in uri):
+        return f"URI {uri!r:.80} holds a lone surrogate, which is not valid Unicode text"
+    if not _PATTERN_URI[match].fullmatch(uri):
+        shape = "components" if match == PREFIX else "components or empty ones"
+        return f"URI {uri!r:.80} is not a WAMP {match} pattern (dot-separated non-empty {shape}, no whitespace or '#')"
+    return None
 
 
 def uri_problem(uri: str, max_length: int) -> str | None:
@@ -244,6 +297,7 @@ class WampRouter:
         await_interest: bool = False,
         call_later: Callable[[float, Callable[[], None]], Any] | None = None,
         max_call_seconds: float = 0.0,
+        max_pending_calls: int = 1000,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
@@ -261,9 +315,14 @@ class WampRouter:
         self.clock = clock
         #: Hold SUBSCRIBED until the hub says every linked node has the interest (``Hub.interest_settled``).
         self.await_interest = await_interest
+        #: ``call_later(seconds, fn)`` for timers (join timeout); None: no timers (sans-IO tests).
+        self.call_later = call_later
         #: Node-local RPC (pubsubclub/wamp/dealer.py); calls time out through ``call_later`` when given.
-        self.dealer = Dealer(new_id, call_later=call_later, max_call_seconds=max_call_seconds)
-        self._subscriptions: dict[str, _TopicSubscription] = {}
+        self.dealer = Dealer(
+            new_id, call_later=call_later, max_call_seconds=max_call_seconds, max_pending_calls=max_pending_calls
+        )
+        #: Hub topic (exact) or hub pattern -> its broker-wide subscription.
+        self._subscriptions: dict[str | Pattern, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()
         #: Sessions with an open transport.
         self.sessions: dict[BrokerSession, None] = {}
@@ -283,10 +342,14 @@ class WampRouter:
         """The hub topic for WAMP ``topic`` in ``realm``."""
         return hub_topic(realm, topic, self.realms[0])
 
+    def hub_pattern(self, realm: str, match: str, uri: str) -> Pattern:
+        """The hub pattern for WAMP pattern ``uri`` in ``realm``."""
+        return hub_pattern(realm, match, uri, self.realms[0])
+
     # -- broker-wide subscription ids ---------------------------------------
 
-    def acquire_subscription(self, topic: str) -> int:
-        """Count one more session on hub ``topic``; return its subscription id."""
+    def acquire_subscription(self, topic: str | Pattern) -> int:
+        """Count one more session on hub ``topic`` (or pattern); return its subscription id."""
         sub = self._subscriptions.get(topic)
         if sub is None:
             sub_id = self.new_id()
@@ -297,8 +360,8 @@ class WampRouter:
         sub.sessions += 1
         return sub.id
 
-    def release_subscription(self, topic: str) -> None:
-        """Count one session fewer on hub ``topic``; forget the id at zero."""
+    def release_subscription(self, topic: str | Pattern) -> None:
+        """Count one session fewer on hub ``topic`` (or pattern); forget the id at zero."""
         sub = self._subscriptions.get(topic)
         if sub is None:
             return
@@ -324,6 +387,29 @@ class WampRouter:
             envelope.wire["wamp"] = event
         return event
 
+    def pattern_event_for(self, envelope: Envelope, subscription: int, realm: str) -> message.Event:
+        """The EVENT for ``envelope`` on pattern ``subscription``: ``details.topic`` is the concrete topic.
+
+        Built once per pattern subscription and shared by its sessions (all in
+        ``realm``: the realm is part of the hub pattern); the publication id
+        is the one every subscription of this message sees.
+        """
+        key = f"wamp.{subscription}"
+        event = envelope.wire.get(key)
+        if event is None:
+            args, kwargs = event_arguments(envelope)
+            publication = envelope.wire.get("wamp.publication")
+            if publication is None:
+                publication = envelope.wire["wamp.publication"] = self.new_id()
+            event = envelope.wire[key] = message.Event(
+                subscription=subscription,
+                publication=publication,
+                args=args,
+                kwargs=kwargs,
+                topic=wamp_topic(realm, envelope.topic, self.realms[0]),
+            )
+        return event
+
 
 class BrokerSession:
     """One client's WAMP session on the router; also its hub sink.
@@ -346,9 +432,12 @@ class BrokerSession:
         #: The role welcomed with; None without an auth policy (everything allowed).
         self._role: Role | None = None
         self._authenticator: Authenticator | None = None
-        #: subscription id -> hub topic, and back.
-        self._subscriptions: dict[int, str] = {}
+        #: subscription id -> hub topic or pattern, and back.
+        self._subscriptions: dict[int, str | Pattern] = {}
         self._topics: dict[str, int] = {}
+        self._patterns: dict[Pattern, int] = {}
+        #: Ends a session that has not joined within ``limits.join_timeout``.
+        self._join_timer: Any = None
 
     @property
     def session_id(self) -> int | None:
@@ -371,6 +460,20 @@ class BrokerSession:
         """The transport is up: wait for HELLO."""
         self._transport = transport
         self._router.sessions[self] = None
+        if self._router.call_later is not None:
+            self._join_timer = self._router.call_later(self._limits.join_timeout, self._join_timed_out)
+
+    def _join_timed_out(self) -> None:
+        self._join_timer = None
+        if self._state in (_State.AWAIT_HELLO, _State.AWAIT_AUTHENTICATE):
+            text = f"no WELCOME within {self._limits.join_timeout:g} s of connecting (HELLO or AUTHENTICATE missing)"
+            log.info("WAMP session closed: {text}", text=text)
+            self.abort(JOIN_TIMEOUT, text)
+
+    def _cancel_join_timer(self) -> None:
+        timer, self._join_timer = self._join_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
 
     def onClose(self, wasClean: bool) -> None:  # noqa: N802, N803 - Autobahn API
         """The transport is gone: drop every subscription."""
@@ -425,6 +528,29 @@ class BrokerSession:
                     return
         self.protocol_violation(problem)
 
+    def unparsable(self, raw: Any, problem: str) -> None:
+        """A message Autobahn refused to parse (its ``ProtocolError``).
+
+        A SUBSCRIBE whose match policy is unknown (Autobahn refuses it while
+        parsing) gets ERROR ``wamp.error.invalid_argument``, as the spec asks
+        of a broker for an option it does not support; anything else is a
+        protocol violation.
+        """
+        if self._state is _State.ESTABLISHED and isinstance(raw, list) and len(raw) == 4:
+            msg_type, request, options = raw[0], raw[1], raw[2]
+            if (
+                msg_type == message.Subscribe.MESSAGE_TYPE
+                and type(request) is int
+                and 0 < request <= MAX_ID
+                and isinstance(options, dict)
+                and options.get("match", message.Subscribe.MATCH_EXACT) not in (message.Subscribe.MATCH_EXACT, *MATCHES)
+            ):
+                match = str(options["match"])[:40]
+                text = f"unknown match policy {match!r}; this broker offers exact, prefix, wildcard"
+                self._error(message.Subscribe.MESSAGE_TYPE, request, INVALID_ARGUMENT, text)
+                return
+        self.protocol_violation(problem)
+
     # -- the hub Sink ----------------------------------------------------------
 
     #: The hub counts what this sink delivers under the ``wamp`` front-end, once per message.
@@ -432,10 +558,14 @@ class BrokerSession:
 
     def deliver(self, envelope: Envelope) -> bool:
         """Send ``envelope`` as an EVENT, or drop this client if it lags too far; True if sent."""
-        if self._state is not _State.ESTABLISHED or self._transport is None:
-            return False
-        subscription = self._topics.get(envelope.topic)
-        if subscription is None:
+        return self._send_event(envelope, self._topics.get(envelope.topic), None)
+
+    def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool:
+        """Send ``envelope``, which matched ``pattern``, as an EVENT of that pattern subscription; True if sent."""
+        return self._send_event(envelope, self._patterns.get(pattern), pattern)
+
+    def _send_event(self, envelope: Envelope, subscription: int | None, pattern: Pattern | None) -> bool:
+        if subscription is None or self._state is not _State.ESTABLISHED or self._transport is None:
             return False
         transport = self._transport
         unsent = transport.unsent_bytes()
@@ -454,7 +584,11 @@ class BrokerSession:
             transport.drop(reason)
             return False
         try:
-            transport.send(self._router.event_for(envelope, subscription))
+            if pattern is None:
+                transport.send(self._router.event_for(envelope, subscription))
+            else:
+                assert self._realm is not None
+                transport.send(self._router.pattern_event_for(envelope, subscription, self._realm))
             return True
         except Exception:
             # Called from the hub's delivery loop: one bad recipient or
@@ -482,6 +616,7 @@ class BrokerSession:
         self._close_transport()
 
     def _end(self) -> None:
+        self._cancel_join_timer()
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
@@ -491,6 +626,7 @@ class BrokerSession:
             self._router.release_subscription(topic)
         self._subscriptions.clear()
         self._topics.clear()
+        self._patterns.clear()
 
     def _close_transport(self) -> None:
         transport = self._transport
@@ -617,11 +753,12 @@ class BrokerSession:
         self._authenticator = None
         self._authid = authid
         self._state = _State.ESTABLISHED
+        self._cancel_join_timer()
         self._send(
             message.Welcome(
                 session=self._session_id,
                 roles={
-                    "broker": RoleBrokerFeatures(publisher_exclusion=True),
+                    "broker": RoleBrokerFeatures(publisher_exclusion=True, pattern_based_subscription=True),
                     "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True),
                 },
                 realm=self._realm,
@@ -655,20 +792,26 @@ class BrokerSession:
 
     def _on_subscribe(self, msg: message.Subscribe) -> None:
         request_type = message.Subscribe.MESSAGE_TYPE
-        if msg.match not in (None, message.Subscribe.MATCH_EXACT):
-            self._error(
-                request_type,
-                msg.request,
-                INVALID_ARGUMENT,
-                f"only exact-match subscriptions are supported, not {msg.match!r}",
-            )
+        match = msg.match or message.Subscribe.MATCH_EXACT
+        if match != message.Subscribe.MATCH_EXACT and match not in MATCHES:
+            self._error(request_type, msg.request, INVALID_ARGUMENT, f"unknown match policy {str(match)[:40]!r}")
             return
-        problem = self._topic_problem(msg.topic)
+        exact = match == message.Subscribe.MATCH_EXACT
+        if exact:
+            problem = self._topic_problem(msg.topic)
+        else:
+            problem = pattern_problem(match, msg.topic, self._limits.max_uri_length)
         if problem is not None:
             self._error(request_type, msg.request, INVALID_URI, problem)
             return
         assert self._realm is not None
-        topic = self._router.hub_topic(self._realm, msg.topic)
+        key: str | Pattern
+        if exact:
+            key = topic = self._router.hub_topic(self._realm, msg.topic)
+        else:
+            key = self._router.hub_pattern(self._realm, match, msg.topic)
+            # Every topic the pattern can match starts with its literal head.
+            topic = key.head
         role = self._role
         if role is not None and not role.may_subscribe(topic):
             log.debug(
@@ -681,7 +824,7 @@ class BrokerSession:
                 request_type, msg.request, NOT_AUTHORIZED, f"role {role.name!r} may not subscribe to {msg.topic!r}"
             )
             return
-        subscription = self._topics.get(topic)
+        subscription = self._topics.get(key) if isinstance(key, str) else self._patterns.get(key)
         if subscription is None:
             limit = self._limits.max_subscriptions_per_session
             if len(self._subscriptions) >= limit:
@@ -692,10 +835,14 @@ class BrokerSession:
                     f"a session may hold at most {limit} subscriptions",
                 )
                 return
-            subscription = self._router.acquire_subscription(topic)
-            self._subscriptions[subscription] = topic
-            self._topics[topic] = subscription
-            self._hub.subscribe(topic, self)
+            subscription = self._router.acquire_subscription(key)
+            self._subscriptions[subscription] = key
+            if isinstance(key, str):
+                self._topics[key] = subscription
+                self._hub.subscribe(key, self)
+            else:
+                self._patterns[key] = subscription
+                self._hub.subscribe_pattern(key, self)
         answer = message.Subscribed(msg.request, subscription)
         if self._router.await_interest:
             self._hub.interest_settled().addCallback(lambda _: self._send(answer))
@@ -712,8 +859,12 @@ class BrokerSession:
                 f"no subscription {msg.subscription} in this session",
             )
             return
-        del self._topics[topic]
-        self._hub.unsubscribe(topic, self)
+        if isinstance(topic, str):
+            del self._topics[topic]
+            self._hub.unsubscribe(topic, self)
+        else:
+            del self._patterns[topic]
+            self._hub.unsubscribe_pattern(topic, self)
         self._router.release_subscription(topic)
         self._send(message.Unsubscribed(msg.request))
 

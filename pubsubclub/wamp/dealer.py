@@ -13,7 +13,11 @@ REGISTER/UNREGISTER, CALL -> INVOCATION -> YIELD/ERROR -> RESULT/ERROR, with:
   YIELD or ERROR from the callee is dropped);
 - the CALL option ``timeout`` (milliseconds), and a node-wide upper bound
   (``[wamp] call-timeout``), end a call with ERROR ``wamp.error.timeout``;
-- with ``--auth``, a role may REGISTER and CALL the URIs it may publish to.
+- with ``--auth``, a role may REGISTER and CALL the URIs it may publish to;
+- at most ``max_pending_calls`` calls in flight per caller (``[wamp]
+  max-pending-calls``): one more gets ERROR ``pubsubclub.error.too_many_calls``
+  at once, so a callee that never answers cannot make the node hold calls
+  without bound.
 
 Sans-IO apart from the injected ``call_later`` for timeouts: sessions are any
 objects with ``send(msg)`` (the broker's sessions).
@@ -33,6 +37,7 @@ NO_SUCH_REGISTRATION = "wamp.error.no_such_registration"
 CANCELED = "wamp.error.canceled"
 TIMEOUT = "wamp.error.timeout"
 NOT_AUTHORIZED = "wamp.error.not_authorized"
+TOO_MANY_CALLS = "pubsubclub.error.too_many_calls"
 
 
 class Party(Protocol):
@@ -70,10 +75,18 @@ class Dealer:
     call_later: Callable[[float, Callable[[], None]], Any] | None = None
     #: Longest a call may take, in seconds (0: only the caller's own ``timeout`` option).
     max_call_seconds: float = 0.0
+    #: Calls one caller may have in flight at once; one more gets ERROR ``TOO_MANY_CALLS``.
+    max_pending_calls: int = 1000
     _by_procedure: dict[tuple[str, str], _Registration] = field(default_factory=dict)
     _by_id: dict[int, _Registration] = field(default_factory=dict)
     #: Invocation request id -> the call it answers.
     _calls: dict[int, _Call] = field(default_factory=dict)
+    #: Calls in flight per caller (only callers with at least one).
+    _pending: dict[Party, int] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_pending_calls, int) or self.max_pending_calls <= 0:
+            raise ValueError(f"max_pending_calls must be a positive int, not {self.max_pending_calls!r}")
 
     # -- callee side ----------------------------------------------------------------
 
@@ -146,6 +159,18 @@ class Dealer:
                 )
             )
             return
+        pending = self._pending.get(caller, 0)
+        if pending >= self.max_pending_calls:
+            caller.send_message(
+                message.Error(
+                    message.Call.MESSAGE_TYPE,
+                    msg.request,
+                    TOO_MANY_CALLS,
+                    args=[f"this session already has {pending} calls in flight, the limit is {self.max_pending_calls}"],
+                )
+            )
+            return
+        self._pending[caller] = pending + 1
         invocation = self.new_id()
         call = self._calls[invocation] = _Call(caller, msg.request, registration.callee, registration)
         seconds = [s for s in ((msg.timeout or 0) / 1000.0, self.max_call_seconds) if s > 0]
@@ -163,7 +188,7 @@ class Dealer:
         )
 
     def _time_out(self, invocation: int) -> None:
-        call = self._calls.pop(invocation, None)
+        call = self._take(invocation)
         if call is None:
             return
         call.timer = None
@@ -171,8 +196,19 @@ class Dealer:
             message.Error(message.Call.MESSAGE_TYPE, call.request, TIMEOUT, args=["the call took too long"])
         )
 
-    def _finish(self, invocation: int) -> None:
+    def _take(self, invocation: int) -> _Call | None:
+        """Forget a call in flight and count it off its caller's pending calls."""
         call = self._calls.pop(invocation, None)
+        if call is not None:
+            left = self._pending.get(call.caller, 0) - 1
+            if left > 0:
+                self._pending[call.caller] = left
+            else:
+                self._pending.pop(call.caller, None)
+        return call
+
+    def _finish(self, invocation: int) -> None:
+        call = self._take(invocation)
         if call is not None and call.timer is not None:
             call.timer.cancel()
             call.timer = None
@@ -198,3 +234,7 @@ class Dealer:
     def registrations(self) -> int:
         """Procedures registered (for /stats)."""
         return len(self._by_id)
+
+    def calls_in_flight(self) -> int:
+        """Calls waiting for their callee's answer."""
+        return len(self._calls)

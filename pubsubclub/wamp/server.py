@@ -33,6 +33,7 @@ class WampServer:
         reactor: Any = None,
         await_interest: bool = False,
         max_call_seconds: float = 0.0,
+        max_pending_calls: int = 1000,
     ) -> None:
         self.hub = hub
         if reactor is None:
@@ -48,6 +49,7 @@ class WampServer:
             await_interest=await_interest,
             call_later=reactor.callLater,
             max_call_seconds=max_call_seconds,
+            max_pending_calls=max_pending_calls,
         )
         self._reactor = reactor
 

@@ -96,7 +96,8 @@ def feed_session(current: Callable[[], Any], serializer: Any, payload: bytes, is
     """Decode one transport message and hand each WAMP message to the session ``current()`` returns.
 
     Undecodable input is the peer's fault: ABORT (``protocol_violation``), or
-    an ERROR for a refused URI (``invalid_uri``). Shared by the WebSocket and
+    an ERROR for a refused URI (``invalid_uri``) or an unknown SUBSCRIBE match
+    policy (``unparsable``). Shared by the WebSocket and
     RawSocket transports, so both treat bad input alike.
     """
     session = current()
@@ -105,7 +106,7 @@ def feed_session(current: Callable[[], Any], serializer: Any, payload: bytes, is
     try:
         messages = serializer.unserialize(payload, is_binary)
     except ProtocolError as e:
-        session.protocol_violation(str(e))
+        session.unparsable(_raw_message(serializer, payload), str(e))
         return
     except InvalidUriError as e:
         session.invalid_uri(_raw_message(serializer, payload), str(e))
@@ -224,6 +225,8 @@ def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResour
         autoPingInterval=0,
         # No HTML status page (with version) on a plain GET.
         webStatus=False,
+        # A client that never finishes the upgrade is closed (the session then has its own join timeout).
+        openHandshakeTimeout=router.limits.join_timeout,
     )
     return WebSocketResource(factory)
 
@@ -233,4 +236,6 @@ def wamp_site(router: WampRouter, static_dir: str | None = None) -> Site:
     root: Resource = File(static_dir) if static_dir is not None else Resource()
     # Autobahn declares IResource with zope, which mypy cannot see.
     root.putChild(b"ws", wamp_resource(router))  # type: ignore[arg-type]
-    return Site(root)
+    # An HTTP connection idle this long (no request yet, or between keep-alive
+    # requests) is closed; a connection upgraded to WebSocket is not timed by it.
+    return Site(root, timeout=router.limits.join_timeout)
