@@ -719,7 +719,7 @@ class Federation:
     # -- other nodes' interest ---------------------------------------------
 
     def add_remote_topics_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` whenever the set of :meth:`remote_topics` may have changed (a bridge follows it)."""
+        """Call ``listener()`` whenever :meth:`remote_topics` or :meth:`remote_pattern_set` may have changed."""
         self._remote_topics_listeners.append(listener)
 
     def remote_topics(self) -> set[str]:
@@ -728,6 +728,10 @@ class Federation:
         if self.outbox is not None:
             topics |= self.outbox.topics()
         return topics
+
+    def remote_pattern_set(self) -> set[Pattern]:
+        """Every pattern some other node asked us for (PSC 0.5; see :meth:`remote_patterns` for /stats)."""
+        return set() if self.outbox is None else set(self.outbox.pattern_interest())
 
     def _remote_topics_changed(self) -> None:
         for listener in self._remote_topics_listeners:
