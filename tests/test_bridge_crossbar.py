@@ -10,6 +10,7 @@ module (a Crossbar start takes seconds); each test uses its own topics.
 from __future__ import annotations
 
 import json
+import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -444,3 +445,31 @@ async def test_pattern_subscriptions_cross_both_ways(routers: list[CrossbarProce
             await leave(on_node)
     finally:
         await leave(on_router)
+
+
+def test_bridge_config_errors_and_credentials_without_authid(tmp_path: Path) -> None:
+    """A ticket without --authid is refused naming the key; credentials may come from the environment."""
+    import os
+    import subprocess
+    import sys
+
+    ticket = tmp_path / "ticket"
+    ticket.write_text("t\n")
+    run = [sys.executable, "-m", "pubsubclub", "bridge", "--router", "ws://127.0.0.1:1/ws"]
+    result = subprocess.run([*run, "--ticket-file", str(ticket)], capture_output=True, text=True, timeout=20)
+    assert result.returncode == 2 and "'authid'" in result.stderr
+    env = {**os.environ, "PUBSUBCLUB_BRIDGE_TICKET": "from-env"}
+    result = subprocess.run(run, capture_output=True, text=True, timeout=20, env=env)
+    assert result.returncode == 2 and "'authid'" in result.stderr
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_bridge_stops_cleanly_while_its_router_is_away(tmp_path: Path, signum: int) -> None:
+    """A bridge retrying an unreachable router stops at once on SIGINT or SIGTERM, with exit code 0."""
+    absent = CrossbarProcess(tmp_path / "never-started", free_port())
+    bridge = BridgeProcess("bridge1", tmp_path, absent).start()
+    assert bridge.bridge_stats()["joined"] is False
+    assert bridge.proc is not None
+    bridge.proc.send_signal(signum)
+    assert bridge.proc.wait(20) == 0
+    assert "Traceback" not in bridge.log_path.read_text()
