@@ -99,7 +99,7 @@ class Node:
         self.tep: TEPFrontend | None = None
         self.stream: Frontend | None = None
         self.sysv: Frontend | None = None
-        #: ``pubsubclub bridge``: the WAMP router it joins (pubsubclub/bridge.py).
+        #: ``pubsubclub bridge``: the WAMP router it joins (pubsubclub/bridge/).
         self.router: Any = None
         if bridge:
             from pubsubclub.bridge import RouterBridge
