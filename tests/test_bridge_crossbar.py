@@ -20,7 +20,7 @@ import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
 from bridgeproc import BridgeProcess
-from conftest import Cluster, NodeProcess, free_port, until
+from conftest import Cluster, NodeProcess, free_port, until, wait_until
 from twisted.internet import threads
 from wampclient import Recorder, connect, leave, publish_acked, subscribe
 
@@ -61,9 +61,12 @@ def members(tmp_path: Path) -> Iterator[Callable[..., Any]]:
     """Start nodes and bridges that list each other as peers; all are stopped at the end."""
     started: list[NodeProcess] = []
 
-    def make(n_nodes: int, bridges: list[tuple[CrossbarProcess, str]]) -> tuple[list[NodeProcess], list[BridgeProcess]]:
+    def make(
+        n_nodes: int, bridges: list[tuple[CrossbarProcess, str] | tuple[CrossbarProcess, str, str]]
+    ) -> tuple[list[NodeProcess], list[BridgeProcess]]:
+        """``n_nodes`` nodes and one bridge per ``(router, authid[, "ticket" or "wampcra"])``."""
         nodes = [NodeProcess(f"node{i + 1}", tmp_path) for i in range(n_nodes)]
-        made = [BridgeProcess(f"bridge{i + 1}", tmp_path, router, authid) for i, (router, authid) in enumerate(bridges)]
+        made = [BridgeProcess(f"bridge{i + 1}", tmp_path, *spec) for i, spec in enumerate(bridges)]
         everyone: list[NodeProcess] = [*nodes, *made]
         for member in everyone:
             member.peers = [other.psc_url for other in everyone if other is not member]
@@ -218,8 +221,9 @@ async def test_bridges_own_and_other_bridges_subscriptions_are_no_interest(
 
 @pytest_twisted.ensureDeferred
 async def test_two_routers_federated_through_the_cluster(routers: list[CrossbarProcess], members: Any) -> None:
-    """Two Crossbar routers, each with its bridge, and a node: every message reaches every other side once."""
-    (node,), (bridge1, bridge2) = members(1, [(routers[0], "bridge-1"), (routers[1], "bridge-2")])
+    """Two Crossbar routers, each with its bridge (ticket, WAMP-CRA), and a node: every message reaches every
+    other side once."""
+    (node,), (bridge1, bridge2) = members(1, [(routers[0], "bridge-1"), (routers[1], "bridge-2", "wampcra")])
     await Cluster([node, bridge1, bridge2]).linked()
     topic = "bridge.two_routers"
     c1 = await connect(routers[0].url)
@@ -473,3 +477,54 @@ def test_bridge_stops_cleanly_while_its_router_is_away(tmp_path: Path, signum: i
     bridge.proc.send_signal(signum)
     assert bridge.proc.wait(20) == 0
     assert "Traceback" not in bridge.log_path.read_text()
+
+
+def test_a_bridge_given_another_role_does_not_carry(routers: list[CrossbarProcess], members: Any) -> None:
+    """Credentials that the router maps to a client role: the bridge says so, leaves and never becomes active."""
+    (bridge,) = members(0, [(routers[0], "client-1")])[1]
+    wait_until(lambda: bridge.bridge_stats()["events"]["wrong_role"] >= 1, "the bridge to notice its role")
+    assert bridge.bridge_stats()["active"] is False
+    assert "bridges must have their own role" in bridge.log_path.read_text()
+
+
+def test_bad_credentials_are_logged_and_retried(routers: list[CrossbarProcess], tmp_path: Path) -> None:
+    """A ticket the router refuses: the bridge logs the router's reason and keeps retrying, never joined."""
+    bridge = BridgeProcess("bridge1", tmp_path, routers[0], "no-such-principal").start()
+    try:
+        wait_until(lambda: "ended the session before it was usable" in bridge.log_path.read_text(), "the refusal")
+        assert "wamp.error.not_authorized" in bridge.log_path.read_text()
+        assert bridge.bridge_stats()["joined"] is False
+    finally:
+        assert bridge.stop() == 0
+
+
+@pytest_twisted.ensureDeferred
+async def test_node_restart(routers: list[CrossbarProcess], members: Any) -> None:
+    """A peer node restarting: the link comes back, interest is sent again both ways, each message once."""
+    router = routers[0]
+    (node,), (bridge,) = members(1, [(router, "bridge-1")])
+    topic = "bridge.node_restart"
+    on_router = await connect(router.url)
+    try:
+        router_rec, _ = await subscribe(on_router, topic)
+        for round_ in range(2):
+            if round_ == 1:
+                assert node.stop() == 0
+                node.start()
+            await Cluster([node, bridge]).linked()
+            on_node = await connect(node.wamp_url)
+            try:
+                node_rec, _ = await subscribe(on_node, topic)
+                await bridge.until_carries(interest=(topic,), router_subscriptions=(topic,))
+                await until(wants(node, topic, "bridge1"), "node1 to know bridge1 wants the topic")
+                router_rec.events.clear()
+                await send(on_router, topic, "crossbar")
+                await send(on_node, topic, "node")
+                await marker_from(node_rec, "crossbar")
+                await marker_from(router_rec, "node")
+                assert_exactly_once(node_rec, "crossbar")
+                assert_exactly_once(router_rec, "node")
+            finally:
+                await leave(on_node)
+    finally:
+        await leave(on_router)

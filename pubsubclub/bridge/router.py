@@ -270,7 +270,6 @@ class RouterBridge(Frontend):
 
     async def joined(self, session: _BridgeSession, details: Any) -> None:
         """Joined: check our role, then try to become the router's active bridge."""
-        self._failures = 0
         if self._stopping:
             session.leave("wamp.close.system_shutdown", "bridge shutting down")
             return
@@ -285,6 +284,7 @@ class RouterBridge(Frontend):
             self._metrics.event(BridgeEvent.WRONG_ROLE)
             session.leave("wamp.error.not_authorized", f"bridge role must be {self.role}")
             return
+        self._failures = 0  # the backoff starts again only after a join that worked
         self.session = session
         log.info(
             "bridge: joined {url} realm {realm} as session {session} ({authid}, role {role})",
@@ -305,6 +305,14 @@ class RouterBridge(Frontend):
     def left(self, session: _BridgeSession, details: Any) -> None:
         """The router session ended (GOODBYE, ABORT or a lost connection); the service reconnects."""
         if self.session is not session:
+            if details is not None and not self._stopping:
+                # ABORT before WELCOME: bad credentials, unknown realm, ... worth an operator's eye.
+                log.warn(
+                    "bridge: {url} ended the session before it was usable: {reason} {message}",
+                    url=self.url,
+                    reason=details.reason,
+                    message=details.message or "",
+                )
             return
         self.session = None
         was_active = self.active
