@@ -592,6 +592,8 @@ class NodeConfig:
         for key, path in (("ticket-file", bridge.ticket_file), ("cra-secret-file", bridge.cra_secret_file)):
             if path is not None and not os.path.isfile(path):
                 raise ConfigError(key, f"no such file: {path}")
+        if bridge.router is None:
+            return  # not a bridge: $PUBSUBCLUB_BRIDGE_* in a node's environment mean nothing
         ticket, secret = self.bridge_credentials()
         if (ticket is not None or secret is not None) and bridge.authid is None:
             raise ConfigError("authid", "a ticket or WAMP-CRA secret needs --authid")

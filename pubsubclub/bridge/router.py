@@ -47,6 +47,7 @@ from autobahn.twisted.wamp import ApplicationSession
 from autobahn.twisted.websocket import WampWebSocketClientFactory
 from autobahn.wamp import auth as wamp_auth
 from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig, PublishOptions, SubscribeOptions
 from twisted.application.internet import ClientService
 from twisted.internet import defer
@@ -193,7 +194,9 @@ class RouterBridge(Frontend):
     async def listen(self) -> dict[str, str]:
         """Start joining the router (in the background, retried); its URL as ``router``."""
         factory = WampWebSocketClientFactory(
-            lambda: _BridgeSession(ComponentConfig(self.realm), self), url=self.url, serializers=None
+            lambda: _BridgeSession(ComponentConfig(self.realm), self),
+            url=self.url,
+            serializers=[JsonSerializer(), MsgPackSerializer()],
         )
         factory.setProtocolOptions(autoPingInterval=5.0, autoPingTimeout=5.0)
         endpoint = endpoint_for_url(self._reactor, self.url, self._trust_root)
