@@ -287,7 +287,6 @@ class RouterBridge(Frontend):
             self._metrics.event(BridgeEvent.WRONG_ROLE)
             session.leave("wamp.error.not_authorized", f"bridge role must be {self.role}")
             return
-        self._failures = 0  # the backoff starts again only after a join that worked
         self.session = session
         log.info(
             "bridge: joined {url} realm {realm} as session {session} ({authid}, role {role})",
@@ -300,10 +299,12 @@ class RouterBridge(Frontend):
         try:
             await session.subscribe(self._registration_deleted, "wamp.registration.on_delete")
             await self._try_lead(session)
-        except Exception as e:
+        except Exception as e:  # e.g. the role may not use the meta API: say so, back off, try again
             if self.session is session:
                 log.warn("bridge: setting up the router session failed: {error}; reconnecting", error=e)
                 session.disconnect()
+        else:
+            self._failures = 0  # the backoff starts again only after a session that worked
 
     def left(self, session: _BridgeSession, details: Any) -> None:
         """The router session ended (GOODBYE, ABORT or a lost connection); the service reconnects."""
@@ -504,7 +505,12 @@ class RouterBridge(Frontend):
             return False
         args, kwargs = event_arguments(envelope)
         options = PublishOptions(acknowledge=True, exclude_me=True, exclude_authrole=[self.role])
-        d = session.publish(envelope.topic, *args, options=options, **(kwargs or {}))
+        try:
+            d = session.publish(envelope.topic, *args, options=options, **(kwargs or {}))
+        except Exception as e:  # the connection is going (TransportLost) or the router's serializer refused it
+            self._metrics.event(BridgeEvent.PUBLISH_ERRORS)
+            log.warn("bridge: publishing on {topic} into the router failed: {error}", topic=envelope.topic, error=e)
+            return False
         self._metrics.event(BridgeEvent.INTO_ROUTER)
         if d is not None:
             d.addErrback(self._publish_failed, envelope.topic)
