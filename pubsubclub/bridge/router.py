@@ -185,6 +185,8 @@ class RouterBridge(Frontend):
         self._recent_publications: deque[int] = deque(maxlen=RECENT_PUBLICATIONS)
         self._reconcile_call: Any = None
         self._failures = 0
+        #: The session whose REGISTER of the lock is on the way, if any.
+        self._leading: _BridgeSession | None = None
         self._service: ClientService | None = None
         self._stopping = False
         federation.add_remote_topics_listener(self._remote_topics_changed)
@@ -342,7 +344,14 @@ class RouterBridge(Frontend):
             )
 
     async def _try_lead(self, session: _BridgeSession) -> None:
-        """Register the lock procedure: success makes us active, ``procedure_already_exists`` standby."""
+        """Register the lock procedure: success makes us active, ``procedure_already_exists`` standby.
+
+        One attempt at a time per session: a second REGISTER while ours is on
+        the way would be refused by our own registration.
+        """
+        if self._leading is session or self.active:
+            return
+        self._leading = session
         try:
             await session.register(self._lock_called, self.lock)
         except ApplicationError as e:
@@ -350,8 +359,12 @@ class RouterBridge(Frontend):
                 raise
             if self._hub_topics:
                 log.info("bridge: another bridge is active on {url}; standing by", url=self.url)
-            self._sync_hub(set())
+            if self.session is session:
+                self._sync_hub(set())
             return
+        finally:
+            if self._leading is session:
+                self._leading = None
         if self.session is not session:
             return
         self.active = True
