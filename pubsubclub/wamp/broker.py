@@ -4,7 +4,8 @@ Modern Autobahn ships only client roles, so the broker is ours. It speaks the
 Broker role of the WAMP Basic Profile: HELLO/WELCOME/ABORT/GOODBYE,
 SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
 ERROR, plus the Advanced Profile's pattern-based subscriptions (``match:
-"prefix"`` and ``"wildcard"``; see "Patterns" below). There is no dealer: RPC messages end the session with
+"prefix"`` and ``"wildcard"``; see "Patterns" below). There is no dealer:
+RPC messages end the session with
 ``wamp.error.protocol_violation`` (a peer must not use a role the router did
 not announce in WELCOME).
 
