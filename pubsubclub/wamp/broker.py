@@ -33,11 +33,14 @@ Authentication and authorization
     every refused publish) and nothing is delivered or forwarded.
 
 Hot path
-    Subscription ids are broker-wide per hub topic (every session subscribed
-    to a topic gets the same id), so one EVENT message serves every
-    recipient of an envelope. It is built once and memoised in
-    ``envelope.wire["wamp"]``; Autobahn caches each message's bytes per
-    serializer, so each wire format is encoded once per message.
+    A plainly valid PUBLISH reaches the session as a
+    :class:`~pubsubclub.wamp.codec.PublishRequest`, without an Autobahn
+    ``Message`` (``codec.decode``). Subscription ids are broker-wide per hub
+    topic (every session subscribed to a topic gets the same id), so one
+    EVENT serves every recipient of an envelope: its bytes are encoded once
+    per wire format and subscription id, memoised in ``envelope.wire`` under
+    ``(serializer name, subscription id)``, and handed to each transport's
+    ``send_encoded``.
 
 Why one long module: it is the whole broker role (session state machine,
 subscriptions, publish, realms); splitting it would spread one state machine
@@ -64,6 +67,7 @@ from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.metrics import payload_size
 from pubsubclub.wamp.auth import NOT_AUTHORIZED, Authenticator, AuthPolicy, Challenge, Deny, Role, Welcome
+from pubsubclub.wamp.codec import PUBLISH, PublishRequest, event_message
 from pubsubclub.wamp.dealer import Dealer
 
 __all__ = [
@@ -79,6 +83,8 @@ log = Logger()
 
 #: Largest WAMP id (the spec's 2**53); ids are drawn from 1..MAX_ID.
 MAX_ID = 2**53
+#: ``envelope.wire`` key of the WAMP publication id, drawn once per envelope.
+PUBLICATION = "wamp.publication"
 
 INVALID_URI = "wamp.error.invalid_uri"
 NO_SUCH_REALM = "wamp.error.no_such_realm"
@@ -149,6 +155,13 @@ class WampTransport(Protocol):
     def send(self, msg: Message) -> None:
         """Serialize and send one WAMP message."""
 
+    @property
+    def object_serializer(self) -> Any:
+        """The connection's Autobahn object serializer (``NAME``, ``serialize(list) -> bytes``)."""
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send one WAMP message already encoded with :attr:`object_serializer`."""
+
     def close(self) -> None:
         """Close the transport gracefully."""
 
@@ -205,6 +218,11 @@ def event_arguments(envelope: Envelope) -> tuple[list[Any], dict[str, Any] | Non
         if isinstance(args, list) and isinstance(kwargs, dict):
             return args, kwargs or None
     return [payload], None
+
+
+def _kind(msg: Message | PublishRequest) -> str:
+    """The message's WAMP name (``PUBLISH``, ``HELLO``, ...) for error texts."""
+    return "PUBLISH" if type(msg) is PublishRequest else type(msg).__name__.upper()
 
 
 class _State(enum.Enum):
@@ -312,22 +330,18 @@ class WampRouter:
             del self._subscriptions[topic]
             self._subscription_ids.discard(sub.id)
 
-    def event_for(self, envelope: Envelope, subscription: int) -> message.Event:
-        """The EVENT for ``envelope``, built once and shared by all recipients."""
-        event = envelope.wire.get("wamp")
-        if event is None or event.subscription != subscription:
-            args, kwargs = event_arguments(envelope)
-            publication = envelope.wire.get("wamp.publication")
+    def event_bytes(self, envelope: Envelope, subscription: int, serializer: Any) -> bytes:
+        """The EVENT for ``envelope`` on ``subscription`` as ``serializer`` encodes it; once per format and id."""
+        wire = envelope.wire
+        key = (serializer.NAME, subscription)
+        data = wire.get(key)
+        if data is None:
+            publication = wire.get(PUBLICATION)
             if publication is None:
-                publication = envelope.wire["wamp.publication"] = self.new_id()
-            event = message.Event(
-                subscription=subscription,
-                publication=publication,
-                args=args,
-                kwargs=kwargs,
-            )
-            envelope.wire["wamp"] = event
-        return event
+                publication = wire[PUBLICATION] = self.new_id()
+            args, kwargs = event_arguments(envelope)
+            data = wire[key] = serializer.serialize(event_message(subscription, publication, args, kwargs))
+        return data  # type: ignore[no-any-return]
 
 
 class BrokerSession:
@@ -404,7 +418,7 @@ class BrokerSession:
         self._transport = None
         self._router.sessions.pop(self, None)
 
-    def onMessage(self, msg: Message) -> None:  # noqa: N802 - Autobahn API
+    def onMessage(self, msg: Message | PublishRequest) -> None:  # noqa: N802 - Autobahn API
         """Handle one decoded WAMP message; never raises."""
         try:
             self._dispatch(msg)
@@ -475,7 +489,7 @@ class BrokerSession:
             transport.drop(reason)
             return False
         try:
-            transport.send(self._router.event_for(envelope, subscription))
+            transport.send_encoded(self._router.event_bytes(envelope, subscription, transport.object_serializer))
             return True
         except Exception:
             # Called from the hub's delivery loop: one bad recipient or
@@ -554,8 +568,12 @@ class BrokerSession:
 
     # -- dispatch ----------------------------------------------------------------
 
-    def _dispatch(self, msg: Message) -> None:
+    def _dispatch(self, msg: Message | PublishRequest) -> None:
         state = self._state
+        if type(msg) is PublishRequest and state is _State.ESTABLISHED:
+            # The hot path: a PUBLISH the codec decoded without an Autobahn Message.
+            self._on_publish(msg)
+            return
         if state is _State.CLOSED:
             return
         if isinstance(msg, message.Abort):
@@ -571,14 +589,14 @@ class BrokerSession:
             if isinstance(msg, message.Hello):
                 self._on_hello(msg)
             else:
-                self.protocol_violation(f"{type(msg).__name__.upper()} received before the session was established")
+                self.protocol_violation(f"{_kind(msg)} received before the session was established")
         elif state is _State.AWAIT_AUTHENTICATE:
             if isinstance(msg, message.Authenticate):
                 self._on_authenticate(msg)
             else:
-                self.protocol_violation(f"{type(msg).__name__.upper()} received while AUTHENTICATE was expected")
+                self.protocol_violation(f"{_kind(msg)} received while AUTHENTICATE was expected")
         elif isinstance(msg, message.Publish):
-            self._on_publish(msg)
+            self._on_publish(PublishRequest.from_message(msg))
         elif isinstance(msg, message.Subscribe):
             self._on_subscribe(msg)
         elif isinstance(msg, message.Unsubscribe):
@@ -740,8 +758,8 @@ class BrokerSession:
         self._router.release_subscription(topic)
         self._send(message.Unsubscribed(msg.request))
 
-    def _on_publish(self, msg: message.Publish) -> None:
-        request_type = message.Publish.MESSAGE_TYPE
+    def _on_publish(self, msg: PublishRequest) -> None:
+        request_type = PUBLISH
         acknowledge = msg.acknowledge is True
         problem = self._topic_problem(msg.topic)
         if problem is None and msg.topic.startswith("wamp."):
@@ -778,15 +796,15 @@ class BrokerSession:
                 )
             return
         args, kwargs = msg.args, msg.kwargs
+        hub = self._hub
         if args is not None and len(args) == 1 and not kwargs:
-            envelope = self._hub.envelope(topic, args[0])
+            envelope = hub.envelope(topic, args[0], size=msg.size)
         else:
-            envelope = self._hub.envelope(
-                topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True
+            envelope = hub.envelope(
+                topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True, size=msg.size
             )
-        publication = envelope.wire["wamp.publication"] = self._router.new_id()
-        exclude_me = msg.exclude_me is not False
-        self._hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
-        self._hub.publish(envelope, exclude=self if exclude_me else None)
+        publication = envelope.wire[PUBLICATION] = self._router.new_id()
+        hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
+        hub.publish(envelope, exclude=None if msg.exclude_me is False else self)
         if acknowledge:
             self._send(message.Published(msg.request, publication))
