@@ -55,8 +55,12 @@ class Envelope:
     #: True when ``payload`` is a WAMP ``{"args": [...], "kwargs": {...}}``
     #: wrapper rather than a single value (see docs/protocol-mapping.md).
     wamp_wrapped: bool = False
-    #: Memoised encodings, keyed by wire format; shared by every recipient.
-    wire: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: Bytes of the message as it reached this node (the WAMP PUBLISH or the PSC301 that carried it),
+    #: from the decoder that read them; None when unknown (then metrics count the payload's JSON size).
+    size: int | None = field(default=None, compare=False)
+    #: Memoised encodings, keyed by wire format (a string, or a tuple such as
+    #: WAMP's ``(serializer, subscription id)``); shared by every recipient.
+    wire: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class Sink(Protocol):
@@ -127,6 +131,7 @@ class Hub:
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
         self._boot = os.urandom(3).hex()
+        self._id_prefix = f"{self.node_id}-{self._boot}-"
         #: The node's metrics counters; every front-end and the federation count here.
         self.metrics = Metrics(self.node_id)
 
@@ -247,15 +252,16 @@ class Hub:
 
     # -- publishing --------------------------------------------------------
 
-    def envelope(self, topic: str, payload: Any, wamp_wrapped: bool = False) -> Envelope:
-        """A new envelope for a message published on this node."""
+    def envelope(self, topic: str, payload: Any, wamp_wrapped: bool = False, size: int | None = None) -> Envelope:
+        """A new envelope for a message published on this node (``size``: its bytes as received, if known)."""
         return Envelope(
-            topic=topic,
-            payload=payload,
-            origin=self.node_id,
-            published_at=time.time(),
-            message_id=f"{self.node_id}-{self._boot}-{next(self._counter)}",
-            wamp_wrapped=wamp_wrapped,
+            topic,
+            payload,
+            self.node_id,
+            time.time(),
+            f"{self._id_prefix}{next(self._counter)}",
+            wamp_wrapped,
+            size,
         )
 
     def publish(self, envelope: Envelope, exclude: Sink | None = None) -> int:

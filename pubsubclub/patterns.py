@@ -47,6 +47,10 @@ class Pattern:
     match: str
     pattern: str
 
+    def __post_init__(self) -> None:
+        if self.match not in MATCHES:
+            raise ValueError(f"Pattern match must be 'prefix' or 'wildcard', not {self.match!r}")
+
     def matches(self, topic: str) -> bool:
         """Whether ``topic`` matches (the rule in the module docstring)."""
         if self.match == PREFIX:

@@ -962,3 +962,21 @@ def test_a_node_announces_at_most_its_limit_and_fills_freed_places(net: MemoryNe
     assert link.client_wire.messages()[2:] == [psc.UnsubscribePattern(PREFIX_APP), psc.SubscribePattern(WILD_TEMP)]
     assert b.remote_patterns() == {"wildcard:home..temp": ["a"]}
     net.stop()
+
+
+def test_patterns_flow_when_consumers_listen(net: MemoryNetwork) -> None:
+    """With consumers listening, the listening consumer sends its patterns in PSC103 and later PSC203."""
+    a = net.node("a", 9001, replay=REPLAY, listen_role=Role.CONSUMER)
+    b = net.node("b", 9002, replay=REPLAY, listen_role=Role.CONSUMER)
+    sink = RecordingSink()
+    b.hub.subscribe_pattern(PREFIX_APP, sink)
+    link = _link(net, a, 9002)  # a dials: a is the producer, b the consumer
+    assert link.server_wire.messages()[1] == psc.Resume(None, 0, (), (PREFIX_APP,))
+    b.hub.subscribe_pattern(WILD_TEMP, sink)
+    net.flush()
+    _publish_on(a, "app.1", "home.k.temp", "other")
+    net.flush()
+    assert sink.matched == [("app.1", PREFIX_APP), ("home.k.temp", WILD_TEMP)]
+    assert _published(link.client_wire) == ["app.1", "home.k.temp"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []

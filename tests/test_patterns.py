@@ -199,3 +199,9 @@ def test_a_raising_pattern_sink_is_isolated() -> None:
     assert hub.deliver_remote(hub.envelope("ab", 1)) == 1
     assert good.got == [("ab", Pattern(PREFIX, "a"))]
     assert hub.metrics.sink_errors == {"Broken": 1}
+
+
+def test_a_pattern_with_an_unknown_match_cannot_be_made() -> None:
+    """Pattern refuses a match it has no rule for (a local error, never a silent wildcard)."""
+    with pytest.raises(ValueError, match="'prefix' or 'wildcard', not 'exact'"):
+        Pattern("exact", "a")

@@ -104,7 +104,7 @@ def test_one_event_per_matching_subscription_with_the_concrete_topic() -> None:
     assert events(transport) == []
 
 
-def test_one_id_per_match_and_pattern_broker_wide_and_one_event_object() -> None:
+def test_one_id_per_match_and_pattern_broker_wide_and_encoded_once() -> None:
     """Sessions share a pattern's id; the same string under another match is another subscription."""
     hub = Hub()
     router = WampRouter(hub)
@@ -120,7 +120,9 @@ def test_one_id_per_match_and_pattern_broker_wide_and_one_event_object() -> None
     hub.deliver_remote(hub.envelope("app.y", 1))
     [e1] = events(t1)
     e2 = [e for e in events(t2) if e.subscription == a]
-    assert e2 == [e1] and e2[0] is e1  # built once, shared
+    assert [(e.subscription, e.topic, e.args) for e in e2] == [(a, "app.y", [1])]
+    assert (e1.subscription, e1.topic, e1.args) == (a, "app.y", [1])
+    assert any(b is t1.encoded[-1] for b in t2.encoded)  # the same bytes object: encoded once, shared
 
 
 def test_unsubscribe_and_leaving_drop_the_pattern() -> None:

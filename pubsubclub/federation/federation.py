@@ -585,20 +585,22 @@ class Federation:
                     self.hub.metrics.link_count(session.peer_node or session.peer, "duplicates", 1)
                     return
                 self._report_gap(Gap(session.peer_node or session.peer, skipped, "sequence"))
+        size = session.last_size
         if meta is None:
-            envelope = Envelope(message.topic, message.message, origin=session.peer_node)
+            envelope = Envelope(message.topic, message.message, session.peer_node, size=size)
         else:
             envelope = Envelope(
                 message.topic,
                 message.message,
-                origin=meta.origin or session.peer_node,
-                published_at=meta.published_at,
-                message_id=meta.message_id,
-                wamp_wrapped=meta.wamp_wrapped,
+                meta.origin or session.peer_node,
+                meta.published_at,
+                meta.message_id,
+                meta.wamp_wrapped,
+                size,
             )
-        self.hub.metrics.event(FederationEvent.RECEIVED)
         metrics = self.hub.metrics
-        metrics.count(message.topic, "psc", "received", 1, session.last_size, peer=session.peer_node or session.peer)
+        metrics.event(FederationEvent.RECEIVED)
+        metrics.count(message.topic, "psc", "received", 1, size, peer=session.peer_node or session.peer)
         if envelope.published_at is not None and envelope.origin is not None:
             metrics.latency(envelope.origin, self._reactor.seconds() - envelope.published_at)
         self.hub.deliver_remote(envelope)

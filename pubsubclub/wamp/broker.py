@@ -4,7 +4,8 @@ Modern Autobahn ships only client roles, so the broker is ours. It speaks the
 Broker role of the WAMP Basic Profile: HELLO/WELCOME/ABORT/GOODBYE,
 SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
 ERROR, plus the Advanced Profile's pattern-based subscriptions (``match:
-"prefix"`` and ``"wildcard"``; see "Patterns" below). There is no dealer: RPC messages end the session with
+"prefix"`` and ``"wildcard"``; see "Patterns" below). There is no dealer:
+RPC messages end the session with
 ``wamp.error.protocol_violation`` (a peer must not use a role the router did
 not announce in WELCOME).
 
@@ -43,11 +44,14 @@ Authentication and authorization
     every refused publish) and nothing is delivered or forwarded.
 
 Hot path
-    Subscription ids are broker-wide per hub topic (every session subscribed
-    to a topic gets the same id), so one EVENT message serves every
-    recipient of an envelope. It is built once and memoised in
-    ``envelope.wire["wamp"]``; Autobahn caches each message's bytes per
-    serializer, so each wire format is encoded once per message.
+    A plainly valid PUBLISH reaches the session as a
+    :class:`~pubsubclub.wamp.codec.PublishRequest`, without an Autobahn
+    ``Message`` (``codec.decode``). Subscription ids are broker-wide per hub
+    topic (every session subscribed to a topic gets the same id), so one
+    EVENT serves every recipient of an envelope: its bytes are encoded once
+    per wire format and subscription id, memoised in ``envelope.wire`` under
+    ``(serializer name, subscription id)``, and handed to each transport's
+    ``send_encoded``.
 
 Why one long module: it is the whole broker role (session state machine,
 subscriptions, publish, realms); splitting it would spread one state machine
@@ -75,6 +79,7 @@ from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.metrics import payload_size
 from pubsubclub.patterns import MATCHES, PREFIX, Pattern
 from pubsubclub.wamp.auth import NOT_AUTHORIZED, Authenticator, AuthPolicy, Challenge, Deny, Role, Welcome
+from pubsubclub.wamp.codec import PUBLISH, PublishRequest, event_message
 from pubsubclub.wamp.dealer import Dealer
 
 __all__ = [
@@ -91,6 +96,8 @@ log = Logger()
 
 #: Largest WAMP id (the spec's 2**53); ids are drawn from 1..MAX_ID.
 MAX_ID = 2**53
+#: ``envelope.wire`` key of the WAMP publication id, drawn once per envelope.
+PUBLICATION = "wamp.publication"
 
 INVALID_URI = "wamp.error.invalid_uri"
 NO_SUCH_REALM = "wamp.error.no_such_realm"
@@ -166,6 +173,13 @@ class WampTransport(Protocol):
 
     def send(self, msg: Message) -> None:
         """Serialize and send one WAMP message."""
+
+    @property
+    def object_serializer(self) -> Any:
+        """The connection's Autobahn object serializer (``NAME``, ``serialize(list) -> bytes``)."""
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send one WAMP message already encoded with :attr:`object_serializer`."""
 
     def close(self) -> None:
         """Close the transport gracefully."""
@@ -253,11 +267,21 @@ def event_arguments(envelope: Envelope) -> tuple[list[Any], dict[str, Any] | Non
     return [payload], None
 
 
-def wamp_envelope(hub: Hub, topic: str, args: Sequence[Any] | None, kwargs: dict[str, Any] | None) -> Envelope:
-    """A new envelope for a WAMP publish of ``args``/``kwargs`` (the inverse of :func:`event_arguments`)."""
+def wamp_envelope(
+    hub: Hub, topic: str, args: Sequence[Any] | None, kwargs: dict[str, Any] | None, size: int | None = None
+) -> Envelope:
+    """A new envelope for a WAMP publish of ``args``/``kwargs`` (the inverse of :func:`event_arguments`).
+
+    ``size``: the message's bytes as received, if known.
+    """
     if args is not None and len(args) == 1 and not kwargs:
-        return hub.envelope(topic, args[0])
-    return hub.envelope(topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True)
+        return hub.envelope(topic, args[0], size=size)
+    return hub.envelope(topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True, size=size)
+
+
+def _kind(msg: Message | PublishRequest) -> str:
+    """The message's WAMP name (``PUBLISH``, ``HELLO``, ...) for error texts."""
+    return "PUBLISH" if type(msg) is PublishRequest else type(msg).__name__.upper()
 
 
 class _State(enum.Enum):
@@ -370,45 +394,25 @@ class WampRouter:
             del self._subscriptions[topic]
             self._subscription_ids.discard(sub.id)
 
-    def event_for(self, envelope: Envelope, subscription: int) -> message.Event:
-        """The EVENT for ``envelope``, built once and shared by all recipients."""
-        event = envelope.wire.get("wamp")
-        if event is None or event.subscription != subscription:
-            args, kwargs = event_arguments(envelope)
-            publication = envelope.wire.get("wamp.publication")
-            if publication is None:
-                publication = envelope.wire["wamp.publication"] = self.new_id()
-            event = message.Event(
-                subscription=subscription,
-                publication=publication,
-                args=args,
-                kwargs=kwargs,
-            )
-            envelope.wire["wamp"] = event
-        return event
+    def event_bytes(self, envelope: Envelope, subscription: int, serializer: Any, realm: str | None = None) -> bytes:
+        """The EVENT for ``envelope`` on ``subscription`` as ``serializer`` encodes it; once per format and id.
 
-    def pattern_event_for(self, envelope: Envelope, subscription: int, realm: str) -> message.Event:
-        """The EVENT for ``envelope`` on pattern ``subscription``: ``details.topic`` is the concrete topic.
-
-        Built once per pattern subscription and shared by its sessions (all in
-        ``realm``: the realm is part of the hub pattern); the publication id
-        is the one every subscription of this message sees.
+        ``realm`` is given for a pattern subscription (all its sessions are in
+        that realm: the realm is part of the hub pattern): its EVENT names the
+        concrete WAMP topic in ``details.topic``. The publication id is the one
+        every subscription of this message sees.
         """
-        key = f"wamp.{subscription}"
-        event = envelope.wire.get(key)
-        if event is None:
-            args, kwargs = event_arguments(envelope)
-            publication = envelope.wire.get("wamp.publication")
+        wire = envelope.wire
+        key = (serializer.NAME, subscription)
+        data = wire.get(key)
+        if data is None:
+            publication = wire.get(PUBLICATION)
             if publication is None:
-                publication = envelope.wire["wamp.publication"] = self.new_id()
-            event = envelope.wire[key] = message.Event(
-                subscription=subscription,
-                publication=publication,
-                args=args,
-                kwargs=kwargs,
-                topic=wamp_topic(realm, envelope.topic, self.realms[0]),
-            )
-        return event
+                publication = wire[PUBLICATION] = self.new_id()
+            args, kwargs = event_arguments(envelope)
+            details = None if realm is None else {"topic": wamp_topic(realm, envelope.topic, self.realms[0])}
+            data = wire[key] = serializer.serialize(event_message(subscription, publication, args, kwargs, details))
+        return data  # type: ignore[no-any-return]
 
 
 class BrokerSession:
@@ -486,7 +490,7 @@ class BrokerSession:
         self._transport = None
         self._router.sessions.pop(self, None)
 
-    def onMessage(self, msg: Message) -> None:  # noqa: N802 - Autobahn API
+    def onMessage(self, msg: Message | PublishRequest) -> None:  # noqa: N802 - Autobahn API
         """Handle one decoded WAMP message; never raises."""
         try:
             self._dispatch(msg)
@@ -584,11 +588,8 @@ class BrokerSession:
             transport.drop(reason)
             return False
         try:
-            if pattern is None:
-                transport.send(self._router.event_for(envelope, subscription))
-            else:
-                assert self._realm is not None
-                transport.send(self._router.pattern_event_for(envelope, subscription, self._realm))
+            realm = None if pattern is None else self._realm
+            transport.send_encoded(self._router.event_bytes(envelope, subscription, transport.object_serializer, realm))
             return True
         except Exception:
             # Called from the hub's delivery loop: one bad recipient or
@@ -668,8 +669,12 @@ class BrokerSession:
 
     # -- dispatch ----------------------------------------------------------------
 
-    def _dispatch(self, msg: Message) -> None:
+    def _dispatch(self, msg: Message | PublishRequest) -> None:
         state = self._state
+        if type(msg) is PublishRequest and state is _State.ESTABLISHED:
+            # The hot path: a PUBLISH the codec decoded without an Autobahn Message.
+            self._on_publish(msg)
+            return
         if state is _State.CLOSED:
             return
         if isinstance(msg, message.Abort):
@@ -685,14 +690,14 @@ class BrokerSession:
             if isinstance(msg, message.Hello):
                 self._on_hello(msg)
             else:
-                self.protocol_violation(f"{type(msg).__name__.upper()} received before the session was established")
+                self.protocol_violation(f"{_kind(msg)} received before the session was established")
         elif state is _State.AWAIT_AUTHENTICATE:
             if isinstance(msg, message.Authenticate):
                 self._on_authenticate(msg)
             else:
-                self.protocol_violation(f"{type(msg).__name__.upper()} received while AUTHENTICATE was expected")
+                self.protocol_violation(f"{_kind(msg)} received while AUTHENTICATE was expected")
         elif isinstance(msg, message.Publish):
-            self._on_publish(msg)
+            self._on_publish(PublishRequest.from_message(msg))
         elif isinstance(msg, message.Subscribe):
             self._on_subscribe(msg)
         elif isinstance(msg, message.Unsubscribe):
@@ -868,8 +873,8 @@ class BrokerSession:
         self._router.release_subscription(topic)
         self._send(message.Unsubscribed(msg.request))
 
-    def _on_publish(self, msg: message.Publish) -> None:
-        request_type = message.Publish.MESSAGE_TYPE
+    def _on_publish(self, msg: PublishRequest) -> None:
+        request_type = PUBLISH
         acknowledge = msg.acknowledge is True
         problem = self._topic_problem(msg.topic)
         if problem is None and msg.topic.startswith("wamp."):
@@ -905,10 +910,10 @@ class BrokerSession:
                     request_type, msg.request, NOT_AUTHORIZED, f"role {role.name!r} may not publish to {msg.topic!r}"
                 )
             return
-        envelope = wamp_envelope(self._hub, topic, msg.args, msg.kwargs)
-        publication = envelope.wire["wamp.publication"] = self._router.new_id()
-        exclude_me = msg.exclude_me is not False
-        self._hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
-        self._hub.publish(envelope, exclude=self if exclude_me else None)
+        hub = self._hub
+        envelope = wamp_envelope(hub, topic, msg.args, msg.kwargs, size=msg.size)
+        publication = envelope.wire[PUBLICATION] = self._router.new_id()
+        hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
+        hub.publish(envelope, exclude=None if msg.exclude_me is False else self)
         if acknowledge:
             self._send(message.Published(msg.request, publication))
