@@ -10,17 +10,24 @@ Two directions, each exactly once:
   router's subscription meta API (``wamp.subscription.list``/``get``/
   ``list_subscribers`` at join, then the ``on_create``/``on_subscribe``/
   ``on_unsubscribe``/``on_delete`` events), kept by :class:`RouterInterest`
-  (sans-IO). Sessions with the bridge role (``--bridge-role``, checked with
+  (sans-IO, pubsubclub/bridge/interest.py). Sessions with the bridge role (``--bridge-role``, checked with
   ``wamp.session.get``) are bridges and never count, so two bridges on one
   router cannot keep interest alive for each other. The bridge subscribes its
-  hub sink to those topics, so the federation asks the other nodes for them;
+  hub sink to those topics and patterns (prefix, wildcard: PSC 0.5), so the
+  federation asks the other nodes for them;
   what arrives is published into the router with ``exclude_me`` and
   ``exclude_authrole=[bridge role]``.
-- **Cluster -> router.** The bridge subscribes on the router to the topics the
-  other nodes asked it for (:meth:`Federation.remote_topics`) and publishes
-  each event into the hub as a local publish (the hub forwards it once, one
-  hop). Events from bridge-role publishers (when the router discloses them)
-  and retained events are dropped.
+- **Cluster -> router.** The bridge subscribes on the router to the topics and
+  patterns the other nodes asked it for (:meth:`Federation.remote_topics`,
+  :meth:`Federation.remote_pattern_set`) and publishes each event into the hub
+  as a local publish (the hub forwards it once, one hop); an event matching
+  several of its subscriptions is forwarded once (by publication id). Events
+  from bridge-role publishers (when the router discloses them) and retained
+  events are dropped.
+
+Crossbar 26.10's router-wide ``wamp.subscription.list`` leaves wildcard
+subscriptions out (a FIXME in its ``service.py``); the bridge then reads each
+session's list for them.
 
 One active bridge per router: several bridges on one router would each carry
 every message (duplicates). The active bridge holds a registration of the
