@@ -21,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -243,10 +244,10 @@ def list_files(spark: SparkSession, location: str) -> list[str]:
     for suffix in (JSONL, PARQUET):
         try:
             found += _reader(spark, suffix).text(location).inputFiles()
-        except Exception as e:  # noqa: BLE001  (Spark's AnalysisException: nothing there)
-            if "PATH_NOT_FOUND" not in str(e) and "Path does not exist" not in str(e):
-                raise
-            raise InputError(f"no such folder: {location}") from None
+        except AnalysisException as e:
+            if "PATH_NOT_FOUND" in str(e) or "Path does not exist" in str(e):
+                raise InputError(f"no such folder: {location}") from None
+            raise
     return found
 
 
