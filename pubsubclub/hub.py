@@ -5,6 +5,13 @@ sinks; the federation registers an :class:`InterestListener` (to hear about a
 topic's first and last local subscriber) and a :class:`PublishListener` (to
 forward local publishes to other nodes).
 
+Besides exact topics a sink may hold patterns (:mod:`pubsubclub.patterns`:
+WAMP prefix and wildcard matching over hub topics); it is then a
+:class:`PatternSink`, handed each matching message once per matching
+pattern, and a :class:`PatternInterestListener` (the federation) hears about
+each pattern's first and last holder. Only the WAMP broker subscribes by
+pattern today; the other front-ends are exact-only.
+
 Faults are isolated: a sink or listener that raises is logged and counted
 (``Metrics.sink_errors``, ``pubsubclub_sink_errors_total``) and the others
 still get the message; nothing it raises reaches the publisher's front-end
@@ -24,6 +31,7 @@ from twisted.logger import Logger
 
 from pubsubclub.counters import HubEvent
 from pubsubclub.metrics import Metrics, payload_size
+from pubsubclub.patterns import Pattern, PatternIndex
 
 #: Reserved hub topic on which the federation tells local subscribers that
 #: messages from another node were lost (PSC 0.3 gap reports, docs/protocol.md).
@@ -78,6 +86,23 @@ class InterestListener(Protocol):
         """``topic`` just lost its last local subscriber."""
 
 
+class PatternSink(Protocol):
+    """A sink that holds patterns: told which of its patterns each message matched."""
+
+    def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool | None:
+        """Hand one message that matched ``pattern`` to the client behind this sink."""
+
+
+class PatternInterestListener(Protocol):
+    """Told when the node's set of locally held patterns changes."""
+
+    def pattern_added(self, pattern: Pattern) -> None:
+        """``pattern`` just got its first local holder."""
+
+    def pattern_removed(self, pattern: Pattern) -> None:
+        """``pattern`` just lost its last local holder."""
+
+
 class PublishListener(Protocol):
     """Told about every publish that originated on this node."""
 
@@ -103,6 +128,8 @@ class Hub:
         self._interest: list[InterestListener] = []
         self._publish: list[PublishListener] = []
         self._remote_interest: list[RemoteInterestListener] = []
+        self._patterns: PatternIndex[PatternSink] = PatternIndex()
+        self._pattern_listeners: list[PatternInterestListener] = []
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
         self._boot = os.urandom(3).hex()
@@ -115,6 +142,10 @@ class Hub:
     def add_interest_listener(self, listener: InterestListener) -> None:
         """Register ``listener`` for first/last subscriber notifications."""
         self._interest.append(listener)
+
+    def add_pattern_listener(self, listener: PatternInterestListener) -> None:
+        """Register ``listener`` for first/last holder notifications of patterns."""
+        self._pattern_listeners.append(listener)
 
     def interest_settled(self) -> Any:
         """A Deferred that fires once the node's interest so far has reached every linked node.
@@ -142,12 +173,12 @@ class Hub:
         for listener in self._remote_interest:
             self._isolated(listener, listener.remote_subscribed, topic, peer)
 
-    def _isolated(self, owner: object, call: Callable[..., None], topic: str, *args: Any) -> None:
+    def _isolated(self, owner: object, call: Callable[..., None], topic: Any, *args: Any) -> None:
         """Call ``call(topic, *args)``; if it raises, log and count instead of unwinding into our caller."""
         try:
             call(topic, *args)
         except Exception:
-            self._failed(owner, getattr(call, "__name__", "call"), topic)
+            self._failed(owner, getattr(call, "__name__", "call"), str(topic))
 
     @property
     def stats(self) -> dict[str, int]:
@@ -193,10 +224,35 @@ class Hub:
             for listener in self._interest:
                 self._isolated(listener, listener.topic_removed, topic)
 
-    def unsubscribe_all(self, sink: Sink) -> None:
-        """Remove ``sink`` from every topic (a client went away)."""
+    def unsubscribe_all(self, sink: Any) -> None:
+        """Remove ``sink`` from every topic and pattern (a client went away)."""
         for topic in [t for t, sinks in self._sinks.items() if sink in sinks]:
             self.unsubscribe(topic, sink)
+        if len(self._patterns):
+            for pattern in [p for p in self._patterns.patterns() if sink in self._patterns.holders(p)]:
+                self.unsubscribe_pattern(pattern, sink)
+
+    # -- pattern subscriptions ---------------------------------------------
+
+    def patterns(self) -> list[Pattern]:
+        """Every pattern with at least one local holder."""
+        return self._patterns.patterns()
+
+    def pattern_holders(self, pattern: Pattern) -> int:
+        """Number of local sinks holding ``pattern``."""
+        return len(self._patterns.holders(pattern))
+
+    def subscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
+        """Add ``sink`` to ``pattern``; idempotent."""
+        if self._patterns.add(pattern, sink):
+            for listener in self._pattern_listeners:
+                self._isolated(listener, listener.pattern_added, pattern)
+
+    def unsubscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
+        """Remove ``sink`` from ``pattern``; idempotent."""
+        if self._patterns.discard(pattern, sink):
+            for listener in self._pattern_listeners:
+                self._isolated(listener, listener.pattern_removed, pattern)
 
     # -- publishing --------------------------------------------------------
 
@@ -245,9 +301,10 @@ class Hub:
             targets = self._snapshots[topic] = tuple((sink, getattr(sink, "counts_as", None)) for sink in sinks)
         return targets
 
-    def _deliver(self, envelope: Envelope, exclude: Sink | None) -> int:
+    def _deliver(self, envelope: Envelope, exclude: Any) -> int:
         targets = self._targets(envelope.topic)
-        if not targets:
+        matched = self._patterns.match(envelope.topic)
+        if not targets and not matched:
             return 0
         count = 0
         tally: dict[str, int] = {}
@@ -263,6 +320,20 @@ class Hub:
             count += 1
             if source is not None and sent is not False:
                 tally[source] = tally.get(source, 0) + 1
+        # One delivery per matching pattern, as WAMP asks of a client subscribed several ways.
+        for pattern in matched:
+            for holder in list(self._patterns.holders(pattern)):
+                if holder is exclude:
+                    continue
+                try:
+                    sent = holder.deliver_matched(envelope, pattern)
+                except Exception:
+                    self._failed(holder, "deliver_matched", envelope.topic)
+                    continue
+                count += 1
+                source = getattr(holder, "counts_as", None)
+                if source is not None and sent is not False:
+                    tally[source] = tally.get(source, 0) + 1
         self.metrics.event(HubEvent.DELIVERED, count)
         if tally:
             # Once per message and front-end, however many recipients (docs/metrics.md).

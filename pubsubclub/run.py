@@ -26,8 +26,8 @@ def start_logging(level: str) -> None:
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
 
 
-def run_node(config: NodeConfig) -> int:
-    """Run one node until SIGINT/SIGTERM; links are closed with a reason on the way out."""
+def run_node(config: NodeConfig, bridge: bool = False) -> int:
+    """Run one node (``bridge``: a bridge node) until SIGINT/SIGTERM; links are closed with a reason on the way out."""
     start_logging(config.node.log_level)
     import txaio
 
@@ -39,7 +39,7 @@ def run_node(config: NodeConfig) -> int:
     exit_code = [0]
 
     async def start() -> None:
-        node = Node(config, reactor)
+        node = Node(config, reactor, bridge=bridge)
         try:
             urls = await node.start()
         except Exception as e:  # a listener could not start: report it, exit non-zero

@@ -176,11 +176,19 @@ _NO_DETAILS: dict[str, Any] = {}
 
 
 def event_message(
-    subscription: int, publication: int, args: list[Any] | None, kwargs: dict[str, Any] | None
+    subscription: int,
+    publication: int,
+    args: list[Any] | None,
+    kwargs: dict[str, Any] | None,
+    details: dict[str, Any] | None = None,
 ) -> list[Any]:
-    """The EVENT list as Autobahn's ``Event.marshal`` writes it: args only when needed, kwargs only when non-empty."""
+    """The EVENT list as Autobahn's ``Event.marshal`` writes it: args only when needed, kwargs only when non-empty.
+
+    ``details``: e.g. ``{"topic": t}`` for a pattern subscription's EVENT.
+    """
+    known = details or _NO_DETAILS
     if kwargs:
-        return [EVENT, subscription, publication, _NO_DETAILS, args if args is not None else [], kwargs]
+        return [EVENT, subscription, publication, known, args if args is not None else [], kwargs]
     if args:
-        return [EVENT, subscription, publication, _NO_DETAILS, args]
-    return [EVENT, subscription, publication, _NO_DETAILS]
+        return [EVENT, subscription, publication, known, args]
+    return [EVENT, subscription, publication, known]

@@ -116,10 +116,11 @@ def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary
     """Decode one transport message and hand each WAMP message to ``owner``'s session.
 
     Undecodable input is the peer's fault: ABORT (``protocol_violation``), or
-    an ERROR for a refused URI (``invalid_uri``). Shared by the WebSocket and
-    RawSocket transports, so both treat bad input alike. A plainly valid
-    PUBLISH arrives as a :class:`~pubsubclub.wamp.codec.PublishRequest`
-    (see :func:`~pubsubclub.wamp.codec.decode`).
+    an ERROR for a refused URI (``invalid_uri``) or an unknown SUBSCRIBE match
+    policy (``unparsable``). Shared by the WebSocket and RawSocket transports,
+    so both treat bad input alike. A plainly valid PUBLISH arrives as a
+    :class:`~pubsubclub.wamp.codec.PublishRequest` (see
+    :func:`~pubsubclub.wamp.codec.decode`).
     """
     session = owner._session
     if session is None:
@@ -127,7 +128,7 @@ def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary
     try:
         messages = decode(serializer, payload, is_binary)
     except ProtocolError as e:
-        session.protocol_violation(str(e))
+        session.unparsable(_raw_message(serializer, payload), str(e))
         return
     except InvalidUriError as e:
         session.invalid_uri(_raw_message(serializer, payload), str(e))
