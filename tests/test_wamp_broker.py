@@ -866,8 +866,9 @@ def test_fake_event_encoded_once_per_format_whatever_the_subscribers(subscribers
 
 
 @pytest.mark.parametrize("name", ["json", "msgpack"])
-def test_fake_publish_bytes_counted_from_the_frame(name: str) -> None:
-    """A PUBLISH fed as bytes is counted with the size of the frame it came in, published and delivered."""
+@pytest.mark.parametrize("options", [{"acknowledge": True}, {"acknowledge": True, "retain": False}])
+def test_fake_publish_bytes_counted_from_the_frame(name: str, options: dict[str, Any]) -> None:
+    """A PUBLISH fed as bytes (decoded fast, or by Autobahn for ``retain``) is counted with its frame's size."""
     hub = Hub()
     router = WampRouter(hub)
     serializer = copy.copy({s.SERIALIZER_ID: s for s in bounded_serializers(JSONBounds())}[name])
@@ -878,7 +879,7 @@ def test_fake_publish_bytes_counted_from_the_frame(name: str) -> None:
     class Owner:
         _session = publisher
 
-    frame = serializer._serializer.serialize([16, 5, {"acknowledge": True}, "com.example.t", [{"p": "x" * 100}]])
+    frame = serializer._serializer.serialize([16, 5, options, "com.example.t", [{"p": "x" * 100}]])
     feed_session(Owner(), serializer, frame, name == "msgpack")
     assert isinstance(sent.sent[-1], message.Published)
     _, counters, _ = hub.metrics.take_interval(0.0)
