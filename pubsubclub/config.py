@@ -122,6 +122,12 @@ class WampSection:
         shown_default="off",
     )
     chat_page: bool = setting(True, "serve the browser chat page at /", flag="--no-chat-page")
+    join_timeout: float = setting(
+        10.0,
+        "seconds a WAMP client may take to open its WebSocket or RawSocket connection, and again to be WELCOMEd,"
+        " before it is closed",
+        metavar="S",
+    )
     call_timeout: float = setting(
         0.0, "longest a node-local RPC call may take, in seconds (0: only the caller's own timeout option)", metavar="S"
     )
@@ -446,6 +452,8 @@ class NodeConfig:
             raise ConfigError("metrics-max-topics", "must be an integer between 1 and 100000")
         if nsd.listen is not None:
             _check_endpoint("nsd", nsd.listen)
+        if not isinstance(wamp.join_timeout, (int, float)) or not 0.1 <= wamp.join_timeout <= 3600:
+            raise ConfigError("wamp-join-timeout", "must be a number of seconds between 0.1 and 3600")
         if type(wamp.max_pending_calls) is not int or not 1 <= wamp.max_pending_calls <= 1_000_000:
             raise ConfigError("wamp-max-pending-calls", "must be an integer between 1 and 1000000")
         if not 0.05 <= metrics.interval <= 86_400:

@@ -88,6 +88,7 @@ class WampFrontend(Frontend):
             max_message_size=config.node.max_message_size,
             json=json_bounds(config),
             max_send_buffer=config.node.max_send_buffer,
+            join_timeout=config.wamp.join_timeout,
         )
         self.server = WampServer(
             hub,

@@ -84,6 +84,8 @@ INVALID_URI = "wamp.error.invalid_uri"
 NO_SUCH_REALM = "wamp.error.no_such_realm"
 NO_SUCH_SUBSCRIPTION = "wamp.error.no_such_subscription"
 PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
+#: ABORT reason for a client that does not join within ``WampLimits.join_timeout``.
+JOIN_TIMEOUT = "wamp.error.timeout"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 GOODBYE_AND_OUT = "wamp.close.goodbye_and_out"
 TOO_MANY_SUBSCRIPTIONS = "pubsubclub.error.too_many_subscriptions"
@@ -119,8 +121,13 @@ class WampLimits:
     max_send_buffer: int = 16 * 1024 * 1024
     #: Depth, integer range, floats and strings of every message (docs/security.md).
     json: JSONBounds = DEFAULT_BOUNDS
+    #: Seconds a client connection may take from TCP accept to WELCOME (WebSocket
+    #: upgrade, RawSocket handshake, HELLO and any authentication), else it is closed.
+    join_timeout: float = 10.0
 
     def __post_init__(self) -> None:
+        if not isinstance(self.join_timeout, (int, float)) or not self.join_timeout > 0:
+            raise ValueError(f"WampLimits.join_timeout must be a positive number, not {self.join_timeout!r}")
         for name in (
             "max_message_size",
             "max_uri_length",
@@ -255,6 +262,8 @@ class WampRouter:
         self.clock = clock
         #: Hold SUBSCRIBED until the hub says every linked node has the interest (``Hub.interest_settled``).
         self.await_interest = await_interest
+        #: ``call_later(seconds, fn)`` for timers (join timeout); None: no timers (sans-IO tests).
+        self.call_later = call_later
         #: Node-local RPC (pubsubclub/wamp/dealer.py); calls time out through ``call_later`` when given.
         self.dealer = Dealer(
             new_id, call_later=call_later, max_call_seconds=max_call_seconds, max_pending_calls=max_pending_calls
@@ -345,6 +354,8 @@ class BrokerSession:
         #: subscription id -> hub topic, and back.
         self._subscriptions: dict[int, str] = {}
         self._topics: dict[str, int] = {}
+        #: Ends a session that has not joined within ``limits.join_timeout``.
+        self._join_timer: Any = None
 
     @property
     def session_id(self) -> int | None:
@@ -367,6 +378,20 @@ class BrokerSession:
         """The transport is up: wait for HELLO."""
         self._transport = transport
         self._router.sessions[self] = None
+        if self._router.call_later is not None:
+            self._join_timer = self._router.call_later(self._limits.join_timeout, self._join_timed_out)
+
+    def _join_timed_out(self) -> None:
+        self._join_timer = None
+        if self._state in (_State.AWAIT_HELLO, _State.AWAIT_AUTHENTICATE):
+            text = f"no WELCOME within {self._limits.join_timeout:g} s of connecting (HELLO or AUTHENTICATE missing)"
+            log.info("WAMP session closed: {text}", text=text)
+            self.abort(JOIN_TIMEOUT, text)
+
+    def _cancel_join_timer(self) -> None:
+        timer, self._join_timer = self._join_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
 
     def onClose(self, wasClean: bool) -> None:  # noqa: N802, N803 - Autobahn API
         """The transport is gone: drop every subscription."""
@@ -478,6 +503,7 @@ class BrokerSession:
         self._close_transport()
 
     def _end(self) -> None:
+        self._cancel_join_timer()
         if self._state is _State.CLOSED:
             return
         self._state = _State.CLOSED
@@ -613,6 +639,7 @@ class BrokerSession:
         self._authenticator = None
         self._authid = authid
         self._state = _State.ESTABLISHED
+        self._cancel_join_timer()
         self._send(
             message.Welcome(
                 session=self._session_id,

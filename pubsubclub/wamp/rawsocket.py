@@ -75,8 +75,28 @@ class WampRawSocketProtocol(Protocol):
         self._session: Any = None
         self._backlog: SendBacklog | None = None
         self._open = False
+        #: Closes a connection that sends no handshake within the join timeout.
+        self._handshake_timer: Any = None
 
     # -- Twisted -------------------------------------------------------------------
+
+    def connectionMade(self) -> None:  # noqa: N802 - Twisted API
+        """Start the handshake clock (the session has its own once the handshake is done)."""
+        call_later = self._router.call_later
+        if call_later is not None:
+            self._handshake_timer = call_later(self._router.limits.join_timeout, self._handshake_timed_out)
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        if self._serializer is None and self.transport is not None:
+            log.info("RawSocket client {peer}: no handshake within {seconds:g} s, closing", peer=self._peer(),
+                     seconds=self._router.limits.join_timeout)  # fmt: skip
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def _stop_handshake_timer(self) -> None:
+        timer, self._handshake_timer = self._handshake_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
         """Handshake first, then frames."""
@@ -91,6 +111,7 @@ class WampRawSocketProtocol(Protocol):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:  # noqa: N802 - Twisted API
         """Tell the session."""
+        self._stop_handshake_timer()
         self._open = False
         session, self._session = self._session, None
         if session is not None:
@@ -99,6 +120,7 @@ class WampRawSocketProtocol(Protocol):
     # -- handshake -------------------------------------------------------------------
 
     def _handshake(self, octets: bytes) -> bool:
+        self._stop_handshake_timer()
         transport = self.transport
         assert transport is not None
         if octets[0] != MAGIC:

@@ -224,6 +224,8 @@ def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResour
         autoPingInterval=0,
         # No HTML status page (with version) on a plain GET.
         webStatus=False,
+        # A client that never finishes the upgrade is closed (the session then has its own join timeout).
+        openHandshakeTimeout=router.limits.join_timeout,
     )
     return WebSocketResource(factory)
 
@@ -233,4 +235,6 @@ def wamp_site(router: WampRouter, static_dir: str | None = None) -> Site:
     root: Resource = File(static_dir) if static_dir is not None else Resource()
     # Autobahn declares IResource with zope, which mypy cannot see.
     root.putChild(b"ws", wamp_resource(router))  # type: ignore[arg-type]
-    return Site(root)
+    # An HTTP connection idle this long (no request yet, or between keep-alive
+    # requests) is closed; a connection upgraded to WebSocket is not timed by it.
+    return Site(root, timeout=router.limits.join_timeout)
