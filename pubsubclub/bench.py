@@ -29,7 +29,7 @@ import sys
 import time
 from typing import Any
 
-from pubsubclub.bench_lean import lean_run
+from pubsubclub.bench_lean import lean_run, lean_window
 from pubsubclub.bench_nodes import cpu_seconds, machine, node_pair, progress, stop, wait_interest
 
 TOPIC = "pubsubclub.bench"
@@ -214,6 +214,10 @@ def run_bench(args: argparse.Namespace) -> int:
     procs: list[subprocess.Popen[str]] = []
     progress(_settings(args))
     rawsocket = args.transport == "rawsocket" or args.client == "lean"
+    if args.publishers < 1 or (args.subscribers or 1) < 1:
+        raise SystemExit("pubsubclub: error: --publishers and --subscribers must be at least 1")
+    if args.client == "lean":
+        lean_window(args)
     if args.target and rawsocket:
         raise SystemExit("pubsubclub: error: --target takes WebSocket URLs: use it with the Autobahn WebSocket client")
     latency: dict[str, Any] | None = None

@@ -240,6 +240,17 @@ def _host_port(url: str) -> list[str]:
     return url.split("://", 1)[1].rstrip("/").rsplit(":", 1)
 
 
+def lean_window(args: argparse.Namespace) -> int:
+    """``--window`` or its default; SystemExit when it could stall a publisher for good."""
+    # The slowest publisher can always go on when the window holds one block from each publisher
+    # plus what every subscriber may have counted without acknowledging yet.
+    least = args.publishers * BLOCK + (args.subscribers or 1) * ACK_EVERY
+    window: int = args.window or max(20_000, 2 * least)
+    if window < least:
+        raise SystemExit(f"pubsubclub: error: --window must be at least {least} with these clients")
+    return window
+
+
 def lean_run(
     args: argparse.Namespace, raw_a: str, raw_b: str, ops_a: str, ops_b: str, node_pids: list[int]
 ) -> dict[str, Any]:
@@ -247,7 +258,7 @@ def lean_run(
     from pubsubclub.bench_nodes import cpu_seconds
 
     publishers, subscribers = args.publishers, args.subscribers or 1
-    window = args.window or max(20_000, 4 * subscribers * ACK_EVERY)
+    window = lean_window(args)
     me = [sys.executable, "-m", "pubsubclub.bench_lean"]
     bound = str(args.max_seconds + 20)
     subs: list[subprocess.Popen[str]] = []

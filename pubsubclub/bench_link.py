@@ -133,6 +133,8 @@ def run_link_bench(args: argparse.Namespace) -> int:
     """Start the two agents, run the link at full speed, print the rate and CPU per message."""
     count, size = args.count, args.size
     window = args.window or 20_000
+    if window < ACK_EVERY:
+        raise SystemExit(f"pubsubclub: error: --window must be at least {ACK_EVERY} (B acknowledges every {ACK_EVERY})")
     progress(f"settings: --scenario link --count {count} --size {size} --window {window} --max-seconds "
              f"{args.max_seconds:g} (defaults: 50000, 100, 20000, 60)")  # fmt: skip
     me = [sys.executable, "-m", "pubsubclub.bench_link"]

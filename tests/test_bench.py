@@ -1,0 +1,103 @@
+"""``pubsubclub bench``: every scenario and client runs end to end in small bounded runs.
+
+The runs are tiny (hundreds to a few thousand messages) and assert what a run
+must get right whatever the machine: nothing lost, the counts, the shape of
+the JSON results. Never a rate: tests do not assert on wall-clock speed.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+
+def bench(*args: str, timeout: float = 120) -> tuple[dict[str, Any], str]:
+    """Run ``pubsubclub bench ARGS --json``; its results and its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", *args, "--json"],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    results: dict[str, Any] = json.loads(result.stdout)
+    assert {"cpus", "cpu_model", "python", "load_average"} <= results["machine"].keys()
+    return results, result.stderr
+
+
+@pytest.mark.slow
+def test_bench_prints_settings_progress_and_results() -> None:
+    """A short ``pubsubclub bench``: settings and defaults, then progress on stderr; results on stdout."""
+    results, err = bench("--count", "300", "--latency-count", "100", "--rate", "200", "--max-seconds", "10")
+    assert "bench: settings: --count 300 --size 100 --rate 200" in err and "(defaults: 50000, 100, 1000" in err
+    assert err.index("starting two nodes") < err.index("throughput run") < err.index("latency run")
+    assert results["throughput"]["sent"] == 300 and results["latency"]["sent"] == 100
+    wire = (results["serializer"], results["transport"], results["throughput"]["client"])
+    assert wire == ("json", "websocket", "autobahn")
+
+
+@pytest.mark.slow
+def test_bench_idle_scenario_measures_memory_per_session() -> None:
+    """``bench --scenario idle`` opens the sessions (every HELLO answered with WELCOME) and reports RSS per session."""
+    results, _ = bench("--scenario", "idle", "--sessions", "100")
+    assert results["sessions"] == 100 and results["rss_after"] >= results["rss_before"] > 0
+
+
+@pytest.mark.slow
+def test_bench_fanout_scenario_delivers_every_message_to_every_subscriber() -> None:
+    """``bench --scenario fanout`` over 3 nodes: every subscriber gets every message, the rate is reported."""
+    results, _ = bench("--scenario", "fanout", "--subscribers", "30", "--fanout-messages", "100")
+    assert (results["deliveries"], results["lost"]) == (3000, 0) and results["deliveries_per_second"] > 0
+
+
+@pytest.mark.slow
+def test_bench_lean_clients_deliver_every_message_one_to_one() -> None:
+    """``--client lean``: 2 publisher and 2 subscriber processes over RawSocket; all 2 x 1,500 arrive, each once.
+
+    The window is the smallest allowed, so publishers wait for the subscribers'
+    acknowledgements (flow control) several times during the run.
+    """
+    results, err = bench("--client", "lean", "--publishers", "2", "--subscribers", "2", "--count", "1500",
+                         "--window", "2400", "--max-seconds", "30")  # fmt: skip
+    assert "--client lean --publishers 2 --subscribers 2" in err
+    t = results["throughput"]
+    assert (t["client"], t["publishers"], t["subscribers"]) == ("lean", 2, 2)
+    assert (t["sent"], t["received"], t["lost"]) == (3000, 3000, 0)
+    assert t["delivered_rate"] > 0 and t["server_cpu_us_per_msg"] > 0
+    assert (results["serializer"], results["transport"], results["latency"]) == ("json", "rawsocket", None)
+
+
+@pytest.mark.slow
+def test_bench_lean_window_too_small_for_the_clients_is_refused() -> None:
+    """A window that could stall the slowest publisher for good is refused before any node starts."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--client", "lean", "--subscribers", "3", "--window", "1000"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode != 0 and "--window must be at least 3200" in result.stderr
+    assert "starting two nodes" not in result.stderr
+
+
+@pytest.mark.slow
+def test_bench_autobahn_msgpack_over_rawsocket() -> None:
+    """``--serializer msgpack --transport rawsocket``: the Autobahn clients use rs:// and MessagePack, nothing lost."""
+    results, _ = bench("--serializer", "msgpack", "--transport", "rawsocket", "--count", "200",
+                       "--latency-count", "50", "--rate", "200", "--max-seconds", "20")  # fmt: skip
+    assert (results["serializer"], results["transport"]) == ("msgpack", "rawsocket")
+    t, lat = results["throughput"], results["latency"]
+    assert (t["sent"], t["received"], t["lost"]) == (200, 200, 0) and t["server_cpu_us_per_msg"] > 0
+    assert (lat["sent"], lat["received"], lat["lost"]) == (50, 50, 0)
+    assert 0 < lat["latency_ms"]["p50"] <= lat["latency_ms"]["p99"] <= lat["latency_ms"]["max"]
+
+
+@pytest.mark.slow
+def test_bench_link_scenario_counts_every_message_on_the_other_node() -> None:
+    """``--scenario link``: injected on A's hub, counted on B's; the small window makes A wait for B's acks."""
+    results, err = bench("--scenario", "link", "--count", "3500", "--window", "1500", "--max-seconds", "30")
+    assert "injected on A's hub, counted on B's" in err
+    assert results["scenario"] == "link" and results["window"] == 1500
+    assert (results["sent"], results["received"], results["lost"]) == (3500, 3500, 0)
+    assert results["rate"] > 0 and results["server_cpu_us_per_msg"] > 0
