@@ -4,8 +4,13 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 JS     := js/node_modules/.installed
+# Crossbar.io for the bridge tests and benches, in its own virtualenv: it pins old dependencies
+# that must not meet ours. The tests find it through $$PUBSUBCLUB_CROSSBAR (default: this path).
+CROSSBAR_VENV    := .crossbar-venv
+CROSSBAR_VERSION := 26.10.1
+CROSSBAR_STAMP   := $(CROSSBAR_VENV)/.installed-$(CROSSBAR_VERSION)
 
-.PHONY: demo test lint unit js browser sysdeps bench clean
+.PHONY: demo test lint unit js crossbar browser sysdeps bench clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +23,15 @@ $(JS): js/package.json js/package-lock.json
 	touch $@
 
 js: $(JS)
+
+$(CROSSBAR_STAMP):
+	test -x $(CROSSBAR_VENV)/bin/python || $(PYTHON) -m venv $(CROSSBAR_VENV)
+	$(CROSSBAR_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CROSSBAR_VENV)/bin/python -m pip install -q 'crossbar==$(CROSSBAR_VERSION)'
+	$(CROSSBAR_VENV)/bin/crossbar version >/dev/null
+	touch $@
+
+crossbar: $(CROSSBAR_STAMP)
 
 # Debian's Chromium for the browser test (needs root, as on CI).
 browser:
@@ -43,11 +57,11 @@ lint: $(STAMP)
 examples/sysv/client: examples/sysv/client.c examples/sysv/pubsubclub_sysv.h
 	gcc -std=c11 -Wall -Wextra -O2 -o $@ examples/sysv/client.c
 
-test: $(STAMP) $(JS) sysdeps lint examples/sysv/client
+test: $(STAMP) $(JS) $(CROSSBAR_STAMP) sysdeps lint examples/sysv/client
 	$(VENV)/bin/pytest -q
 
 bench: $(STAMP)
 	$(VENV)/bin/pubsubclub bench
 
 clean:
-	rm -rf $(VENV) js/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(CROSSBAR_VENV) js/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis

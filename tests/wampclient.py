@@ -7,6 +7,7 @@ from urllib.parse import urlsplit
 
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.twisted.websocket import WampWebSocketClientFactory
+from autobahn.wamp import auth
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig, PublishOptions
 from twisted.internet import defer, reactor
@@ -51,13 +52,38 @@ class Recorder:
 
 
 async def connect(
-    url: str, realm: str = "realm1", serializer: str = "json", trust_root: Any = None
+    url: str,
+    realm: str = "realm1",
+    serializer: str = "json",
+    trust_root: Any = None,
+    *,
+    authid: str | None = None,
+    ticket: str | None = None,
+    secret: str | None = None,
 ) -> ApplicationSession:
-    """Open a WAMP session to ``url``, joined to ``realm``; ``wss://`` is verified against ``trust_root``."""
+    """Open a WAMP session to ``url``, joined to ``realm``; ``wss://`` is verified against ``trust_root``.
+
+    With ``authid``, authenticate by ``ticket`` or WAMP-CRA ``secret``.
+    """
     joined: defer.Deferred[ApplicationSession] = defer.Deferred()
 
     class Session(ApplicationSession):  # type: ignore[misc]
+        def onConnect(self) -> None:
+            if authid is None:
+                super().onConnect()
+                return
+            methods = (["ticket"] if ticket is not None else []) + (["wampcra"] if secret is not None else [])
+            self.join(self.config.realm, authmethods=methods, authid=authid)
+
+        def onChallenge(self, challenge: Any) -> str:
+            if challenge.method == "ticket" and ticket is not None:
+                return ticket
+            if challenge.method == "wampcra" and secret is not None:
+                return str(auth.compute_wcs(secret, challenge.extra["challenge"]).decode())
+            raise ValueError(f"unexpected challenge {challenge.method}")
+
         def onJoin(self, details: Any) -> None:
+            self.details = details
             if not joined.called:
                 joined.callback(self)
 
