@@ -27,13 +27,18 @@ import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from pubsubclub.bench_lean import lean_run, lean_window
-from pubsubclub.bench_nodes import cpu_seconds, machine, node_pair, progress, stop, wait_interest
+from pubsubclub.bench_nodes import machine, node_pair, progress, stop, tree_cpu_seconds, wait_interest
 
 TOPIC = "pubsubclub.bench"
 END = "end"
+#: Sent by the publisher until the subscriber answers on READY_TOPIC: then the route works both ways
+#: (a subscription can take a moment to reach the publisher's node or router, over PSC or rlinks).
+PROBE = "probe"
+READY_TOPIC = "pubsubclub.bench.ready"
 
 
 # -- the client processes (run with ``python -m pubsubclub.bench``) --------------
@@ -85,6 +90,9 @@ def _client_main(argv: list[str]) -> int:
 
             def on_event(msg: Any) -> None:
                 now = time.time()
+                if msg == PROBE:
+                    session.publish(READY_TOPIC, "ready")
+                    return
                 if msg == END:
                     done.callback(None)
                     return
@@ -117,8 +125,15 @@ def _client_main(argv: list[str]) -> int:
         else:
             mode, count, size, rate = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
             body = "x" * size
+            deadline = time.time() + max_seconds
+            ready: defer.Deferred[None] = defer.Deferred()
+            await session.subscribe(lambda _: None if ready.called else ready.callback(None), READY_TOPIC)
+            while not ready.called:
+                if time.time() > deadline:
+                    raise TimeoutError("the subscriber never answered a probe")
+                session.publish(TOPIC, PROBE)
+                await task.deferLater(reactor, 0.05, lambda: None)
             start = time.time()
-            deadline = start + max_seconds
             sent = 0
             if mode == "throughput":
                 batch = 200
@@ -156,31 +171,43 @@ def defer_run(fn: Any, reactor: Any) -> Any:
 # -- the driver ------------------------------------------------------------------
 
 
-def _one_run(
-    url_a: str,
-    url_b: str,
-    ops_a: str | None,
-    args: argparse.Namespace,
-    mode: str,
-    count: int,
-    rate: float,
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class Target:
+    """Where a WAMP run goes: the WebSocket and RawSocket URLs of A (publisher) and B (subscriber).
+
+    ``pids`` are the server processes whose CPU (with their children's) is the
+    servers' cost; A and B may be the same node or router.
+    """
+
+    ws: tuple[str, str]
+    rs: tuple[str, str] | None = None
+    pids: tuple[int, ...] = ()
+
+
+def _one_run(target: Target, args: argparse.Namespace, mode: str, count: int, rate: float) -> dict[str, Any]:
     me = [sys.executable, "-m", "pubsubclub.bench"]
+    if args.transport == "rawsocket":
+        assert target.rs is not None
+        url_a, url_b = target.rs
+    else:
+        url_a, url_b = target.ws
     common = [args.realm, str(args.max_seconds + 10), args.serializer]
     sub = subprocess.Popen([*me, "subscriber", url_b, *common], stdout=subprocess.PIPE, text=True)
-    assert sub.stdout is not None
-    sub.stdout.readline()  # {"ready": true}
-    if ops_a is not None:
-        # Node A's /stats (on its operations listener) says when B's interest arrived.
-        wait_interest(ops_a, [TOPIC])
-    common[1] = str(args.max_seconds)
-    pub = subprocess.run(
-        [*me, "publisher", url_a, *common, mode, str(count), str(args.size), str(rate)],
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=args.max_seconds + 30,
-    )
-    out_sub, _ = sub.communicate(timeout=args.max_seconds + 30)
+    try:
+        assert sub.stdout is not None
+        sub.stdout.readline()  # {"ready": true}
+        common[1] = str(args.max_seconds)
+        pub = subprocess.run(
+            [*me, "publisher", url_a, *common, mode, str(count), str(args.size), str(rate)],
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=args.max_seconds + 30,
+        )
+        out_sub, _ = sub.communicate(timeout=args.max_seconds + 30)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait(10)
     p = json.loads(pub.stdout.strip().splitlines()[-1])
     s = json.loads(out_sub.strip().splitlines()[-1])
     duration = max(s.get("last", 0) - p["start"], 1e-9)
@@ -197,6 +224,25 @@ def _one_run(
     }
 
 
+def measure(args: argparse.Namespace, target: Target) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The throughput run (and the latency run with the Autobahn client) against ``target``."""
+    if args.client == "lean":
+        assert target.rs is not None
+        return lean_run(args, *target.rs, list(target.pids)), None
+    progress(f"throughput run: {args.count} messages of {args.size} B as fast as possible (A -> B)")
+    cpu_before = tree_cpu_seconds(list(target.pids))
+    throughput = _one_run(target, args, "throughput", args.count, 0)
+    if target.pids:
+        # The servers' CPU (user + system, from /proc) per delivered message, for the whole run.
+        spent = tree_cpu_seconds(list(target.pids)) - cpu_before
+        throughput["server_cpu_us_per_msg"] = spent / max(throughput["received"], 1) * 1e6
+    progress(
+        f"throughput: {throughput['delivered_rate']:.0f} msgs/s delivered; latency run: "
+        f"{args.latency_count} messages at {args.rate}/s"
+    )
+    return throughput, _one_run(target, args, "latency", args.latency_count, args.rate)
+
+
 def _settings(args: argparse.Namespace) -> str:
     wire = f"--serializer {args.serializer} --transport {args.transport}"
     if args.client == "lean":
@@ -209,55 +255,46 @@ def _settings(args: argparse.Namespace) -> str:
     )
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    """Run the measurements and print them."""
-    procs: list[subprocess.Popen[str]] = []
-    progress(_settings(args))
-    rawsocket = args.transport == "rawsocket" or args.client == "lean"
+def check_wamp_args(args: argparse.Namespace) -> None:
+    """SystemExit for settings the WAMP runs cannot use, before anything starts."""
     if args.publishers < 1 or (args.subscribers or 1) < 1:
         raise SystemExit("pubsubclub: error: --publishers and --subscribers must be at least 1")
     if args.client == "lean":
+        args.transport = "rawsocket"
+        args.serializer = "json"
         lean_window(args)
-    if args.target and rawsocket:
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the measurements and print them."""
+    progress(_settings(args))
+    check_wamp_args(args)
+    if args.target and args.transport == "rawsocket":
         raise SystemExit("pubsubclub: error: --target takes WebSocket URLs: use it with the Autobahn WebSocket client")
-    latency: dict[str, Any] | None = None
+    procs: list[subprocess.Popen[str]] = []
     try:
-        ops_a: str | None
         if args.target:
-            url_a, url_b = args.target
-            ops_a = args.target_ops
+            if args.target_ops:
+                wait_interest(args.target_ops, [TOPIC])
+            target = Target(ws=tuple(args.target))  # type: ignore[arg-type]
         else:
             progress("starting two nodes (bench-a, bench-b) on 127.0.0.1")
-            extra = ("--rawsocket", "tcp:0:interface=127.0.0.1") if rawsocket else ()
-            (pa, ready_a), (pb, ready_b) = node_pair(extra)
+            (pa, ready_a), (pb, ready_b) = node_pair(("--rawsocket", "tcp:0:interface=127.0.0.1"))
             procs += [pa, pb]
             progress(f"node pids: A {pa.pid}, B {pb.pid} (for a profiler)")
-            ops_a = ready_a["ops"]
-            key = "rawsocket" if rawsocket else "wamp"
-            url_a, url_b = ready_a[key], ready_b[key]
-        if args.client == "lean":
-            throughput = lean_run(args, url_a, url_b, ready_a["ops"], ready_b["ops"], [p.pid for p in procs])
-        else:
-            progress(f"throughput run: {args.count} messages of {args.size} B as fast as possible (A -> B)")
-            cpu_before = [cpu_seconds(p.pid) for p in procs]
-            throughput = _one_run(url_a, url_b, ops_a, args, "throughput", args.count, 0)
-            if procs:
-                # Both nodes' CPU (user + system, from /proc) per delivered message, for the whole run.
-                spent = sum(cpu_seconds(p.pid) for p in procs) - sum(cpu_before)
-                throughput["server_cpu_us_per_msg"] = spent / max(throughput["received"], 1) * 1e6
-            progress(
-                f"throughput: {throughput['delivered_rate']:.0f} msgs/s delivered; latency run: "
-                f"{args.latency_count} messages at {args.rate}/s"
-            )
-            latency = _one_run(url_a, url_b, ops_a, args, "latency", args.latency_count, args.rate)
+            target = Target(
+                ws=(ready_a["wamp"], ready_b["wamp"]), rs=(ready_a["rawsocket"], ready_b["rawsocket"]),
+                pids=(pa.pid, pb.pid),
+            )  # fmt: skip
+        throughput, latency = measure(args, target)
     finally:
         stop(procs)
     results = {
         "machine": machine(),
         "scenario": "wamp",
         "size": args.size,
-        "serializer": "json" if args.client == "lean" else args.serializer,
-        "transport": "rawsocket" if rawsocket else "websocket",
+        "serializer": args.serializer,
+        "transport": args.transport,
         "throughput": throughput,
         "latency": latency,
     }

@@ -41,11 +41,13 @@ from typing import Any
 
 import orjson
 
-from pubsubclub.bench_nodes import progress, stats, wait_for, wait_interest
+from pubsubclub.bench_nodes import progress, tree_cpu_seconds
 
 TOPIC = "pubsubclub.bench.lean"
 ACK_TOPIC = "pubsubclub.bench.lean.ack"
 END_TAIL = b',["end"]]'
+#: A publisher probes each topic until every subscriber acknowledged: then every route works both ways.
+PROBE_TAIL = b',["probe"]]'
 ACK_EVERY = 1000
 #: PUBLISH frames encoded once and sent with one sendall.
 BLOCK = 200
@@ -161,16 +163,19 @@ def _subscriber(host: str, port: int, realm: str, index: int, publishers: int, m
     while ends < publishers:
         batch = session.messages(deadline)
         now = time.time()
+        probed = False
         for m in batch:
             if m.startswith(prefix):
                 if m.endswith(END_TAIL):
                     ends += 1
+                elif m.endswith(PROBE_TAIL):
+                    probed = True
                 else:
                     received += 1
         if received and not first:
             first = now
         last = now
-        if received >= next_ack:
+        if received >= next_ack or probed:
             session.send(orjson.dumps([16, session.request(), {}, ACK_TOPIC, [index, received]]))
             next_ack = received + ACK_EVERY
     return {"received": received, "first": first, "last": last}
@@ -187,11 +192,6 @@ def _publisher(
     frames = [session.frame(orjson.dumps([16, n + 1, {}, topic(n % topics), [body]])) for n in range(BLOCK)]
     block = b"".join(frames)
     acked: dict[int, int] = {}
-    _ready()
-    if not sys.stdin.readline():  # the driver's go: every client is up
-        raise RuntimeError("no go from the driver")
-    start = time.time()
-    sent = 0
 
     def read_acks(wait: bool) -> None:
         for m in session.messages(deadline, wait):
@@ -199,6 +199,18 @@ def _publisher(
                 subscriber, got = orjson.loads(m)[4]
                 acked[subscriber] = max(got, acked.get(subscriber, 0))
 
+    probes = b"".join(session.frame(orjson.dumps([16, 0x10000 + t, {}, topic(t), ["probe"]])) for t in range(topics))
+    while len(acked) < topics:
+        if time.time() > deadline:
+            raise TimeoutError(f"{len(acked)} of {topics} subscribers answered the probes")
+        session.sock.sendall(probes)
+        if select.select([session.sock], [], [], 0.05)[0]:
+            read_acks(wait=True)
+    _ready()
+    if not sys.stdin.readline():  # the driver's go: every client is up
+        raise RuntimeError("no go from the driver")
+    start = time.time()
+    sent = 0
     while sent < count:
         read_acks(wait=False)
         while (sent + BLOCK) * publishers - sum(acked.values()) > window:
@@ -251,12 +263,11 @@ def lean_window(args: argparse.Namespace) -> int:
     return window
 
 
-def lean_run(
-    args: argparse.Namespace, raw_a: str, raw_b: str, ops_a: str, ops_b: str, node_pids: list[int]
-) -> dict[str, Any]:
-    """One throughput run: the subscribers on B, the publishers on A, as fast as the nodes go."""
-    from pubsubclub.bench_nodes import cpu_seconds
+def lean_run(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list[int]) -> dict[str, Any]:
+    """One throughput run: the subscribers on B, the publishers on A, as fast as the servers go.
 
+    ``server_pids``: the processes whose CPU is the servers' (with their children: a Crossbar router's workers).
+    """
     publishers, subscribers = args.publishers, args.subscribers or 1
     window = lean_window(args)
     me = [sys.executable, "-m", "pubsubclub.bench_lean"]
@@ -271,7 +282,6 @@ def lean_run(
             assert p.stdout is not None
             if not p.stdout.readline():
                 raise RuntimeError("a lean subscriber did not start")
-        wait_interest(ops_a, [topic(j) for j in range(subscribers)])
         for _ in range(publishers):
             numbers = [publishers, subscribers, args.count, args.size, window]
             pubs.append(subprocess.Popen([*me, "publisher", *_host_port(raw_a), args.realm, *map(str, numbers), bound],
@@ -280,18 +290,16 @@ def lean_run(
             assert p.stdout is not None
             if not p.stdout.readline():
                 raise RuntimeError("a lean publisher did not start")
-        wait_for("node B knows the publishers' interest in the acks",
-                 lambda: len(stats(ops_b)["remote_interest"].get(ACK_TOPIC, ())) >= 1)  # fmt: skip
         progress(f"lean throughput run: {publishers} publisher(s) on A x {args.count} messages of {args.size} B, "
                  f"{subscribers} subscriber(s) on B, one-to-one, window {window}")  # fmt: skip
-        cpu_before = [cpu_seconds(pid) for pid in node_pids]
+        cpu_before = tree_cpu_seconds(server_pids)
         for p in pubs:
             assert p.stdin is not None
             p.stdin.write("go\n")
             p.stdin.flush()
         outs = [json.loads(p.communicate(timeout=args.max_seconds + 40)[0].strip().splitlines()[-1])
                 for p in [*pubs, *subs]]  # fmt: skip
-        spent = sum(cpu_seconds(pid) for pid in node_pids) - sum(cpu_before)
+        spent = tree_cpu_seconds(server_pids) - cpu_before
     finally:
         for p in [*pubs, *subs]:
             if p.poll() is None:

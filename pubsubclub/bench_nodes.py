@@ -44,6 +44,31 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds of ``pids`` and all their descendants (a Crossbar node runs its router in a child)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+    tree, todo = set(pids), list(pids)
+    while todo:
+        parent = todo.pop()
+        for child in [c for c, p in parents.items() if p == parent and c not in tree]:
+            tree.add(child)
+            todo.append(child)
+    total = 0.0
+    for pid in tree:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue  # a child that exited took its CPU time with it
+    return total
+
+
 def rss(pid: int) -> int:
     """Resident set size of process ``pid`` in bytes."""
     with open(f"/proc/{pid}/status") as f:
