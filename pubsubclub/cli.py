@@ -61,10 +61,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "link", "stream", "idle", "fanout"],
+        choices=["wamp", "link", "peers", "stream", "idle", "fanout"],
         default="wamp",
         help="wamp: cross-node WAMP throughput and latency (default); link: node to node with no WAMP client;"
-        " stream: durable stream publish and catch-up; idle: node memory per idle WAMP session;"
+        " peers: the wamp runs against pubsubclub and Crossbar.io (make bench-peers); stream: durable stream publish"
+        " and catch-up; idle: node memory per idle WAMP session;"
         " fanout: one publisher to --subscribers over 3 nodes",
     )
     bench.add_argument(
@@ -85,6 +86,13 @@ def parser() -> argparse.ArgumentParser:
     )
     bench.add_argument(
         "--window", type=int, help="wamp --client lean, link: messages in flight (default 20000)"
+    )
+    bench.add_argument("--runs", type=int, default=1, help="peers: runs per figure, the median is shown (default 1)")
+    bench.add_argument(
+        "--clients", help="peers: comma-separated autobahn-json-ws, autobahn-msgpack-rs, lean (default: all)"
+    )
+    bench.add_argument(
+        "--topology", choices=["single", "pair", "both"], default="both", help="peers: one server, two linked, or both"
     )
     bench.add_argument("--fanout-messages", type=int, default=2000, help="fanout: messages published (default 2000)")
     bench.add_argument("--sessions", type=int, default=10_000, help="idle: WAMP sessions to open (default 10000)")
@@ -130,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return run_cluster(layout)
         if args.command == "bench":
+            if args.scenario == "peers":
+                from pubsubclub.bench_peers import run_peers_bench
+
+                return run_peers_bench(args)
             if args.scenario == "link":
                 from pubsubclub.bench_link import run_link_bench
 

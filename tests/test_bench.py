@@ -101,3 +101,24 @@ def test_bench_link_scenario_counts_every_message_on_the_other_node() -> None:
     assert results["scenario"] == "link" and results["window"] == 1500
     assert (results["sent"], results["received"], results["lost"]) == (3500, 3500, 0)
     assert results["rate"] > 0 and results["server_cpu_us_per_msg"] > 0
+
+
+@pytest.mark.slow
+def test_bench_peers_runs_against_pubsubclub_and_crossbar_routers_joined_by_rlinks() -> None:
+    """``--scenario peers --topology pair``: two nodes, then two real Crossbar routers joined by rlinks.
+
+    Every message of every run arrives (a loss fails the bench), and each row
+    holds both systems' figures and their ratios. Needs ``make crossbar``.
+    """
+    results, err = bench("--scenario", "peers", "--topology", "pair", "--clients", "autobahn-json-ws,lean",
+                         "--count", "300", "--latency-count", "50", "--rate", "200", "--max-seconds", "30",
+                         timeout=280)  # fmt: skip
+    assert "starting Crossbar router a" in err and "starting Crossbar router b" in err
+    rows = results["rows"]
+    assert [(r["client"], r["topology"]) for r in rows] == [("autobahn-json-ws", "pair"), ("lean", "pair")]
+    for row in rows:
+        for system in ("pubsubclub", "crossbar"):
+            cell = row[system]
+            assert cell["runs"] == 1 and cell["msgs_per_s"] > 0 and cell["server_cpu_us_per_msg"] > 0
+        assert row["ratio"]["msgs_per_s"] == row["pubsubclub"]["msgs_per_s"] / row["crossbar"]["msgs_per_s"]
+    assert rows[0]["crossbar"]["p99_ms"] > 0 and rows[1]["crossbar"]["p99_ms"] is None
