@@ -147,7 +147,7 @@ def _crossbar(topology: str, workdir: Path) -> tuple[Target, Callable[[], None]]
 # -- the table ---------------------------------------------------------------------
 
 
-def _cell(args: argparse.Namespace, client: str, target: Target) -> dict[str, float | None]:
+def _cell(args: argparse.Namespace, client: str, target: Target) -> dict[str, Any]:
     """Median figures of ``--runs`` runs of ``client`` against ``target``."""
     runs = []
     for _ in range(args.runs):
@@ -162,6 +162,8 @@ def _cell(args: argparse.Namespace, client: str, target: Target) -> dict[str, fl
         "server_cpu_us_per_msg": statistics.median(r[1] for r in runs),
         "p99_ms": statistics.median(r[2] for r in runs if r[2] is not None) if runs[0][2] is not None else None,
         "runs": len(runs),
+        # Every run's figures, for the noise (the table shows the medians).
+        "each": [{"msgs_per_s": r[0], "server_cpu_us_per_msg": r[1], "p99_ms": r[2]} for r in runs],
     }
 
 

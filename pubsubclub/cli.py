@@ -138,6 +138,10 @@ def main(argv: list[str] | None = None) -> int:
             )
             return run_cluster(layout)
         if args.command == "bench":
+            import signal
+
+            # SIGTERM unwinds like Ctrl-C, so every scenario's `finally` stops the nodes and routers it started.
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
             if args.scenario == "peers":
                 from pubsubclub.bench_peers import run_peers_bench
 

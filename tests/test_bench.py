@@ -8,6 +8,8 @@ the JSON results. Never a rate: tests do not assert on wall-clock speed.
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from typing import Any
@@ -119,6 +121,35 @@ def test_bench_peers_runs_against_pubsubclub_and_crossbar_routers_joined_by_rlin
     for row in rows:
         for system in ("pubsubclub", "crossbar"):
             cell = row[system]
-            assert cell["runs"] == 1 and cell["msgs_per_s"] > 0 and cell["server_cpu_us_per_msg"] > 0
+            assert cell["runs"] == len(cell["each"]) == 1
+            assert cell["msgs_per_s"] > 0 and cell["server_cpu_us_per_msg"] > 0
         assert row["ratio"]["msgs_per_s"] == row["pubsubclub"]["msgs_per_s"] / row["crossbar"]["msgs_per_s"]
     assert rows[0]["crossbar"]["p99_ms"] > 0 and rows[1]["crossbar"]["p99_ms"] is None
+
+
+@pytest.mark.slow
+def test_bench_stopped_with_sigterm_stops_the_nodes_it_started() -> None:
+    """SIGTERM during a run: the bench exits and no node it started outlives it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "link", "--count", "50000000",
+         "--max-seconds", "60"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        pids: list[int] = []
+        for line in proc.stderr:
+            if line.startswith("bench: node pids:"):
+                pids = [int(word.strip(",")) for word in line.split()[4:7:2]]
+            if line.startswith("bench: link run:"):
+                break
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
