@@ -126,7 +126,7 @@ def agent_main(argv: list[str]) -> int:
         # The driver's go, once both sides know each other's interest (a thread: stdin blocks).
         threads.deferToThread(sys.stdin.readline).addCallback(lambda line: injector.go() if line else None)
 
-    return run_node(config, on_ready)
+    return run_node(config, on_ready=on_ready)
 
 
 def run_link_bench(args: argparse.Namespace) -> int:

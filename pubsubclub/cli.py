@@ -1,4 +1,4 @@
-"""The ``pubsubclub`` command: ``node``, ``cluster``, ``bench`` and ``report``."""
+"""The ``pubsubclub`` command: ``node``, ``bridge``, ``cluster``, ``bench`` and ``report``."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from pubsubclub import __version__
-from pubsubclub.config import ConfigError, FileValues, add_flags, build, flag_values, load_toml
+from pubsubclub.config import ConfigError, FileValues, add_flags, bridge_setting, build, flag_values, load_toml
 from pubsubclub.reports.command import add_arguments as add_report_arguments
 
 EXIT_USAGE = 2
@@ -26,6 +26,13 @@ def parser() -> argparse.ArgumentParser:
 
     node = sub.add_parser("node", help="run one node")
     _add_node_flags(node)
+
+    bridge = sub.add_parser(
+        "bridge",
+        help="run a node whose local side is a WAMP router (e.g. Crossbar.io) it joins as a client (docs/bridge.md)",
+    )
+    bridge.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags win)")
+    add_flags(bridge, include=bridge_setting)
 
     cluster = sub.add_parser("cluster", help="run N local nodes with static discovery")
     cluster.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
@@ -117,6 +124,13 @@ def main(argv: list[str] | None = None) -> int:
             from pubsubclub.run import run_node
 
             return run_node(config)
+        if args.command == "bridge":
+            config = _node_config(args)
+            if config.bridge.router is None:
+                raise ConfigError("router", "pubsubclub bridge needs --router ws://host:port/path")
+            from pubsubclub.run import run_node
+
+            return run_node(config, bridge=True)
         if args.command == "cluster":
             if not 1 <= args.nodes <= 64:
                 raise ConfigError("nodes", "must be between 1 and 64")

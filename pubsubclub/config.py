@@ -23,7 +23,7 @@ import argparse
 import ipaddress
 import os
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -113,7 +113,9 @@ class WampSection:
         flag="--wamp",
         metavar="ENDPOINT",
     )
-    realm: str = setting("realm1", "WAMP realm served", flag="--realm", metavar="REALM")
+    realm: str = setting(
+        "realm1", "WAMP realm served (pubsubclub bridge: the router's realm it joins)", flag="--realm", metavar="REALM"
+    )
     rawsocket: str | None = setting(
         None,
         "WAMP over RawSocket (JSON and MessagePack; Autobahn's rs:// URLs), e.g. tcp:8090",
@@ -188,6 +190,15 @@ class FederationSection:
     )
     batch: bool = setting(
         True, "offer PSC 0.4: a link sends each reactor turn's messages in one frame (needs the replay window)"
+    )
+    patterns: bool = setting(
+        True, "offer PSC 0.5: federate WAMP prefix/wildcard subscriptions (needs batching and the replay window)"
+    )
+    max_patterns_per_peer: int = setting(
+        10_000,
+        "a peer holding more PSC 0.5 patterns is disconnected; this node announces at most this many",
+        flag="--max-patterns-per-peer",
+        metavar="N",
     )
 
 
@@ -286,6 +297,60 @@ class MetricsSection:
     max_topics: int = setting(200, "topics with their own /metrics series; the rest summed as __other__", metavar="N")
 
 
+#: The authrole every bridge session must have on its router (docs/bridge.md).
+BRIDGE_ROLE = "pubsubclub-bridge"
+#: Environment variables that may hold a bridge's router credentials instead of files.
+BRIDGE_TICKET_ENV = "PUBSUBCLUB_BRIDGE_TICKET"
+BRIDGE_CRA_SECRET_ENV = "PUBSUBCLUB_BRIDGE_CRA_SECRET"
+
+
+@dataclass(frozen=True)
+class BridgeSection:
+    """``[bridge]``: ``pubsubclub bridge``, a node whose local side is a WAMP router it joins (docs/bridge.md)."""
+
+    router: str | None = setting(
+        None,
+        "WebSocket URL of the WAMP router a bridge joins, e.g. ws://127.0.0.1:8080/ws",
+        flag="--router",
+        metavar="URL",
+        shown_default="none (required by pubsubclub bridge)",
+    )
+    authid: str | None = setting(
+        None,
+        "authid the bridge authenticates as (with a ticket or WAMP-CRA secret)",
+        flag="--authid",
+        metavar="ID",
+        shown_default="none: anonymous",
+    )
+    ticket_file: str | None = setting(
+        None,
+        f"file holding the bridge's WAMP ticket (or ${BRIDGE_TICKET_ENV})",
+        flag="--ticket-file",
+        metavar="FILE",
+        shown_default="none",
+    )
+    cra_secret_file: str | None = setting(
+        None,
+        f"file holding the bridge's WAMP-CRA secret (or ${BRIDGE_CRA_SECRET_ENV})",
+        flag="--cra-secret-file",
+        metavar="FILE",
+        shown_default="none",
+    )
+    role: str = setting(
+        BRIDGE_ROLE,
+        "authrole the router gives bridges: sessions with it are bridges (their subscriptions are no interest)",
+        flag="--bridge-role",
+        metavar="ROLE",
+    )
+    lock: str = setting(
+        "pubsubclub.bridge.active",
+        "procedure the active bridge of a router registers (one bridge per router is active)",
+        flag="--bridge-lock",
+        metavar="URI",
+        advanced=True,
+    )
+
+
 #: Section name in TOML and on NodeConfig -> its dataclass; "" is the top level.
 SECTIONS: dict[str, type] = {
     "": NodeSection,
@@ -297,6 +362,7 @@ SECTIONS: dict[str, type] = {
     "stream": StreamSection,
     "sysv": SysVSection,
     "metrics": MetricsSection,
+    "bridge": BridgeSection,
 }
 
 
@@ -393,6 +459,7 @@ class NodeConfig:
     stream: StreamSection = StreamSection()
     sysv: SysVSection = SysVSection()
     metrics: MetricsSection = MetricsSection()
+    bridge: BridgeSection = BridgeSection()
     #: Deprecation notes from loading (logged when the node starts).
     warnings: tuple[str, ...] = ()
 
@@ -492,6 +559,8 @@ class NodeConfig:
             or not 0 <= fed.replay_window_seconds <= 86_400
         ):
             raise ConfigError("replay-window-seconds", "must be a number of seconds between 0 (off) and 86400")
+        if type(fed.max_patterns_per_peer) is not int or not 1 <= fed.max_patterns_per_peer <= 1_000_000:
+            raise ConfigError("max-patterns-per-peer", "must be an integer between 1 and 1000000")
         for key, value in (("max-send-buffer", node.max_send_buffer), ("max-link-queue", fed.max_link_queue)):
             if type(value) is not int or not 65_536 <= value <= 2**40:
                 raise ConfigError(key, "must be an integer between 65536 and 1099511627776")
@@ -508,7 +577,40 @@ class NodeConfig:
             _check_prefix(key, prefix)
         self._validate_stream()
         self._validate_sysv()
+        self._validate_bridge()
         return self
+
+    def _validate_bridge(self) -> None:
+        bridge = self.bridge
+        if bridge.router is not None:
+            _check_url("router", bridge.router)
+        for key, value in (("bridge-role", bridge.role), ("bridge-lock", bridge.lock)):
+            if not isinstance(value, str) or not value or len(value) > 255 or not value.isprintable() or " " in value:
+                raise ConfigError(key, "must be a WAMP URI or name: 1-255 printable characters, no spaces")
+        if bridge.authid is not None and (not bridge.authid or len(bridge.authid) > 255):
+            raise ConfigError("authid", "must be 1-255 characters")
+        for key, path in (("ticket-file", bridge.ticket_file), ("cra-secret-file", bridge.cra_secret_file)):
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(key, f"no such file: {path}")
+        if bridge.router is None:
+            return  # not a bridge: $PUBSUBCLUB_BRIDGE_* in a node's environment mean nothing
+        ticket, secret = self.bridge_credentials()
+        if (ticket is not None or secret is not None) and bridge.authid is None:
+            raise ConfigError("authid", "a ticket or WAMP-CRA secret needs --authid")
+
+    def bridge_credentials(self) -> tuple[str | None, str | None]:
+        """The bridge's router ticket and WAMP-CRA secret (files first, then the environment), each or None."""
+        bridge = self.bridge
+        found: list[str | None] = []
+        for key, path, env in (
+            ("ticket-file", bridge.ticket_file, BRIDGE_TICKET_ENV),
+            ("cra-secret-file", bridge.cra_secret_file, BRIDGE_CRA_SECRET_ENV),
+        ):
+            if path is not None:
+                found.append(read_cluster_secret(path, key=key, min_length=1).decode("utf-8", "replace"))
+            else:
+                found.append(os.environ.get(env) or None)
+        return found[0], found[1]
 
     def _validate_stream(self) -> None:
         stream = self.stream
@@ -609,10 +711,12 @@ class NodeConfig:
 MAX_SECRET_FILE = 4096
 
 
-def read_cluster_secret(path: str, key: str = "cluster-secret-file") -> bytes:
+def read_cluster_secret(path: str, key: str = "cluster-secret-file", min_length: int | None = None) -> bytes:
     """The secret in ``path``; :class:`ConfigError` naming ``key`` when unusable."""
     from pubsubclub.federation.auth import MIN_SECRET_LENGTH
 
+    if min_length is None:
+        min_length = MIN_SECRET_LENGTH
     try:
         with open(path, "rb") as f:
             data = f.read(MAX_SECRET_FILE + 1)
@@ -623,8 +727,8 @@ def read_cluster_secret(path: str, key: str = "cluster-secret-file") -> bytes:
     secret = data.rstrip(b"\r\n")
     if not secret:
         raise ConfigError(key, f"{path} is empty")
-    if len(secret) < MIN_SECRET_LENGTH:
-        raise ConfigError(key, f"the secret in {path} is shorter than {MIN_SECRET_LENGTH} bytes")
+    if len(secret) < min_length:
+        raise ConfigError(key, f"the secret in {path} is shorter than {min_length} bytes")
     return secret
 
 
@@ -786,9 +890,29 @@ def build(file_values: FileValues | Mapping[str, Any], flag_values: Mapping[str,
 # -- the command line -------------------------------------------------------------------
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per declared setting, with its help text and default; all default to "not given"."""
+#: The settings ``pubsubclub bridge`` takes: no client listeners, but the router's.
+BRIDGE_SECTIONS = ("", "federation", "consul", "metrics", "bridge")
+#: Settings of other sections a bridge uses too.
+BRIDGE_EXTRA = ("wamp.realm",)
+#: Top-level settings that mean nothing to a bridge (it has no clients of its own).
+BRIDGE_UNUSED = ("auth", "max-send-buffer")
+
+
+def bridge_setting(s: Setting) -> bool:
+    """Whether ``pubsubclub bridge`` takes setting ``s``."""
+    return (s.section in BRIDGE_SECTIONS and s.id not in BRIDGE_UNUSED) or s.id in BRIDGE_EXTRA
+
+
+def node_setting(s: Setting) -> bool:
+    """Whether ``pubsubclub node`` takes setting ``s`` (every one but the bridge's)."""
+    return s.section != "bridge"
+
+
+def add_flags(parser: argparse.ArgumentParser, include: Callable[[Setting], bool] = node_setting) -> None:
+    """One flag per declared setting ``include`` accepts, with its help text and default; all default to "not given"."""
     for s in declared():
+        if not include(s):
+            continue
         meta = s.field.metadata
         help_text = argparse.SUPPRESS if meta.get("advanced") else s.help_text()
         if s.kind == "bool":

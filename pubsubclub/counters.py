@@ -49,6 +49,8 @@ class Source(enum.StrEnum):
     TEP = "tep"
     STREAM = "stream"
     SYSV = "sysv"
+    #: A bridge's WAMP router (``pubsubclub bridge``).
+    BRIDGE = "bridge"
 
 
 class HubEvent(enum.StrEnum):
@@ -113,6 +115,20 @@ class NSDEvent(enum.StrEnum):
     REPAIRED = "repaired"
 
 
+class BridgeEvent(enum.StrEnum):
+    """``pubsubclub bridge``: its router session and what crossed it (docs/bridge.md)."""
+
+    JOINS = "joins"
+    WRONG_ROLE = "wrong_role"
+    ACTIVATIONS = "activations"
+    DEACTIVATIONS = "deactivations"
+    FROM_ROUTER = "from_router"
+    INTO_ROUTER = "into_router"
+    DROPPED_NO_ROUTER = "dropped_no_router"
+    PUBLISH_ERRORS = "publish_errors"
+    LOOPS_DROPPED = "loops_dropped"
+
+
 #: Component name -> its event enum (the ``component`` label, and the /stats key).
 COMPONENTS: dict[str, type[enum.StrEnum]] = {
     "hub": HubEvent,
@@ -120,10 +136,11 @@ COMPONENTS: dict[str, type[enum.StrEnum]] = {
     "replay": ReplayEvent,
     "tep": TEPEvent,
     "nsd": NSDEvent,
+    "bridge": BridgeEvent,
 }
 
 #: Enum class -> component name.
 COMPONENT_OF: dict[type[enum.StrEnum], str] = {cls: name for name, cls in COMPONENTS.items()}
 
 #: Every event counter, as (component, event) pairs.
-AnyEvent = HubEvent | FederationEvent | ReplayEvent | TEPEvent | NSDEvent
+AnyEvent = HubEvent | FederationEvent | ReplayEvent | TEPEvent | NSDEvent | BridgeEvent

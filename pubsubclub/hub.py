@@ -5,6 +5,13 @@ sinks; the federation registers an :class:`InterestListener` (to hear about a
 topic's first and last local subscriber) and a :class:`PublishListener` (to
 forward local publishes to other nodes).
 
+Besides exact topics a sink may hold patterns (:mod:`pubsubclub.patterns`:
+WAMP prefix and wildcard matching over hub topics); it is then a
+:class:`PatternSink`, handed each matching message once per matching
+pattern, and a :class:`PatternInterestListener` (the federation) hears about
+each pattern's first and last holder. Only the WAMP broker subscribes by
+pattern today; the other front-ends are exact-only.
+
 Faults are isolated: a sink or listener that raises is logged and counted
 (``Metrics.sink_errors``, ``pubsubclub_sink_errors_total``) and the others
 still get the message; nothing it raises reaches the publisher's front-end
@@ -24,6 +31,7 @@ from twisted.logger import Logger
 
 from pubsubclub.counters import HubEvent
 from pubsubclub.metrics import Metrics, payload_size
+from pubsubclub.patterns import Pattern, PatternIndex
 
 #: Reserved hub topic on which the federation tells local subscribers that
 #: messages from another node were lost (PSC 0.3 gap reports, docs/protocol.md).
@@ -47,8 +55,12 @@ class Envelope:
     #: True when ``payload`` is a WAMP ``{"args": [...], "kwargs": {...}}``
     #: wrapper rather than a single value (see docs/protocol-mapping.md).
     wamp_wrapped: bool = False
-    #: Memoised encodings, keyed by wire format; shared by every recipient.
-    wire: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: Bytes of the message as it reached this node (the WAMP PUBLISH or the PSC301 that carried it),
+    #: from the decoder that read them; None when unknown (then metrics count the payload's JSON size).
+    size: int | None = field(default=None, compare=False)
+    #: Memoised encodings, keyed by wire format (a string, or a tuple such as
+    #: WAMP's ``(serializer, subscription id)``); shared by every recipient.
+    wire: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
 class Sink(Protocol):
@@ -74,6 +86,23 @@ class InterestListener(Protocol):
         """``topic`` just lost its last local subscriber."""
 
 
+class PatternSink(Protocol):
+    """A sink that holds patterns: told which of its patterns each message matched."""
+
+    def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool | None:
+        """Hand one message that matched ``pattern`` to the client behind this sink."""
+
+
+class PatternInterestListener(Protocol):
+    """Told when the node's set of locally held patterns changes."""
+
+    def pattern_added(self, pattern: Pattern) -> None:
+        """``pattern`` just got its first local holder."""
+
+    def pattern_removed(self, pattern: Pattern) -> None:
+        """``pattern`` just lost its last local holder."""
+
+
 class PublishListener(Protocol):
     """Told about every publish that originated on this node."""
 
@@ -97,9 +126,12 @@ class Hub:
         self._interest: list[InterestListener] = []
         self._publish: list[PublishListener] = []
         self._remote_interest: list[RemoteInterestListener] = []
+        self._patterns: PatternIndex[PatternSink] = PatternIndex()
+        self._pattern_listeners: list[PatternInterestListener] = []
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
         self._boot = os.urandom(3).hex()
+        self._id_prefix = f"{self.node_id}-{self._boot}-"
         #: The node's metrics counters; every front-end and the federation count here.
         self.metrics = Metrics(self.node_id)
 
@@ -108,6 +140,10 @@ class Hub:
     def add_interest_listener(self, listener: InterestListener) -> None:
         """Register ``listener`` for first/last subscriber notifications."""
         self._interest.append(listener)
+
+    def add_pattern_listener(self, listener: PatternInterestListener) -> None:
+        """Register ``listener`` for first/last holder notifications of patterns."""
+        self._pattern_listeners.append(listener)
 
     def interest_settled(self) -> Any:
         """A Deferred that fires once the node's interest so far has reached every linked node.
@@ -135,12 +171,12 @@ class Hub:
         for listener in self._remote_interest:
             self._isolated(listener, listener.remote_subscribed, topic, peer)
 
-    def _isolated(self, owner: object, call: Callable[..., None], topic: str, *args: Any) -> None:
+    def _isolated(self, owner: object, call: Callable[..., None], topic: Any, *args: Any) -> None:
         """Call ``call(topic, *args)``; if it raises, log and count instead of unwinding into our caller."""
         try:
             call(topic, *args)
         except Exception:
-            self._failed(owner, getattr(call, "__name__", "call"), topic)
+            self._failed(owner, getattr(call, "__name__", "call"), str(topic))
 
     @property
     def stats(self) -> dict[str, int]:
@@ -184,22 +220,48 @@ class Hub:
             for listener in self._interest:
                 self._isolated(listener, listener.topic_removed, topic)
 
-    def unsubscribe_all(self, sink: Sink) -> None:
-        """Remove ``sink`` from every topic (a client went away)."""
+    def unsubscribe_all(self, sink: Any) -> None:
+        """Remove ``sink`` from every topic and pattern (a client went away)."""
         for topic in [t for t, sinks in self._sinks.items() if sink in sinks]:
             self.unsubscribe(topic, sink)
+        if len(self._patterns):
+            for pattern in [p for p in self._patterns.patterns() if sink in self._patterns.holders(p)]:
+                self.unsubscribe_pattern(pattern, sink)
+
+    # -- pattern subscriptions ---------------------------------------------
+
+    def patterns(self) -> list[Pattern]:
+        """Every pattern with at least one local holder."""
+        return self._patterns.patterns()
+
+    def pattern_holders(self, pattern: Pattern) -> int:
+        """Number of local sinks holding ``pattern``."""
+        return len(self._patterns.holders(pattern))
+
+    def subscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
+        """Add ``sink`` to ``pattern``; idempotent."""
+        if self._patterns.add(pattern, sink):
+            for listener in self._pattern_listeners:
+                self._isolated(listener, listener.pattern_added, pattern)
+
+    def unsubscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
+        """Remove ``sink`` from ``pattern``; idempotent."""
+        if self._patterns.discard(pattern, sink):
+            for listener in self._pattern_listeners:
+                self._isolated(listener, listener.pattern_removed, pattern)
 
     # -- publishing --------------------------------------------------------
 
-    def envelope(self, topic: str, payload: Any, wamp_wrapped: bool = False) -> Envelope:
-        """A new envelope for a message published on this node."""
+    def envelope(self, topic: str, payload: Any, wamp_wrapped: bool = False, size: int | None = None) -> Envelope:
+        """A new envelope for a message published on this node (``size``: its bytes as received, if known)."""
         return Envelope(
-            topic=topic,
-            payload=payload,
-            origin=self.node_id,
-            published_at=time.time(),
-            message_id=f"{self.node_id}-{self._boot}-{next(self._counter)}",
-            wamp_wrapped=wamp_wrapped,
+            topic,
+            payload,
+            self.node_id,
+            time.time(),
+            f"{self._id_prefix}{next(self._counter)}",
+            wamp_wrapped,
+            size,
         )
 
     def publish(self, envelope: Envelope, exclude: Sink | None = None) -> int:
@@ -221,14 +283,15 @@ class Hub:
         self.metrics.event(HubEvent.RECEIVED)
         return self._deliver(envelope, None)
 
-    def _deliver(self, envelope: Envelope, exclude: Sink | None) -> int:
+    def _deliver(self, envelope: Envelope, exclude: Any) -> int:
         sinks = self._sinks.get(envelope.topic)
-        if not sinks:
+        matched = self._patterns.match(envelope.topic)
+        if not sinks and not matched:
             return 0
         count = 0
         tally: dict[str, int] = {}
         # Copy: a sink may unsubscribe while being delivered to.
-        for sink in list(sinks):
+        for sink in list(sinks or ()):
             if sink is exclude:
                 continue
             try:
@@ -241,6 +304,20 @@ class Hub:
             source = getattr(sink, "counts_as", None)
             if source is not None and sent is not False:
                 tally[source] = tally.get(source, 0) + 1
+        # One delivery per matching pattern, as WAMP asks of a client subscribed several ways.
+        for pattern in matched:
+            for holder in list(self._patterns.holders(pattern)):
+                if holder is exclude:
+                    continue
+                try:
+                    sent = holder.deliver_matched(envelope, pattern)
+                except Exception:
+                    self._failed(holder, "deliver_matched", envelope.topic)
+                    continue
+                count += 1
+                source = getattr(holder, "counts_as", None)
+                if source is not None and sent is not False:
+                    tally[source] = tally.get(source, 0) + 1
         self.metrics.event(HubEvent.DELIVERED, count)
         if tally:
             # Once per message and front-end, however many recipients (docs/metrics.md).

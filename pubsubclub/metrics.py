@@ -48,7 +48,15 @@ DEFAULT_MAX_KEYS = 100_000
 
 
 def payload_size(envelope: Any) -> int:
-    """JSON size of an envelope's payload, computed once per envelope."""
+    """The bytes counted for one message (docs/metrics.md, ``bytes``).
+
+    The size the decoder that read the message put on the envelope (the WAMP
+    PUBLISH or PSC301 as received); else the payload's JSON size, computed
+    once per envelope.
+    """
+    size = envelope.size
+    if size is not None:
+        return int(size)
     wire = envelope.wire
     size = wire.get("size")
     if size is None:

@@ -115,13 +115,10 @@ class PubSubClubMixin:
 
     def pubsubclub_published_event(self, topic: str, args: Any = (), kwargs: dict[str, Any] | None = None) -> None:
         """The server delivered a publish (WAMP ``args``, ``kwargs``) locally; send it to the rest of the cluster."""
+        from pubsubclub.wamp.broker import wamp_envelope
+
         hub = self.pubsubclub_hub
-        args, kwargs = list(args), dict(kwargs or {})
-        if len(args) == 1 and not kwargs:
-            envelope = hub.envelope(topic, args[0])
-        else:
-            envelope = hub.envelope(topic, {"args": args, "kwargs": kwargs}, wamp_wrapped=True)
-        hub.publish(envelope, exclude=self._pubsubclub_sink)
+        hub.publish(wamp_envelope(hub, topic, list(args), kwargs), exclude=self._pubsubclub_sink)
 
     def pubsubclub_published(self, topic: str, message: Any) -> None:
         """Deprecated: :meth:`pubsubclub_published_event`. ``message`` travels as the one argument."""

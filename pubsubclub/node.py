@@ -45,7 +45,11 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         hub,
         listen_role=Role(section.listen_role),
         reactor=reactor,
-        limits=Limits(max_message_size=config.node.max_message_size, json=json_bounds(config)),
+        limits=Limits(
+            max_message_size=config.node.max_message_size,
+            json=json_bounds(config),
+            max_patterns_per_peer=section.max_patterns_per_peer,
+        ),
         advertise_url=section.advertise,
         secret=config.cluster_secret(),
         endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
@@ -54,6 +58,7 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         # peers would redial nodes Consul has dropped as unhealthy.
         learn_peers=section.learn_peers and config.consul.url is None,
         batch=section.batch,
+        patterns=section.patterns,
         replay=None
         if not section.replay_window_seconds
         else ReplaySettings(max_bytes=section.replay_buffer_bytes, window=section.replay_window_seconds),
@@ -77,7 +82,8 @@ class _QuietSite(Site):
 class Node:
     """A running ``pubsubclub node``."""
 
-    def __init__(self, config: NodeConfig, reactor: Any = None) -> None:
+    def __init__(self, config: NodeConfig, reactor: Any = None, bridge: bool = False) -> None:
+        """A node; with ``bridge``, a bridge node: its only front-end is the router of ``config.bridge``."""
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
@@ -88,22 +94,22 @@ class Node:
         #: One set of counters for every part of the node, kept by the hub (docs/metrics.md).
         self.metrics = self.hub.metrics
         self.federation = build_federation(self.hub, config, reactor)
-        self.wamp = WampFrontend(self.hub, config, self.auth, reactor)
-        self.nsd = NSDFrontend(self.hub, config, self.auth, reactor) if config.nsd.listen is not None else None
-        self.tep = TEPFrontend(self.hub, config, self.auth, reactor) if config.tep.listen is not None else None
+        self.wamp: WampFrontend | None = None
+        self.nsd: NSDFrontend | None = None
+        self.tep: TEPFrontend | None = None
         self.stream: Frontend | None = None
-        if config.stream.listen is not None:
-            from pubsubclub.adapters.stream import StreamFrontend
-
-            self.stream = StreamFrontend(self.hub, config, self.auth, reactor)
         self.sysv: Frontend | None = None
-        if config.sysv.key is not None:
-            from pubsubclub.adapters.sysv import SysVFrontend
+        #: ``pubsubclub bridge``: the WAMP router it joins (pubsubclub/bridge/).
+        self.router: Any = None
+        if bridge:
+            from pubsubclub.bridge import RouterBridge
 
-            self.sysv = SysVFrontend(self.hub, config, self.auth, reactor)
+            self.router = RouterBridge(self.hub, self.federation, config, reactor)
+        else:
+            self._client_frontends(config, reactor)
         #: Every client front-end, in start order.
         self.frontends: list[Frontend] = [
-            f for f in (self.wamp, self.nsd, self.tep, self.stream, self.sysv) if f is not None
+            f for f in (self.wamp, self.nsd, self.tep, self.stream, self.sysv, self.router) if f is not None
         ]
         self.ports: list[IListeningPort] = []
         self.urls: dict[str, str] = {}
@@ -117,6 +123,20 @@ class Node:
         self.before_stop: list[Any] = []
         #: Consul discovery, when ``config.consul.url`` is set (started in :meth:`start`).
         self.discovery: Any = None
+
+    def _client_frontends(self, config: NodeConfig, reactor: Any) -> None:
+        """The client listeners of a plain node: WAMP always, the others when configured."""
+        self.wamp = WampFrontend(self.hub, config, self.auth, reactor)
+        self.nsd = NSDFrontend(self.hub, config, self.auth, reactor) if config.nsd.listen is not None else None
+        self.tep = TEPFrontend(self.hub, config, self.auth, reactor) if config.tep.listen is not None else None
+        if config.stream.listen is not None:
+            from pubsubclub.adapters.stream import StreamFrontend
+
+            self.stream = StreamFrontend(self.hub, config, self.auth, reactor)
+        if config.sysv.key is not None:
+            from pubsubclub.adapters.sysv import SysVFrontend
+
+            self.sysv = SysVFrontend(self.hub, config, self.auth, reactor)
 
     def subscriber_gauges(self) -> dict[str, int]:
         """Local subscribers per topic (internal ``$`` topics left out)."""
@@ -135,12 +155,14 @@ class Node:
             "links": self.federation.links(),
             "servers": self.federation.servers(),
             "remote_interest": self.federation.remote_interest(),
+            "remote_patterns": self.federation.remote_patterns(),
             "discovery": None if self.discovery is None else self.discovery.status(),
-            "wamp": self.wamp.stats(),
+            "wamp": None if self.wamp is None else self.wamp.stats(),
             "nsd": None if self.nsd is None else self.nsd.stats(),
             "tep": None if self.tep is None else self.tep.stats(),
             "stream": None if self.stream is None else self.stream.stats(),
             "sysv": None if self.sysv is None else self.sysv.stats(),
+            "bridge": None if self.router is None else self.router.stats(),
         }
 
     def _warn_about_exposure(self) -> None:
@@ -185,8 +207,9 @@ class Node:
         for warning in self.config.warnings:
             log.warn("{warning}", warning=warning)
         self._warn_about_exposure()
-        self.urls.update(await self.wamp.listen())
-        self.ports.extend(self.wamp.ports())
+        if self.wamp is not None:
+            self.urls.update(await self.wamp.listen())
+            self.ports.extend(self.wamp.ports())
         await self._listen_psc()
         await self._listen_ops()
         for frontend in self.frontends:

@@ -53,6 +53,8 @@ class HealthResource(Resource):
             "node": node.hub.node_id,
             "links": node.federation.links(),
             "open_links": node.federation.open_links(),
-            "wamp_sessions": len(node.wamp.router.sessions),
+            "wamp_sessions": 0 if node.wamp is None else len(node.wamp.router.sessions),
         }
+        if node.router is not None:
+            body["router_joined"] = node.router.session is not None
         return json.dumps(body).encode()

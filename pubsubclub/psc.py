@@ -13,6 +13,10 @@ PSC101/PSC102) adds an optional fourth item to PSC301: a metadata object
 sequence number ``"s"`` to that object and two handshake messages, PSC103
 (the consumer's resume position and interest) and PSC104 (the producer's
 answer: where the stream continues and how many messages were lost).
+Version 0.4 batches messages in a frame. Version 0.5 (0.4 plus pattern
+interest) adds PSC203/PSC204 (a consumer's WAMP prefix or wildcard pattern,
+:mod:`pubsubclub.patterns`) and a fifth PSC103 item, the consumer's whole
+pattern interest.
 
 Every value is held to :mod:`pubsubclub.jsonbounds` (depth, 64-bit integers,
 finite floats, no lone surrogates). A PSC301 that is well formed except for
@@ -30,6 +34,7 @@ from typing import Any, Union
 import orjson
 
 from pubsubclub import jsonbounds
+from pubsubclub.patterns import Pattern, pattern_problem
 
 Version = tuple[int, int]
 
@@ -39,6 +44,8 @@ V0_2: Version = (0, 2)
 V0_3: Version = (0, 3)
 #: 0.3 plus batching: a text frame may carry several messages, one per line (docs/protocol.md).
 V0_4: Version = (0, 4)
+#: 0.4 plus pattern interest: PSC203/PSC204 and patterns in PSC103 (docs/protocol.md).
+V0_5: Version = (0, 5)
 #: Separates the messages of a 0.4 batch frame; encoded messages never contain it (JSON escapes it).
 BATCH_SEPARATOR = b"\n"
 #: Versions every link speaks, lowest first (a federation with a replay buffer adds 0.3, and 0.4 to batch).
@@ -50,6 +57,8 @@ RESUME = 103
 POSITION = 104
 SUBSCRIBE = 201
 UNSUBSCRIBE = 202
+SUBSCRIBE_PATTERN = 203
+UNSUBSCRIBE_PATTERN = 204
 PUBLISH = 301
 
 
@@ -78,6 +87,8 @@ class Limits:
     max_topics_per_subscribe: int = 100_000
     #: Most versions in one PSC101.
     max_versions: int = 64
+    #: Most patterns (PSC203, PSC103) one peer may hold on a link at once (0.5).
+    max_patterns_per_peer: int = 10_000
     #: Longest replay stream epoch accepted (PSC103/PSC104), in characters.
     max_epoch_length: int = 64
     #: Depth, integer range, floats and strings of every value (docs/security.md).
@@ -116,6 +127,20 @@ class Unsubscribe:
 
 
 @dataclass(frozen=True, slots=True)
+class SubscribePattern:
+    """PSC203 (0.5): send me messages for topics matching this pattern."""
+
+    pattern: Pattern
+
+
+@dataclass(frozen=True, slots=True)
+class UnsubscribePattern:
+    """PSC204 (0.5): stop sending me messages for this pattern."""
+
+    pattern: Pattern
+
+
+@dataclass(frozen=True, slots=True)
 class Meta:
     """Per-message metadata carried by the 0.2 extension."""
 
@@ -149,6 +174,8 @@ class Resume:
     #: The last sequence number the consumer received on ``epoch``.
     seq: int
     topics: tuple[str, ...]
+    #: The consumer's whole pattern interest (0.5); None: the 0.3/0.4 form, without the item.
+    patterns: tuple[Pattern, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,7 +188,9 @@ class Position:
     lost: int | None
 
 
-Message = Union[Hello, ChooseVersion, Subscribe, Unsubscribe, Publish, Resume, Position]
+Message = Union[
+    Hello, ChooseVersion, Subscribe, Unsubscribe, SubscribePattern, UnsubscribePattern, Publish, Resume, Position
+]
 
 #: Largest sequence number or count on the wire (JSON-safe integers).
 MAX_SEQ = 2**53 - 1
@@ -205,6 +234,11 @@ def decode(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Message:
     if kind == UNSUBSCRIBE:
         _arity("PSC202", params, 1)
         return Unsubscribe(_topic(params[0], limits))
+    if kind in (SUBSCRIBE_PATTERN, UNSUBSCRIBE_PATTERN):
+        name = f"PSC{kind}"
+        _arity(name, params, 2)
+        pattern = _pattern(name, params[0], params[1], limits)
+        return SubscribePattern(pattern) if kind == SUBSCRIBE_PATTERN else UnsubscribePattern(pattern)
     if kind == HELLO:
         if not params:
             raise PSCDecodeError("PSC101 needs at least one version")
@@ -279,9 +313,33 @@ def _count(name: str, value: Any) -> int:
     return value
 
 
+def _pattern(name: str, match: Any, pattern: Any, limits: Limits) -> Pattern:
+    problem = pattern_problem(match, pattern, limits.max_topic_length)
+    if problem is not None:
+        raise PSCDecodeError(f"{name}: {problem}")
+    return Pattern(match, pattern)
+
+
+def _patterns(value: Any, limits: Limits) -> tuple[Pattern, ...]:
+    if not isinstance(value, list):
+        raise PSCDecodeError(f"PSC103 patterns must be an array, got {type(value).__name__}")
+    if len(value) > limits.max_patterns_per_peer:
+        raise PSCDecodeError(
+            f"PSC103 with {len(value)} patterns is over the limit of {limits.max_patterns_per_peer} per peer"
+        )
+    patterns = []
+    for item in value:
+        if not isinstance(item, list) or len(item) != 2:
+            raise PSCDecodeError(f"PSC103 pattern must be [match, pattern], got {_brief(item)}")
+        patterns.append(_pattern("PSC103", item[0], item[1], limits))
+    return tuple(patterns)
+
+
 def _resume(params: list[Any], limits: Limits) -> Resume:
-    _arity("PSC103", params, 3)
-    epoch, seq, topics = params
+    if len(params) not in (3, 4):
+        raise PSCDecodeError(f"PSC103 takes 3 parameters (4 with patterns), got {len(params)}")
+    epoch, seq, topics = params[:3]
+    patterns = _patterns(params[3], limits) if len(params) == 4 else None
     if not isinstance(topics, list):
         raise PSCDecodeError(f"PSC103 topics must be an array, got {type(topics).__name__}")
     if len(topics) > limits.max_topics_per_subscribe:
@@ -289,9 +347,12 @@ def _resume(params: list[Any], limits: Limits) -> Resume:
     if epoch is None:
         if type(seq) is not int or seq != 0:
             raise PSCDecodeError("PSC103 without an epoch must have sequence number 0")
-        return Resume(None, 0, tuple(_topic(t, limits) for t in topics))
+        return Resume(None, 0, tuple(_topic(t, limits) for t in topics), patterns)
     return Resume(
-        _epoch("PSC103", epoch, limits), _count("PSC103 sequence number", seq), tuple(_topic(t, limits) for t in topics)
+        _epoch("PSC103", epoch, limits),
+        _count("PSC103 sequence number", seq),
+        tuple(_topic(t, limits) for t in topics),
+        patterns,
     )
 
 
@@ -351,8 +412,14 @@ def encode(message: Message) -> bytes:
         return orjson.dumps([HELLO, *[list(v) for v in message.versions]])
     if isinstance(message, ChooseVersion):
         return orjson.dumps([CHOOSE_VERSION, list(message.version)])
+    if isinstance(message, (SubscribePattern, UnsubscribePattern)):
+        kind = SUBSCRIBE_PATTERN if isinstance(message, SubscribePattern) else UNSUBSCRIBE_PATTERN
+        return orjson.dumps([kind, message.pattern.match, message.pattern.pattern])
     if isinstance(message, Resume):
-        return orjson.dumps([RESUME, message.epoch, message.seq, list(message.topics)])
+        fields: list[Any] = [RESUME, message.epoch, message.seq, list(message.topics)]
+        if message.patterns is not None:
+            fields.append([[p.match, p.pattern] for p in message.patterns])
+        return orjson.dumps(fields)
     if isinstance(message, Position):
         return orjson.dumps([POSITION, message.epoch, message.seq, message.lost])
     raise TypeError(f"not a PSC message: {message!r}")

@@ -27,8 +27,8 @@ def start_logging(level: str) -> None:
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
 
 
-def run_node(config: NodeConfig, on_ready: Callable[[Any], None] | None = None) -> int:
-    """Run one node until SIGINT/SIGTERM; links are closed with a reason on the way out.
+def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any], None] | None = None) -> int:
+    """Run one node (``bridge``: a bridge node) until SIGINT/SIGTERM; links are closed with a reason on the way out.
 
     ``on_ready(node)`` runs once the node is up and has printed its ready line
     (the link bench drives the node's hub from inside the process with it).
@@ -44,7 +44,7 @@ def run_node(config: NodeConfig, on_ready: Callable[[Any], None] | None = None) 
     exit_code = [0]
 
     async def start() -> None:
-        node = Node(config, reactor)
+        node = Node(config, reactor, bridge=bridge)
         try:
             urls = await node.start()
         except Exception as e:  # a listener could not start: report it, exit non-zero

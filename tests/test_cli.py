@@ -40,6 +40,10 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
         (["node", "--nsd-max-clock-skew", "0"], "'nsd-max-clock-skew'"),
         (["node", "--no-such-flag"], "--no-such-flag"),
         (["cluster", "--nodes", "0"], "'nodes'"),
+        (["bridge"], "'router'"),
+        (["bridge", "--router", "http://127.0.0.1:8080/ws"], "'router'"),
+        (["bridge", "--router", "ws://127.0.0.1:8080/ws", "--ticket-file", "/no/such/file"], "'ticket-file'"),
+        (["bridge", "--router", "ws://127.0.0.1:8080/ws", "--wamp", "tcp:8080"], "--wamp"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_key(args: list[str], named: str) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -11,30 +12,40 @@ from pubsubclub.config import (
     SECTIONS,
     ConfigError,
     NodeConfig,
+    Setting,
+    bridge_setting,
     build,
     declared,
     load_toml,
+    node_setting,
     reference_markdown,
 )
 
 REPO = Path(__file__).resolve().parent.parent
 
 
-def node_help() -> str:
-    """``pubsubclub node --help``, whitespace collapsed."""
-    node_parser = parser()._subparsers._group_actions[0].choices["node"]  # type: ignore[union-attr]
+def node_help(command: str = "node") -> str:
+    """``pubsubclub node --help`` (or another command's), whitespace collapsed."""
+    node_parser = parser()._subparsers._group_actions[0].choices[command]  # type: ignore[union-attr]
     return " ".join(node_parser.format_help().split())
+
+
+def command_of(s: Setting) -> str:
+    """The command that takes setting ``s``: ``bridge`` for the bridge's own, else ``node``."""
+    return "node" if node_setting(s) else "bridge"
 
 
 def test_every_setting_has_a_flag_a_toml_key_and_a_help_line_with_its_default() -> None:
     """Each declared setting appears in --help with text, its default and its TOML place; flags are unique."""
-    text = node_help()
+    texts = {command: node_help(command) for command in ("node", "bridge")}
     flags = [s.flag for s in declared()]
     assert len(flags) == len(set(flags))
     for s in declared():
         if s.field.metadata.get("advanced"):
             continue
-        assert s.flag in text, s.id
+        offered = {command: re.search(rf"\[{s.flag}[ \]]", text) is not None for command, text in texts.items()}
+        assert offered[command_of(s)], s.id
+        assert offered["bridge"] == bridge_setting(s), s.id
         assert f"TOML: {s.toml_name()}" in " ".join(s.help_text().split()), s.id
         assert "(default: " in s.help_text() and s.field.metadata["help"], s.id
 
@@ -70,7 +81,7 @@ def test_every_setting_round_trips_through_toml_and_flags(tmp_path: Path) -> Non
         loaded = load_toml(str(path))
         assert loaded.values == {s.id: value}, s.id
         one = value[0] if isinstance(value, tuple) else value
-        argv = ["node", s.flag] if kind == "bool" else ["node", s.flag, str(one)]
+        argv = [command_of(s), s.flag] if kind == "bool" else [command_of(s), s.flag, str(one)]
         args = parser().parse_args(argv)
         assert getattr(args, s.dest) in (value, [value[0]] if isinstance(value, tuple) else value), s.id
 

@@ -20,6 +20,7 @@ from twisted.python.failure import Failure
 
 from pubsubclub import psc
 from pubsubclub.federation import Federation, Role
+from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_NO_COMMON_VERSION,
@@ -27,6 +28,7 @@ from pubsubclub.federation.session import (
     CLOSE_SELF,
     CLOSE_UNAUTHENTICATED,
 )
+from pubsubclub.patterns import Pattern
 from pubsubclub.testing import MemoryLink, MemoryNetwork, RecordingSink, RecordingWire, psc_url
 
 PING = MemoryNetwork.ping_interval
@@ -140,6 +142,7 @@ def test_no_common_version_closes_4406_and_backs_off(net: MemoryNetwork) -> None
             "version": None,
             "direction": "out",
             "topics": 0,
+            "patterns": 0,
         }
     ]
     # A failed handshake is a failed attempt: the delays grow 1 s, 2 s, 4 s.
@@ -801,3 +804,179 @@ def test_interest_settles_after_the_timeout_when_the_peer_never_answers(net: Mem
     net.advance(1)
     assert settled.called and settled.result is None
     net.stop()
+
+
+# -- pattern interest (PSC 0.5) ---------------------------------------------
+
+REPLAY = ReplaySettings(max_bytes=1024 * 1024, window=60.0)
+PREFIX_APP = Pattern("prefix", "app.")
+WILD_TEMP = Pattern("wildcard", "home..temp")
+
+
+def _published(wire: RecordingWire) -> list[str]:
+    """Topics of the PSC301s written on ``wire``."""
+    return [m.topic for m in wire.messages() if isinstance(m, psc.Publish)]
+
+
+def _publish_on(federation: Federation, *topics: str) -> None:
+    for topic in topics:
+        federation.hub.publish(federation.hub.envelope(topic, topic))
+
+
+def test_0_5_carries_pattern_interest_and_forwards_only_what_matches(net: MemoryNetwork) -> None:
+    """Two 0.5 nodes: patterns ride PSC103, then PSC203/PSC204; a PSC301 crosses only for a matching topic."""
+    a = net.node("a", 9001, replay=REPLAY)
+    b = net.node("b", 9002, replay=REPLAY)
+    sink = RecordingSink()
+    a.hub.subscribe_pattern(PREFIX_APP, sink)
+    link = _link(net, a, 9002)
+    assert link.client_wire.messages() == [
+        psc.Hello((psc.V0_1, psc.V0_2, psc.V0_3, psc.V0_4, psc.V0_5)),
+        psc.Resume(None, 0, (), (PREFIX_APP,)),
+    ]
+    assert b.remote_patterns() == {"prefix:app.": ["a"]}
+    a.hub.subscribe_pattern(WILD_TEMP, sink)
+    net.flush()
+    assert link.client_wire.messages()[2:] == [psc.SubscribePattern(WILD_TEMP)]
+    # Unwanted topics first, each followed by a wanted marker: only the markers cross.
+    _publish_on(b, "other.x", "app.one", "home.k.humidity", "home.k.temp", "apple")
+    net.flush()
+    assert _published(link.server_wire) == ["app.one", "home.k.temp"]
+    assert sink.matched == [("app.one", PREFIX_APP), ("home.k.temp", WILD_TEMP)]
+    a.hub.unsubscribe_pattern(PREFIX_APP, sink)
+    net.flush()
+    assert link.client_wire.messages()[3:] == [psc.UnsubscribePattern(PREFIX_APP)]
+    _publish_on(b, "app.two", "home.x.temp")
+    net.flush()
+    assert _published(link.server_wire)[2:] == ["home.x.temp"]
+    assert b.links()[0]["patterns"] == 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_exact_and_pattern_interest_in_one_topic_cross_once(net: MemoryNetwork) -> None:
+    """A consumer wanting a topic exactly and by a pattern gets one PSC301; each local subscription gets it."""
+    a = net.node("a", 9001, replay=REPLAY)
+    b = net.node("b", 9002, replay=REPLAY)
+    exact, by_pattern = RecordingSink(), RecordingSink()
+    a.hub.subscribe("app.x", exact)
+    a.hub.subscribe_pattern(PREFIX_APP, by_pattern)
+    link = _link(net, a, 9002)
+    _publish_on(b, "app.x")
+    net.flush()
+    assert _published(link.server_wire) == ["app.x"]
+    assert [e.topic for e in exact.got] == ["app.x"]
+    assert by_pattern.matched == [("app.x", PREFIX_APP)]
+    assert b.stats["forwarded"] == 1
+    net.stop()
+
+
+@pytest.mark.parametrize("old_side", ["producer", "consumer"])
+def test_a_0_4_peer_gets_exact_topics_and_no_pattern_messages(net: MemoryNetwork, old_side: str) -> None:
+    """With a 0.4-only peer the link is 0.4: exact topics flow as before, no pattern message crosses either way."""
+    old = {"replay": REPLAY, "patterns": False}
+    a = net.node("a", 9001, **(old if old_side == "consumer" else {"replay": REPLAY}))
+    b = net.node("b", 9002, **(old if old_side == "producer" else {"replay": REPLAY}))
+    sink = RecordingSink()
+    a.hub.subscribe("news", sink)
+    a.hub.subscribe_pattern(PREFIX_APP, sink)
+    link = _link(net, a, 9002)
+    assert link.server_wire.messages()[0] == psc.ChooseVersion(psc.V0_4)
+    a.hub.subscribe_pattern(WILD_TEMP, sink)
+    a.hub.unsubscribe_pattern(WILD_TEMP, sink)
+    net.flush()
+    said = link.client_wire.messages()
+    assert said[1:] == [psc.Resume(None, 0, ("news",))]
+    assert psc.encode(said[1]) == b'[103,null,0,["news"]]'  # the 0.4 form, no patterns item
+    # A pattern subscriber misses what the peer publishes on topics nobody here wants exactly.
+    _publish_on(b, "app.one", "news")
+    net.flush()
+    assert _published(link.server_wire) == ["news"]
+    assert [e.topic for e in sink.got] == ["news"]
+    assert b.remote_patterns() == {}
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_pattern_messages_on_a_0_4_link_close_it(net: MemoryNetwork) -> None:
+    """PSC203 or PSC103 patterns on a link below 0.5 are a protocol error (4400)."""
+    a = net.node("a", 9001, replay=REPLAY)
+    net.node("b", 9002, replay=REPLAY, patterns=False)
+    link = _link(net, a, 9002)
+    link.client.sendMessage(b'[203,"prefix","app."]', isBinary=False)
+    net.flush()
+    code, reason = link.server_wire.close() or (0, "")
+    assert code == CLOSE_BAD_MESSAGE and "unexpected SubscribePattern from a consumer" in reason
+    net.stop()
+
+
+@pytest.mark.parametrize(
+    ("frame", "reason"),
+    [
+        (b'[203,"regex","a.*"]', "bad PSC message: PSC203: pattern match must be 'prefix' or 'wildcard', got 'regex'"),
+        (b'[204,"prefix",""]', "bad PSC message: PSC204: pattern must not be empty"),
+        (b'[203,"prefix"]', "bad PSC message: PSC203 takes 2 parameter(s), got 1"),
+        (b'[203,"prefix","p.4"]', "PSC203 over the limit of 3 patterns per peer"),
+    ],
+)
+def test_bad_or_too_many_patterns_from_a_peer_close_the_link(net: MemoryNetwork, frame: bytes, reason: str) -> None:
+    """A malformed pattern, or one past max_patterns_per_peer, closes the link with 4400 naming the problem."""
+    a = net.node("a", 9001, replay=REPLAY)
+    b = net.node("b", 9002, replay=REPLAY, limits=psc.Limits(max_patterns_per_peer=3))
+    sink = RecordingSink()
+    for i in range(3):
+        a.hub.subscribe_pattern(Pattern("prefix", f"p.{i}"), sink)
+    link = _link(net, a, 9002)
+    assert len(b.remote_patterns()) == 3
+    link.client.sendMessage(frame, isBinary=False)
+    net.flush()
+    assert link.server_wire.close() == (CLOSE_BAD_MESSAGE, reason)
+    net.stop()
+
+
+def test_resume_with_more_patterns_than_the_peer_allows_is_refused(net: MemoryNetwork) -> None:
+    """A PSC103 holding more patterns than the producer's max_patterns_per_peer closes the link with 4400."""
+    a = net.node("a", 9001, replay=REPLAY)
+    net.node("b", 9002, replay=REPLAY, limits=psc.Limits(max_patterns_per_peer=2))
+    sink = RecordingSink()
+    for i in range(3):
+        a.hub.subscribe_pattern(Pattern("prefix", f"p.{i}"), sink)
+    link = _link(net, a, 9002)
+    code, reason = link.server_wire.close() or (0, "")
+    assert code == CLOSE_BAD_MESSAGE and "PSC103 with 3 patterns is over the limit of 2 per peer" in reason
+    net.stop()
+
+
+def test_a_node_announces_at_most_its_limit_and_fills_freed_places(net: MemoryNetwork) -> None:
+    """Past max_patterns_per_peer a pattern is held back (counted); it is announced when an announced one goes."""
+    a = net.node("a", 9001, replay=REPLAY, limits=psc.Limits(max_patterns_per_peer=1))
+    b = net.node("b", 9002, replay=REPLAY)
+    sink = RecordingSink()
+    a.hub.subscribe_pattern(PREFIX_APP, sink)
+    a.hub.subscribe_pattern(WILD_TEMP, sink)
+    assert a.hub.metrics.errors[("psc", "patterns_over_limit")] == 1
+    link = _link(net, a, 9002)
+    assert link.client_wire.messages()[1] == psc.Resume(None, 0, (), (PREFIX_APP,))
+    a.hub.unsubscribe_pattern(PREFIX_APP, sink)
+    net.flush()
+    assert link.client_wire.messages()[2:] == [psc.UnsubscribePattern(PREFIX_APP), psc.SubscribePattern(WILD_TEMP)]
+    assert b.remote_patterns() == {"wildcard:home..temp": ["a"]}
+    net.stop()
+
+
+def test_patterns_flow_when_consumers_listen(net: MemoryNetwork) -> None:
+    """With consumers listening, the listening consumer sends its patterns in PSC103 and later PSC203."""
+    a = net.node("a", 9001, replay=REPLAY, listen_role=Role.CONSUMER)
+    b = net.node("b", 9002, replay=REPLAY, listen_role=Role.CONSUMER)
+    sink = RecordingSink()
+    b.hub.subscribe_pattern(PREFIX_APP, sink)
+    link = _link(net, a, 9002)  # a dials: a is the producer, b the consumer
+    assert link.server_wire.messages()[1] == psc.Resume(None, 0, (), (PREFIX_APP,))
+    b.hub.subscribe_pattern(WILD_TEMP, sink)
+    net.flush()
+    _publish_on(a, "app.1", "home.k.temp", "other")
+    net.flush()
+    assert sink.matched == [("app.1", PREFIX_APP), ("home.k.temp", WILD_TEMP)]
+    assert _published(link.client_wire) == ["app.1", "home.k.temp"]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from pubsubclub import psc
 from pubsubclub.jsonbounds import check
+from pubsubclub.patterns import Pattern
 from pubsubclub.psc import (
     PUBLISH,
     ChooseVersion,
@@ -20,8 +21,11 @@ from pubsubclub.psc import (
     Meta,
     PSCDecodeError,
     Publish,
+    Resume,
     Subscribe,
+    SubscribePattern,
     Unsubscribe,
+    UnsubscribePattern,
     choose_version,
     decode,
     encode,
@@ -50,7 +54,17 @@ metas = st.builds(
     message_id=st.none() | text,
     wamp_wrapped=st.booleans(),
 )
+patterns = st.builds(Pattern, st.sampled_from(["prefix", "wildcard"]), topics)
 messages = st.one_of(
+    st.builds(SubscribePattern, patterns),
+    st.builds(UnsubscribePattern, patterns),
+    st.builds(
+        Resume,
+        st.none(),
+        st.just(0),
+        st.lists(topics, max_size=3).map(tuple),
+        st.none() | st.lists(patterns, max_size=3).map(tuple),
+    ),
     st.builds(Hello, st.lists(versions, min_size=1, max_size=64).map(tuple)),
     st.builds(ChooseVersion, versions),
     st.builds(Subscribe, st.lists(topics, min_size=1, max_size=10).map(tuple)),
@@ -60,7 +74,7 @@ messages = st.one_of(
 #: Arrays that start like PSC messages, so random input reaches every parameter check.
 psc_shaped = st.builds(
     lambda kind, params: [kind, *params],
-    st.sampled_from([101, 102, 201, 202, 301]) | st.integers(-(2**63), 2**63) | json_values,
+    st.sampled_from([101, 102, 103, 201, 202, 203, 204, 301]) | st.integers(-(2**63), 2**63) | json_values,
     st.lists(json_values | st.lists(st.integers(-3, 3), max_size=3) | metas.map(lambda m: {"o": m.origin}), max_size=4),
 )
 
@@ -87,6 +101,15 @@ psc_shaped = st.builds(
             b'[301,"t",1,{"o":"n1","t":2.5,"i":"n1-7","w":1}]',
         ),
         (Publish("t", 1, Meta()), b'[301,"t",1,{}]'),
+        (SubscribePattern(Pattern("prefix", "com.app.")), b'[203,"prefix","com.app."]'),
+        (SubscribePattern(Pattern("wildcard", "$realm.b#app..temp")), b'[203,"wildcard","$realm.b#app..temp"]'),
+        (UnsubscribePattern(Pattern("wildcard", "app..temp")), b'[204,"wildcard","app..temp"]'),
+        (Resume("e-1", 7, ("a",)), b'[103,"e-1",7,["a"]]'),
+        (Resume(None, 0, (), ()), b"[103,null,0,[],[]]"),
+        (
+            Resume("e-1", 7, ("a",), (Pattern("prefix", "p."), Pattern("wildcard", "w..x"))),
+            b'[103,"e-1",7,["a"],[["prefix","p."],["wildcard","w..x"]]]',
+        ),
     ],
 )
 def test_encode_gives_spec_bytes_and_decodes_back(message: psc.Message, wire: bytes) -> None:
@@ -144,7 +167,7 @@ def test_encode_refuses_what_it_could_not_decode() -> None:
         (b"[999]", "unknown message type 999"),
         (b"[0]", "unknown message type 0"),
         (b"[-101]", "unknown message type -101"),
-        (b"[203]", "unknown message type 203"),
+        (b"[205]", "unknown message type 205"),
         # wrong arity
         (b"[101]", "PSC101 needs at least one version"),
         (b"[102]", "PSC102 takes 1 parameter(s), got 0"),
@@ -185,6 +208,22 @@ def test_encode_refuses_what_it_could_not_decode() -> None:
         (b'[301,"t",1,{"w":2}]', "'w' must be 0 or 1"),
         (b'[301,"t",1,{"w":true}]', "'w' must be 0 or 1"),
         (b'[301,"t",1,{"w":1.0}]', "'w' must be 0 or 1"),
+        # bad patterns (0.5)
+        (b"[203]", "PSC203 takes 2 parameter(s), got 0"),
+        (b'[203,"prefix"]', "PSC203 takes 2 parameter(s), got 1"),
+        (b'[204,"prefix","a","b"]', "PSC204 takes 2 parameter(s), got 3"),
+        (b'[203,"exact","a"]', "PSC203: pattern match must be 'prefix' or 'wildcard', got 'exact'"),
+        (b'[203,null,"a"]', "PSC203: pattern match must be 'prefix' or 'wildcard'"),
+        (b'[204,"regex","a.*"]', "PSC204: pattern match must be 'prefix' or 'wildcard', got 'regex'"),
+        (b'[203,"prefix",5]', "PSC203: pattern must be a string, got int"),
+        (b'[203,"wildcard",""]', "PSC203: pattern must not be empty"),
+        (b'[204,"prefix",["a"]]', "PSC204: pattern must be a string, got list"),
+        (b'[103,null,0,[],{}]', "PSC103 patterns must be an array, got dict"),
+        (b'[103,null,0,[],["prefix","a"]]', "PSC103 pattern must be [match, pattern], got 'prefix'"),
+        (b'[103,null,0,[],[["prefix"]]]', "PSC103 pattern must be [match, pattern], got array of 1 item(s)"),
+        (b'[103,null,0,[],[["glob","a"]]]', "PSC103: pattern match must be 'prefix' or 'wildcard'"),
+        (b'[103,null,0,[],[["prefix",""]]]', "PSC103: pattern must not be empty"),
+        (b"[103,null,0,[],[],[]]", "PSC103 takes 3 parameters (4 with patterns), got 5"),
     ],
 )
 def test_bad_input_raises_decode_error_naming_the_problem(data: bytes, problem: str) -> None:
@@ -214,6 +253,18 @@ def test_topic_over_length_limit(kind: int) -> None:
     assert decode(orjson.dumps([kind, "x" * 5, *tail]), limits)
     with pytest.raises(PSCDecodeError, match="topic of 6 characters is over the limit of 5"):
         decode(orjson.dumps([kind, "x" * 6, *tail]), limits)
+
+
+def test_pattern_over_length_limit_and_too_many_patterns() -> None:
+    """Patterns share the topic length limit; PSC103 holds at most max_patterns_per_peer of them."""
+    limits = Limits(max_topic_length=5, max_patterns_per_peer=2)
+    assert decode(b'[203,"prefix","xxxxx"]', limits) == SubscribePattern(Pattern("prefix", "xxxxx"))
+    with pytest.raises(PSCDecodeError, match="PSC203: pattern of 6 characters is over the limit of 5"):
+        decode(b'[203,"prefix","xxxxxx"]', limits)
+    two = b'[103,null,0,[],[["prefix","a"],["prefix","b"]]]'
+    assert decode(two, limits) == Resume(None, 0, (), (Pattern("prefix", "a"), Pattern("prefix", "b")))
+    with pytest.raises(PSCDecodeError, match="PSC103 with 3 patterns is over the limit of 2 per peer"):
+        decode(two[:-2] + b',["prefix","c"]]]', limits)
 
 
 def test_too_many_topics_or_versions() -> None:
@@ -338,7 +389,7 @@ def test_psc301_message_at_the_bounds_decodes() -> None:
     assert decode(b'[301,"t",[9223372036854775807,-9223372036854775808]]') == Publish("t", [2**63 - 1, -(2**63)])
 
 
-@given(hostile_values, st.sampled_from([101, 102, 201, 202, 301]))
+@given(hostile_values, st.sampled_from([101, 102, 103, 201, 202, 203, 204, 301]))
 def test_fuzz_hostile_values_only_raise_decode_error(value: Any, kind: int) -> None:
     """Hostile values anywhere give PSCDecodeError (PSCPayloadError only for PSC301) or a message within bounds."""
     for frame in ([kind, value], [kind, "t", value], [kind, "t", "x", {"o": "n", "v": value}]):

@@ -238,6 +238,38 @@ async def test_v02_consumer_gets_metadata(node: NodeProcess) -> None:
     assert second[3]["i"] != meta["i"]
 
 
+@pytest_twisted.ensureDeferred
+async def test_v05_consumer_gets_what_its_patterns_match(node: NodeProcess) -> None:
+    """A 0.5 consumer's patterns (in PSC103, then PSC203) select its PSC301s; a bad pattern closes with 4400."""
+    with dial(node) as ws:
+        send_json(ws, [101, [0, 1], [0, 2], [0, 3], [0, 4], [0, 5]])
+        assert recv_json(ws) == [102, [0, 5]]
+        send_json(ws, [103, None, 0, [], [["wildcard", "w05..temp"]]])
+        position = recv_json(ws)
+        assert position[0] == 104 and position[2:] == [0, 0]
+        me = peer_name(ws)
+        await until(lambda: link_rows(node, me)[0]["patterns"] == 1, "PSC103 patterns to reach the node")
+
+        pub = await wamp_connect(node.wamp_url)
+        await publish_acked(pub, "w05.k.humidity", "unwanted")
+        await publish_acked(pub, "w05.k.temp", "wanted")
+        first = recv_json(ws)
+        assert first[:3] == [301, "w05.k.temp", "wanted"] and first[3]["s"] == 1, first
+
+        send_json(ws, [203, "prefix", "p05."])
+        await until(lambda: link_rows(node, me)[0]["patterns"] == 2, "PSC203 to reach the node")
+        await publish_acked(pub, "p0", "unwanted")
+        await publish_acked(pub, "p05.x", "prefixed")
+        second = recv_json(ws)
+        assert second[:3] == [301, "p05.x", "prefixed"] and second[3]["s"] == 2, second
+        await leave(pub)
+
+        send_json(ws, [203, "regex", "p.*"])
+        code, reason = close_of(ws)
+    assert code == 4400
+    assert reason == "bad PSC message: PSC203: pattern match must be 'prefix' or 'wildcard', got 'regex'"
+
+
 def test_no_common_version_closes_with_4406(node: NodeProcess) -> None:
     """A consumer offering only unknown versions is closed with 4406 "no common version"."""
     with dial(node) as ws:
@@ -304,10 +336,10 @@ def test_oversize_frame_closes_with_1009(node: NodeProcess) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_dialling_node_is_a_consumer(raw_server: RawPSCServer, spawn: Callable[..., NodeProcess]) -> None:
-    """A node dialling a producer offers 0.1 to 0.4, sends its interest, delivers PSC301 and pings."""
+    """A node dialling a producer offers 0.1 to 0.5, sends its interest, delivers PSC301 and pings."""
     dialer = spawn("dialer", peers=(raw_server.url,))
     link = raw_server.accept()
-    assert recv_json(link) == [101, [0, 1], [0, 2], [0, 3], [0, 4]]
+    assert recv_json(link) == [101, [0, 1], [0, 2], [0, 3], [0, 4], [0, 5]]
 
     # Subscribed before the handshake completes: sent in the initial bulk PSC201.
     sub = await wamp_connect(dialer.wamp_url)
@@ -339,7 +371,7 @@ async def test_consumers_listen_mode_node_speaks_first(spawn: Callable[..., Node
     sub = await wamp_connect(listener.wamp_url)
     rec, _ = await subscribe(sub, "cl.topic")
     with dial(listener) as ws:
-        assert recv_json(ws) == [101, [0, 1], [0, 2], [0, 3], [0, 4]]
+        assert recv_json(ws) == [101, [0, 1], [0, 2], [0, 3], [0, 4], [0, 5]]
         send_json(ws, [102, [0, 2]])
         assert recv_json(ws) == [201, "cl.topic"]
         send_json(ws, [301, "cl.topic", {"hello": 2}, {"o": "rawpeer", "t": time.time(), "i": "rawpeer-1"}])

@@ -25,6 +25,7 @@ from pubsubclub.federation import Federation, LinkError, LinkSession, Role
 from pubsubclub.federation.replay import DUPLICATE, Inbox, Outbox, ReplaySettings
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, CLOSE_DUPLICATE
 from pubsubclub.hub import GAP_TOPIC, Envelope
+from pubsubclub.patterns import Pattern
 from pubsubclub.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
 from pubsubclub.testing import Cut, MemoryLink, MemoryNetwork, RecordingSink, partition, psc_url
 from pubsubclub.wamp.broker import GAP_EVENT_TOPIC, hub_topic
@@ -70,7 +71,7 @@ def test_with_seq_appends_the_number_to_the_0_2_encoding(topic: str, seq: int, m
 @pytest.mark.parametrize(
     ("data", "problem"),
     [
-        (b"[103,null,0]", "PSC103 takes 3 parameter(s), got 2"),
+        (b"[103,null,0]", "PSC103 takes 3 parameters (4 with patterns), got 2"),
         (b'[103,null,0,"t"]', "PSC103 topics must be an array, got str"),
         (b"[103,null,5,[]]", "PSC103 without an epoch must have sequence number 0"),
         (b"[103,null,false,[]]", "PSC103 without an epoch must have sequence number 0"),
@@ -404,9 +405,12 @@ def net() -> Iterator[MemoryNetwork]:
 def _pair(
     net: MemoryNetwork, batch: bool = True, **producer: Any
 ) -> tuple[Federation, Federation, RecordingSink, RecordingSink, MemoryLink]:
-    """Consumer ``a`` (subscribed to ``t``, and to gap reports) dials producer ``b``; both speak 0.3 (0.4: batched)."""
-    a = net.node("a", 9001, replay=REPLAY, batch=batch)
-    b = net.node("b", 9002, **({"replay": REPLAY, "batch": batch} | producer))
+    """Consumer ``a`` (subscribed to ``t``, and to gap reports) dials producer ``b``; both speak 0.3 (0.4: batched).
+
+    0.5 (pattern interest) is off: these tests pin the 0.3 and 0.4 forms.
+    """
+    a = net.node("a", 9001, replay=REPLAY, batch=batch, patterns=False)
+    b = net.node("b", 9002, **({"replay": REPLAY, "batch": batch, "patterns": False} | producer))
     sink, gaps = RecordingSink(), RecordingSink()
     a.hub.subscribe("t", sink)
     a.hub.subscribe(GAP_TOPIC, gaps)
@@ -970,5 +974,29 @@ def test_0_4_frames_never_exceed_the_message_limit(net: MemoryNetwork) -> None:
     assert [e.payload for e in sink.got] == [("x" * 300) + str(i) for i in range(100)]
     sizes = [len(t) for t in link.server_wire.texts()]
     assert max(sizes) <= 4096 and len(_frames_with_publishes(link.server_wire)) > 1
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
+def test_0_5_stream_keeps_patterns_through_an_outage(net: MemoryNetwork) -> None:
+    """A pattern subscriber's stream keeps its patterns while the link is down; the resume resends what matched."""
+    a = net.node("a", 9001, replay=REPLAY)
+    b = net.node("b", 9002, replay=REPLAY)
+    sink = RecordingSink()
+    pattern = Pattern("wildcard", "home..temp")
+    a.hub.subscribe_pattern(pattern, sink)
+    a.add_server(psc_url(9002))
+    [link] = net.answer()
+    _publish(b, "before", topic="home.k.temp")
+    net.flush()
+    cut = _outage(net, link, during=lambda: _publish(b, "during", topic="home.b.temp"))
+    _publish(b, "ignored", topic="home.b.humidity")
+    again = _reconnect(net, cut)
+    said = again.client_wire.messages()
+    assert isinstance(said[1], Resume) and said[1].patterns == (pattern,)
+    _publish(b, "after", topic="home.x.temp")
+    net.flush()
+    assert [e.payload for e in sink.got] == ["before", "during", "after"]
+    assert a.stats["gaps"] == 0
     net.stop()
     assert net.reactor.getDelayedCalls() == []

@@ -18,7 +18,7 @@ from autobahn.wamp import message
 from autobahn.wamp.exception import ApplicationError, InvalidUriError, ProtocolError
 from autobahn.wamp.role import RoleSubscriberFeatures
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
-from autobahn.wamp.types import ComponentConfig, PublishOptions
+from autobahn.wamp.types import ComponentConfig, PublishOptions, SubscribeOptions
 from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
@@ -200,6 +200,7 @@ def test_welcome_details(server: Server, serializer: str) -> Any:
     assert details.realm == "realm1"
     assert "broker" in session._router_roles
     assert session._router_roles["broker"].publisher_exclusion is True
+    assert session._router_roles["broker"].pattern_based_subscription is True
 
 
 @pytest_twisted.inlineCallbacks
@@ -225,7 +226,8 @@ def test_mixed_serializers_encode_once_per_format(server: Server) -> Any:
     (envelope,) = captured
     assert envelope.payload == {"n": 1}
     assert not envelope.wamp_wrapped
-    assert len(envelope.wire["wamp"]._serialized) == 2
+    # One encoding per wire format, memoised under (serializer, subscription id).
+    assert sorted(key[0] for key in envelope.wire if isinstance(key, tuple)) == ["json", "msgpack"]
 
 
 @pytest_twisted.inlineCallbacks
@@ -640,7 +642,7 @@ def test_fake_slow_consumer_dropped() -> None:
 
 
 def test_fake_event_built_once_per_envelope() -> None:
-    """All sessions on a topic are sent the very same EVENT object."""
+    """All sessions on a topic are sent the very same EVENT bytes."""
     hub = Hub()
     router = WampRouter(hub)
     transports = []
@@ -649,9 +651,9 @@ def test_fake_event_built_once_per_envelope() -> None:
         session.onMessage(message.Subscribe(1, "com.example.t"))
         transports.append(transport)
     hub.publish(hub.envelope("com.example.t", "x"))
-    events = [t.sent[-1] for t in transports]
-    assert all(e is events[0] for e in events)
-    assert events[0].args == ["x"]
+    encoded = [t.encoded[-1] for t in transports]
+    assert all(e is encoded[0] for e in encoded)
+    assert transports[0].sent[-1].args == ["x"]
 
 
 def test_fake_input_after_close_ignored() -> None:
@@ -667,13 +669,38 @@ def test_fake_input_after_close_ignored() -> None:
     assert hub.topics() == []
 
 
-def test_fake_unsupported_match_refused() -> None:
-    """Prefix and wildcard subscriptions get ERROR invalid_argument."""
-    session, transport = joined_session(WampRouter(Hub()))
-    session.onMessage(message.Subscribe(1, "com.example", match="prefix"))
-    error = transport.sent[-1]
-    assert isinstance(error, message.Error)
-    assert error.error == "wamp.error.invalid_argument"
+@pytest_twisted.inlineCallbacks
+def test_raw_unknown_match_policy_gets_invalid_argument(server: Server) -> Any:
+    """A SUBSCRIBE with a match policy the broker does not know gets ERROR invalid_argument; the session goes on."""
+    frames = [
+        j(HELLO),
+        j([32, 5, {"match": "regex"}, "com.example"]),
+        j([32, 6, {"match": 3}, "com.example"]),
+        j([32, 7, {"match": "prefix"}, "com.example."]),
+    ]
+    replies, _, _ = yield raw(server, frames, replies=4)
+    assert [r[:3] for r in replies[1:3]] == [[8, 32, 5], [8, 32, 6]]
+    assert replies[1][4] == replies[2][4] == "wamp.error.invalid_argument"
+    assert "unknown match policy 'regex'" in replies[1][5][0]
+    assert replies[3][:2] == [33, 7]
+
+
+@pytest_twisted.inlineCallbacks
+def test_prefix_and_wildcard_subscribers_get_the_concrete_topic(server: Server, serializer: str) -> Any:
+    """Autobahn prefix and wildcard subscribers receive matching publishes with details.topic set."""
+    sub = yield server.join(serializer)
+    pub = yield server.join(serializer)
+    by_prefix, by_wildcard = Inbox(), Inbox()
+    yield sub.subscribe(by_prefix.handler, "com.example.", options=SubscribeOptions(match="prefix", details=True))
+    yield sub.subscribe(by_wildcard.handler, "com..temp", options=SubscribeOptions(match="wildcard", details=True))
+    yield pub.publish("com.other.x", "no", options=ACK)
+    yield pub.publish("com.example.kitchen.x", "p", options=ACK)
+    yield pub.publish("com.kitchen.temp", "w", options=ACK)
+    (args, kwargs) = yield by_prefix.get()
+    assert args == ("p",) and kwargs["details"].topic == "com.example.kitchen.x"
+    (args, kwargs) = yield by_wildcard.get()
+    assert args == ("w",) and kwargs["details"].topic == "com.kitchen.temp"
+    assert by_prefix.items == [] and by_wildcard.items == []
 
 
 @given(st.text(max_size=30))

@@ -208,8 +208,7 @@ class StreamService:
         self.schedule_flush()
         hub_topic = self.hub_topic(topic)
         self.hub.metrics.count(hub_topic, SOURCE, "published", 1, len(payload))
-        envelope = self.hub.envelope(hub_topic, to_hub_payload(payload))
-        envelope.wire["size"] = len(payload)
+        envelope = self.hub.envelope(hub_topic, to_hub_payload(payload), size=len(payload))
         self.hub.publish(envelope, exclude=self._sinks[topic])
 
     def append_foreign(self, topic: str, envelope: Envelope) -> None:

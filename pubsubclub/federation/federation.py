@@ -54,6 +54,7 @@ from pubsubclub.federation.transport import (
 )
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.metrics import payload_size
+from pubsubclub.patterns import Pattern
 
 log = Logger()
 
@@ -162,6 +163,7 @@ class Federation:
         max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
         learn_peers: bool = True,
         batch: bool = True,
+        patterns: bool = True,
     ) -> None:
         if reactor is None:
             from twisted.internet import reactor as default_reactor
@@ -196,6 +198,8 @@ class Federation:
                 self.versions = (*versions, psc.V0_3)
             if batch and psc.V0_4 not in self.versions:
                 self.versions = (*self.versions, psc.V0_4)
+            if batch and patterns and psc.V0_5 not in self.versions:
+                self.versions = (*self.versions, psc.V0_5)
         self._servers: dict[str, _Server] = {}
         #: Every live link, by its session.
         self._links: dict[LinkSession, Link] = {}
@@ -203,7 +207,14 @@ class Federation:
         self._producers: dict[LinkSession, None] = {}
         #: topic -> open links whose consumer asked for it (we are the producer).
         self._by_topic: dict[str, dict[LinkSession, None]] = {}
+        #: Called (no arguments) after other nodes' interest in our topics may have changed.
+        self._remote_topics_listeners: list[Callable[[], None]] = []
+        #: Local patterns announced to 0.5 producers (at most ``limits.max_patterns_per_peer``) ...
+        self._announced: dict[Pattern, None] = {}
+        #: ... and those held back past that limit, announced as announced ones go.
+        self._held: dict[Pattern, None] = {}
         hub.add_interest_listener(self)
+        hub.add_pattern_listener(self)
         hub.add_publish_listener(self)
 
     @property
@@ -380,7 +391,8 @@ class Federation:
             topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
             if session.with_replay and self.inbox is not None:
                 epoch, seq = self.inbox.position(session.peer_node or session.peer)
-                session.send(psc.Resume(epoch, seq, tuple(topics)))
+                patterns = tuple(self._announced) if session.with_patterns else None
+                session.send(psc.Resume(epoch, seq, tuple(topics), patterns))
             elif topics:
                 session.send(psc.Subscribe(tuple(topics)))
         link = self._links.get(session)
@@ -415,6 +427,7 @@ class Federation:
                 sessions.pop(session, None)
                 if not sessions:
                     del self._by_topic[topic]
+        self._remote_topics_changed()
 
     def link_subscribed(self, session: LinkSession, topics: tuple[str, ...]) -> None:
         """A consumer asked us (its producer) for ``topics``."""
@@ -429,6 +442,7 @@ class Federation:
         peer = session.peer_node or session.peer
         for topic in topics:
             self.hub.remote_subscribed(topic, peer)
+        self._remote_topics_changed()
 
     def _supersede_ghosts(self, session: LinkSession) -> None:
         """Close older links accepted from the node that just spoke on ``session`` in the same role.
@@ -484,6 +498,17 @@ class Federation:
             sessions.pop(session, None)
             if not sessions:
                 del self._by_topic[topic]
+        self._remote_topics_changed()
+
+    def link_pattern(self, session: LinkSession, pattern: Pattern, added: bool) -> None:
+        """0.5: a consumer asked us (its producer) for ``pattern``, or no longer wants it."""
+        if self.outbox is None:  # 0.5 is offered only with an outbox
+            return
+        if added:
+            self.outbox.subscribe_pattern(session, pattern)
+        else:
+            self.outbox.unsubscribe_pattern(session, pattern)
+        self._remote_topics_changed()
 
     def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
         """0.3: a consumer resumes its stream; answer PSC104, resend what it missed, then go live."""
@@ -511,6 +536,7 @@ class Federation:
             old.close(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
         for topic in message.topics:
             self.hub.remote_subscribed(topic, peer)
+        self._remote_topics_changed()
 
     def link_position(self, session: LinkSession, message: psc.Position) -> None:
         """0.3: the producer said where its stream continues; report a gap it announces."""
@@ -559,20 +585,22 @@ class Federation:
                     self.hub.metrics.link_count(session.peer_node or session.peer, "duplicates", 1)
                     return
                 self._report_gap(Gap(session.peer_node or session.peer, skipped, "sequence"))
+        size = session.last_size
         if meta is None:
-            envelope = Envelope(message.topic, message.message, origin=session.peer_node)
+            envelope = Envelope(message.topic, message.message, session.peer_node, size=size)
         else:
             envelope = Envelope(
                 message.topic,
                 message.message,
-                origin=meta.origin or session.peer_node,
-                published_at=meta.published_at,
-                message_id=meta.message_id,
-                wamp_wrapped=meta.wamp_wrapped,
+                meta.origin or session.peer_node,
+                meta.published_at,
+                meta.message_id,
+                meta.wamp_wrapped,
+                size,
             )
-        self.hub.metrics.event(FederationEvent.RECEIVED)
         metrics = self.hub.metrics
-        metrics.count(message.topic, "psc", "received", 1, session.last_size, peer=session.peer_node or session.peer)
+        metrics.event(FederationEvent.RECEIVED)
+        metrics.count(message.topic, "psc", "received", 1, size, peer=session.peer_node or session.peer)
         if envelope.published_at is not None and envelope.origin is not None:
             metrics.latency(envelope.origin, self._reactor.seconds() - envelope.published_at)
         self.hub.deliver_remote(envelope)
@@ -608,6 +636,43 @@ class Federation:
         if self._producers and topic != GAP_TOPIC:
             data = psc.encode(psc.Unsubscribe(topic))
             for session in self._producers:
+                session.send_raw(data)
+
+    def pattern_added(self, pattern: Pattern) -> None:
+        """A pattern's first local holder: PSC203 to every 0.5 producer (within the per-peer limit)."""
+        if len(self._announced) >= self.limits.max_patterns_per_peer:
+            self._held[pattern] = None
+            self.hub.metrics.error("psc", "patterns_over_limit")
+            log.warn(
+                "not announcing pattern {pattern!r} to peers: {limit} patterns already announced"
+                " (max-patterns-per-peer); its subscribers get only what this node publishes",
+                pattern=pattern.pattern,
+                limit=self.limits.max_patterns_per_peer,
+            )
+            return
+        self._announce(pattern, psc.SubscribePattern(pattern))
+
+    def pattern_removed(self, pattern: Pattern) -> None:
+        """A pattern's last local holder went: PSC204 to every 0.5 producer; announce one held back."""
+        if pattern in self._held:
+            del self._held[pattern]
+            return
+        if pattern not in self._announced:
+            return
+        del self._announced[pattern]
+        self._send_to_pattern_producers(psc.encode(psc.UnsubscribePattern(pattern)))
+        if self._held:
+            waiting = next(iter(self._held))
+            del self._held[waiting]
+            self._announce(waiting, psc.SubscribePattern(waiting))
+
+    def _announce(self, pattern: Pattern, message: psc.SubscribePattern) -> None:
+        self._announced[pattern] = None
+        self._send_to_pattern_producers(psc.encode(message))
+
+    def _send_to_pattern_producers(self, data: bytes) -> None:
+        for session in self._producers:
+            if session.with_patterns:
                 session.send_raw(data)
 
     def local_published(self, envelope: Envelope) -> None:
@@ -653,6 +718,30 @@ class Federation:
             return
         self.hub.metrics.event(FederationEvent.FORWARDED, len(sessions or ()) + sent)
 
+    # -- other nodes' interest ---------------------------------------------
+
+    def add_remote_topics_listener(self, listener: Callable[[], None]) -> None:
+        """Call ``listener()`` whenever :meth:`remote_topics` or :meth:`remote_pattern_set` may have changed."""
+        self._remote_topics_listeners.append(listener)
+
+    def remote_topics(self) -> set[str]:
+        """Every topic some other node asked us for (PSC201/PSC103), on live links or kept replay streams."""
+        topics = set(self._by_topic)
+        if self.outbox is not None:
+            topics |= self.outbox.topics()
+        return topics
+
+    def remote_pattern_set(self) -> set[Pattern]:
+        """Every pattern some other node asked us for (PSC 0.5; see :meth:`remote_patterns` for /stats)."""
+        return set() if self.outbox is None else set(self.outbox.pattern_interest())
+
+    def _remote_topics_changed(self) -> None:
+        for listener in self._remote_topics_listeners:
+            try:
+                listener()
+            except Exception:
+                log.failure("remote topics listener {listener!r} raised; isolated", listener=listener)
+
     # -- introspection -----------------------------------------------------
 
     def links(self) -> list[dict[str, Any]]:
@@ -671,6 +760,7 @@ class Federation:
                     "version": None if session.version is None else f"{session.version[0]}.{session.version[1]}",
                     "direction": link.direction,
                     "topics": len(session.topics),
+                    "patterns": len(session.patterns),
                 }
             )
         for url in self._servers:
@@ -684,6 +774,7 @@ class Federation:
                         "version": None,
                         "direction": "out",
                         "topics": 0,
+                        "patterns": 0,
                     }
                 )
         return rows
@@ -697,6 +788,12 @@ class Federation:
             for topic, consumers in self.outbox.interest().items():
                 interest[topic] = sorted(interest.get(topic, []) + consumers)
         return interest
+
+    def remote_patterns(self) -> dict[str, list[str]]:
+        """``"<match>:<pattern>"`` -> the peers that asked us for it (0.5)."""
+        if self.outbox is None:
+            return {}
+        return {f"{p.match}:{p.pattern}": peers for p, peers in self.outbox.pattern_interest().items()}
 
     def open_links(self) -> int:
         """Number of links past their handshake."""

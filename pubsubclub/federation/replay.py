@@ -31,6 +31,7 @@ from typing import Any, Protocol
 from pubsubclub import psc
 from pubsubclub.counters import ReplayEvent
 from pubsubclub.metrics import Metrics
+from pubsubclub.patterns import Pattern, PatternIndex
 
 #: :meth:`Inbox.accept` result for a message already received: drop it.
 DUPLICATE = -1
@@ -86,6 +87,8 @@ class Stream:
     seq: int = 0
     #: The consumer's topics: from its link, or the last known while it has none.
     topics: set[str] = field(default_factory=set)
+    #: The consumer's patterns (0.5), kept like its topics.
+    patterns: set[Pattern] = field(default_factory=set)
     #: ``(seq, time sent, bytes)`` of the kept messages, oldest first.
     buffer: deque[tuple[int, float, bytes]] = field(default_factory=deque)
     #: Sum of the lengths in ``buffer``.
@@ -130,6 +133,8 @@ class Outbox:
         self._by_link: dict[Any, Stream] = {}
         #: Topic -> the streams that want it, attached or not.
         self._by_topic: dict[str, dict[Stream, None]] = {}
+        #: Pattern -> the streams that want it, attached or not (0.5).
+        self._patterns: PatternIndex[Stream] = PatternIndex()
 
     @property
     def stats(self) -> dict[str, int]:
@@ -139,8 +144,12 @@ class Outbox:
     # -- interest ---------------------------------------------------------------
 
     def wants(self, topic: str) -> bool:
-        """Whether any stream (with or without a link) takes ``topic``."""
-        return topic in self._by_topic
+        """Whether any stream (with or without a link) takes ``topic``, exactly or by a pattern."""
+        return topic in self._by_topic or bool(self._patterns.match(topic))
+
+    def topics(self) -> set[str]:
+        """Every topic some stream wants."""
+        return set(self._by_topic)
 
     def subscribe(self, link: Any, topics: tuple[str, ...]) -> None:
         """The consumer on ``link`` asked for ``topics`` (PSC201)."""
@@ -154,6 +163,24 @@ class Outbox:
         stream = self._by_link.get(link)
         if stream is not None:
             self._remove_topic(stream, topic)
+
+    def subscribe_pattern(self, link: Any, pattern: Pattern) -> None:
+        """The consumer on ``link`` asked for ``pattern`` (PSC203)."""
+        stream = self._by_link.get(link)
+        if stream is not None:
+            stream.patterns.add(pattern)
+            self._patterns.add(pattern, stream)
+
+    def unsubscribe_pattern(self, link: Any, pattern: Pattern) -> None:
+        """The consumer on ``link`` no longer wants ``pattern`` (PSC204)."""
+        stream = self._by_link.get(link)
+        if stream is not None:
+            stream.patterns.discard(pattern)
+            self._patterns.discard(pattern, stream)
+
+    def pattern_interest(self) -> dict[Pattern, list[str]]:
+        """Pattern -> consumer node ids of the streams that take it (for /stats)."""
+        return {p: sorted(s.consumer or "?" for s in self._patterns.holders(p)) for p in self._patterns.patterns()}
 
     def interest(self) -> dict[str, list[str]]:
         """Topic -> consumer node ids of the streams that take it (for /stats)."""
@@ -202,6 +229,12 @@ class Outbox:
             self._remove_topic(stream, topic)
         for topic in request.topics:
             self._add_topic(stream, topic)
+        patterns = set(request.patterns or ())
+        for pattern in stream.patterns - patterns:
+            self._patterns.discard(pattern, stream)
+        for pattern in patterns:
+            self._patterns.add(pattern, stream)
+        stream.patterns = patterns
         self.metrics.event(ReplayEvent.REPLAYED, len(replay))
         return Resumption(psc.Position(stream.epoch, after, lost), replay, superseded)
 
@@ -227,6 +260,13 @@ class Outbox:
         on, with the bytes sent (streams without a link only keep it).
         """
         streams = self._by_topic.get(topic)
+        matched = self._patterns.match(topic)
+        if matched:
+            # A stream that takes the topic several ways still gets it once.
+            union = dict(streams) if streams else {}
+            for pattern in matched:
+                union.update(self._patterns.holders(pattern))
+            streams = union
         if not streams:
             return []
         now = self._clock()
@@ -292,6 +332,9 @@ class Outbox:
     def _drop(self, stream: Stream) -> None:
         for topic in list(stream.topics):
             self._remove_topic(stream, topic)
+        for pattern in stream.patterns:
+            self._patterns.discard(pattern, stream)
+        stream.patterns = set()
         if stream.consumer is not None and self._streams.get(stream.consumer) is stream:
             del self._streams[stream.consumer]
         if stream.link is not None:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pubsubclub import psc
+from pubsubclub.patterns import Pattern
 
 
 class Role(enum.Enum):
@@ -74,6 +75,9 @@ class LinkOwner(Protocol):
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A producer link's consumer no longer wants ``topic``."""
 
+    def link_pattern(self, session: LinkSession, pattern: Pattern, added: bool) -> None:
+        """A 0.5 producer link's consumer added (PSC203) or removed (PSC204) a pattern."""
+
     def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
         """A 0.3 producer link's consumer sent its position and interest (PSC103)."""
 
@@ -106,6 +110,8 @@ class LinkSession:
         self.version: psc.Version | None = None
         #: Topics the consumer at the other end asked for (producer role).
         self.topics: set[str] = set()
+        #: Patterns the consumer at the other end asked for (producer role, 0.5).
+        self.patterns: set[Pattern] = set()
         #: 0.3: PSC103 (producer role) or PSC104 (consumer role) was received.
         self.resumed = False
         #: The consumer at the other end has sent its first PSC201 (producer role).
@@ -133,6 +139,11 @@ class LinkSession:
         """Whether frames on this link may carry several messages, one per line (0.4)."""
         return self.version is not None and self.version >= psc.V0_4
 
+    @property
+    def with_patterns(self) -> bool:
+        """Whether this link carries pattern interest (0.5: PSC203/PSC204, patterns in PSC103)."""
+        return self.version is not None and self.version >= psc.V0_5
+
     def start(self) -> None:
         """The transport opened: the consumer speaks first, whoever dialled."""
         if self.role is Role.CONSUMER:
@@ -142,6 +153,7 @@ class LinkSession:
         """The transport closed."""
         self.state = LinkState.CLOSED
         self.topics.clear()
+        self.patterns.clear()
 
     def send(self, message: psc.Message) -> None:
         """Send ``message`` if the link is open (else drop it: at-most-once)."""
@@ -196,8 +208,24 @@ class LinkSession:
         elif isinstance(message, psc.Unsubscribe):
             self.topics.discard(message.topic)
             self._owner.link_unsubscribed(self, message.topic)
+        elif isinstance(message, (psc.SubscribePattern, psc.UnsubscribePattern)) and self.with_patterns:
+            self._pattern_step(message)
         else:
             raise self._unexpected(message)
+
+    def _pattern_step(self, message: psc.SubscribePattern | psc.UnsubscribePattern) -> None:
+        """0.5, producer role: PSC203 adds a pattern (within the per-peer limit), PSC204 removes one."""
+        pattern = message.pattern
+        if isinstance(message, psc.UnsubscribePattern):
+            self.patterns.discard(pattern)
+            self._owner.link_pattern(self, pattern, False)
+            return
+        if pattern not in self.patterns:
+            limit = self._limits.max_patterns_per_peer
+            if len(self.patterns) >= limit:
+                raise LinkError(CLOSE_BAD_MESSAGE, f"PSC203 over the limit of {limit} patterns per peer")
+            self.patterns.add(pattern)
+        self._owner.link_pattern(self, pattern, True)
 
     def _replay_step(self, message: psc.Message) -> bool:
         """0.3 rules: PSC103 opens the producer's side, PSC104 the consumer's; True when handled here."""
@@ -208,8 +236,11 @@ class LinkSession:
                 raise LinkError(
                     CLOSE_BAD_MESSAGE, f"a 0.3 consumer must send PSC103 first, got {type(message).__name__}"
                 )
+            if message.patterns is not None and not self.with_patterns:
+                raise LinkError(CLOSE_BAD_MESSAGE, "PSC103 patterns are not part of versions below 0.5")
             self.resumed = True
             self.topics.update(message.topics)
+            self.patterns.update(message.patterns or ())
             self._owner.link_resume(self, message)
             return True
         if isinstance(message, psc.Position) and not self.resumed:

@@ -29,6 +29,10 @@ Consul discovery:
   ``python -m pubsubclub.testing.consul_agent``.
 - :class:`MemoryConsul`: the same double in memory on a ``task.Clock``.
 
+A real Crossbar.io router, for ``pubsubclub bridge`` tests (not imported
+here: ``pubsubclub.testing.crossbar``): :class:`~pubsubclub.testing.crossbar.CrossbarProcess`
+starts one from a generated ``config.json``; ``make crossbar`` installs it.
+
 The examples to follow are ``tests/test_links_memory.py`` and
 ``tests/test_replay.py`` (links), ``tests/test_frontend_auth_memory.py``
 (sessions) and ``tests/test_discovery.py`` (Consul, deterministic).

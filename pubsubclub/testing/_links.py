@@ -28,6 +28,7 @@ from pubsubclub.federation.auth import PROOF_PREFIX
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol
 from pubsubclub.hub import Envelope, Hub
+from pubsubclub.patterns import Pattern
 
 # WebSocket opcodes (RFC 6455, section 5.2) that the wire's readers look for.
 _OPCODE_TEXT = 1
@@ -112,14 +113,21 @@ class MemoryLink:
 
 
 class RecordingSink:
-    """A local hub subscriber that remembers what it was given."""
+    """A local hub subscriber (of topics or patterns) that remembers what it was given."""
 
     def __init__(self) -> None:
         self.got: list[Envelope] = []
+        #: ``(topic, pattern)`` of each delivery for a pattern, in order.
+        self.matched: list[tuple[str, Pattern]] = []
 
     def deliver(self, envelope: Envelope) -> None:
         """Remember ``envelope``."""
         self.got.append(envelope)
+
+    def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> None:
+        """Remember ``envelope`` and the pattern it matched."""
+        self.got.append(envelope)
+        self.matched.append((envelope.topic, pattern))
 
 
 def _unwrap(protocol: Any) -> Any:

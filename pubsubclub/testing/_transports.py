@@ -12,13 +12,25 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from autobahn.wamp.interfaces import ISerializer
+from autobahn.wamp.serializer import JsonSerializer
+
 
 class MemoryWampTransport:
-    """An in-memory WampTransport recording the WAMP messages a session sends."""
+    """An in-memory WampTransport recording the WAMP messages a session sends.
 
-    def __init__(self) -> None:
+    Messages the broker sends already encoded (EVENTs) are decoded back with
+    Autobahn's serializer, so :attr:`sent` holds Autobahn ``Message`` objects
+    either way; :attr:`encoded` keeps those bytes as they were handed over.
+    """
+
+    def __init__(self, serializer: ISerializer | None = None) -> None:
+        #: The wire format the session encodes EVENTs for (Autobahn's JSON by default).
+        self.serializer: Any = serializer if serializer is not None else JsonSerializer()
         #: Every message sent, oldest first (Autobahn ``Message`` objects, not bytes).
         self.sent: list[Any] = []
+        #: The bytes of every message sent already encoded, oldest first.
+        self.encoded: list[bytes] = []
         self.open = True
         #: What :meth:`unsent_bytes` reports; set it to play a slow client.
         self.unsent = 0
@@ -27,6 +39,17 @@ class MemoryWampTransport:
 
     def send(self, msg: Any) -> None:
         """Record ``msg``."""
+        self.sent.append(msg)
+
+    @property
+    def object_serializer(self) -> Any:
+        """The object serializer of :attr:`serializer`."""
+        return self.serializer._serializer
+
+    def send_encoded(self, data: bytes) -> None:
+        """Record ``data`` and the message it decodes to."""
+        self.encoded.append(data)
+        (msg,) = self.serializer.unserialize(data)
         self.sent.append(msg)
 
     def close(self) -> None:

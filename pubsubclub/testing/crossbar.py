@@ -155,7 +155,13 @@ def router_config(
             "endpoint": {"type": "tcp", "interface": interface, "port": port},
             "paths": {
                 "/": {"type": "json", "value": {"pubsubclub": "test router"}},
-                "ws": {"type": "websocket", "serializers": ["json", "msgpack"], "auth": auth},
+                "ws": {
+                    "type": "websocket",
+                    "serializers": ["json", "msgpack"],
+                    "auth": auth,
+                    # The router notices a vanished bridge within seconds, so its lock is freed.
+                    "options": {"auto_ping_interval": 10000, "auto_ping_timeout": 5000},
+                },
             },
         }
     ]

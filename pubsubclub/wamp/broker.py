@@ -3,7 +3,9 @@
 Modern Autobahn ships only client roles, so the broker is ours. It speaks the
 Broker role of the WAMP Basic Profile: HELLO/WELCOME/ABORT/GOODBYE,
 SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
-ERROR. There is no dealer: RPC messages end the session with
+ERROR, plus the Advanced Profile's pattern-based subscriptions (``match:
+"prefix"`` and ``"wildcard"``; see "Patterns" below). There is no dealer:
+RPC messages end the session with
 ``wamp.error.protocol_violation`` (a peer must not use a role the router did
 not announce in WELCOME).
 
@@ -13,6 +15,15 @@ Realms and topics
     topic ``f"$realm.{r}#{t}"``. Topics starting with ``$`` are reserved for the
     cluster's own use (no front-end accepts them from clients), so the
     mapping never collides. :func:`hub_topic` is the one place that does this.
+
+Patterns
+    A prefix or wildcard SUBSCRIBE becomes a hub pattern
+    (:class:`~pubsubclub.patterns.Pattern`) under the same realm mapping as
+    topics (:func:`hub_pattern`), so a pattern of one realm never matches
+    another realm's topics. One subscription id per (match, pattern),
+    broker-wide, like exact ones; its EVENTs carry the concrete WAMP topic in
+    ``details.topic``. A session subscribed to a topic several ways gets one
+    EVENT per matching subscription, as WAMP asks.
 
 Payloads
     A PUBLISH with exactly one positional argument and no keyword arguments
@@ -33,11 +44,14 @@ Authentication and authorization
     every refused publish) and nothing is delivered or forwarded.
 
 Hot path
-    Subscription ids are broker-wide per hub topic (every session subscribed
-    to a topic gets the same id), so one EVENT message serves every
-    recipient of an envelope. It is built once and memoised in
-    ``envelope.wire["wamp"]``; Autobahn caches each message's bytes per
-    serializer, so each wire format is encoded once per message.
+    A plainly valid PUBLISH reaches the session as a
+    :class:`~pubsubclub.wamp.codec.PublishRequest`, without an Autobahn
+    ``Message`` (``codec.decode``). Subscription ids are broker-wide per hub
+    topic (every session subscribed to a topic gets the same id), so one
+    EVENT serves every recipient of an envelope: its bytes are encoded once
+    per wire format and subscription id, memoised in ``envelope.wire`` under
+    ``(serializer name, subscription id)``, and handed to each transport's
+    ``send_encoded``.
 
 Why one long module: it is the whole broker role (session state machine,
 subscriptions, publish, realms); splitting it would spread one state machine
@@ -63,7 +77,9 @@ from twisted.logger import Logger
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.metrics import payload_size
+from pubsubclub.patterns import MATCHES, PREFIX, Pattern
 from pubsubclub.wamp.auth import NOT_AUTHORIZED, Authenticator, AuthPolicy, Challenge, Deny, Role, Welcome
+from pubsubclub.wamp.codec import PUBLISH, PublishRequest, event_message
 from pubsubclub.wamp.dealer import Dealer
 
 __all__ = [
@@ -71,6 +87,7 @@ __all__ = [
     "WampLimits",
     "WampRouter",
     "WampTransport",
+    "hub_pattern",
     "hub_topic",
     "uri_problem",
 ]
@@ -79,6 +96,8 @@ log = Logger()
 
 #: Largest WAMP id (the spec's 2**53); ids are drawn from 1..MAX_ID.
 MAX_ID = 2**53
+#: ``envelope.wire`` key of the WAMP publication id, drawn once per envelope.
+PUBLICATION = "wamp.publication"
 
 INVALID_URI = "wamp.error.invalid_uri"
 NO_SUCH_REALM = "wamp.error.no_such_realm"
@@ -102,6 +121,12 @@ META_TOPICS = {GAP_EVENT_TOPIC: GAP_TOPIC}
 # whitespace, '.' or '#'. Loose, not strict, because the topic space is shared
 # with NSD channels and TEP channels, whose names are not lower-case URIs.
 _LOOSE_URI = re.compile(r"^([^\s\.#]+\.)*[^\s\.#]+$")
+#: Pattern URIs (WAMP spec, "Pattern-based Subscriptions"): a prefix may end
+#: with '.', a wildcard may have empty components anywhere.
+_PATTERN_URI = {
+    "prefix": re.compile(r"^([^\s\.#]+\.)*[^\s\.#]*$"),
+    "wildcard": re.compile(r"^(([^\s\.#]+\.)|\.)*[^\s\.#]*$"),
+}
 
 #: RPC messages of the Advanced Profile that we do not offer (CANCEL needs call canceling).
 _UNOFFERED_RPC = (message.Cancel,)
@@ -149,6 +174,13 @@ class WampTransport(Protocol):
     def send(self, msg: Message) -> None:
         """Serialize and send one WAMP message."""
 
+    @property
+    def object_serializer(self) -> Any:
+        """The connection's Autobahn object serializer (``NAME``, ``serialize(list) -> bytes``)."""
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send one WAMP message already encoded with :attr:`object_serializer`."""
+
     def close(self) -> None:
         """Close the transport gracefully."""
 
@@ -170,6 +202,34 @@ def hub_topic(realm: str, topic: str, default_realm: str) -> str:
     if realm == default_realm:
         return topic
     return f"$realm.{realm}#{topic}"
+
+
+def hub_pattern(realm: str, match: str, uri: str, default_realm: str) -> Pattern:
+    """The hub pattern for WAMP pattern ``uri`` in ``realm``: mapped like a topic, so it stays in its realm."""
+    return Pattern(match, uri if realm == default_realm else f"$realm.{realm}#{uri}")
+
+
+def wamp_topic(realm: str, topic: str, default_realm: str) -> str:
+    """The WAMP topic a client of ``realm`` knows for hub ``topic`` (the inverse of :func:`hub_topic`)."""
+    if realm == default_realm:
+        return topic
+    return topic.removeprefix(f"$realm.{realm}#")
+
+
+def pattern_problem(match: str, uri: str, max_length: int) -> str | None:
+    """Why ``uri`` is not an acceptable prefix or wildcard pattern, or None if it is."""
+    if len(uri) > max_length:
+        return f"URI is {len(uri)} characters long; the limit is {max_length}"
+    if not uri:
+        return f"an empty {match} pattern is not allowed (it would match every topic)"
+    if uri.startswith("$"):
+        return f"URI {uri!r:.80} is reserved: topics starting with '$' are the cluster's own"
+    if not uri.isascii() and any(0xD800 <= ord(c) <= 0xDFFF for c in uri):
+        return f"URI {uri!r:.80} holds a lone surrogate, which is not valid Unicode text"
+    if not _PATTERN_URI[match].fullmatch(uri):
+        shape = "components" if match == PREFIX else "components or empty ones"
+        return f"URI {uri!r:.80} is not a WAMP {match} pattern (dot-separated non-empty {shape}, no whitespace or '#')"
+    return None
 
 
 def uri_problem(uri: str, max_length: int) -> str | None:
@@ -205,6 +265,23 @@ def event_arguments(envelope: Envelope) -> tuple[list[Any], dict[str, Any] | Non
         if isinstance(args, list) and isinstance(kwargs, dict):
             return args, kwargs or None
     return [payload], None
+
+
+def wamp_envelope(
+    hub: Hub, topic: str, args: Sequence[Any] | None, kwargs: dict[str, Any] | None, size: int | None = None
+) -> Envelope:
+    """A new envelope for a WAMP publish of ``args``/``kwargs`` (the inverse of :func:`event_arguments`).
+
+    ``size``: the message's bytes as received, if known.
+    """
+    if args is not None and len(args) == 1 and not kwargs:
+        return hub.envelope(topic, args[0], size=size)
+    return hub.envelope(topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True, size=size)
+
+
+def _kind(msg: Message | PublishRequest) -> str:
+    """The message's WAMP name (``PUBLISH``, ``HELLO``, ...) for error texts."""
+    return "PUBLISH" if type(msg) is PublishRequest else type(msg).__name__.upper()
 
 
 class _State(enum.Enum):
@@ -268,7 +345,8 @@ class WampRouter:
         self.dealer = Dealer(
             new_id, call_later=call_later, max_call_seconds=max_call_seconds, max_pending_calls=max_pending_calls
         )
-        self._subscriptions: dict[str, _TopicSubscription] = {}
+        #: Hub topic (exact) or hub pattern -> its broker-wide subscription.
+        self._subscriptions: dict[str | Pattern, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()
         #: Sessions with an open transport.
         self.sessions: dict[BrokerSession, None] = {}
@@ -288,10 +366,14 @@ class WampRouter:
         """The hub topic for WAMP ``topic`` in ``realm``."""
         return hub_topic(realm, topic, self.realms[0])
 
+    def hub_pattern(self, realm: str, match: str, uri: str) -> Pattern:
+        """The hub pattern for WAMP pattern ``uri`` in ``realm``."""
+        return hub_pattern(realm, match, uri, self.realms[0])
+
     # -- broker-wide subscription ids ---------------------------------------
 
-    def acquire_subscription(self, topic: str) -> int:
-        """Count one more session on hub ``topic``; return its subscription id."""
+    def acquire_subscription(self, topic: str | Pattern) -> int:
+        """Count one more session on hub ``topic`` (or pattern); return its subscription id."""
         sub = self._subscriptions.get(topic)
         if sub is None:
             sub_id = self.new_id()
@@ -302,8 +384,8 @@ class WampRouter:
         sub.sessions += 1
         return sub.id
 
-    def release_subscription(self, topic: str) -> None:
-        """Count one session fewer on hub ``topic``; forget the id at zero."""
+    def release_subscription(self, topic: str | Pattern) -> None:
+        """Count one session fewer on hub ``topic`` (or pattern); forget the id at zero."""
         sub = self._subscriptions.get(topic)
         if sub is None:
             return
@@ -312,22 +394,25 @@ class WampRouter:
             del self._subscriptions[topic]
             self._subscription_ids.discard(sub.id)
 
-    def event_for(self, envelope: Envelope, subscription: int) -> message.Event:
-        """The EVENT for ``envelope``, built once and shared by all recipients."""
-        event = envelope.wire.get("wamp")
-        if event is None or event.subscription != subscription:
-            args, kwargs = event_arguments(envelope)
-            publication = envelope.wire.get("wamp.publication")
+    def event_bytes(self, envelope: Envelope, subscription: int, serializer: Any, realm: str | None = None) -> bytes:
+        """The EVENT for ``envelope`` on ``subscription`` as ``serializer`` encodes it; once per format and id.
+
+        ``realm`` is given for a pattern subscription (all its sessions are in
+        that realm: the realm is part of the hub pattern): its EVENT names the
+        concrete WAMP topic in ``details.topic``. The publication id is the one
+        every subscription of this message sees.
+        """
+        wire = envelope.wire
+        key = (serializer.NAME, subscription)
+        data = wire.get(key)
+        if data is None:
+            publication = wire.get(PUBLICATION)
             if publication is None:
-                publication = envelope.wire["wamp.publication"] = self.new_id()
-            event = message.Event(
-                subscription=subscription,
-                publication=publication,
-                args=args,
-                kwargs=kwargs,
-            )
-            envelope.wire["wamp"] = event
-        return event
+                publication = wire[PUBLICATION] = self.new_id()
+            args, kwargs = event_arguments(envelope)
+            details = None if realm is None else {"topic": wamp_topic(realm, envelope.topic, self.realms[0])}
+            data = wire[key] = serializer.serialize(event_message(subscription, publication, args, kwargs, details))
+        return data  # type: ignore[no-any-return]
 
 
 class BrokerSession:
@@ -351,9 +436,10 @@ class BrokerSession:
         #: The role welcomed with; None without an auth policy (everything allowed).
         self._role: Role | None = None
         self._authenticator: Authenticator | None = None
-        #: subscription id -> hub topic, and back.
-        self._subscriptions: dict[int, str] = {}
+        #: subscription id -> hub topic or pattern, and back.
+        self._subscriptions: dict[int, str | Pattern] = {}
         self._topics: dict[str, int] = {}
+        self._patterns: dict[Pattern, int] = {}
         #: Ends a session that has not joined within ``limits.join_timeout``.
         self._join_timer: Any = None
 
@@ -404,7 +490,7 @@ class BrokerSession:
         self._transport = None
         self._router.sessions.pop(self, None)
 
-    def onMessage(self, msg: Message) -> None:  # noqa: N802 - Autobahn API
+    def onMessage(self, msg: Message | PublishRequest) -> None:  # noqa: N802 - Autobahn API
         """Handle one decoded WAMP message; never raises."""
         try:
             self._dispatch(msg)
@@ -446,6 +532,29 @@ class BrokerSession:
                     return
         self.protocol_violation(problem)
 
+    def unparsable(self, raw: Any, problem: str) -> None:
+        """A message Autobahn refused to parse (its ``ProtocolError``).
+
+        A SUBSCRIBE whose match policy is unknown (Autobahn refuses it while
+        parsing) gets ERROR ``wamp.error.invalid_argument``, as the spec asks
+        of a broker for an option it does not support; anything else is a
+        protocol violation.
+        """
+        if self._state is _State.ESTABLISHED and isinstance(raw, list) and len(raw) == 4:
+            msg_type, request, options = raw[0], raw[1], raw[2]
+            if (
+                msg_type == message.Subscribe.MESSAGE_TYPE
+                and type(request) is int
+                and 0 < request <= MAX_ID
+                and isinstance(options, dict)
+                and options.get("match", message.Subscribe.MATCH_EXACT) not in (message.Subscribe.MATCH_EXACT, *MATCHES)
+            ):
+                match = str(options["match"])[:40]
+                text = f"unknown match policy {match!r}; this broker offers exact, prefix, wildcard"
+                self._error(message.Subscribe.MESSAGE_TYPE, request, INVALID_ARGUMENT, text)
+                return
+        self.protocol_violation(problem)
+
     # -- the hub Sink ----------------------------------------------------------
 
     #: The hub counts what this sink delivers under the ``wamp`` front-end, once per message.
@@ -453,10 +562,14 @@ class BrokerSession:
 
     def deliver(self, envelope: Envelope) -> bool:
         """Send ``envelope`` as an EVENT, or drop this client if it lags too far; True if sent."""
-        if self._state is not _State.ESTABLISHED or self._transport is None:
-            return False
-        subscription = self._topics.get(envelope.topic)
-        if subscription is None:
+        return self._send_event(envelope, self._topics.get(envelope.topic), None)
+
+    def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool:
+        """Send ``envelope``, which matched ``pattern``, as an EVENT of that pattern subscription; True if sent."""
+        return self._send_event(envelope, self._patterns.get(pattern), pattern)
+
+    def _send_event(self, envelope: Envelope, subscription: int | None, pattern: Pattern | None) -> bool:
+        if subscription is None or self._state is not _State.ESTABLISHED or self._transport is None:
             return False
         transport = self._transport
         unsent = transport.unsent_bytes()
@@ -475,7 +588,8 @@ class BrokerSession:
             transport.drop(reason)
             return False
         try:
-            transport.send(self._router.event_for(envelope, subscription))
+            realm = None if pattern is None else self._realm
+            transport.send_encoded(self._router.event_bytes(envelope, subscription, transport.object_serializer, realm))
             return True
         except Exception:
             # Called from the hub's delivery loop: one bad recipient or
@@ -513,6 +627,7 @@ class BrokerSession:
             self._router.release_subscription(topic)
         self._subscriptions.clear()
         self._topics.clear()
+        self._patterns.clear()
 
     def _close_transport(self) -> None:
         transport = self._transport
@@ -554,8 +669,12 @@ class BrokerSession:
 
     # -- dispatch ----------------------------------------------------------------
 
-    def _dispatch(self, msg: Message) -> None:
+    def _dispatch(self, msg: Message | PublishRequest) -> None:
         state = self._state
+        if type(msg) is PublishRequest and state is _State.ESTABLISHED:
+            # The hot path: a PUBLISH the codec decoded without an Autobahn Message.
+            self._on_publish(msg)
+            return
         if state is _State.CLOSED:
             return
         if isinstance(msg, message.Abort):
@@ -571,14 +690,14 @@ class BrokerSession:
             if isinstance(msg, message.Hello):
                 self._on_hello(msg)
             else:
-                self.protocol_violation(f"{type(msg).__name__.upper()} received before the session was established")
+                self.protocol_violation(f"{_kind(msg)} received before the session was established")
         elif state is _State.AWAIT_AUTHENTICATE:
             if isinstance(msg, message.Authenticate):
                 self._on_authenticate(msg)
             else:
-                self.protocol_violation(f"{type(msg).__name__.upper()} received while AUTHENTICATE was expected")
+                self.protocol_violation(f"{_kind(msg)} received while AUTHENTICATE was expected")
         elif isinstance(msg, message.Publish):
-            self._on_publish(msg)
+            self._on_publish(PublishRequest.from_message(msg))
         elif isinstance(msg, message.Subscribe):
             self._on_subscribe(msg)
         elif isinstance(msg, message.Unsubscribe):
@@ -644,7 +763,7 @@ class BrokerSession:
             message.Welcome(
                 session=self._session_id,
                 roles={
-                    "broker": RoleBrokerFeatures(publisher_exclusion=True),
+                    "broker": RoleBrokerFeatures(publisher_exclusion=True, pattern_based_subscription=True),
                     "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True),
                 },
                 realm=self._realm,
@@ -678,20 +797,26 @@ class BrokerSession:
 
     def _on_subscribe(self, msg: message.Subscribe) -> None:
         request_type = message.Subscribe.MESSAGE_TYPE
-        if msg.match not in (None, message.Subscribe.MATCH_EXACT):
-            self._error(
-                request_type,
-                msg.request,
-                INVALID_ARGUMENT,
-                f"only exact-match subscriptions are supported, not {msg.match!r}",
-            )
+        match = msg.match or message.Subscribe.MATCH_EXACT
+        if match != message.Subscribe.MATCH_EXACT and match not in MATCHES:
+            self._error(request_type, msg.request, INVALID_ARGUMENT, f"unknown match policy {str(match)[:40]!r}")
             return
-        problem = self._topic_problem(msg.topic)
+        exact = match == message.Subscribe.MATCH_EXACT
+        if exact:
+            problem = self._topic_problem(msg.topic)
+        else:
+            problem = pattern_problem(match, msg.topic, self._limits.max_uri_length)
         if problem is not None:
             self._error(request_type, msg.request, INVALID_URI, problem)
             return
         assert self._realm is not None
-        topic = self._router.hub_topic(self._realm, msg.topic)
+        key: str | Pattern
+        if exact:
+            key = topic = self._router.hub_topic(self._realm, msg.topic)
+        else:
+            key = self._router.hub_pattern(self._realm, match, msg.topic)
+            # Every topic the pattern can match starts with its literal head.
+            topic = key.head
         role = self._role
         if role is not None and not role.may_subscribe(topic):
             log.debug(
@@ -704,7 +829,7 @@ class BrokerSession:
                 request_type, msg.request, NOT_AUTHORIZED, f"role {role.name!r} may not subscribe to {msg.topic!r}"
             )
             return
-        subscription = self._topics.get(topic)
+        subscription = self._topics.get(key) if isinstance(key, str) else self._patterns.get(key)
         if subscription is None:
             limit = self._limits.max_subscriptions_per_session
             if len(self._subscriptions) >= limit:
@@ -715,10 +840,14 @@ class BrokerSession:
                     f"a session may hold at most {limit} subscriptions",
                 )
                 return
-            subscription = self._router.acquire_subscription(topic)
-            self._subscriptions[subscription] = topic
-            self._topics[topic] = subscription
-            self._hub.subscribe(topic, self)
+            subscription = self._router.acquire_subscription(key)
+            self._subscriptions[subscription] = key
+            if isinstance(key, str):
+                self._topics[key] = subscription
+                self._hub.subscribe(key, self)
+            else:
+                self._patterns[key] = subscription
+                self._hub.subscribe_pattern(key, self)
         answer = message.Subscribed(msg.request, subscription)
         if self._router.await_interest:
             self._hub.interest_settled().addCallback(lambda _: self._send(answer))
@@ -735,13 +864,17 @@ class BrokerSession:
                 f"no subscription {msg.subscription} in this session",
             )
             return
-        del self._topics[topic]
-        self._hub.unsubscribe(topic, self)
+        if isinstance(topic, str):
+            del self._topics[topic]
+            self._hub.unsubscribe(topic, self)
+        else:
+            del self._patterns[topic]
+            self._hub.unsubscribe_pattern(topic, self)
         self._router.release_subscription(topic)
         self._send(message.Unsubscribed(msg.request))
 
-    def _on_publish(self, msg: message.Publish) -> None:
-        request_type = message.Publish.MESSAGE_TYPE
+    def _on_publish(self, msg: PublishRequest) -> None:
+        request_type = PUBLISH
         acknowledge = msg.acknowledge is True
         problem = self._topic_problem(msg.topic)
         if problem is None and msg.topic.startswith("wamp."):
@@ -777,16 +910,10 @@ class BrokerSession:
                     request_type, msg.request, NOT_AUTHORIZED, f"role {role.name!r} may not publish to {msg.topic!r}"
                 )
             return
-        args, kwargs = msg.args, msg.kwargs
-        if args is not None and len(args) == 1 and not kwargs:
-            envelope = self._hub.envelope(topic, args[0])
-        else:
-            envelope = self._hub.envelope(
-                topic, {"args": list(args or []), "kwargs": dict(kwargs or {})}, wamp_wrapped=True
-            )
-        publication = envelope.wire["wamp.publication"] = self._router.new_id()
-        exclude_me = msg.exclude_me is not False
-        self._hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
-        self._hub.publish(envelope, exclude=self if exclude_me else None)
+        hub = self._hub
+        envelope = wamp_envelope(hub, topic, msg.args, msg.kwargs, size=msg.size)
+        publication = envelope.wire[PUBLICATION] = self._router.new_id()
+        hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
+        hub.publish(envelope, exclude=None if msg.exclude_me is False else self)
         if acknowledge:
             self._send(message.Published(msg.request, publication))

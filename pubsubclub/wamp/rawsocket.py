@@ -178,7 +178,7 @@ class WampRawSocketProtocol(Protocol):
 
     def _message(self, payload: bytes) -> None:
         if self._serializer is not None:
-            feed_session(lambda: self._session, self._serializer, payload, None)
+            feed_session(self, self._serializer, payload, None)
 
     def _fail(self, problem: str) -> None:
         log.info("RawSocket client {peer}: {problem}; closing", peer=self._peer(), problem=problem)
@@ -205,6 +205,18 @@ class WampRawSocketProtocol(Protocol):
         if not self._open or serializer is None:
             return
         data, _binary = serializer.serialize(msg)
+        self.send_encoded(data)
+
+    @property
+    def object_serializer(self) -> Any:
+        """This connection's object serializer (chosen in the handshake)."""
+        assert self._serializer is not None
+        return self._serializer._serializer
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send one message already encoded with :attr:`object_serializer` as one frame."""
+        if not self._open:
+            return
         if len(data) > self._max_send:
             self._router.hub.metrics.disconnect("wamp", "message_too_large_for_client")
             self.drop(f"a message of {len(data)} bytes is over the client's maximum of {self._max_send}")

@@ -1,6 +1,7 @@
 """WAMP over WebSocket for the broker: the Twisted protocol, resource and site.
 
-Autobahn does the WebSocket framing and the WAMP (de)serialization; this
+Autobahn does the WebSocket framing and the WAMP (de)serialization (PUBLISH
+in and EVENT out on the faster path of :mod:`pubsubclub.wamp.codec`); this
 module adds what a public-facing router needs on top:
 
 * malformed WAMP (bad JSON/MessagePack, not a list, unknown message type,
@@ -21,8 +22,7 @@ module adds what a public-facing router needs on top:
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 from autobahn.twisted.resource import WebSocketResource
@@ -48,6 +48,7 @@ from pubsubclub import jsonbounds
 from pubsubclub.jsonbounds import JSONBounds, check
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
+from pubsubclub.wamp.codec import decode
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
@@ -70,7 +71,7 @@ class WampServerProtocol(WampWebSocketServerProtocol):
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803
         """Decode WAMP messages; answer undecodable input with ABORT."""
-        feed_session(lambda: self._session, self._serializer, payload, isBinary)
+        feed_session(self, self._serializer, payload, isBinary)
 
     def send(self, msg: Message) -> None:
         """Serialize ``msg`` (cached per message and wire format) and send it."""
@@ -78,6 +79,19 @@ class WampServerProtocol(WampWebSocketServerProtocol):
             raise TransportLost()
         data, is_binary = self._serializer.serialize(msg)
         self.sendMessage(data, is_binary)
+        if self._backlog is not None:
+            self._backlog.written(len(data))
+
+    @property
+    def object_serializer(self) -> Any:
+        """This connection's object serializer (negotiated at the WebSocket handshake)."""
+        return self._serializer._serializer
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send one message already encoded with :attr:`object_serializer` (binary frame for MessagePack)."""
+        if not self.isOpen():
+            raise TransportLost()
+        self.sendMessage(data, self._serializer._serializer.BINARY)
         if self._backlog is not None:
             self._backlog.written(len(data))
 
@@ -92,20 +106,29 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         self.dropConnection(abort=True)
 
 
-def feed_session(current: Callable[[], Any], serializer: Any, payload: bytes, is_binary: bool | None) -> None:
-    """Decode one transport message and hand each WAMP message to the session ``current()`` returns.
+class SessionOwner(Protocol):
+    """A transport connection: its current session (None before it opened and once it closed)."""
+
+    _session: Any
+
+
+def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary: bool | None) -> None:
+    """Decode one transport message and hand each WAMP message to ``owner``'s session.
 
     Undecodable input is the peer's fault: ABORT (``protocol_violation``), or
-    an ERROR for a refused URI (``invalid_uri``). Shared by the WebSocket and
-    RawSocket transports, so both treat bad input alike.
+    an ERROR for a refused URI (``invalid_uri``) or an unknown SUBSCRIBE match
+    policy (``unparsable``). Shared by the WebSocket and RawSocket transports,
+    so both treat bad input alike. A plainly valid PUBLISH arrives as a
+    :class:`~pubsubclub.wamp.codec.PublishRequest` (see
+    :func:`~pubsubclub.wamp.codec.decode`).
     """
-    session = current()
+    session = owner._session
     if session is None:
         return
     try:
-        messages = serializer.unserialize(payload, is_binary)
+        messages = decode(serializer, payload, is_binary)
     except ProtocolError as e:
-        session.protocol_violation(str(e))
+        session.unparsable(_raw_message(serializer, payload), str(e))
         return
     except InvalidUriError as e:
         session.invalid_uri(_raw_message(serializer, payload), str(e))
@@ -116,7 +139,7 @@ def feed_session(current: Callable[[], Any], serializer: Any, payload: bytes, is
         session.protocol_violation(f"undecodable WAMP message: {type(e).__name__}")
         return
     for msg in messages:
-        if current() is None:
+        if owner._session is None:
             return
         session.onMessage(msg)
 

@@ -1,0 +1,194 @@
+"""The WAMP hot path without Autobahn ``Message`` objects: PUBLISH in, EVENT out.
+
+Why it exists: under load a node spent much of its time building Autobahn
+``Message`` objects for every PUBLISH it read (``Publish.parse`` checks a
+dozen options, then the constructor checks them again) and for every EVENT
+it wrote (construct, ``marshal``, serialize). This module does the two
+messages of the publish path on plain lists and bytes; every other message
+still goes through Autobahn's classes.
+
+- :func:`decode` is Autobahn's ``Serializer.unserialize`` (same checks, same
+  words in every ``ProtocolError``), except that a PUBLISH that is plainly
+  valid becomes a :class:`PublishRequest` without a ``Message``. "Plainly
+  valid" is a strict subset of what ``Publish.parse`` accepts (request id in
+  range, options holding at most ``acknowledge``/``exclude_me`` as booleans and
+  keys Autobahn ignores, a loose URI topic, list args, dict kwargs with string
+  keys). Any other PUBLISH is handed to ``Publish.parse`` itself, so every
+  refusal, and its wording, is Autobahn's own. ``tests/test_wamp_codec.py``
+  checks on random messages that both accept and refuse the same, with the
+  same fields.
+- :func:`event_message` is the EVENT as a list, as ``Event.marshal`` writes
+  it; the broker encodes it once per publish and wire format with the
+  connection's object serializer (orjson with WAMP's ``"\\0"`` + base64
+  binary convention, or msgpack) and sends the same bytes to every recipient.
+
+Sans-IO: no Twisted; Autobahn only for its message classes and errors.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, NamedTuple
+
+from autobahn.wamp import message
+from autobahn.wamp.exception import ProtocolError
+
+__all__ = ["EVENT", "PUBLISH", "PublishRequest", "decode", "event_message", "publish_request"]
+
+PUBLISH = message.Publish.MESSAGE_TYPE
+EVENT = message.Event.MESSAGE_TYPE
+#: Largest WAMP id (the spec's 2**53), as Autobahn checks it.
+_MAX_ID = 2**53
+#: The loose URI rule (non-empty components, no whitespace, '.' or '#'), matched whole: a topic
+#: it accepts is one Autobahn's looser ``match`` (which lets a trailing newline through) accepts too.
+_LOOSE_URI = re.compile(r"([^\s\.#]+\.)*[^\s\.#]+")
+#: PUBLISH options Autobahn checks beyond ``acknowledge``/``exclude_me``: with any of them, ``Publish.parse`` decides.
+_CHECKED_OPTIONS = frozenset(
+    {
+        "exclude",
+        "exclude_authid",
+        "exclude_authrole",
+        "eligible",
+        "eligible_authid",
+        "eligible_authrole",
+        "retain",
+        "transaction_hash",
+        "forward_for",
+        "enc_algo",
+        "enc_key",
+        "enc_serializer",
+    }
+)
+_FLAG_OPTIONS = ("acknowledge", "exclude_me")
+
+
+class PublishRequest(NamedTuple):
+    """A decoded PUBLISH: the fields the broker uses, as ``Publish.parse`` would give them.
+
+    A NamedTuple rather than a frozen dataclass: it is built for every
+    publish, and a tuple is the cheapest immutable record to build.
+    """
+
+    request: int
+    topic: str
+    args: Any
+    kwargs: Any
+    #: The ``acknowledge`` option, None when absent.
+    acknowledge: bool | None
+    #: The ``exclude_me`` option, None when absent.
+    exclude_me: bool | None
+    #: A transparent (``payload``) publication's payload, which the broker refuses; else None.
+    payload: Any = None
+    #: Bytes of the WAMP message as received, when the transport knew them (metrics).
+    size: int | None = None
+
+    @classmethod
+    def from_message(cls, msg: message.Publish) -> PublishRequest:
+        """The fields of an Autobahn ``Publish`` (for messages parsed by Autobahn)."""
+        return cls(msg.request, msg.topic, msg.args, msg.kwargs, msg.acknowledge, msg.exclude_me, msg.payload)
+
+
+def publish_request(raw: list[Any], size: int | None = None) -> PublishRequest | None:
+    """``raw`` (a decoded ``[16, ...]`` list) as a PublishRequest when it is plainly valid, else None.
+
+    None means "let ``Publish.parse`` decide", never "invalid".
+    """
+    n = len(raw)
+    if n < 4 or n > 6:
+        return None
+    request, options, topic = raw[1], raw[2], raw[3]
+    if type(request) is not int or request < 0 or request > _MAX_ID:
+        return None
+    if type(options) is not dict or type(topic) is not str or _LOOSE_URI.fullmatch(topic) is None:
+        return None
+    acknowledge = exclude_me = None
+    if options:
+        for key, value in options.items():
+            if key in _FLAG_OPTIONS:
+                if type(value) is not bool:
+                    return None
+                if key == "acknowledge":
+                    acknowledge = value
+                else:
+                    exclude_me = value
+            elif type(key) is not str or key in _CHECKED_OPTIONS:
+                return None
+    args = kwargs = None
+    if n >= 5:
+        args = raw[4]
+        if type(args) is not list:
+            return None
+        if n == 6:
+            kwargs = raw[5]
+            if type(kwargs) is not dict:
+                return None
+            for key in kwargs:
+                if type(key) is not str:
+                    return None
+    return PublishRequest(request, topic, args, kwargs, acknowledge, exclude_me, None, size)
+
+
+def decode(serializer: Any, payload: bytes, is_binary: bool | None) -> list[Any]:
+    """The WAMP messages in ``payload``, as Autobahn's ``serializer.unserialize`` gives them, PUBLISH aside.
+
+    ``serializer`` is an Autobahn ``Serializer`` (JSON or MessagePack, not
+    batched). A plainly valid PUBLISH comes back as a :class:`PublishRequest`;
+    everything else as Autobahn's ``Message``. Raises what Autobahn raises
+    (``ProtocolError``, ``InvalidUriError``), with the same words.
+    """
+    objects = serializer._serializer
+    if is_binary is not None and is_binary != objects.BINARY:
+        raise ProtocolError(
+            f"invalid serialization of WAMP message (binary {is_binary}, but expected {objects.BINARY})"
+        )
+    try:
+        raws = objects.unserialize(payload)
+    except Exception as e:
+        raise ProtocolError(f"invalid serialization of WAMP message: {type(e).__name__} {e}") from None
+    messages: list[Any] = []
+    for raw in raws:
+        if type(raw) is list and raw and type(raw[0]) is int and raw[0] == PUBLISH:
+            fast = publish_request(raw, len(payload))
+            if fast is not None:
+                messages.append(fast)
+                continue
+        messages.append(_parse(serializer.MESSAGE_TYPE_MAP, raw))
+    return messages
+
+
+def _parse(classes: dict[int, Any], raw: Any) -> Any:
+    """One decoded message through Autobahn's checks and ``parse`` (the serializer's own wording)."""
+    if type(raw) is not list:
+        raise ProtocolError(f"invalid type {type(raw)} for WAMP message")
+    if not raw:
+        raise ProtocolError("missing message type in WAMP message")
+    message_type = raw[0]
+    if type(message_type) is not int:
+        raise ProtocolError(f"invalid type {type(message_type)} for WAMP message type")
+    klass = classes.get(message_type)
+    if klass is None:
+        raise ProtocolError(f"invalid WAMP message type {message_type}")
+    return klass.parse(raw)
+
+
+#: EVENT.Details: the broker discloses nothing (no publisher, no topic for exact-match subscriptions).
+_NO_DETAILS: dict[str, Any] = {}
+
+
+def event_message(
+    subscription: int,
+    publication: int,
+    args: list[Any] | None,
+    kwargs: dict[str, Any] | None,
+    details: dict[str, Any] | None = None,
+) -> list[Any]:
+    """The EVENT list as Autobahn's ``Event.marshal`` writes it: args only when needed, kwargs only when non-empty.
+
+    ``details``: e.g. ``{"topic": t}`` for a pattern subscription's EVENT.
+    """
+    known = details or _NO_DETAILS
+    if kwargs:
+        return [EVENT, subscription, publication, known, args if args is not None else [], kwargs]
+    if args:
+        return [EVENT, subscription, publication, known, args]
+    return [EVENT, subscription, publication, known]
