@@ -10,7 +10,7 @@ CROSSBAR_VENV    := .crossbar-venv
 CROSSBAR_VERSION := 26.10.1
 CROSSBAR_STAMP   := $(CROSSBAR_VENV)/.installed-$(CROSSBAR_VERSION)
 
-.PHONY: demo test lint unit js crossbar browser sysdeps bench clean
+.PHONY: demo test lint unit js crossbar browser sysdeps bench bench-peers clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -62,6 +62,12 @@ test: $(STAMP) $(JS) $(CROSSBAR_STAMP) sysdeps lint examples/sysv/client
 
 bench: $(STAMP)
 	$(VENV)/bin/pubsubclub bench
+
+# The WAMP runs against pubsubclub and Crossbar.io (one server, then two linked), one table of
+# ratios (docs/benchmarks.md). BENCH_PEERS_ARGS adds settings, e.g. BENCH_PEERS_ARGS='--runs 1'.
+BENCH_PEERS_ARGS ?= --runs 3
+bench-peers: $(STAMP) $(CROSSBAR_STAMP)
+	$(VENV)/bin/pubsubclub bench --scenario peers $(BENCH_PEERS_ARGS)
 
 clean:
 	rm -rf $(VENV) $(CROSSBAR_VENV) js/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis

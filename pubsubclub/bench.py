@@ -13,22 +13,32 @@ in its own process. Two runs:
   same clock).
 
 Every run is bounded by ``--max-seconds``.
+
+``--serializer msgpack`` and ``--transport rawsocket`` pick the Autobahn
+clients' wire (the nodes then also listen with ``--rawsocket``); ``--client
+lean`` replaces both clients with :mod:`pubsubclub.bench_lean`'s processes
+(throughput only). Both nodes' CPU per delivered message comes from ``/proc``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import subprocess
 import sys
 import time
-import urllib.request
+from dataclasses import dataclass
 from typing import Any
+
+from pubsubclub.bench_lean import lean_run, lean_window
+from pubsubclub.bench_nodes import machine, node_pair, progress, stop, tree_cpu_seconds, wait_interest
 
 TOPIC = "pubsubclub.bench"
 END = "end"
+#: Sent by the publisher until the subscriber answers on READY_TOPIC: then the route works both ways
+#: (a subscription can take a moment to reach the publisher's node or router, over PSC or rlinks).
+PROBE = "probe"
+READY_TOPIC = "pubsubclub.bench.ready"
 
 
 # -- the client processes (run with ``python -m pubsubclub.bench``) --------------
@@ -40,15 +50,17 @@ def _client_main(argv: list[str]) -> int:
     txaio.use_twisted()
     from twisted.internet import task
 
-    role, url, realm, max_seconds = argv[0], argv[1], argv[2], float(argv[3])
+    role, url, realm, max_seconds, serializer_name = argv[0], argv[1], argv[2], float(argv[3]), argv[4]
+    argv = argv[5:]
     result: dict[str, Any] = {}
 
     async def run(reactor: Any) -> None:
         from urllib.parse import urlsplit
 
+        from autobahn.twisted.rawsocket import WampRawSocketClientFactory
         from autobahn.twisted.wamp import ApplicationSession
         from autobahn.twisted.websocket import WampWebSocketClientFactory
-        from autobahn.wamp.serializer import JsonSerializer
+        from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
         from autobahn.wamp.types import ComponentConfig, PublishOptions
         from twisted.internet import defer
         from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -59,9 +71,14 @@ def _client_main(argv: list[str]) -> int:
             def onJoin(self, details: Any) -> None:
                 joined.callback(self)
 
-        factory = WampWebSocketClientFactory(
-            lambda: Session(ComponentConfig(realm)), url=url, serializers=[JsonSerializer()]
-        )
+        serializer = MsgPackSerializer() if serializer_name == "msgpack" else JsonSerializer()
+        factory: Any
+        if url.startswith("rs://"):
+            factory = WampRawSocketClientFactory(lambda: Session(ComponentConfig(realm)), serializer=serializer)
+        else:
+            factory = WampWebSocketClientFactory(
+                lambda: Session(ComponentConfig(realm)), url=url, serializers=[serializer]
+            )
         parts = urlsplit(url)
         await TCP4ClientEndpoint(reactor, parts.hostname or "127.0.0.1", parts.port or 80).connect(factory)
         session = await joined.addTimeout(10, reactor)
@@ -73,6 +90,9 @@ def _client_main(argv: list[str]) -> int:
 
             def on_event(msg: Any) -> None:
                 now = time.time()
+                if msg == PROBE:
+                    session.publish(READY_TOPIC, "ready")
+                    return
                 if msg == END:
                     done.callback(None)
                     return
@@ -103,10 +123,17 @@ def _client_main(argv: list[str]) -> int:
                     "max": latencies[-1] * 1000,
                 }
         else:
-            mode, count, size, rate = argv[4], int(argv[5]), int(argv[6]), float(argv[7])
+            mode, count, size, rate = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
             body = "x" * size
+            deadline = time.time() + max_seconds
+            ready: defer.Deferred[None] = defer.Deferred()
+            await session.subscribe(lambda _: None if ready.called else ready.callback(None), READY_TOPIC)
+            while not ready.called:
+                if time.time() > deadline:
+                    raise TimeoutError("the subscriber never answered a probe")
+                session.publish(TOPIC, PROBE)
+                await task.deferLater(reactor, 0.05, lambda: None)
             start = time.time()
-            deadline = start + max_seconds
             sent = 0
             if mode == "throughput":
                 batch = 200
@@ -144,93 +171,49 @@ def defer_run(fn: Any, reactor: Any) -> Any:
 # -- the driver ------------------------------------------------------------------
 
 
-def _spawn_node(
-    name: str, wamp_port: int, psc_port: int, peer_port: int, http_port: int
-) -> tuple[subprocess.Popen[str], str, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pubsubclub",
-        "node",
-        "--name",
-        name,
-        "--log-level",
-        "warn",
-        "--wamp",
-        f"tcp:{wamp_port}:interface=127.0.0.1",
-        "--psc",
-        f"tcp:{psc_port}:interface=127.0.0.1",
-        "--peer",
-        f"ws://127.0.0.1:{peer_port}/psc",
-        "--no-chat-page",
-        "--http",
-        f"tcp:{http_port}:interface=127.0.0.1",
-    ]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    ready = json.loads(proc.stdout.readline())
-    return proc, ready["wamp"], ready["ops"]
+@dataclass(frozen=True)
+class Target:
+    """Where a WAMP run goes: the WebSocket and RawSocket URLs of A (publisher) and B (subscriber).
+
+    ``pids`` are the server processes whose CPU (with their children's) is the
+    servers' cost; A and B may be the same node or router.
+    """
+
+    ws: tuple[str, str]
+    rs: tuple[str, str] | None = None
+    pids: tuple[int, ...] = ()
 
 
-def _cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far."""
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _progress(text: str) -> None:
-    """One progress line on stderr (stdout keeps only the results, e.g. for --json)."""
-    print(f"bench: {text}", file=sys.stderr, flush=True)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _wait_interest(http_a: str, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(http_a + "stats", timeout=5) as r:
-            if json.loads(r.read())["remote_interest"].get(TOPIC):
-                return
-        time.sleep(0.02)
-    raise RuntimeError("node A never learned the subscriber's interest")
-
-
-def _one_run(
-    url_a: str,
-    url_b: str,
-    ops_a: str | None,
-    realm: str,
-    mode: str,
-    count: int,
-    size: int,
-    rate: float,
-    max_seconds: float,
-) -> dict[str, Any]:
+def _one_run(target: Target, args: argparse.Namespace, mode: str, count: int, rate: float) -> dict[str, Any]:
     me = [sys.executable, "-m", "pubsubclub.bench"]
-    sub = subprocess.Popen([*me, "subscriber", url_b, realm, str(max_seconds + 10)], stdout=subprocess.PIPE, text=True)
-    assert sub.stdout is not None
-    sub.stdout.readline()  # {"ready": true}
-    if ops_a is not None:
-        # Node A's /stats (on its operations listener) says when B's interest arrived.
-        _wait_interest(ops_a)
-    pub = subprocess.run(
-        [*me, "publisher", url_a, realm, str(max_seconds), mode, str(count), str(size), str(rate)],
-        stdout=subprocess.PIPE,
-        text=True,
-        timeout=max_seconds + 30,
-    )
-    out_sub, _ = sub.communicate(timeout=max_seconds + 30)
+    if args.transport == "rawsocket":
+        assert target.rs is not None
+        url_a, url_b = target.rs
+    else:
+        url_a, url_b = target.ws
+    common = [args.realm, str(args.max_seconds + 10), args.serializer]
+    sub = subprocess.Popen([*me, "subscriber", url_b, *common], stdout=subprocess.PIPE, text=True)
+    try:
+        assert sub.stdout is not None
+        sub.stdout.readline()  # {"ready": true}
+        common[1] = str(args.max_seconds)
+        pub = subprocess.run(
+            [*me, "publisher", url_a, *common, mode, str(count), str(args.size), str(rate)],
+            stdout=subprocess.PIPE,
+            text=True,
+            timeout=args.max_seconds + 30,
+        )
+        out_sub, _ = sub.communicate(timeout=args.max_seconds + 30)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+            sub.wait(10)
     p = json.loads(pub.stdout.strip().splitlines()[-1])
     s = json.loads(out_sub.strip().splitlines()[-1])
     duration = max(s.get("last", 0) - p["start"], 1e-9)
     return {
         "mode": mode,
+        "client": "autobahn",
         "sent": p["sent"],
         "received": s["received"],
         "lost": p["sent"] - s["received"],
@@ -241,51 +224,77 @@ def _one_run(
     }
 
 
-def run_bench(args: argparse.Namespace) -> int:
-    """Run both measurements and print them."""
-    procs: list[subprocess.Popen[str]] = []
-    _progress(
+def measure(args: argparse.Namespace, target: Target) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """The throughput run (and the latency run with the Autobahn client) against ``target``."""
+    if args.client == "lean":
+        assert target.rs is not None
+        return lean_run(args, *target.rs, list(target.pids)), None
+    progress(f"throughput run: {args.count} messages of {args.size} B as fast as possible (A -> B)")
+    cpu_before = tree_cpu_seconds(list(target.pids))
+    throughput = _one_run(target, args, "throughput", args.count, 0)
+    if target.pids:
+        # The servers' CPU (user + system, from /proc) per delivered message, for the whole run.
+        spent = tree_cpu_seconds(list(target.pids)) - cpu_before
+        throughput["server_cpu_us_per_msg"] = spent / max(throughput["received"], 1) * 1e6
+    progress(
+        f"throughput: {throughput['delivered_rate']:.0f} msgs/s delivered; latency run: "
+        f"{args.latency_count} messages at {args.rate}/s"
+    )
+    return throughput, _one_run(target, args, "latency", args.latency_count, args.rate)
+
+
+def _settings(args: argparse.Namespace) -> str:
+    wire = f"--serializer {args.serializer} --transport {args.transport}"
+    if args.client == "lean":
+        wire = f"--client lean --publishers {args.publishers} --subscribers {args.subscribers or 1} (JSON, RawSocket)"
+    return (
         f"settings: --count {args.count} --size {args.size} --rate {args.rate} --latency-count "
-        f"{args.latency_count} --max-seconds {args.max_seconds:g} --realm {args.realm} "
-        f"(defaults: 50000, 100, 1000, 5000, 60, realm1)"
+        f"{args.latency_count} --max-seconds {args.max_seconds:g} --realm {args.realm} {wire} "
+        f"(defaults: 50000, 100, 1000, 5000, 60, realm1, json, websocket, autobahn)"
         + (f"; targets {args.target[0]} -> {args.target[1]}" if args.target else "; two local nodes")
     )
+
+
+def check_wamp_args(args: argparse.Namespace) -> None:
+    """SystemExit for settings the WAMP runs cannot use, before anything starts."""
+    if args.publishers < 1 or (args.subscribers or 1) < 1:
+        raise SystemExit("pubsubclub: error: --publishers and --subscribers must be at least 1")
+    if args.client == "lean":
+        args.transport = "rawsocket"
+        args.serializer = "json"
+        lean_window(args)
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    """Run the measurements and print them."""
+    progress(_settings(args))
+    check_wamp_args(args)
+    if args.target and args.transport == "rawsocket":
+        raise SystemExit("pubsubclub: error: --target takes WebSocket URLs: use it with the Autobahn WebSocket client")
+    procs: list[subprocess.Popen[str]] = []
     try:
-        ops_a: str | None
         if args.target:
-            url_a, url_b = args.target
-            ops_a = args.target_ops
+            if args.target_ops:
+                wait_interest(args.target_ops, [TOPIC])
+            target = Target(ws=tuple(args.target))  # type: ignore[arg-type]
         else:
-            _progress("starting two nodes (bench-a, bench-b) on 127.0.0.1")
-            ports = [_free_port() for _ in range(6)]
-            pa, url_a, ops_a = _spawn_node("bench-a", ports[0], ports[1], ports[3], ports[4])
-            procs.append(pa)
-            pb, url_b, _ = _spawn_node("bench-b", ports[2], ports[3], ports[1], ports[5])
-            procs.append(pb)
-        _progress(f"throughput run: {args.count} messages of {args.size} B as fast as possible (A -> B)")
-        cpu_before = [_cpu_seconds(p.pid) for p in procs]
-        throughput = _one_run(
-            url_a, url_b, ops_a, args.realm, "throughput", args.count, args.size, 0, args.max_seconds
-        )
-        if procs:
-            # Both nodes' CPU (user + system, from /proc) per delivered message, for the whole run.
-            spent = sum(_cpu_seconds(p.pid) for p in procs) - sum(cpu_before)
-            throughput["server_cpu_us_per_msg"] = spent / max(throughput["received"], 1) * 1e6
-        _progress(
-            f"throughput: {throughput['delivered_rate']:.0f} msgs/s delivered; latency run: "
-            f"{args.latency_count} messages at {args.rate}/s"
-        )
-        latency = _one_run(
-            url_a, url_b, ops_a, args.realm, "latency", args.latency_count, args.size, args.rate, args.max_seconds
-        )
+            progress("starting two nodes (bench-a, bench-b) on 127.0.0.1")
+            (pa, ready_a), (pb, ready_b) = node_pair(("--rawsocket", "tcp:0:interface=127.0.0.1"))
+            procs += [pa, pb]
+            progress(f"node pids: A {pa.pid}, B {pb.pid} (for a profiler)")
+            target = Target(
+                ws=(ready_a["wamp"], ready_b["wamp"]), rs=(ready_a["rawsocket"], ready_b["rawsocket"]),
+                pids=(pa.pid, pb.pid),
+            )  # fmt: skip
+        throughput, latency = measure(args, target)
     finally:
-        for p in procs:
-            p.terminate()
-        for p in procs:
-            p.wait(10)
+        stop(procs)
     results = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
+        "scenario": "wamp",
         "size": args.size,
+        "serializer": args.serializer,
+        "transport": args.transport,
         "throughput": throughput,
         "latency": latency,
     }
@@ -296,9 +305,9 @@ def run_bench(args: argparse.Namespace) -> int:
         print(
             f"throughput: sent {t['sent']} at {t['publish_rate']:.0f}/s, delivered {t['received']} "
             f"at {t['delivered_rate']:.0f} msgs/s cross-node, lost {t['lost']}"
-            + (f", nodes' CPU {t['server_cpu_us_per_msg']:.0f} us/msg" if "server_cpu_us_per_msg" in t else "")
+            + (f", nodes' CPU {t['server_cpu_us_per_msg']:.1f} us/msg" if "server_cpu_us_per_msg" in t else "")
         )
-        if lat["latency_ms"]:
+        if lat and lat["latency_ms"]:
             lm = lat["latency_ms"]
             print(
                 f"latency at {args.rate}/s: p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms, p99.9 {lm['p999']:.2f} ms, "

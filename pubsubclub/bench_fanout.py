@@ -14,43 +14,35 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
-import platform
 import resource
-import socket
 import subprocess
-import sys
 import time
 import urllib.request
 from typing import Any
 
-from pubsubclub.bench_idle import frame, joined_session, progress, read_frame
+from pubsubclub.bench_idle import frame, joined_session, read_frame
+from pubsubclub.bench_nodes import free_port, local, machine, progress, start_node, stop, wait_interest
 
 TOPIC = "pubsubclub.bench.fanout"
 PUBSUB_HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]).encode()
 NODES = 3
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _start_nodes() -> tuple[list[subprocess.Popen[str]], list[dict[str, Any]]]:
-    psc = [_free_port() for _ in range(NODES)]
+    psc = [free_port() for _ in range(NODES)]
     procs, ready = [], []
-    for i in range(NODES):
-        cmd = [sys.executable, "-m", "pubsubclub", "node", "--name", f"fan{i + 1}", "--log-level", "warn",
-               "--wamp", f"tcp:{_free_port()}:interface=127.0.0.1", "--psc", f"tcp:{psc[i]}:interface=127.0.0.1",
-               "--http", f"tcp:{_free_port()}:interface=127.0.0.1", "--no-chat-page"]  # fmt: skip
-        for j in range(NODES):
-            if j != i:
-                cmd += ["--peer", f"ws://127.0.0.1:{psc[j]}/psc"]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True))
-    for proc in procs:
-        assert proc.stdout is not None
-        ready.append(json.loads(proc.stdout.readline()))
+    try:
+        for i in range(NODES):
+            args = ["--wamp", local(free_port()), "--psc", local(psc[i]), "--http", local(free_port())]
+            for j in range(NODES):
+                if j != i:
+                    args += ["--peer", f"ws://127.0.0.1:{psc[j]}/psc"]
+            proc, line = start_node(f"fan{i + 1}", args)
+            procs.append(proc)
+            ready.append(line)
+    except BaseException:
+        stop(procs)
+        raise
     return procs, ready
 
 
@@ -80,11 +72,7 @@ async def _run(ports: list[int], ops: str, subscribers: int, count: int, size: i
         if (i + 1) % 250 == 0:
             progress(f"{i + 1} subscribers")
     # Node 1 must know both other nodes want the topic before the first publish.
-    while time.monotonic() < deadline:
-        with urllib.request.urlopen(ops + "stats", timeout=5) as r:
-            if len(json.loads(r.read())["remote_interest"].get(TOPIC, [])) == NODES - 1:
-                break
-        await asyncio.sleep(0.05)
+    wait_interest(ops, [TOPIC], peers=NODES - 1, timeout=max(deadline - time.monotonic(), 1))
     counter = [0]
     done = [asyncio.Event() for _ in subs]
     readers = [asyncio.ensure_future(_read_frames(r, count, counter, d)) for (r, _), d in zip(subs, done, strict=True)]
@@ -110,7 +98,7 @@ async def _run(ports: list[int], ops: str, subscribers: int, count: int, size: i
 
 def run_fanout_bench(args: argparse.Namespace) -> int:
     """Start 3 nodes, fan one publisher out to the subscribers, print deliveries/s."""
-    subscribers, count, size = args.subscribers, args.fanout_messages, args.size
+    subscribers, count, size = args.subscribers or 1000, args.fanout_messages, args.size
     progress(
         f"settings: --scenario fanout --subscribers {subscribers} --fanout-messages {count} --size {size}"
         f" --max-seconds {args.max_seconds:g} (defaults: 1000, 2000, 100, 60)"
@@ -135,13 +123,10 @@ def run_fanout_bench(args: argparse.Namespace) -> int:
         result = loop.run_until_complete(_run(ports, ready[0]["ops"], subscribers, count, size, deadline))
         loop.close()
     finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(20)
+        stop(procs)
     expected = subscribers * count
     results = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
         "scenario": "fanout",
         "subscribers": subscribers,
         "published": count,

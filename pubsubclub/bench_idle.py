@@ -15,28 +15,14 @@ import asyncio
 import base64
 import json
 import os
-import platform
 import resource
-import socket
 import struct
-import subprocess
-import sys
 import time
 from typing import Any
 
+from pubsubclub.bench_nodes import free_port, local, machine, progress, rss, start_node, stop
+
 HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}}}]).encode()
-
-
-def progress(text: str) -> None:
-    """One progress line on stderr."""
-    print(f"bench: {text}", file=sys.stderr, flush=True)
-
-
-def _rss(pid: int) -> int:
-    for line in open(f"/proc/{pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no VmRSS")
 
 
 def frame(payload: bytes) -> bytes:
@@ -104,32 +90,24 @@ def run_idle_bench(args: argparse.Namespace) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # the node inherits it
     if want < count + 256:
         raise SystemExit(f"pubsubclub: error: the open-file limit ({hard}) is too low for {count} sessions")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "pubsubclub", "node", "--name", "bench-idle", "--log-level", "warn",
-           "--wamp", f"tcp:{port}:interface=127.0.0.1", "--psc", "tcp:0:interface=127.0.0.1",
-           "--no-chat-page"]  # fmt: skip
-    node = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+    port = free_port()
+    node, _ = start_node("bench-idle", ["--wamp", local(port), "--psc", local(0)])
     writers: list[Any] = []
     try:
-        assert node.stdout is not None
-        node.stdout.readline()
-        before = _rss(node.pid)
+        before = rss(node.pid)
         loop = asyncio.new_event_loop()
         started = time.perf_counter()
         writers = loop.run_until_complete(_open_all(port, count, time.monotonic() + args.max_seconds))
         opened = time.perf_counter() - started
-        after = _rss(node.pid)
+        after = rss(node.pid)
         for writer in writers:
             writer.transport.abort()
         loop.close()
     finally:
-        node.terminate()
-        node.wait(20)
+        stop([node])
     per_session = (after - before) / count
     results = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
         "scenario": "idle",
         "sessions": count,
         "rss_before": before,

@@ -14,26 +14,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import socket
-import subprocess
-import sys
 import tempfile
 import time
 from typing import Any
 
 from pubsubclub.adapters import stream_codec as c
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _progress(text: str) -> None:
-    print(f"bench: {text}", file=sys.stderr, flush=True)
+from pubsubclub.bench_nodes import cpu_seconds, free_port, local, machine, progress, start_node, stop
 
 
 class _Client:
@@ -80,30 +68,22 @@ class _Client:
         return got
 
 
-def _cpu_seconds(pid: int) -> float:
-    fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_stream_bench(args: argparse.Namespace) -> int:
     """Start a node, publish, catch up, print the rates."""
     count, size, batch = args.count, args.size, args.batch
-    _progress(
+    progress(
         f"settings: --scenario stream --count {count} --size {size} --batch {batch} --max-seconds {args.max_seconds:g}"
         f"{' --relaxed' if args.relaxed else ''} (defaults: 50000, 100, 1000, 60; fsync on)"
     )
     data_dir = tempfile.mkdtemp(prefix="pubsubclub-bench-stream-")
-    port = _free_port()
-    cmd = [sys.executable, "-m", "pubsubclub", "node", "--name", "bench-stream", "--log-level", "warn",
-           "--wamp", f"tcp:{_free_port()}:interface=127.0.0.1", "--psc", f"tcp:{_free_port()}:interface=127.0.0.1",
-           "--no-chat-page", "--stream", f"tcp:{port}:interface=127.0.0.1", "--data-dir", data_dir]  # fmt: skip
+    port = free_port()
+    node_args = ["--wamp", local(free_port()), "--psc", local(free_port()), "--stream", local(port),
+                 "--data-dir", data_dir]  # fmt: skip
     if args.relaxed:
-        cmd.append("--no-stream-fsync")
-    _progress("starting a node with --stream on 127.0.0.1, data dir " + data_dir)
-    node = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        node_args.append("--no-stream-fsync")
+    progress("starting a node with --stream on 127.0.0.1, data dir " + data_dir)
+    node, _ = start_node("bench-stream", node_args)
     try:
-        assert node.stdout is not None
-        node.stdout.readline()
         deadline = time.monotonic() + args.max_seconds
         payload = os.urandom(size // 2).hex().encode()[:size].ljust(size, b"x")
         frame = c.encode(c.Publish("bench", payload))
@@ -112,8 +92,8 @@ def run_stream_bench(args: argparse.Namespace) -> int:
         writer = _Client(port)
         writer.send(c.encode(c.Connect("bench-writer", "bench")))
         writer.events(1, deadline)
-        _progress(f"publishing {batches * batch} messages in {batches} batches, one OK per batch after the sync")
-        cpu0, t0 = _cpu_seconds(node.pid), time.perf_counter()
+        progress(f"publishing {batches * batch} messages in {batches} batches, one OK per batch after the sync")
+        cpu0, t0 = cpu_seconds(node.pid), time.perf_counter()
         window = 4  # batches in flight
         sent = acked = 0
         while acked < batches:
@@ -124,21 +104,20 @@ def run_stream_bench(args: argparse.Namespace) -> int:
             assert isinstance(status, c.Status) and status.ok and status.count == batch, status
             acked += 1
         publish_seconds = time.perf_counter() - t0
-        publish_cpu = _cpu_seconds(node.pid) - cpu0
+        publish_cpu = cpu_seconds(node.pid) - cpu0
         total = batches * batch
-        _progress(f"published {total} in {publish_seconds:.2f} s; catching up from Earliest")
+        progress(f"published {total} in {publish_seconds:.2f} s; catching up from Earliest")
         reader = _Client(port)
         reader.send(c.encode(c.Connect("bench-reader", "bench")) + c.encode(c.Subscribe("bench", c.Position.EARLIEST)))
-        cpu1, t1 = _cpu_seconds(node.pid), time.perf_counter()
+        cpu1, t1 = cpu_seconds(node.pid), time.perf_counter()
         got = reader.count(total, deadline)
         read_seconds = time.perf_counter() - t1
-        read_cpu = _cpu_seconds(node.pid) - cpu1
+        read_cpu = cpu_seconds(node.pid) - cpu1
     finally:
-        node.terminate()
-        node.wait(10)
+        stop([node])
         shutil.rmtree(data_dir, ignore_errors=True)
     results: dict[str, Any] = {
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform()},
+        "machine": machine(),
         "scenario": "stream",
         "size": size,
         "batch": batch,

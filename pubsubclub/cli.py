@@ -68,12 +68,39 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "stream", "idle", "fanout"],
+        choices=["wamp", "link", "peers", "stream", "idle", "fanout"],
         default="wamp",
-        help="wamp: cross-node WAMP throughput and latency (default); stream: durable stream publish and catch-up;"
-        " idle: node memory per idle WAMP session; fanout: one publisher to --subscribers over 3 nodes",
+        help="wamp: cross-node WAMP throughput and latency (default); link: node to node with no WAMP client;"
+        " peers: the wamp runs against pubsubclub and Crossbar.io (make bench-peers); stream: durable stream publish"
+        " and catch-up; idle: node memory per idle WAMP session;"
+        " fanout: one publisher to --subscribers over 3 nodes",
     )
-    bench.add_argument("--subscribers", type=int, default=1000, help="fanout: subscribers (default 1000)")
+    bench.add_argument(
+        "--client",
+        choices=["autobahn", "lean"],
+        default="autobahn",
+        help="wamp: Autobahn-Python clients (default) or lean orjson/RawSocket client processes (throughput only)",
+    )
+    bench.add_argument(
+        "--serializer", choices=["json", "msgpack"], default="json", help="wamp: Autobahn clients' serializer"
+    )
+    bench.add_argument(
+        "--transport", choices=["websocket", "rawsocket"], default="websocket", help="wamp: Autobahn clients' transport"
+    )
+    bench.add_argument("--publishers", type=int, default=1, help="wamp --client lean: publisher processes (default 1)")
+    bench.add_argument(
+        "--subscribers", type=int, help="fanout: subscribers (default 1000); wamp --client lean: processes (default 1)"
+    )
+    bench.add_argument(
+        "--window", type=int, help="wamp --client lean, link: messages in flight (default 20000)"
+    )
+    bench.add_argument("--runs", type=int, default=1, help="peers: runs per figure, the median is shown (default 1)")
+    bench.add_argument(
+        "--clients", help="peers: comma-separated autobahn-json-ws, autobahn-msgpack-rs, lean (default: all)"
+    )
+    bench.add_argument(
+        "--topology", choices=["single", "pair", "both"], default="both", help="peers: one server, two linked, or both"
+    )
     bench.add_argument("--fanout-messages", type=int, default=2000, help="fanout: messages published (default 2000)")
     bench.add_argument("--sessions", type=int, default=10_000, help="idle: WAMP sessions to open (default 10000)")
     bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
@@ -125,6 +152,18 @@ def main(argv: list[str] | None = None) -> int:
             )
             return run_cluster(layout)
         if args.command == "bench":
+            import signal
+
+            # SIGTERM unwinds like Ctrl-C, so every scenario's `finally` stops the nodes and routers it started.
+            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+            if args.scenario == "peers":
+                from pubsubclub.bench_peers import run_peers_bench
+
+                return run_peers_bench(args)
+            if args.scenario == "link":
+                from pubsubclub.bench_link import run_link_bench
+
+                return run_link_bench(args)
             if args.scenario == "fanout":
                 from pubsubclub.bench_fanout import run_fanout_bench
 

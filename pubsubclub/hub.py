@@ -123,6 +123,8 @@ class Hub:
     def __init__(self, node_id: str | None = None) -> None:
         self.node_id = node_id or os.urandom(6).hex()
         self._sinks: dict[str, dict[Sink, None]] = {}
+        #: Per topic, what :meth:`_deliver` walks; dropped whenever the topic's sinks change.
+        self._snapshots: dict[str, tuple[tuple[Sink, str | None], ...]] = {}
         self._interest: list[InterestListener] = []
         self._publish: list[PublishListener] = []
         self._remote_interest: list[RemoteInterestListener] = []
@@ -202,6 +204,7 @@ class Hub:
     def subscribe(self, topic: str, sink: Sink) -> None:
         """Add ``sink`` to ``topic``; idempotent."""
         sinks = self._sinks.get(topic)
+        self._snapshots.pop(topic, None)
         if sinks is None:
             self._sinks[topic] = {sink: None}
             for listener in self._interest:
@@ -215,6 +218,7 @@ class Hub:
         if sinks is None or sink not in sinks:
             return
         del sinks[sink]
+        self._snapshots.pop(topic, None)
         if not sinks:
             del self._sinks[topic]
             for listener in self._interest:
@@ -283,15 +287,28 @@ class Hub:
         self.metrics.event(HubEvent.RECEIVED)
         return self._deliver(envelope, None)
 
+    def _targets(self, topic: str) -> tuple[tuple[Sink, str | None], ...]:
+        """``topic``'s sinks with their ``counts_as``, made once per change of its subscribers, not per message.
+
+        A snapshot: a sink may unsubscribe (or subscribe) while a message is
+        being delivered; that delivery goes on to the sinks it started with.
+        """
+        targets = self._snapshots.get(topic)
+        if targets is None:
+            sinks = self._sinks.get(topic)
+            if not sinks:
+                return ()  # not kept: publishing on ever new topics must not grow the node
+            targets = self._snapshots[topic] = tuple((sink, getattr(sink, "counts_as", None)) for sink in sinks)
+        return targets
+
     def _deliver(self, envelope: Envelope, exclude: Any) -> int:
-        sinks = self._sinks.get(envelope.topic)
+        targets = self._targets(envelope.topic)
         matched = self._patterns.match(envelope.topic)
-        if not sinks and not matched:
+        if not targets and not matched:
             return 0
         count = 0
         tally: dict[str, int] = {}
-        # Copy: a sink may unsubscribe while being delivered to.
-        for sink in list(sinks or ()):
+        for sink, source in targets:
             if sink is exclude:
                 continue
             try:
@@ -301,7 +318,6 @@ class Hub:
                 self._failed(sink, "deliver", envelope.topic)
                 continue
             count += 1
-            source = getattr(sink, "counts_as", None)
             if source is not None and sent is not False:
                 tally[source] = tally.get(source, 0) + 1
         # One delivery per matching pattern, as WAMP asks of a client subscribed several ways.

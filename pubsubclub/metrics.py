@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from twisted.logger import Logger
 
-from pubsubclub.counters import COMPONENT_OF, COMPONENTS, AnyEvent
+from pubsubclub.counters import COMPONENTS, AnyEvent
 from pubsubclub.dumpfile import formats_of, parquet_problem, write_dump
 
 log = Logger()
@@ -47,6 +47,13 @@ DEFAULT_MAX_TOPICS = 200
 #: Counter keys held per interval and in the totals; past it new topics count under OTHER_TOPIC,
 #: so publishing on ever new topics cannot grow a node's memory.
 DEFAULT_MAX_KEYS = 100_000
+
+
+#: Event -> its (component, event) counter key, made once: :meth:`Metrics.event` runs several times per message.
+#: By enum class first, since members of different enums with the same value are equal strings.
+_EVENT_KEYS: dict[type, dict[str, tuple[str, str]]] = {
+    cls: {event: (component, event.value) for event in cls} for component, cls in COMPONENTS.items()
+}
 
 
 def payload_size(envelope: Any) -> int:
@@ -147,7 +154,7 @@ class Metrics:
 
     def event(self, event: AnyEvent, n: int = 1) -> None:
         """Add ``n`` to a component's event counter (the component is the enum's)."""
-        key = (COMPONENT_OF[type(event)], event.value)
+        key = _EVENT_KEYS[type(event)][event]
         self.events[key] = self.events.get(key, 0) + n
 
     def view(self, component: str) -> dict[str, int]:

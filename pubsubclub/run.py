@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import defer
@@ -26,8 +27,12 @@ def start_logging(level: str) -> None:
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
 
 
-def run_node(config: NodeConfig, bridge: bool = False) -> int:
-    """Run one node (``bridge``: a bridge node) until SIGINT/SIGTERM; links are closed with a reason on the way out."""
+def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any], None] | None = None) -> int:
+    """Run one node (``bridge``: a bridge node) until SIGINT/SIGTERM; links are closed with a reason on the way out.
+
+    ``on_ready(node)`` runs once the node is up and has printed its ready line
+    (the link bench drives the node's hub from inside the process with it).
+    """
     start_logging(config.node.log_level)
     import txaio
 
@@ -57,6 +62,8 @@ def run_node(config: NodeConfig, bridge: bool = False) -> int:
         gc.collect()
         gc.freeze()
         print_ready(node, urls)
+        if on_ready is not None:
+            on_ready(node)
 
     reactor.callWhenRunning(lambda: defer.ensureDeferred(start()))  # type: ignore[attr-defined]
     _stop_on_signals(reactor)

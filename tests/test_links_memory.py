@@ -806,6 +806,26 @@ def test_interest_settles_after_the_timeout_when_the_peer_never_answers(net: Mem
     net.stop()
 
 
+def test_received_envelope_carries_the_psc301_size(net: MemoryNetwork) -> None:
+    """A message from another node is counted with the size of the PSC301 it came in, received and delivered."""
+    a, b = net.node("a", 9001), net.node("b", 9002)
+    sink = WampCountedSink()
+    b.hub.subscribe("t", sink)
+    _link(net, b, 9001)
+    envelope = a.hub.envelope("t", {"p": "x" * 50})
+    a.hub.publish(envelope)
+    net.flush()
+    [got] = sink.got
+    meta = psc.Meta(envelope.origin, envelope.published_at, envelope.message_id, False)
+    size = len(psc.encode_publish("t", envelope.payload, meta))
+    assert got.size == size
+    _, counters, _ = b.hub.metrics.take_interval(0.0)
+    assert counters[("t", "psc", "received", "a", None)] == [1, size]
+    assert counters[("t", "wamp", "delivered", None, None)] == [1, size]
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+
+
 # -- pattern interest (PSC 0.5) ---------------------------------------------
 
 REPLAY = ReplaySettings(max_bytes=1024 * 1024, window=60.0)
@@ -980,3 +1000,9 @@ def test_patterns_flow_when_consumers_listen(net: MemoryNetwork) -> None:
     assert _published(link.client_wire) == ["app.1", "home.k.temp"]
     net.stop()
     assert net.reactor.getDelayedCalls() == []
+
+
+class WampCountedSink(RecordingSink):
+    """A recording sink whose deliveries the hub counts (as it counts a WAMP session's)."""
+
+    counts_as = "wamp"

@@ -32,7 +32,7 @@ from pubsubclub.jsonbounds import JSONBounds, check
 from pubsubclub.testing import MemoryWampTransport
 from pubsubclub.wamp import WampLimits, WampRouter, wamp_site
 from pubsubclub.wamp.broker import hub_topic, uri_problem
-from pubsubclub.wamp.transport import bounded_serializers
+from pubsubclub.wamp.transport import bounded_serializers, feed_session
 
 reactor: Any = _reactor
 
@@ -815,3 +815,73 @@ def test_fuzz_bounded_serializers_only_raise_protocol_error(value: Any) -> None:
             topic = decoded.topic if isinstance(decoded, message.Subscribe) else None
             for part in (getattr(decoded, "args", None), getattr(decoded, "kwargs", None), topic):
                 check(part, binary=True)
+
+
+class _CountingEncoder:
+    """An object serializer that counts the messages it encodes (and decodes like the one it wraps)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.NAME = inner.NAME
+        self.BINARY = inner.BINARY
+        self.encoded: list[Any] = []
+
+    def serialize(self, obj: Any) -> bytes:
+        self.encoded.append(obj)
+        return cast(bytes, self.inner.serialize(obj))
+
+    def unserialize(self, payload: bytes) -> list[Any]:
+        return cast(list[Any], self.inner.unserialize(payload))
+
+
+@pytest.mark.parametrize("subscribers", [1, 7, 50])
+def test_fake_event_encoded_once_per_format_whatever_the_subscribers(subscribers: int) -> None:
+    """N subscribers per wire format: one EVENT encoding per format and publish, the same bytes to each."""
+    hub = Hub()
+    router = WampRouter(hub)
+    counters = {}
+    transports = []
+    for serializer in cast(list[Any], bounded_serializers(JSONBounds())):
+        serializer = copy.copy(serializer)
+        counters[serializer.SERIALIZER_ID] = serializer._serializer = _CountingEncoder(serializer._serializer)
+        for _ in range(subscribers):
+            session = router.session_factory()
+            transport = MemoryWampTransport(serializer)
+            session.onOpen(transport)
+            session.onMessage(message.Hello("realm1", {"subscriber": RoleSubscriberFeatures()}))
+            session.onMessage(message.Subscribe(1, "com.example.t"))
+            transports.append(transport)
+    for counter in counters.values():
+        counter.encoded.clear()  # WELCOME and SUBSCRIBED went through Autobahn's Message path
+    hub.publish(hub.envelope("com.example.t", {"n": b"\x01"}))
+    assert {name: len(c.encoded) for name, c in counters.items()} == {"json": 1, "msgpack": 1}
+    bytes_sent: dict[str, set[int]] = {}
+    for transport in transports:
+        event = transport.sent[-1]
+        assert isinstance(event, message.Event) and event.args == [{"n": b"\x01"}]
+        bytes_sent.setdefault(transport.serializer.SERIALIZER_ID, set()).add(id(transport.encoded[-1]))
+    assert {name: len(objects) for name, objects in bytes_sent.items()} == {"json": 1, "msgpack": 1}
+    hub.publish(hub.envelope("com.example.t", 2))
+    assert {name: len(c.encoded) for name, c in counters.items()} == {"json": 2, "msgpack": 2}
+
+
+@pytest.mark.parametrize("name", ["json", "msgpack"])
+@pytest.mark.parametrize("options", [{"acknowledge": True}, {"acknowledge": True, "retain": False}])
+def test_fake_publish_bytes_counted_from_the_frame(name: str, options: dict[str, Any]) -> None:
+    """A PUBLISH fed as bytes (decoded fast, or by Autobahn for ``retain``) is counted with its frame's size."""
+    hub = Hub()
+    router = WampRouter(hub)
+    serializer = copy.copy({s.SERIALIZER_ID: s for s in bounded_serializers(JSONBounds())}[name])
+    subscriber, _ = joined_session(router)
+    subscriber.onMessage(message.Subscribe(1, "com.example.t"))
+    publisher, sent = joined_session(router)
+
+    class Owner:
+        _session = publisher
+
+    frame = serializer._serializer.serialize([16, 5, options, "com.example.t", [{"p": "x" * 100}]])
+    feed_session(Owner(), serializer, frame, name == "msgpack")
+    assert isinstance(sent.sent[-1], message.Published)
+    _, counters, _ = hub.metrics.take_interval(0.0)
+    assert counters[("com.example.t", "wamp", "published", None, None)] == [1, len(frame)]
+    assert counters[("com.example.t", "wamp", "delivered", None, None)] == [1, len(frame)]

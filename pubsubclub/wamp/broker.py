@@ -246,8 +246,8 @@ def uri_problem(uri: str, max_length: int) -> str | None:
 
 
 def random_wamp_id() -> int:
-    """A random WAMP id in the spec's global range 1..2**53."""
-    return _random.randint(1, MAX_ID)
+    """A random WAMP id in the spec's global range 1..2**53 (uniform: 53 random bits, plus one)."""
+    return _random.getrandbits(53) + 1
 
 
 # Drawn uniformly as the spec asks, from a generator seeded once from the OS:

@@ -83,9 +83,9 @@ class PublishRequest(NamedTuple):
     size: int | None = None
 
     @classmethod
-    def from_message(cls, msg: message.Publish) -> PublishRequest:
+    def from_message(cls, msg: message.Publish, size: int | None = None) -> PublishRequest:
         """The fields of an Autobahn ``Publish`` (for messages parsed by Autobahn)."""
-        return cls(msg.request, msg.topic, msg.args, msg.kwargs, msg.acknowledge, msg.exclude_me, msg.payload)
+        return cls(msg.request, msg.topic, msg.args, msg.kwargs, msg.acknowledge, msg.exclude_me, msg.payload, size)
 
 
 def publish_request(raw: list[Any], size: int | None = None) -> PublishRequest | None:
@@ -132,8 +132,9 @@ def decode(serializer: Any, payload: bytes, is_binary: bool | None) -> list[Any]
     """The WAMP messages in ``payload``, as Autobahn's ``serializer.unserialize`` gives them, PUBLISH aside.
 
     ``serializer`` is an Autobahn ``Serializer`` (JSON or MessagePack, not
-    batched). A plainly valid PUBLISH comes back as a :class:`PublishRequest`;
-    everything else as Autobahn's ``Message``. Raises what Autobahn raises
+    batched). A PUBLISH comes back as a :class:`PublishRequest` (a plainly
+    valid one without ever building Autobahn's ``Publish``); everything else
+    as Autobahn's ``Message``. Raises what Autobahn raises
     (``ProtocolError``, ``InvalidUriError``), with the same words.
     """
     objects = serializer._serializer
@@ -152,7 +153,9 @@ def decode(serializer: Any, payload: bytes, is_binary: bool | None) -> list[Any]
             if fast is not None:
                 messages.append(fast)
                 continue
-        messages.append(_parse(serializer.MESSAGE_TYPE_MAP, raw))
+        msg = _parse(serializer.MESSAGE_TYPE_MAP, raw)
+        # A PUBLISH Autobahn had to decide reaches the broker in the same shape, with its size.
+        messages.append(PublishRequest.from_message(msg, len(payload)) if type(msg) is message.Publish else msg)
     return messages
 
 

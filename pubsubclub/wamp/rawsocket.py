@@ -68,6 +68,8 @@ class WampRawSocketProtocol(Protocol):
         self._serializers = serializers
         #: What we accept from the client (announced in our handshake).
         self._max_receive = max_receive
+        #: The largest frame we take: what we announce (a power of two), worked out once, not per frame.
+        self._max_frame = 2 ** (9 + length_exponent(max_receive))
         #: What the client accepts from us (from its handshake).
         self._max_send = 0
         self._buffer = bytearray()
@@ -162,7 +164,7 @@ class WampRawSocketProtocol(Protocol):
             if kind & 0xF8 or kind > FRAME_PONG:
                 self._fail(f"RawSocket frame with reserved bits or unknown type {kind}")
                 return
-            if length > 2 ** (9 + length_exponent(self._max_receive)):
+            if length > self._max_frame:
                 self._fail(f"RawSocket frame of {length} bytes over the announced maximum")
                 return
             if len(buffer) < 4 + length:

@@ -184,7 +184,9 @@ class _BoundedJsonObjectSerializer(JsonObjectSerializer):  # type: ignore[misc]
             for raw in messages:
                 check(raw, self._bounds, binary=True)
             return list(messages)
-        return [_binary_values(value)]
+        # A string starting with NUL can only be written "\u0000..." in JSON text: without that
+        # escape there is no binary value to convert, and the walk over the message is skipped.
+        return [_binary_values(value) if b"\\u0000" in payload else value]
 
 
 class _BoundedMsgPackObjectSerializer(MsgPackObjectSerializer):  # type: ignore[misc]

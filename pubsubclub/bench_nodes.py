@@ -1,0 +1,174 @@
+"""The processes every ``pubsubclub bench`` scenario measures: nodes on free ports, their CPU and memory.
+
+Each scenario starts real ``pubsubclub node`` processes on 127.0.0.1, waits
+for their ready line, reads what they cost from ``/proc`` and prints progress
+on stderr (stdout keeps only the results, e.g. for ``--json``). Those steps
+live here once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from typing import Any
+
+
+def progress(text: str) -> None:
+    """One progress line on stderr."""
+    print(f"bench: {text}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def local(port: int) -> str:
+    """The endpoint string of a loopback listener on ``port``."""
+    return f"tcp:{port}:interface=127.0.0.1"
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_seconds(pids: list[int]) -> float:
+    """CPU seconds of ``pids`` and all their descendants (a Crossbar node runs its router in a child)."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    parents[int(entry)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError):
+                continue  # gone meanwhile
+    tree, todo = set(pids), list(pids)
+    while todo:
+        parent = todo.pop()
+        for child in [c for c, p in parents.items() if p == parent and c not in tree]:
+            tree.add(child)
+            todo.append(child)
+    total = 0.0
+    for pid in tree:
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue  # a child that exited took its CPU time with it
+    return total
+
+
+def rss(pid: int) -> int:
+    """Resident set size of process ``pid`` in bytes."""
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmRSS")
+
+
+def machine() -> dict[str, Any]:
+    """What the numbers were measured on: CPU model and count, Python, platform, load when asked."""
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {
+        "cpus": os.cpu_count(),
+        "cpu_model": model,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "load_average": os.getloadavg()[0],
+    }
+
+
+def start_node(
+    name: str, args: list[str], command: list[str] | None = None
+) -> tuple[subprocess.Popen[str], dict[str, Any]]:
+    """Start ``pubsubclub node --name NAME ARGS`` (or ``command``) quietly; the process and its ready line."""
+    cmd = command or [sys.executable, "-m", "pubsubclub", "node"]
+    proc = subprocess.Popen(
+        [*cmd, "--name", name, "--log-level", "warn", "--no-chat-page", *args],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE if command else None,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if not line:
+        proc.wait(10)
+        raise RuntimeError(f"node {name} did not start (exit status {proc.returncode})")
+    return proc, json.loads(line)
+
+
+def node_pair(
+    extra: tuple[str, ...] = (), commands: tuple[list[str], list[str]] | None = None
+) -> list[tuple[subprocess.Popen[str], dict[str, Any]]]:
+    """Nodes A and B linked both ways on free ports, each with an operations listener; started, ready.
+
+    ``commands`` replaces ``pubsubclub node`` for A and B (the link scenario's agents).
+    """
+    psc = [free_port(), free_port()]
+    nodes: list[tuple[subprocess.Popen[str], dict[str, Any]]] = []
+    try:
+        for i, name in enumerate(("bench-a", "bench-b")):
+            args = ["--wamp", local(free_port()), "--psc", local(psc[i]), "--peer", f"ws://127.0.0.1:{psc[1 - i]}/psc",
+                    "--http", local(free_port()), *extra]  # fmt: skip
+            nodes.append(start_node(name, args, commands[i] if commands else None))
+    except BaseException:
+        stop(p for p, _ in nodes)
+        raise
+    return nodes
+
+
+def stop(procs: Any) -> None:
+    """Terminate ``procs`` and wait for each."""
+    procs = list(procs)
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    for p in procs:
+        try:
+            p.wait(20)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait(10)
+
+
+def stats(ops_url: str) -> dict[str, Any]:
+    """A node's ``/stats`` (its operations listener's URL ends with ``/``)."""
+    with urllib.request.urlopen(ops_url + "stats", timeout=5) as r:
+        result: dict[str, Any] = json.loads(r.read())
+        return result
+
+
+def wait_for(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
+    """Poll ``check`` until it holds; RuntimeError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting until {what}")
+        time.sleep(0.02)
+
+
+def wait_interest(ops_url: str, topics: list[str], peers: int = 1, timeout: float = 20.0) -> None:
+    """Wait until the node behind ``ops_url`` knows ``peers`` other nodes want each of ``topics``."""
+
+    def known() -> bool:
+        interest = stats(ops_url)["remote_interest"]
+        return all(len(interest.get(t, ())) >= peers for t in topics)
+
+    wait_for(f"{ops_url} knows the interest in {', '.join(topics)}", known, timeout)

@@ -1,0 +1,155 @@
+"""``pubsubclub bench``: every scenario and client runs end to end in small bounded runs.
+
+The runs are tiny (hundreds to a few thousand messages) and assert what a run
+must get right whatever the machine: nothing lost, the counts, the shape of
+the JSON results. Never a rate: tests do not assert on wall-clock speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+import pytest
+from conftest import REPO
+
+
+def bench(*args: str, timeout: float = 120) -> tuple[dict[str, Any], str]:
+    """Run ``pubsubclub bench ARGS --json``; its results and its stderr."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", *args, "--json"],
+        capture_output=True, text=True, timeout=timeout, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    results: dict[str, Any] = json.loads(result.stdout)
+    assert {"cpus", "cpu_model", "python", "load_average"} <= results["machine"].keys()
+    return results, result.stderr
+
+
+@pytest.mark.slow
+def test_bench_prints_settings_progress_and_results() -> None:
+    """A short ``pubsubclub bench``: settings and defaults, then progress on stderr; results on stdout."""
+    results, err = bench("--count", "300", "--latency-count", "100", "--rate", "200", "--max-seconds", "10")
+    assert "bench: settings: --count 300 --size 100 --rate 200" in err and "(defaults: 50000, 100, 1000" in err
+    assert err.index("starting two nodes") < err.index("throughput run") < err.index("latency run")
+    assert results["throughput"]["sent"] == 300 and results["latency"]["sent"] == 100
+    wire = (results["serializer"], results["transport"], results["throughput"]["client"])
+    assert wire == ("json", "websocket", "autobahn")
+
+
+@pytest.mark.slow
+def test_bench_idle_scenario_measures_memory_per_session() -> None:
+    """``bench --scenario idle`` opens the sessions (every HELLO answered with WELCOME) and reports RSS per session."""
+    results, _ = bench("--scenario", "idle", "--sessions", "100")
+    assert results["sessions"] == 100 and results["rss_after"] >= results["rss_before"] > 0
+
+
+@pytest.mark.slow
+def test_bench_fanout_scenario_delivers_every_message_to_every_subscriber() -> None:
+    """``bench --scenario fanout`` over 3 nodes: every subscriber gets every message, the rate is reported."""
+    results, _ = bench("--scenario", "fanout", "--subscribers", "30", "--fanout-messages", "100")
+    assert (results["deliveries"], results["lost"]) == (3000, 0) and results["deliveries_per_second"] > 0
+
+
+@pytest.mark.slow
+def test_bench_lean_clients_deliver_every_message_one_to_one() -> None:
+    """``--client lean``: 2 publisher and 2 subscriber processes over RawSocket; all 2 x 1,500 arrive, each once.
+
+    The window is the smallest allowed, so publishers wait for the subscribers'
+    acknowledgements (flow control) several times during the run.
+    """
+    results, err = bench("--client", "lean", "--publishers", "2", "--subscribers", "2", "--count", "1500",
+                         "--window", "2400", "--max-seconds", "30")  # fmt: skip
+    assert "--client lean --publishers 2 --subscribers 2" in err
+    t = results["throughput"]
+    assert (t["client"], t["publishers"], t["subscribers"]) == ("lean", 2, 2)
+    assert (t["sent"], t["received"], t["lost"]) == (3000, 3000, 0)
+    assert t["delivered_rate"] > 0 and t["server_cpu_us_per_msg"] > 0
+    assert (results["serializer"], results["transport"], results["latency"]) == ("json", "rawsocket", None)
+
+
+@pytest.mark.slow
+def test_bench_lean_window_too_small_for_the_clients_is_refused() -> None:
+    """A window that could stall the slowest publisher for good is refused before any node starts."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--client", "lean", "--subscribers", "3", "--window", "1000"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode != 0 and "--window must be at least 3200" in result.stderr
+    assert "starting two nodes" not in result.stderr
+
+
+@pytest.mark.slow
+def test_bench_autobahn_msgpack_over_rawsocket() -> None:
+    """``--serializer msgpack --transport rawsocket``: the Autobahn clients use rs:// and MessagePack, nothing lost."""
+    results, _ = bench("--serializer", "msgpack", "--transport", "rawsocket", "--count", "200",
+                       "--latency-count", "50", "--rate", "200", "--max-seconds", "20")  # fmt: skip
+    assert (results["serializer"], results["transport"]) == ("msgpack", "rawsocket")
+    t, lat = results["throughput"], results["latency"]
+    assert (t["sent"], t["received"], t["lost"]) == (200, 200, 0) and t["server_cpu_us_per_msg"] > 0
+    assert (lat["sent"], lat["received"], lat["lost"]) == (50, 50, 0)
+    assert 0 < lat["latency_ms"]["p50"] <= lat["latency_ms"]["p99"] <= lat["latency_ms"]["max"]
+
+
+@pytest.mark.slow
+def test_bench_link_scenario_counts_every_message_on_the_other_node() -> None:
+    """``--scenario link``: injected on A's hub, counted on B's; the small window makes A wait for B's acks."""
+    results, err = bench("--scenario", "link", "--count", "3500", "--window", "1500", "--max-seconds", "30")
+    assert "injected on A's hub, counted on B's" in err
+    assert results["scenario"] == "link" and results["window"] == 1500
+    assert (results["sent"], results["received"], results["lost"]) == (3500, 3500, 0)
+    assert results["rate"] > 0 and results["server_cpu_us_per_msg"] > 0
+
+
+@pytest.mark.slow
+def test_bench_peers_runs_against_pubsubclub_and_crossbar_routers_joined_by_rlinks() -> None:
+    """``--scenario peers --topology pair``: two nodes, then two real Crossbar routers joined by rlinks.
+
+    Every message of every run arrives (a loss fails the bench), and each row
+    holds both systems' figures and their ratios. Needs ``make crossbar``.
+    """
+    results, err = bench("--scenario", "peers", "--topology", "pair", "--clients", "autobahn-json-ws,lean",
+                         "--count", "300", "--latency-count", "50", "--rate", "200", "--max-seconds", "30",
+                         timeout=280)  # fmt: skip
+    assert "starting Crossbar router a" in err and "starting Crossbar router b" in err
+    rows = results["rows"]
+    assert [(r["client"], r["topology"]) for r in rows] == [("autobahn-json-ws", "pair"), ("lean", "pair")]
+    for row in rows:
+        for system in ("pubsubclub", "crossbar"):
+            cell = row[system]
+            assert cell["runs"] == len(cell["each"]) == 1
+            assert cell["msgs_per_s"] > 0 and cell["server_cpu_us_per_msg"] > 0
+        assert row["ratio"]["msgs_per_s"] == row["pubsubclub"]["msgs_per_s"] / row["crossbar"]["msgs_per_s"]
+    assert rows[0]["crossbar"]["p99_ms"] > 0 and rows[1]["crossbar"]["p99_ms"] is None
+
+
+@pytest.mark.slow
+def test_bench_stopped_with_sigterm_stops_the_nodes_it_started() -> None:
+    """SIGTERM during a run: the bench exits and no node it started outlives it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "link", "--count", "50000000",
+         "--max-seconds", "60"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        assert proc.stderr is not None
+        pids: list[int] = []
+        for line in proc.stderr:
+            if line.startswith("bench: node pids:"):
+                pids = [int(word.strip(",")) for word in line.split()[4:7:2]]
+            if line.startswith("bench: link run:"):
+                break
+        assert len(pids) == 2
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
