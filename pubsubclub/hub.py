@@ -120,8 +120,10 @@ class RemoteInterestListener(Protocol):
 class Hub:
     """Topic -> local sinks, plus the node's identity for new envelopes."""
 
-    def __init__(self, node_id: str | None = None) -> None:
+    def __init__(self, node_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
         self.node_id = node_id or os.urandom(6).hex()
+        #: The wall clock that stamps local publishes (``published_at``); injected by tests.
+        self._clock = clock
         self._sinks: dict[str, dict[Sink, None]] = {}
         #: Per topic, what :meth:`_deliver` walks; dropped whenever the topic's sinks change.
         self._snapshots: dict[str, tuple[tuple[Sink, str | None], ...]] = {}
@@ -262,7 +264,7 @@ class Hub:
             topic,
             payload,
             self.node_id,
-            time.time(),
+            self._clock(),
             f"{self._id_prefix}{next(self._counter)}",
             wamp_wrapped,
             size,

@@ -21,8 +21,8 @@ from pubsubclub.adapters.nsd_store import NSDStore
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.jsonbounds import JSONBounds
 
-#: The injected clock's time: the real time when the tests start, since the hub
-#: stamps local publishes with the real clock (NSD range-checks them against ours).
+#: The injected clock's time, near the real time (NSD range-checks stamps against it);
+#: the hub stamps local publishes with the same injected clock.
 NOW = float(int(time.time()))
 NOW_US = int(NOW * 1_000_000)
 #: The poisoned ``when`` of the issue.
@@ -44,7 +44,7 @@ class Node:
 
     def __init__(self, path: Path, name: str = "n1", **settings: Any) -> None:
         self.clock = Clock()
-        self.hub = Hub(name)
+        self.hub = Hub(name, clock=self.clock)
         self.store = NSDStore(str(path / f"{name}.sqlite3"))
         self.nsd = NSDService(self.hub, self.store, self.clock, NSDSettings(**settings))
         self.nsd.start()

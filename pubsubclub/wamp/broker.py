@@ -4,10 +4,9 @@ Modern Autobahn ships only client roles, so the broker is ours. It speaks the
 Broker role of the WAMP Basic Profile: HELLO/WELCOME/ABORT/GOODBYE,
 SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
 ERROR, plus the Advanced Profile's pattern-based subscriptions (``match:
-"prefix"`` and ``"wildcard"``; see "Patterns" below). There is no dealer:
-RPC messages end the session with
-``wamp.error.protocol_violation`` (a peer must not use a role the router did
-not announce in WELCOME).
+"prefix"`` and ``"wildcard"``; see "Patterns" below). The session also
+hands REGISTER/UNREGISTER/CALL/YIELD to the node-local Dealer
+(pubsubclub/wamp/dealer.py): RPC stays on the node, it is never federated.
 
 Realms and topics
     The router serves a fixed list of realms. The *first* realm maps WAMP
