@@ -103,6 +103,11 @@ class NodeSection:
         16 * MiB, "a WAMP or TEP client with more unread is dropped as a slow consumer", metavar="BYTES"
     )
     max_json_depth: int = setting(64, "deepest array/object nesting any client or peer may send", metavar="N")
+    shutdown_timeout: float = setting(
+        5.0,
+        "longest a graceful stop (SIGINT/SIGTERM) may take before the node exits anyway, in seconds",
+        metavar="S",
+    )
 
 
 @dataclass(frozen=True)
@@ -496,6 +501,8 @@ class NodeConfig:
             _check_url("advertise", fed.advertise)
         if fed.listen_role not in LISTEN_ROLES:
             raise ConfigError("listen-role", f"must be one of {', '.join(LISTEN_ROLES)}, not {fed.listen_role!r}")
+        if not isinstance(node.shutdown_timeout, (int, float)) or not 0.1 <= node.shutdown_timeout <= 3600:
+            raise ConfigError("shutdown-timeout", "must be a number of seconds between 0.1 and 3600")
         if node.log_level not in LOG_LEVELS:
             raise ConfigError("log-level", f"must be one of {', '.join(LOG_LEVELS)}, not {node.log_level!r}")
         if node.http is not None:

@@ -22,6 +22,7 @@ from twisted.internet import defer, task
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
+from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
@@ -115,6 +116,8 @@ class Node:
         self.urls: dict[str, str] = {}
         #: ``starting`` -> ``ready`` -> ``stopping`` -> ``stopped``.
         self.state = "starting"
+        #: What :meth:`stop` is doing now (named in the shutdown-timeout warning).
+        self.stop_step = "not stopping"
         self.dumper: MetricsDumper | None = None
         if config.metrics.dir is not None:
             self.dumper = MetricsDumper(
@@ -315,23 +318,58 @@ class Node:
             return
         self.state = "stopping"
         log.info("node {name} shutting down", name=self.hub.node_id)
+        self.stop_step = "leaving discovery"
         for hook in self.before_stop:
             try:
                 await defer.maybeDeferred(hook)
             except Exception:  # shutdown goes on; the failure is logged
                 log.failure("shutdown step failed")
+        self.stop_step = "closing listeners"
         await defer.gatherResults([defer.maybeDeferred(p.stopListening) for p in self.ports])
         goodbyes = [d for d in (f.close("node shutting down") for f in self.frontends) if d is not None]
+        self.stop_step = "closing links"
         await self.federation.stop()
+        self.stop_step = "saying goodbye to clients"
         for goodbye in goodbyes:
             await goodbye
+        self.stop_step = "finishing front-ends"
         for frontend in self.frontends:
             frontend.finish()
         if self._dump_loop is not None and self._dump_loop.running:
             self._dump_loop.stop()
+        self.stop_step = "writing the last metrics dump"
         if self.dumper is not None:
             self.dumper.safe_dump()  # the last partial interval, so totals are complete
+        self.stop_step = "stopped"
         self.state = "stopped"
+
+    def stop_within(self, seconds: float) -> defer.Deferred[None]:
+        """:meth:`stop`, but give up after ``seconds`` (``shutdown-timeout``): the process then exits anyway.
+
+        A peer or client that never completes its close must not keep a node
+        from stopping; the warning names the step that was still running.
+        """
+        done: defer.Deferred[None] = defer.Deferred()
+
+        def give_up() -> None:
+            log.warn(
+                "graceful stop unfinished after {seconds} s (step: {step}); exiting anyway",
+                seconds=seconds,
+                step=self.stop_step,
+            )
+            done.callback(None)
+
+        timer = self.reactor.callLater(seconds, give_up)
+
+        def finished(result: object) -> None:
+            if timer.active():
+                timer.cancel()
+                done.callback(None)
+            if isinstance(result, Failure):
+                log.failure("graceful stop failed", result)
+
+        defer.ensureDeferred(self.stop()).addBoth(finished)
+        return done
 
 
 def print_ready(node: Node, urls: dict[str, str]) -> None:

@@ -52,9 +52,9 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
             exit_code[0] = 1
             reactor.stop()  # type: ignore[attr-defined]
             return
-        # Graceful shutdown on SIGTERM/SIGINT: close links with a reason first.
+        # Graceful shutdown on SIGTERM/SIGINT: close links with a reason first, within shutdown-timeout.
         reactor.addSystemEventTrigger(  # type: ignore[attr-defined]
-            "before", "shutdown", lambda: defer.ensureDeferred(node.stop())
+            "before", "shutdown", lambda: node.stop_within(config.node.shutdown_timeout)
         )
         # Everything allocated so far lives as long as the process: keep it out
         # of the cyclic GC's full collections, which otherwise stall the

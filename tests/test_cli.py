@@ -11,6 +11,7 @@ import selectors
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -135,7 +136,14 @@ def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:
         with urllib.request.urlopen(f"http://127.0.0.1:{ops}/stats", timeout=5) as r:
             assert json.loads(r.read())["servers"] == [f"ws://127.0.0.1:{psc + 1}/psc"]
         proc.send_signal(signal.SIGINT)
-        assert proc.wait(WAIT_SECONDS) == 0
+        # Read the shutdown logs to the end (the pipe must not fill up), then the exit status.
+        deadline = time.monotonic() + WAIT_SECONDS
+        while sel.select(max(0.0, deadline - time.monotonic())):
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            out += chunk
+        assert proc.wait(1) == 0, out.decode(errors="replace")[-4000:]
         # Every node is gone: its port refuses connections.
         with pytest.raises(OSError):
             urllib.request.urlopen(f"http://127.0.0.1:{wamp}/", timeout=5)

@@ -277,8 +277,12 @@ class TreqHTTPClient(consul.base.HTTPClient):  # type: ignore[misc]
 
 
 def _cancelled(failure: Failure) -> bool:
-    """A cancellation, possibly wrapped by twisted.web's client in ResponseNeverReceived & co."""
-    if failure.check(defer.CancelledError):
+    """A cancellation, possibly wrapped by twisted.web's client in ResponseNeverReceived & co.
+
+    A request cancelled while its TCP connection is still being made (the agent
+    frozen or gone) fails with ``ConnectingCancelledError``, not ``CancelledError``.
+    """
+    if failure.check(defer.CancelledError, error.ConnectingCancelledError):
         return True
     reasons = getattr(failure.value, "reasons", None) or []
     return any(isinstance(r, Failure) and _cancelled(r) for r in reasons)
