@@ -10,7 +10,7 @@ CROSSBAR_VENV    := .crossbar-venv
 CROSSBAR_VERSION := 26.10.1
 CROSSBAR_STAMP   := $(CROSSBAR_VENV)/.installed-$(CROSSBAR_VERSION)
 
-.PHONY: demo test lint unit js crossbar browser sysdeps bench bench-peers clean
+.PHONY: demo test test-deps lint unit js crossbar browser sysdeps bench bench-peers clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -43,7 +43,7 @@ browser:
 sysdeps: browser
 	@command -v ip >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2)
 	@command -v nft >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables)
-	@command -v docker-compose >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker-compose)
+	@command -v docker-compose >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose)
 	@command -v systemd-analyze >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd)
 
 demo: $(STAMP) $(JS) examples/sysv/client
@@ -57,8 +57,12 @@ lint: $(STAMP)
 examples/sysv/client: examples/sysv/client.c examples/sysv/pubsubclub_sysv.h
 	gcc -std=c11 -Wall -Wextra -O2 -o $@ examples/sysv/client.c
 
-test: $(STAMP) $(JS) $(CROSSBAR_STAMP) sysdeps lint examples/sysv/client
+# What the tests need, built side by side (downloads overlap with lint), then the tests.
+test:
+	$(MAKE) -j4 --output-sync=target test-deps
 	$(VENV)/bin/pytest -q
+
+test-deps: $(STAMP) $(JS) $(CROSSBAR_STAMP) sysdeps lint examples/sysv/client
 
 bench: $(STAMP)
 	$(VENV)/bin/pubsubclub bench
