@@ -105,6 +105,27 @@ def test_bad_record_counts_by_reason(spark: SparkSession) -> None:
     assert_frame(bad, ["reason", "lines", "example"], want)
 
 
+def test_bucket_checks_left_to_compact_give_the_same_verdicts(spark: SparkSession) -> None:
+    """Lines parsed with ``check_buckets=False`` then compacted: same bad counts, examples and latency rows."""
+    twice = dumps(latency("b", "a", [1.0], [1, 2], 1.0) | {"count": 4})  # a second copy of a bad line of BAD
+    texts = [*GOOD, *BAD, twice, GOOD[1], dumps(latency("b", "a", [1.0, 5.0], [0, -1, 2], 1.0))]
+    texts.append(dumps(rec("latency", "b", origin="a", bounds_ms=[1.0, 5.0], counts=[2, None, 0], count=2, sum_ms=1.0)))
+    checked = X.parse_lines(lines(spark, texts))
+    deferred = X.compact(X.parse_lines(lines(spark, texts), check_buckets=False))
+    expected = X.bad_record_counts(checked)
+    assert_frame(X.bad_record_counts(deferred), expected.columns, [tuple(r) for r in expected.collect()])
+    assert dict(X.bad_record_counts(deferred).select("reason", "lines").collect())["invalid_value"] == 8
+    assert_frame(
+        X.valid_records(deferred).where("type = 'latency'").select("counts", "count"),
+        ["counts", "count"],
+        [([2, 4, 0], 6)],  # the good latency line twice, merged
+    )
+    frame = records(spark, [latency("b", "a", [1.0], [1, 2], 1.0) | {"count": 5}, latency("b", "a", [1.0], [1, 1], 1.0)])
+    classified = X.compact(X.classify_records(frame, check_buckets=False))
+    assert [(r["reason"], r["lines"]) for r in X.bad_record_counts(classified).collect()] == [("invalid_value", 1)]
+    assert X.valid_records(classified).select("counts").collect()[0][0] == [1, 1]
+
+
 def test_filter_window_is_half_open_and_keeps_bad_lines(spark: SparkSession) -> None:
     """``since <= ts < until`` selects records; bad lines stay to be counted."""
     texts = [dumps(counter("a", f"t{k}", "published", 1, 1, start=T0, ts=T0 + 10 * k)) for k in range(1, 5)]

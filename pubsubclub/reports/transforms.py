@@ -37,6 +37,8 @@ _RECORD_COLUMNS = [f.name for f in RECORD_SCHEMA.fields]
 #: What tells two good records apart for every table: all descriptive fields (``compact``).
 _COMPACT_KEYS = ["v", "type", "node", "topic", "frontend", "kind", "peer", "reason", "origin", "bounds_ms", "name"]
 _COMPACT_KEYS += ["peer_node", "role", "direction", "state"]
+#: The columns ``compact`` sums (or takes the least or greatest of).
+_NUMBERS = ["start", "ts", "count", "bytes", "sum_ms", "value", "lines"]
 
 
 def _all_present(names: tuple[str, ...]) -> Column:
@@ -46,8 +48,26 @@ def _all_present(names: tuple[str, ...]) -> Column:
     return cond
 
 
-def _bad_reason() -> Column:
-    """The first rule a parsed line breaks, or null for a good record (order: ``schema.BAD_REASONS``)."""
+def _bad_buckets(counts: Column, count: Column, copies: Column | None = None) -> Column:
+    """True when latency ``counts`` hold a null or negative bucket or do not sum to ``count``.
+
+    With ``copies``, ``count`` is the total of that many copies of one record.
+
+    Higher-order functions, which Spark interprets: evaluated per input row
+    they cost about 3 s of CPU per million rows whatever the record type
+    (docs/benchmarks.md), hence ``check_buckets=False`` and ``compact_latency``.
+    """
+    bucket_sum = F.aggregate(counts, F.lit(0).cast("long"), lambda acc, c: acc + F.coalesce(c, F.lit(0)))
+    total = bucket_sum if copies is None else bucket_sum * copies
+    return F.exists(counts, lambda c: c.isNull() | (c < 0)) | (total != count)
+
+
+def _bad_reason(check_buckets: bool = True) -> Column:
+    """The first rule a parsed line breaks, or null for a good record (order: ``schema.BAD_REASONS``).
+
+    Without ``check_buckets`` a latency record's buckets are only checked for
+    their number (one more than the bounds); ``compact_latency`` checks the rest.
+    """
     v = F.col("v")
     kind = F.col("type")
     missing = ~_all_present(COMMON_FIELDS)
@@ -56,18 +76,13 @@ def _bad_reason() -> Column:
     counter, latency = kind == "counter", kind == "latency"
     peer_needed = F.col("kind").isin("forwarded", "received") & F.col("peer").isNull()
     reason_needed = (F.col("kind") == "dropped") & F.col("reason").isNull()
-    bucket_sum = F.aggregate("counts", F.lit(0).cast("long"), lambda acc, c: acc + F.coalesce(c, F.lit(0)))
+    bad_latency = F.size("counts") != F.size("bounds_ms") + 1
+    if check_buckets:
+        bad_latency = bad_latency | _bad_buckets(F.col("counts"), F.col("count"))
     invalid = (
         (F.col("ts") < F.col("start"))
         | (counter & (~F.col("kind").isin(*COUNTER_KINDS) | (F.col("count") < 0) | (F.col("bytes") < 0)))
-        | (
-            latency
-            & (
-                (F.size("counts") != F.size("bounds_ms") + 1)
-                | F.exists("counts", lambda c: c.isNull() | (c < 0))
-                | (bucket_sum != F.col("count"))
-            )
-        )
+        | (latency & bad_latency)
     )
     return (
         F.when(v.isNotNull() & (v != SCHEMA_VERSION), "unknown_version")
@@ -79,7 +94,7 @@ def _bad_reason() -> Column:
     )
 
 
-def parse_lines(lines: DataFrame) -> DataFrame:
+def parse_lines(lines: DataFrame, *, check_buckets: bool = True) -> DataFrame:
     """Parse raw dump lines (column ``value``) against the declared schema and classify each one.
 
     Returns the ``RECORD_SCHEMA`` columns plus ``bad_reason`` (null for a good
@@ -89,6 +104,11 @@ def parse_lines(lines: DataFrame) -> DataFrame:
     ``corrupt_json`` covers a line that is not a JSON object or has a field of
     the wrong type; a record whose ``v`` is readable but not 1 is
     ``unknown_version`` whatever else it holds.
+
+    ``check_buckets=False`` is for input that goes to ``compact``: a latency
+    record's buckets are then checked there, once per distinct record instead
+    of on every row, and its ``line`` is kept to name it if it is bad. Every
+    other rule is applied here either way.
     """
     parsed = lines.where(F.trim("value") != "").select(
         F.col("value").alias("line"),
@@ -96,26 +116,29 @@ def parse_lines(lines: DataFrame) -> DataFrame:
             "r"
         ),
     )
-    return _classify(parsed.select("line", "r.*"), F.col("line"))
+    return _classify(parsed.select("line", "r.*"), F.col("line"), check_buckets)
 
 
-def classify_records(records: DataFrame) -> DataFrame:
+def classify_records(records: DataFrame, *, check_buckets: bool = True) -> DataFrame:
     """Classify records read from Parquet dumps (the ``RECORD_SCHEMA`` columns) as ``parse_lines`` does lines.
 
-    Same output columns as ``parse_lines``; a Parquet record cannot be
-    ``corrupt_json`` (a damaged file is never read: docs/report.md), and a
-    bad record's ``line`` is the record written as JSON.
+    Same output columns and ``check_buckets`` as ``parse_lines``; a Parquet
+    record cannot be ``corrupt_json`` (a damaged file is never read:
+    docs/report.md), and a bad record's ``line`` is the record written as JSON.
     """
     with_corrupt = records.select(*_RECORD_COLUMNS, F.lit(None).cast("string").alias(CORRUPT_COLUMN))
-    return _classify(with_corrupt, F.to_json(F.struct(*_RECORD_COLUMNS)))
+    return _classify(with_corrupt, F.to_json(F.struct(*_RECORD_COLUMNS)), check_buckets)
 
 
-def _classify(flat: DataFrame, line: Column) -> DataFrame:
-    reason = _bad_reason()
+def _classify(flat: DataFrame, line: Column, check_buckets: bool) -> DataFrame:
+    reason = _bad_reason(check_buckets)
+    keep_line = reason.isNotNull()
+    if not check_buckets:
+        keep_line = keep_line | (F.col("type") == "latency")
     return flat.select(
         *_RECORD_COLUMNS,
         reason.alias("bad_reason"),
-        F.when(reason.isNotNull(), line).alias("line"),
+        F.when(keep_line, line).alias("line"),
         F.lit(1).cast("long").alias("lines"),
     )
 
@@ -153,59 +176,101 @@ def filter_window(parsed: DataFrame, since: float | None = None, until: float | 
 
 
 def compact(parsed: DataFrame) -> DataFrame:
-    """Merge rows of ``parse_lines`` output that the tables cannot tell apart, in one aggregation.
+    """Merge rows of ``parse_lines`` output that the tables cannot tell apart, in one pass over them.
 
     Good records of one type, node, minute of ``ts`` and identical descriptive
     fields (topic, frontend, kind, peer, reason, origin, bucket bounds, gauge
     name, link fields) become one row: ``count``, ``bytes``, ``sum_ms`` and
     latency ``counts`` (element-wise) are summed, ``start`` is the earliest and
     ``ts`` the latest, a gauge keeps its largest ``value``. Bad lines merge per
-    ``bad_reason``, keeping the smallest ``line``. ``lines`` counts the input
-    lines of each row. Every table below gives the same result on the
+    ``bad_reason`` and example (the line's first ``EXAMPLE_CHARS``). ``lines``
+    counts the input lines of each row. Every table below gives the same result on the
     compacted frame as on the rows themselves (filter by time first); the job
-    uses it to shrink millions of records to a few thousand rows in one pass
-    over the input.
+    uses it to shrink millions of records to a fraction of them in one pass
+    over the input. ``compact_pass`` then ``compact_latency``; input parsed
+    with ``check_buckets=False`` gets its latency buckets checked here.
+    """
+    return compact_latency(compact_pass(parsed))
+
+
+def compact_pass(parsed: DataFrame) -> DataFrame:
+    """The aggregation of ``compact`` over every input row; its output is only for ``compact_latency``.
+
+    One hash aggregation with fixed-width sums and nothing per row but
+    compiled expressions. Latency records are not merged here: each distinct
+    latency record (its ``line`` when kept, else its ``counts``) stays one
+    row with its bucket array as part of the key, so that ``compact_latency``
+    can check and merge the few of them. Bucket bounds are a text column.
     """
     bad = F.col("bad_reason").isNotNull()
+    latency = ~bad & (F.col("type") == "latency")
     # Bucket bounds join the key as text: cheaper to hash than an array of doubles; Spark's
     # double -> string -> double round trip is exact.
     bounds_text = F.array_join(F.col("bounds_ms").cast("array<string>"), ",")
     keys = [F.when(~bad, bounds_text if k == "bounds_ms" else F.col(k)).alias(k) for k in _COMPACT_KEYS]
     keys.append(F.when(~bad, F.floor(F.col("ts") / 60)).alias("_minute"))
     keys.append(F.when(bad, F.substring("line", 1, EXAMPLE_CHARS)).alias("line"))
-    # The pass over every input row keeps only fixed-width aggregation buffers
-    # (Spark then hashes instead of sorting): latency buckets are exploded and
-    # summed per position; a record's other numbers are taken on its first bucket.
-    once = F.col("_pos").isNull() | (F.col("_pos") == 0)
-    buckets = parsed.select("*", F.posexplode_outer("counts").alias("_pos", "_n"))
-    per_bucket = buckets.groupBy("bad_reason", *keys, "_pos").agg(
-        F.min("start").alias("start"),
-        F.max("ts").alias("ts"),
-        F.sum(F.when(once, F.col("count"))).alias("count"),
-        F.sum(F.when(once, F.col("bytes"))).alias("bytes"),
-        F.sum("_n").alias("_n"),
-        F.sum(F.when(once, F.col("sum_ms"))).alias("sum_ms"),
-        F.max("value").alias("value"),
-        F.sum(F.when(once, F.col("lines"))).alias("lines"),
-    )
-    # Then, over the few rows left, the buckets go back into arrays. (One
-    # branch: a filter on _pos here would be pushed below the aggregation
-    # above and scan the input twice.)
-    group = ["bad_reason", *_COMPACT_KEYS, "_minute", "line"]
-    merged = per_bucket.groupBy(*group).agg(
+    # Identical lines are identical records (good or bad alike), so checking a
+    # group checks each of its records; rows already checked have no line.
+    keys.append(F.when(latency, F.col("line")).alias("_record"))
+    keys.append(F.when(latency, F.col("counts")).alias("counts"))
+    return parsed.groupBy("bad_reason", *keys).agg(*_sums())
+
+
+def _sums() -> list[Column]:
+    """How ``compact`` merges the numbers of the rows of one group (columns ``_NUMBERS``)."""
+    return [
         F.min("start").alias("start"),
         F.max("ts").alias("ts"),
         F.sum("count").alias("count"),
         F.sum("bytes").alias("bytes"),
-        F.sort_array(F.collect_list(F.when(F.col("_pos").isNotNull(), F.struct("_pos", "_n")))).alias("_b"),
         F.sum("sum_ms").alias("sum_ms"),
         F.max("value").alias("value"),
         F.sum("lines").alias("lines"),
+    ]
+
+
+def compact_latency(passed: DataFrame) -> DataFrame:
+    """Finish ``compact`` on ``compact_pass`` output: check the latency buckets, merge latency rows, restore columns.
+
+    A latency row of ``compact_pass`` is ``lines`` copies of one record (or
+    records already checked with equal buckets). Buckets with a null or
+    negative count, or whose sum is not ``count``, make it ``invalid_value``
+    with its line as the example, as ``parse_lines`` would have; the good ones
+    merge per minute like every other record, buckets summed element-wise.
+    Every other row passes through; the result has ``parse_lines``' columns.
+    """
+    is_latency = F.col("bad_reason").isNull() & (F.col("type") == "latency")
+    group = [*_COMPACT_KEYS, "_minute", "line"]
+    broken = _bad_buckets(F.col("counts"), F.col("count"), F.col("lines"))
+    lat = passed.where(is_latency).withColumn("_broken", broken)
+    # Few rows from here on: the higher-order functions cost nothing that matters.
+    each = F.transform("counts", lambda c: c * F.col("lines")).alias("_each")
+    good = (
+        lat.where(~F.col("_broken"))
+        .select("*", each)
+        .groupBy("bad_reason", *group)
+        .agg(*_sums(), F.collect_list("_each").alias("_all"))
     )
-    counts = F.when(F.size("_b") > 0, F.transform("_b", lambda b: b["_n"])).alias("counts")
+    zeros = F.array_repeat(F.lit(0).cast("long"), F.size(F.col("_all")[0]))
+    summed = F.aggregate("_all", zeros, lambda acc, a: F.zip_with(acc, a, lambda x, y: x + y))
+    nulls = {k: F.lit(None).cast(passed.schema[k].dataType) for k in [*_COMPACT_KEYS, "_minute"]}
+    bad = lat.where(F.col("_broken")).select(
+        F.lit("invalid_value").alias("bad_reason"),
+        *[nulls[k].alias(k) for k in _COMPACT_KEYS],
+        nulls["_minute"].alias("_minute"),
+        F.substring("_record", 1, EXAMPLE_CHARS).alias("line"),
+        *_NUMBERS,
+        F.lit(None).cast("array<bigint>").alias("counts"),
+    )
+    rows = [
+        passed.where(~is_latency).select("bad_reason", *group, *_NUMBERS, "counts"),
+        good.select("bad_reason", *group, *_NUMBERS, summed.alias("counts")),
+        bad,
+    ]
+    merged = rows[0].unionByName(rows[1]).unionByName(rows[2])
     bounds = F.split("bounds_ms", ",").cast("array<double>").alias("bounds_ms")
-    replace = {"counts": counts, "bounds_ms": bounds}
-    columns = [replace.get(name, F.col(name)) for name in _RECORD_COLUMNS]
+    columns = [bounds if name == "bounds_ms" else F.col(name) for name in _RECORD_COLUMNS]
     return merged.select(*columns, "bad_reason", "line", "lines")
 
 
