@@ -120,7 +120,8 @@ def test_bucket_checks_left_to_compact_give_the_same_verdicts(spark: SparkSessio
         ["counts", "count"],
         [([2, 4, 0], 6)],  # the good latency line twice, merged
     )
-    frame = records(spark, [latency("b", "a", [1.0], [1, 2], 1.0) | {"count": 5}, latency("b", "a", [1.0], [1, 1], 1.0)])
+    wrong_sum = latency("b", "a", [1.0], [1, 2], 1.0) | {"count": 5}
+    frame = records(spark, [wrong_sum, latency("b", "a", [1.0], [1, 1], 1.0)])
     classified = X.compact(X.classify_records(frame, check_buckets=False))
     assert [(r["reason"], r["lines"]) for r in X.bad_record_counts(classified).collect()] == [("invalid_value", 1)]
     assert X.valid_records(classified).select("counts").collect()[0][0] == [1, 1]
