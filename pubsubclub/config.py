@@ -307,6 +307,9 @@ class MetricsSection:
         "file format of the metrics dumps: JSON lines, Parquet (needs pyarrow: the parquet extra), or both",
         choices=DUMP_FORMATS,
     )
+    merge_hours: bool = setting(
+        True, "merge each closed hour's Parquet dumps of the node into one file (docs/metrics.md)"
+    )
 
 
 #: The authrole every bridge session must have on its router (docs/bridge.md).

@@ -20,7 +20,7 @@ import orjson
 from twisted.logger import Logger
 
 from pubsubclub.counters import COMPONENTS, AnyEvent
-from pubsubclub.dumpfile import formats_of, parquet_problem, write_dump
+from pubsubclub.dumpfile import formats_of, hour_folders, merge_parquet_dumps, parquet_problem, write_dump
 
 log = Logger()
 
@@ -319,7 +319,12 @@ class MetricsDumper:
 
     ``dump_format`` is ``[metrics] dump-format``. When it asks for Parquet and
     pyarrow cannot be imported, the dumper writes JSON lines only and
-    ``problem`` says why (the node logs it at start).
+    ``problem`` says why (the node logs it at start). With ``merge_hours``,
+    the first dump after a start and the first of each new hour merge the
+    Parquet dumps of every other (closed) hour folder of the node into one
+    file each (``dumpfile.merge_parquet_dumps``), through ``run_merge``: a
+    callable that runs a function off the reactor thread and returns a
+    Deferred of its result (None: run it at once, in the caller).
     """
 
     def __init__(
@@ -330,6 +335,8 @@ class MetricsDumper:
         links: Callable[[], list[dict[str, Any]]],
         clock: Callable[[], float] = time.time,
         dump_format: str = "jsonl",
+        merge_hours: bool = True,
+        run_merge: Callable[[Callable[[], list[tuple[str, int]]]], Any] | None = None,
     ) -> None:
         self.metrics = metrics
         self.directory = directory
@@ -343,6 +350,13 @@ class MetricsDumper:
         self.problem = parquet_problem() if "parquet" in formats else None
         #: The formats each dump is written in.
         self.formats = ("jsonl",) if self.problem else formats
+        self._merge = merge_hours and "parquet" in self.formats
+        self._run_merge = run_merge
+        #: The hour folder of the dump that last started a merge; a merge running now.
+        self._merged_for: str | None = None
+        self._merging = False
+        #: Merged files written, as (path, dumps it holds).
+        self.merged: list[tuple[str, int]] = []
 
     def dump(self) -> str | None:
         """Write the interval's records; the last file's path (None when there was nothing)."""
@@ -361,10 +375,42 @@ class MetricsDumper:
         self._seq += 1
         written = write_dump(folder, f"part-{int(now * 1000)}-{self._seq:06d}", rows, self.formats)
         self.files_written += len(written)
+        if self._merge and folder != self._merged_for and not self._merging:
+            self._merged_for = folder
+            self._start_merge(folder)
         return written[-1]
 
+    def closed_hours(self, current: str) -> list[str]:
+        """The node's hour folders other than ``current`` (where dumps are written now), oldest first."""
+        node = os.path.join(self.directory, f"node={self.metrics.node_id}")
+        return [folder for folder in hour_folders(node) if folder != current]
+
+    def merge_closed_hours(self, current: str) -> list[tuple[str, int]]:
+        """Merge the Parquet dumps of each closed hour folder into one file; (merged file, dumps) of each merge."""
+        return [merged for folder in self.closed_hours(current) if (merged := merge_parquet_dumps(folder))]
+
+    def _start_merge(self, current: str) -> None:
+        if self._run_merge is None:
+            self._merged(self.merge_closed_hours(current))
+            return
+        self._merging = True
+        running = self._run_merge(lambda: self.merge_closed_hours(current))
+        running.addCallbacks(self._merged, self._merge_failed)
+        running.addBoth(self._merge_done)
+
+    def _merged(self, merged: list[tuple[str, int]]) -> None:
+        for path, dumps in merged:
+            log.info("merged {dumps} metrics dumps into {path}", dumps=dumps, path=path)
+        self.merged += merged
+
+    def _merge_failed(self, failure: Any) -> None:
+        log.error("cannot merge metrics dumps under {dir}: {error}", dir=self.directory, error=failure.value)
+
+    def _merge_done(self, _result: object) -> None:
+        self._merging = False
+
     def safe_dump(self) -> None:
-        """Dump, logging instead of raising (called from a timer)."""
+        """Dump (and merge), logging instead of raising (called from a timer)."""
         try:
             self.dump()
         except (OSError, ValueError, TypeError) as e:  # pyarrow's errors are ValueError/TypeError subclasses

@@ -18,9 +18,9 @@ import os
 import sys
 from typing import Any
 
-from twisted.internet import defer, task
+from twisted.internet import defer, task, threads
 from twisted.internet.endpoints import serverFromString
-from twisted.internet.interfaces import IListeningPort
+from twisted.internet.interfaces import IListeningPort, IReactorThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
@@ -126,6 +126,13 @@ class Node:
                 self.subscriber_gauges,
                 self.federation.links,
                 dump_format=config.metrics.dump_format,
+                merge_hours=config.metrics.merge_hours,
+                # Merging an hour's dumps takes a moment: off the reactor thread when there are threads.
+                run_merge=(
+                    (lambda merge: threads.deferToThreadPool(reactor, reactor.getThreadPool(), merge))
+                    if IReactorThreads.providedBy(reactor)
+                    else None
+                ),
             )
         self._dump_loop: task.LoopingCall | None = None
         #: Things to stop first on shutdown (discovery deregisters here).

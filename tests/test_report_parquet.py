@@ -19,7 +19,7 @@ from wampclient import connect, leave, publish_acked, subscribe
 
 from pubsubclub.cli import _node_config, parser
 from pubsubclub.config import ConfigError
-from pubsubclub.dumpfile import RECORD_COLUMNS, write_dump
+from pubsubclub.dumpfile import RECORD_COLUMNS, merge_parquet_dumps, write_dump
 from pubsubclub.metrics import Metrics, MetricsDumper
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import ReportResult, parquet_damage, plan_files, run_report
@@ -200,3 +200,95 @@ async def test_a_node_without_pyarrow_dumps_json_lines_and_says_why(tmp_path: Pa
     log = node.log_path.read_text()
     assert "metrics dumps in JSON lines only: Parquet dumps need pyarrow" in log
     assert "pyarrow hidden by the test" in log and "pip install 'pubsubclub[parquet]'" in log
+
+
+def _records(path: Path) -> list[dict[str, object]]:
+    """Every record of the Parquet dump files under ``path``, nulls left out, sorted."""
+    rows = [
+        {k: v for k, v in r.items() if v is not None}
+        for p in path.rglob("*.parquet")
+        for r in pq.read_table(p).to_pylist()
+    ]
+    return sorted(rows, key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def test_a_closed_hours_dumps_merge_into_one_file_that_counts_once_whenever_cut_short(tmp_path: Path) -> None:
+    """Merged: one file named by the dumps it holds; inputs left by a merge cut short are not read, then deleted."""
+    hour = tmp_path / "node=n1" / "date=2026-01-01" / "hour=00"
+    rows = [{"v": 1, "type": "counter", "node": "n1", "start": float(t), "ts": float(t + 10), "topic": "t",
+             "frontend": "wamp", "kind": "published", "count": t, "bytes": t} for t in (1, 2, 3)]  # fmt: skip
+    for t, row in zip((1000, 2000, 3000), rows, strict=True):
+        write_dump(str(hour), f"part-{t}-{t:06d}", [row], ("jsonl", "parquet"))
+    before = _records(hour)
+    saved = {p.name: p.read_bytes() for p in hour.glob("*.parquet")}
+    (hour / ".merged-1-2.parquet.tmp").write_bytes(b"a merge killed before its rename")
+    assert merge_parquet_dumps(str(hour)) == (str(hour / "merged-1000-3000.parquet"), 3)
+    names = sorted(p.name for p in hour.iterdir())
+    assert names == ["merged-1000-3000.parquet", "part-1000-001000.jsonl", "part-2000-002000.jsonl",
+                     "part-3000-003000.jsonl"]  # fmt: skip
+    assert _records(hour) == before
+    # Killed between the rename and the deletes: the parts are back beside the merged file.
+    for name, data in saved.items():
+        (hour / name).write_bytes(data)
+    plan = plan_files([str(p) for p in hour.iterdir()], check=parquet_damage)
+    assert plan.parquet == [str(hour / "merged-1000-3000.parquet")] and plan.jsonl == []
+    # A later dump in the same folder is merged with the merged file; leftovers go.
+    write_dump(str(hour), "part-4000-004000", [rows[0]], ("parquet",))
+    assert merge_parquet_dumps(str(hour)) == (str(hour / "merged-1000-4000.parquet"), 2)
+    assert sorted(p.name for p in hour.glob("*.parquet")) == ["merged-1000-4000.parquet"]
+    assert len(_records(hour)) == 4
+    assert merge_parquet_dumps(str(hour)) is None  # nothing left to merge
+
+
+def test_the_dumper_merges_each_closed_hour_at_its_first_dump_after_it(tmp_path: Path) -> None:
+    """Dumps across an hour boundary: the first dump of the new hour merges the old hour; the current one stays."""
+    now = [1_767_227_940.0]  # 2026-01-01 00:39:00Z
+    metrics = Metrics("n1")
+    dumper = MetricsDumper(metrics, str(tmp_path), dict, list, clock=lambda: now[0], dump_format="parquet")
+    for step in range(5):  # 00:39:00 ... 01:19:00, every 10 minutes
+        metrics.count("t", "wamp", "published", step + 1, 10)
+        dumper.dump()
+        now[0] += 600
+    folders = {p.parent.name: [] for p in tmp_path.rglob("*.parquet")}
+    for p in tmp_path.rglob("*.parquet"):
+        folders[p.parent.name].append(p.name)
+    assert sorted(folders["hour=00"]) == ["merged-1767227940000-1767229140000.parquet"]
+    assert len(folders["hour=01"]) == 2 and all(n.startswith("part-") for n in folders["hour=01"])
+    assert [dumps for _path, dumps in dumper.merged] == [3]
+    published = [r["count"] for r in _records(tmp_path) if r.get("kind") == "published"]
+    assert sorted(published) == [1, 2, 3, 4, 5]
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_real_node_merges_a_closed_hour_at_start_and_the_report_counts_every_dump_once(
+    tmp_path: Path, spark: SparkSession
+) -> None:
+    """A node's dumps from an earlier hour are merged when it starts again; the report counts both runs exactly."""
+    metrics = tmp_path / "metrics"
+    extra = ("--metrics-dir", str(metrics), "--metrics-interval", "0.2", "--metrics-dump-format", "parquet")
+    for run, (published, old) in enumerate([(6, None), (4, metrics / "node=solo" / "date=2026-01-01" / "hour=00")]):
+        node = NodeProcess("solo", tmp_path)
+        node.extra = extra
+        if old is not None:  # the first run's dumps, as if written an hour ago or more
+            (current,) = list((metrics / "node=solo").glob("date=*/hour=*"))
+            old.parent.mkdir(parents=True)
+            current.rename(old)
+            assert len(list(old.glob("part-*.parquet"))) > 1
+        node.start()
+        try:
+            session = await connect(node.wamp_url)
+            for half in range(2):  # two intervals' dumps at least
+                dumped = len(list(metrics.rglob("part-*.parquet")))
+                for i in range(published // 2):
+                    await publish_acked(session, "t", i)
+                if half == 0:
+                    await until(lambda d=dumped: len(list(metrics.rglob("part-*.parquet"))) > d, "a dump")
+            await leave(session)
+            if old is not None:
+                await until(lambda n=node: "merged" in n.log_path.read_text(), f"run {run}: the merge logged")
+        finally:
+            assert node.stop() == 0
+    assert [p.name.startswith("merged-") for p in old.iterdir()] == [True]
+    report = run_report(metrics, tmp_path / "out", spark=spark, progress=_quiet)
+    totals = {r["topic"]: r for r in pq.read_table(report.tables["topic_totals"]).to_pylist()}
+    assert totals["t"]["published"] == 10 and report.bad == {}

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pubsubclub.dumpfile import DUMP_FORMATS, formats_of, parquet_problem, write_dump
+from pubsubclub.dumpfile import DUMP_FORMATS, formats_of, hour_folders, merge_parquet_dumps, parquet_problem, write_dump
 
 #: Interval start of the first file: 2026-01-01T00:00:00Z.
 BASE_TIME = 1_767_225_600.0
@@ -150,6 +150,14 @@ def _write_chunk(args: tuple[_Plan, int, int]) -> Counter[str]:
     return _write_files(*args)
 
 
+def _hour_folders(out: str, node: int) -> list[str]:
+    return hour_folders(os.path.join(out, f"node={node_name(node)}"))
+
+
+def _merge(folder: str) -> None:
+    merge_parquet_dumps(folder, durable=False)  # synthetic data is cheap to write again
+
+
 def _chunks(files: int, size: int) -> Iterator[tuple[int, int]]:
     for first in range(0, files, size):
         yield first, min(files, first + size)
@@ -172,7 +180,9 @@ def generate(
     gauges over Zipf-distributed topics. ``dump_format`` is a node's
     ``[metrics] dump-format``: ``jsonl``, ``parquet`` (needs pyarrow) or
     ``both`` (each dump in both formats: same records, two files); ``files``
-    in the result counts dumps, not files.
+    in the result counts dumps, not files. As a node with ``merge-hours`` would
+    have, the Parquet dumps of each node's hours but its last are then merged
+    into one file per hour (docs/metrics.md).
     """
     if records < 0 or nodes < 1 or topics < 1 or per_file < 1:
         raise ValueError("records must be >= 0 and nodes, topics, per_file >= 1")
@@ -194,6 +204,15 @@ def generate(
         with multiprocessing.get_context("fork").Pool(workers) as pool:
             for part in pool.imap_unordered(_write_chunk, jobs):
                 tally.update(part)
+    if "parquet" in formats:
+        # As each node would have: every hour but its last (still being written) merged into one file.
+        closed = [folder for node in range(nodes) for folder in _hour_folders(plan.out, node)[:-1]]
+        if len(closed) > 1 and workers > 1:
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                list(pool.imap_unordered(_merge, closed))
+        else:
+            for folder in closed:
+                _merge(folder)
     written = tally.pop("records", 0)
     counts = {kind: tally.get(kind, 0) for kind in ("published", "delivered", "forwarded", "received", "dropped")}
     return GenerateResult(written, plan.files, time.monotonic() - began, counts)

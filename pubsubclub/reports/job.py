@@ -25,6 +25,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from pubsubclub.dumpfile import MERGED_PREFIX, covered_files
 from pubsubclub.reports import page
 from pubsubclub.reports import transforms as X
 from pubsubclub.reports.schema import RECORD_SCHEMA
@@ -169,7 +170,9 @@ def plan_files(found: list[str], check: Callable[[str], str | None] | None = par
 
     A Parquet file that ``check`` finds damaged is skipped; a JSON-lines file
     with a readable Parquet twin (the same dump, written in both formats) is
-    not read, so each dump counts once. When nothing is left out, the lists
+    not read, and neither is a dump whose records a readable merged Parquet
+    file beside it holds (``dumpfile.covered_files``: left by a node's merge
+    cut short), so each dump counts once. When nothing is left out, the lists
     are None: Spark reads every such file under the location itself.
     """
     parquet = [p for p in found if p.endswith(PARQUET)]
@@ -182,15 +185,31 @@ def plan_files(found: list[str], check: Callable[[str], str | None] | None = par
             skipped.append((path, why))
         else:
             readable.append(path)
+    covered = _covered([*readable, *jsonl])
+    kept = [p for p in readable if p not in covered]
     twins = {p[: -len(PARQUET)] for p in readable}
-    alone = [p for p in jsonl if p[: -len(JSONL)] not in twins]
+    alone = [p for p in jsonl if p[: -len(JSONL)] not in twins and p not in covered]
     counts = {"jsonl": len(jsonl), "parquet": len(parquet)}
     return DumpFiles(
         None if len(alone) == len(jsonl) else alone,
-        None if not skipped else readable,
+        None if len(kept) == len(parquet) else kept,
         sorted(skipped),
         counts,
     )
+
+
+def _covered(paths: list[str]) -> set[str]:
+    """The ``paths`` whose records a merged Parquet file among ``paths``, in the same folder, holds."""
+    by_folder: dict[str, list[str]] = {}
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        by_folder.setdefault(folder, []).append(name)
+    return {
+        f"{folder}/{name}" if folder else name
+        for folder, names in by_folder.items()
+        if any(n.startswith(MERGED_PREFIX) for n in names)
+        for name in covered_files(names)
+    }
 
 
 def start_spark(master: str | None, conf: dict[str, str] | None = None) -> SparkSession:
