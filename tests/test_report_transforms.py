@@ -402,3 +402,10 @@ def test_compact_changes_no_table(spark: SparkSession) -> None:
         ["counts", "count", "sum_ms", "start", "ts"],
         [([1, 4, 1], 6, 11.0, T0, T0 + 20)],
     )
+    # Compacted again across minutes (what the job's tables but the per-minute one read): the same tables.
+    overall = X.valid_records(X.compact(compacted.where("bad_reason is null"), by_minute=False))
+    assert overall.count() < small.count()
+    for table in (X.topic_totals, X.fanout, X.traffic_matrix, X.drops_by_reason, X.latency_percentiles):
+        expected = table(raw)
+        assert_frame(table(overall), expected.columns, [tuple(r) for r in expected.collect()])
+    assert_frame(X.observation_window(overall), ["first_start", "last_ts", "seconds"], [(T0, T0 + 70, 70.0)])

@@ -46,6 +46,9 @@ DEFAULT_CONF = {
     # constraint propagation then grows without bound (OutOfMemoryError while
     # planning). The job gains nothing from inferred constraints.
     "spark.sql.constraintPropagation.enabled": "false",
+    # In local mode this is the executor's heap too: 1 GiB (Spark's default)
+    # spills the compacted rows of 10 million records to disk.
+    "spark.driver.memory": "3g",
 }
 
 #: Sort order of each written table ("-" first: descending), so that Parquet files and the page read the same.
@@ -286,12 +289,16 @@ def read_records(spark: SparkSession, location: str, files: DumpFiles) -> DataFr
     return frame
 
 
-def build_tables(records: DataFrame, top: int) -> dict[str, DataFrame]:
-    """The report's tables from valid (possibly compacted) records, by name."""
+def build_tables(records: DataFrame, top: int, minutes: DataFrame | None = None) -> dict[str, DataFrame]:
+    """The report's tables from valid (possibly compacted) records, by name.
+
+    ``minutes``: the records for the per-minute table, when ``records`` are
+    compacted across minutes (``transforms.compact(..., by_minute=False)``).
+    """
     totals = X.topic_totals(records)
     return {
         "topic_totals": totals,
-        "node_minute": X.node_minute_series(records),
+        "node_minute": X.node_minute_series(records if minutes is None else minutes),
         "top_topics": X.top_topics(totals, top),
         "internal_topics": X.internal_topics(totals),
         "fanout": X.fanout(records),
@@ -342,6 +349,17 @@ def run_report(
             session.stop()
 
 
+def _compact(parsed: DataFrame, by_minute: bool = True) -> DataFrame:
+    """``transforms.compact``, each of its two steps computed once and kept.
+
+    Local checkpoints: the rows stay in Spark's block store and later queries
+    are planned over them alone, not over the whole plan of the pass (whose
+    planning costs about a second per query). Nothing is held on the driver.
+    """
+    passed = X.compact_pass(parsed, by_minute=by_minute).localCheckpoint()
+    return X.compact_latency(passed).localCheckpoint()
+
+
 def _run(
     spark: SparkSession,
     location: str,
@@ -359,8 +377,7 @@ def _run(
     parsed = read_records(spark, location, files)
     # Computed once and kept; the tables are then planned over this small frame,
     # not over the whole plan of the pass (planning that takes about a second per query).
-    passed = X.compact_pass(X.filter_window(parsed, since, until)).localCheckpoint()
-    compacted = X.compact_latency(passed).localCheckpoint()
+    compacted = _compact(X.filter_window(parsed, since, until))
     try:
         bad_rows = [r.asDict() for r in X.bad_record_counts(compacted).orderBy("reason").collect()]
         bad = {r["reason"]: r["lines"] for r in bad_rows}
@@ -373,7 +390,9 @@ def _run(
             raise NoRecordsError(f"no valid records {what} under {location} (bad lines: {skipped})")
 
         progress(f"{time.monotonic() - began:6.1f}s [3/{STEPS}] computing tables from {valid:,} records")
-        tables = build_tables(records, top)
+        # Every table but the per-minute one from the records merged across minutes too: a few thousand rows.
+        overall = X.valid_records(_compact(compacted.where(F.col("bad_reason").isNull()), by_minute=False))
+        tables = build_tables(overall, top, minutes=records)
         tables["bad_records"] = X.bad_record_counts(compacted)
         progress(f"{time.monotonic() - began:6.1f}s [4/{STEPS}] writing Parquet under {out}")
         paths: dict[str, Path] = {}
@@ -387,10 +406,9 @@ def _run(
             paths[name] = path
             rows[name] = [_page_row(r.asDict()) for r in ordered.collect()]
             ordered.unpersist()
-        rows["window"] = [_page_row(r.asDict()) for r in X.observation_window(records).collect()]
+        rows["window"] = [_page_row(r.asDict()) for r in X.observation_window(overall).collect()]
     finally:
         compacted.unpersist()
-        passed.unpersist()
 
     progress(f"{time.monotonic() - began:6.1f}s [5/{STEPS}] writing {out / 'report.html'}")
     html = out / "report.html"

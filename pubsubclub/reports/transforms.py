@@ -175,7 +175,7 @@ def filter_window(parsed: DataFrame, since: float | None = None, until: float | 
     return parsed.where(F.col("bad_reason").isNotNull() | keep)
 
 
-def compact(parsed: DataFrame) -> DataFrame:
+def compact(parsed: DataFrame, *, by_minute: bool = True) -> DataFrame:
     """Merge rows of ``parse_lines`` output that the tables cannot tell apart, in one pass over them.
 
     Good records of one type, node, minute of ``ts`` and identical descriptive
@@ -189,11 +189,13 @@ def compact(parsed: DataFrame) -> DataFrame:
     uses it to shrink millions of records to a fraction of them in one pass
     over the input. ``compact_pass`` then ``compact_latency``; input parsed
     with ``check_buckets=False`` gets its latency buckets checked here.
+    Compacted rows can be compacted again; ``by_minute=False`` merges across
+    minutes too (every table but ``node_minute_series`` stays the same).
     """
-    return compact_latency(compact_pass(parsed))
+    return compact_latency(compact_pass(parsed, by_minute=by_minute))
 
 
-def compact_pass(parsed: DataFrame) -> DataFrame:
+def compact_pass(parsed: DataFrame, *, by_minute: bool = True) -> DataFrame:
     """The aggregation of ``compact`` over every input row; its output is only for ``compact_latency``.
 
     One hash aggregation with fixed-width sums and nothing per row but
@@ -208,13 +210,14 @@ def compact_pass(parsed: DataFrame) -> DataFrame:
     # double -> string -> double round trip is exact.
     bounds_text = F.array_join(F.col("bounds_ms").cast("array<string>"), ",")
     keys = [F.when(~bad, bounds_text if k == "bounds_ms" else F.col(k)).alias(k) for k in _COMPACT_KEYS]
-    keys.append(F.when(~bad, F.floor(F.col("ts") / 60)).alias("_minute"))
+    minute = F.floor(F.col("ts") / 60) if by_minute else F.lit(0).cast("long")
+    keys.append(F.when(~bad, minute).alias("_minute"))
     keys.append(F.when(bad, F.substring("line", 1, EXAMPLE_CHARS)).alias("line"))
     # Identical lines are identical records (good or bad alike), so checking a
     # group checks each of its records; rows already checked have no line.
     keys.append(F.when(latency, F.col("line")).alias("_record"))
     keys.append(F.when(latency, F.col("counts")).alias("counts"))
-    return parsed.groupBy("bad_reason", *keys).agg(*_sums())
+    return parsed.groupBy("bad_reason", *keys).agg(*_sums(), F.count(F.lit(1)).alias("_copies"))
 
 
 def _sums() -> list[Column]:
@@ -233,8 +236,8 @@ def _sums() -> list[Column]:
 def compact_latency(passed: DataFrame) -> DataFrame:
     """Finish ``compact`` on ``compact_pass`` output: check the latency buckets, merge latency rows, restore columns.
 
-    A latency row of ``compact_pass`` is ``lines`` copies of one record (or
-    records already checked with equal buckets). Buckets with a null or
+    A latency row of ``compact_pass`` is ``_copies`` copies of one record (or
+    of rows already checked, with equal buckets). Buckets with a null or
     negative count, or whose sum is not ``count``, make it ``invalid_value``
     with its line as the example, as ``parse_lines`` would have; the good ones
     merge per minute like every other record, buckets summed element-wise.
@@ -242,10 +245,10 @@ def compact_latency(passed: DataFrame) -> DataFrame:
     """
     is_latency = F.col("bad_reason").isNull() & (F.col("type") == "latency")
     group = [*_COMPACT_KEYS, "_minute", "line"]
-    broken = _bad_buckets(F.col("counts"), F.col("count"), F.col("lines"))
+    broken = _bad_buckets(F.col("counts"), F.col("count"), F.col("_copies"))
     lat = passed.where(is_latency).withColumn("_broken", broken)
     # Few rows from here on: the higher-order functions cost nothing that matters.
-    each = F.transform("counts", lambda c: c * F.col("lines")).alias("_each")
+    each = F.transform("counts", lambda c: c * F.col("_copies")).alias("_each")
     good = (
         lat.where(~F.col("_broken"))
         .select("*", each)
