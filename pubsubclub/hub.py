@@ -24,12 +24,13 @@ import itertools
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import field
 from typing import Any, Protocol
 
 from twisted.logger import Logger
 
 from pubsubclub.counters import HubEvent
+from pubsubclub.hotmessage import hot_message
 from pubsubclub.metrics import Metrics, payload_size
 from pubsubclub.patterns import Pattern, PatternIndex
 
@@ -39,7 +40,7 @@ GAP_TOPIC = "$cluster.gap"
 log = Logger()
 
 
-@dataclass(frozen=True, slots=True)
+@hot_message
 class Envelope:
     """One published message as it travels through a node and the cluster."""
 

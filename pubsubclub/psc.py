@@ -34,6 +34,7 @@ from typing import Any, Union
 import orjson
 
 from pubsubclub import jsonbounds
+from pubsubclub.hotmessage import hot_message
 from pubsubclub.patterns import Pattern, pattern_problem
 
 Version = tuple[int, int]
@@ -140,7 +141,7 @@ class UnsubscribePattern:
     pattern: Pattern
 
 
-@dataclass(frozen=True, slots=True)
+@hot_message
 class Meta:
     """Per-message metadata carried by the 0.2 extension."""
 
@@ -153,7 +154,7 @@ class Meta:
     seq: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@hot_message
 class Publish:
     """PSC301: one published message for a topic."""
 
