@@ -450,5 +450,13 @@ def with_seq(publish_02: bytes, seq: int) -> bytes:
     The message is encoded once; each consumer node's copy only gets its own
     number appended to the metadata object.
     """
+    return b"%s%d}]" % (seq_head(publish_02), seq)
+
+
+def seq_head(publish_02: bytes) -> bytes:
+    """The 0.3 PSC301 bytes of a 0.2 PSC301 up to its sequence number: ``head + b"%d}]" % seq`` is :func:`with_seq`.
+
+    Made once per message, then once per consumer node only the number is added.
+    """
     head = publish_02[:-2]  # drop the closing "}]"
-    return b"".join((head, b',"s":' if head[-1:] != b"{" else b'"s":', str(seq).encode(), b"}]"))
+    return head + (b',"s":' if head[-1:] != b"{" else b'"s":')
