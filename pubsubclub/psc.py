@@ -219,11 +219,11 @@ def decode(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Message:
     if not value:
         raise PSCDecodeError("empty array: no message type")
     kind = value[0]
+    if kind == PUBLISH and type(kind) is int:
+        return _publish(value, limits, data)
     if type(kind) is not int:
         raise PSCDecodeError(f"message type must be an integer, got {_brief(kind)}")
     params = value[1:]
-    if kind == PUBLISH:
-        return _publish(value, limits, data)
     if kind == SUBSCRIBE:
         if not params:
             raise PSCDecodeError("PSC201 needs at least one topic")
@@ -358,19 +358,20 @@ def _resume(params: list[Any], limits: Limits) -> Resume:
 
 
 def _publish(frame: list[Any], limits: Limits, data: bytes | str) -> Publish:
-    params = frame[1:]
-    if len(params) not in (2, 3):
-        raise PSCDecodeError(f"PSC301 takes 2 parameters (3 with metadata), got {len(params)}")
-    topic = _topic(params[0], limits)
+    if len(frame) not in (3, 4):
+        raise PSCDecodeError(f"PSC301 takes 2 parameters (3 with metadata), got {len(frame) - 1}")
+    topic = frame[1]
+    if type(topic) is not str or not topic or len(topic) > limits.max_topic_length:
+        topic = _topic(topic, limits)  # raises, naming the problem
     # The message type and the topic are sound, so whatever breaks the bounds
     # is in the message or its metadata: that message's problem, not the link's.
     try:
         jsonbounds.check_decoded(data, frame, limits.json, wrapper_depth=1)
     except jsonbounds.BoundsError as e:
         raise PSCPayloadError(topic, str(e)) from None
-    if len(params) == 2:
-        return Publish(topic, params[1])
-    return Publish(topic, params[1], _meta(params[2]))
+    if len(frame) == 3:
+        return Publish(topic, frame[2])
+    return Publish(topic, frame[2], _meta(frame[3]))
 
 
 def _meta(value: Any) -> Meta:
