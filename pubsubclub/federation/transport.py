@@ -40,6 +40,7 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.wsframes import send_message
 
 
 class LinkHost(LinkOwner, Protocol):
@@ -226,7 +227,7 @@ class _LinkProtocolBase:
                     federation.link_overflow(self.session, queued)
                 self.dropConnection(abort=True)  # type: ignore[attr-defined]
                 return
-        self.sendMessage(data, isBinary=False)  # type: ignore[attr-defined]
+        send_message(self, data, False)
         if backlog is not None:
             backlog.written(len(data))
 
