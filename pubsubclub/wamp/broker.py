@@ -85,6 +85,7 @@ __all__ = [
     "BrokerSession",
     "WampLimits",
     "WampRouter",
+    "UriCheck",
     "WampTransport",
     "hub_pattern",
     "hub_topic",
@@ -244,6 +245,40 @@ def uri_problem(uri: str, max_length: int) -> str | None:
     return None
 
 
+#: Good URIs a router remembers (``UriCheck``); past it the oldest is forgotten first.
+URI_CACHE_SIZE = 4096
+
+
+class UriCheck:
+    """:func:`uri_problem` for one length limit, with the URIs found good remembered.
+
+    A client publishes on the same few topics over and over; the check
+    (length, reserved prefix, surrogates, a regular expression) ran for each
+    PUBLISH. Only good URIs are kept, at most ``size`` (oldest first out), and
+    nothing else decides the answer, so nothing is ever stale.
+    """
+
+    def __init__(self, max_length: int, size: int = URI_CACHE_SIZE) -> None:
+        self.max_length = max_length
+        self.size = size
+        self._good: dict[str, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._good)
+
+    def __call__(self, uri: str) -> str | None:
+        """Why ``uri`` is not an acceptable WAMP URI, or None if it is."""
+        good = self._good
+        if uri in good:
+            return None
+        problem = uri_problem(uri, self.max_length)
+        if problem is None:
+            if len(good) >= self.size:
+                del good[next(iter(good))]
+            good[uri] = None
+        return problem
+
+
 def random_wamp_id() -> int:
     """A random WAMP id in the spec's global range 1..2**53 (uniform: 53 random bits, plus one)."""
     return _random.getrandbits(53) + 1
@@ -330,6 +365,8 @@ class WampRouter:
         self.hub = hub
         self.realms: tuple[str, ...] = tuple(realms)
         self.limits = limits
+        #: The URI check of every PUBLISH, SUBSCRIBE and REGISTER, remembering good URIs.
+        self.uri_problem = UriCheck(limits.max_uri_length)
         self.new_id = new_id
         #: Who may connect and what each role may do; None: everyone, anonymously, everything.
         self.auth = auth
@@ -792,7 +829,7 @@ class BrokerSession:
         self._close_transport()
 
     def _topic_problem(self, topic: str) -> str | None:
-        return uri_problem(topic, self._limits.max_uri_length)
+        return self._router.uri_problem(topic)
 
     def _on_subscribe(self, msg: message.Subscribe) -> None:
         request_type = message.Subscribe.MESSAGE_TYPE
