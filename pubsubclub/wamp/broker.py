@@ -127,9 +127,6 @@ _PATTERN_URI = {
     "wildcard": re.compile(r"^(([^\s\.#]+\.)|\.)*[^\s\.#]*$"),
 }
 
-#: RPC messages of the Advanced Profile that we do not offer (CANCEL needs call canceling).
-_UNOFFERED_RPC = (message.Cancel,)
-
 
 @dataclass(frozen=True)
 class WampLimits:
@@ -441,6 +438,8 @@ class BrokerSession:
         self._patterns: dict[Pattern, int] = {}
         #: Ends a session that has not joined within ``limits.join_timeout``.
         self._join_timer: Any = None
+        #: Its HELLO announced callee call canceling: the dealer may send it INTERRUPT.
+        self._interruptible = False
 
     @property
     def session_id(self) -> int | None:
@@ -659,7 +658,7 @@ class BrokerSession:
             return
         assert self._realm is not None
         if isinstance(msg, message.Register):
-            self._router.dealer.register(self, self._realm, msg)
+            self._router.dealer.register(self, self._realm, msg, interruptible=self._interruptible)
         else:
             self._router.dealer.call(self, self._realm, msg)
 
@@ -711,8 +710,8 @@ class BrokerSession:
             self._router.dealer.yielded(self, msg)
         elif isinstance(msg, message.Error) and msg.request_type == message.Invocation.MESSAGE_TYPE:
             self._router.dealer.invocation_error(self, msg)
-        elif isinstance(msg, _UNOFFERED_RPC):
-            self.protocol_violation(f"{type(msg).__name__.upper()} received, but this dealer offers no call canceling")
+        elif isinstance(msg, message.Cancel):
+            self._router.dealer.cancel(self, msg)
         else:
             self.protocol_violation(f"{type(msg).__name__.upper()} is not allowed once the session is established")
 
@@ -724,6 +723,8 @@ class BrokerSession:
             return
         self._realm = realm
         self._session_id = self._router.new_id()
+        callee = (msg.roles or {}).get("callee")
+        self._interruptible = bool(getattr(callee, "call_canceling", False))
         policy = self._router.auth
         if policy is None:
             self._welcome(None, "anonymous", "anonymous", None)
@@ -763,7 +764,7 @@ class BrokerSession:
                 session=self._session_id,
                 roles={
                     "broker": RoleBrokerFeatures(publisher_exclusion=True, pattern_based_subscription=True),
-                    "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True),
+                    "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True, call_canceling=True),
                 },
                 realm=self._realm,
                 authid=authid,
