@@ -12,6 +12,7 @@ from twisted.internet.task import Clock
 from pubsubclub.hub import Hub
 from pubsubclub.testing import MemoryWampTransport
 from pubsubclub.wamp import WampRouter
+from pubsubclub.wamp.auth import AuthPolicy, Role
 
 
 def joined(router: WampRouter, interruptible: bool = False) -> tuple[Any, MemoryWampTransport]:
@@ -172,3 +173,25 @@ def test_yield_from_a_session_that_was_not_invoked_is_dropped() -> None:
     assert caller_t.sent == []
     callee.onMessage(message.Yield(invocation.request, args=[3]))
     assert [(m.request, m.args) for m in caller_t.sent] == [(2, [3])]
+
+
+def test_rpc_permissions_are_checked_on_hub_topics_like_publish() -> None:
+    """With --auth, REGISTER and CALL in a further realm are checked on ``$realm.<realm>#<uri>``, as a PUBLISH is:
+    a role allowed ``com.`` in realm1 gets no RPC in realm2, one allowed realm2's ``com.`` does."""
+    policy = AuthPolicy(
+        roles=(Role("one", publish=("com.",)), Role("two", publish=("$realm.realm2#com.",))), anonymous="one"
+    )
+    for role, allowed in (("one", False), ("two", True)):
+        router = WampRouter(Hub(), ("realm1", "realm2"), auth=AuthPolicy(roles=policy.roles, anonymous=role))
+        session = router.session_factory()
+        transport = MemoryWampTransport()
+        session.onOpen(transport)
+        session.onMessage(message.Hello("realm2", {"callee": RoleCalleeFeatures()}))
+        session.onMessage(message.Register(1, "com.example.add"))
+        session.onMessage(message.Call(2, "com.example.add"))
+        session.onMessage(message.Publish(3, "com.example.t", acknowledge=True))
+        answers = [(type(m).__name__, getattr(m, "error", None)) for m in transport.sent[1:]]
+        if allowed:
+            assert [a for a, _ in answers] == ["Registered", "Invocation", "Published"], answers
+        else:
+            assert answers == [("Error", "wamp.error.not_authorized")] * 3

@@ -650,13 +650,14 @@ class BrokerSession:
         if problem is not None:
             self._error(request_type, msg.request, INVALID_URI, problem)
             return
+        assert self._realm is not None
         role = self._role
-        if role is not None and not role.may_publish(msg.procedure):
+        # Checked on the hub topic, as PUBLISH is: in a further realm that is ``$realm.<realm>#<uri>``.
+        if role is not None and not role.may_publish(self._router.hub_topic(self._realm, msg.procedure)):
             verb = "register" if isinstance(msg, message.Register) else "call"
             text = f"role {role.name!r} may not {verb} {msg.procedure!r}"
             self._error(request_type, msg.request, NOT_AUTHORIZED, text)
             return
-        assert self._realm is not None
         if isinstance(msg, message.Register):
             self._router.dealer.register(self, self._realm, msg, interruptible=self._interruptible)
         else:
