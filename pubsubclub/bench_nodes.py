@@ -8,6 +8,7 @@ live here once.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import platform
@@ -135,9 +136,17 @@ def node_pair(
 
 
 def stop(procs: Any) -> None:
-    """Terminate ``procs`` and wait for each."""
+    """Terminate ``procs`` and wait for each.
+
+    Their stdin pipes are closed first: an agent waiting there for its "go" (a
+    reactor thread in ``readline``) would otherwise hold its reactor's shutdown,
+    which joins its threads, until the kill below.
+    """
     procs = list(procs)
     for p in procs:
+        if p.stdin is not None:
+            with contextlib.suppress(OSError):
+                p.stdin.close()
         if p.poll() is None:
             p.terminate()
     for p in procs:

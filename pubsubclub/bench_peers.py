@@ -179,9 +179,12 @@ def run_peers_bench(args: argparse.Namespace) -> int:
     if unknown or args.runs < 1:
         raise SystemExit(f"pubsubclub: error: --clients takes {', '.join(CLIENTS)}; --runs at least 1")
     check_wamp_args(argparse.Namespace(**{**vars(args), **CLIENTS["lean"]}))
-    from pubsubclub.testing.crossbar import crossbar_executable
+    from pubsubclub.testing.crossbar import CrossbarMissing, crossbar_executable
 
-    crossbar_executable()  # a clear error now rather than after the pubsubclub runs
+    try:
+        crossbar_executable()  # a clear error now rather than after the pubsubclub runs
+    except CrossbarMissing as e:
+        raise SystemExit(f"pubsubclub: error: {e}") from None
     progress(f"settings: --scenario peers --clients {','.join(clients)} --topology {args.topology} --runs "
              f"{args.runs} --count {args.count} --latency-count {args.latency_count} --rate {args.rate} --size "
              f"{args.size}")  # fmt: skip

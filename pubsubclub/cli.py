@@ -152,33 +152,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             return run_cluster(layout)
         if args.command == "bench":
-            import signal
-
-            # SIGTERM unwinds like Ctrl-C, so every scenario's `finally` stops the nodes and routers it started.
-            signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
-            if args.scenario == "peers":
-                from pubsubclub.bench_peers import run_peers_bench
-
-                return run_peers_bench(args)
-            if args.scenario == "link":
-                from pubsubclub.bench_link import run_link_bench
-
-                return run_link_bench(args)
-            if args.scenario == "fanout":
-                from pubsubclub.bench_fanout import run_fanout_bench
-
-                return run_fanout_bench(args)
-            if args.scenario == "idle":
-                from pubsubclub.bench_idle import run_idle_bench
-
-                return run_idle_bench(args)
-            if args.scenario == "stream":
-                from pubsubclub.bench_stream import run_stream_bench
-
-                return run_stream_bench(args)
-            from pubsubclub.bench import run_bench
-
-            return run_bench(args)
+            try:
+                return _run_bench(args)
+            except TimeoutError as e:  # a run that exceeds --max-seconds: say so, no traceback
+                print(f"pubsubclub: bench: {e}", file=sys.stderr)
+                return 1
         if args.command == "report":
             from pubsubclub.reports.command import run as run_report
 
@@ -187,3 +165,34 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pubsubclub: error: {e}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_USAGE
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    """``pubsubclub bench``: the scenario's runner."""
+    import signal
+
+    # SIGTERM unwinds like Ctrl-C, so every scenario's `finally` stops the nodes and routers it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.scenario == "peers":
+        from pubsubclub.bench_peers import run_peers_bench
+
+        return run_peers_bench(args)
+    if args.scenario == "link":
+        from pubsubclub.bench_link import run_link_bench
+
+        return run_link_bench(args)
+    if args.scenario == "fanout":
+        from pubsubclub.bench_fanout import run_fanout_bench
+
+        return run_fanout_bench(args)
+    if args.scenario == "idle":
+        from pubsubclub.bench_idle import run_idle_bench
+
+        return run_idle_bench(args)
+    if args.scenario == "stream":
+        from pubsubclub.bench_stream import run_stream_bench
+
+        return run_stream_bench(args)
+    from pubsubclub.bench import run_bench
+
+    return run_bench(args)
