@@ -128,9 +128,6 @@ _PATTERN_URI = {
     "wildcard": re.compile(r"^(([^\s\.#]+\.)|\.)*[^\s\.#]*$"),
 }
 
-#: RPC messages of the Advanced Profile that we do not offer (CANCEL needs call canceling).
-_UNOFFERED_RPC = (message.Cancel,)
-
 
 @dataclass(frozen=True)
 class WampLimits:
@@ -478,6 +475,8 @@ class BrokerSession:
         self._patterns: dict[Pattern, int] = {}
         #: Ends a session that has not joined within ``limits.join_timeout``.
         self._join_timer: Any = None
+        #: Its HELLO announced callee call canceling: the dealer may send it INTERRUPT.
+        self._interruptible = False
 
     @property
     def session_id(self) -> int | None:
@@ -688,15 +687,16 @@ class BrokerSession:
         if problem is not None:
             self._error(request_type, msg.request, INVALID_URI, problem)
             return
+        assert self._realm is not None
         role = self._role
-        if role is not None and not role.may_publish(msg.procedure):
+        # Checked on the hub topic, as PUBLISH is: in a further realm that is ``$realm.<realm>#<uri>``.
+        if role is not None and not role.may_publish(self._router.hub_topic(self._realm, msg.procedure)):
             verb = "register" if isinstance(msg, message.Register) else "call"
             text = f"role {role.name!r} may not {verb} {msg.procedure!r}"
             self._error(request_type, msg.request, NOT_AUTHORIZED, text)
             return
-        assert self._realm is not None
         if isinstance(msg, message.Register):
-            self._router.dealer.register(self, self._realm, msg)
+            self._router.dealer.register(self, self._realm, msg, interruptible=self._interruptible)
         else:
             self._router.dealer.call(self, self._realm, msg)
 
@@ -748,8 +748,8 @@ class BrokerSession:
             self._router.dealer.yielded(self, msg)
         elif isinstance(msg, message.Error) and msg.request_type == message.Invocation.MESSAGE_TYPE:
             self._router.dealer.invocation_error(self, msg)
-        elif isinstance(msg, _UNOFFERED_RPC):
-            self.protocol_violation(f"{type(msg).__name__.upper()} received, but this dealer offers no call canceling")
+        elif isinstance(msg, message.Cancel):
+            self._router.dealer.cancel(self, msg)
         else:
             self.protocol_violation(f"{type(msg).__name__.upper()} is not allowed once the session is established")
 
@@ -761,6 +761,8 @@ class BrokerSession:
             return
         self._realm = realm
         self._session_id = self._router.new_id()
+        callee = (msg.roles or {}).get("callee")
+        self._interruptible = bool(getattr(callee, "call_canceling", False))
         policy = self._router.auth
         if policy is None:
             self._welcome(None, "anonymous", "anonymous", None)
@@ -800,7 +802,7 @@ class BrokerSession:
                 session=self._session_id,
                 roles={
                     "broker": RoleBrokerFeatures(publisher_exclusion=True, pattern_based_subscription=True),
-                    "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True),
+                    "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True, call_canceling=True),
                 },
                 realm=self._realm,
                 authid=authid,
