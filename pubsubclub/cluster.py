@@ -138,6 +138,9 @@ def run_cluster(layout: ClusterLayout) -> int:
         print_table(rows)
         print(f"stores and metrics under {layout.data_dir}/; cluster running; Ctrl-C stops every node", flush=True)
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # Ctrl-C (SIGINT) stops the cluster even when started as a background job, where the shell
+        # hands SIGINT over ignored and Python then installs no KeyboardInterrupt handler.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         for proc in procs:
             proc.wait()
         return 0

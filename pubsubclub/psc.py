@@ -34,6 +34,7 @@ from typing import Any, Union
 import orjson
 
 from pubsubclub import jsonbounds
+from pubsubclub.hotmessage import hot_message
 from pubsubclub.patterns import Pattern, pattern_problem
 
 Version = tuple[int, int]
@@ -140,7 +141,7 @@ class UnsubscribePattern:
     pattern: Pattern
 
 
-@dataclass(frozen=True, slots=True)
+@hot_message
 class Meta:
     """Per-message metadata carried by the 0.2 extension."""
 
@@ -153,7 +154,7 @@ class Meta:
     seq: int | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@hot_message
 class Publish:
     """PSC301: one published message for a topic."""
 
@@ -218,11 +219,11 @@ def decode(data: bytes | str, limits: Limits = DEFAULT_LIMITS) -> Message:
     if not value:
         raise PSCDecodeError("empty array: no message type")
     kind = value[0]
+    if kind == PUBLISH and type(kind) is int:
+        return _publish(value, limits, data)
     if type(kind) is not int:
         raise PSCDecodeError(f"message type must be an integer, got {_brief(kind)}")
     params = value[1:]
-    if kind == PUBLISH:
-        return _publish(value, limits, data)
     if kind == SUBSCRIBE:
         if not params:
             raise PSCDecodeError("PSC201 needs at least one topic")
@@ -357,19 +358,20 @@ def _resume(params: list[Any], limits: Limits) -> Resume:
 
 
 def _publish(frame: list[Any], limits: Limits, data: bytes | str) -> Publish:
-    params = frame[1:]
-    if len(params) not in (2, 3):
-        raise PSCDecodeError(f"PSC301 takes 2 parameters (3 with metadata), got {len(params)}")
-    topic = _topic(params[0], limits)
+    if len(frame) not in (3, 4):
+        raise PSCDecodeError(f"PSC301 takes 2 parameters (3 with metadata), got {len(frame) - 1}")
+    topic = frame[1]
+    if type(topic) is not str or not topic or len(topic) > limits.max_topic_length:
+        topic = _topic(topic, limits)  # raises, naming the problem
     # The message type and the topic are sound, so whatever breaks the bounds
     # is in the message or its metadata: that message's problem, not the link's.
     try:
         jsonbounds.check_decoded(data, frame, limits.json, wrapper_depth=1)
     except jsonbounds.BoundsError as e:
         raise PSCPayloadError(topic, str(e)) from None
-    if len(params) == 2:
-        return Publish(topic, params[1])
-    return Publish(topic, params[1], _meta(params[2]))
+    if len(frame) == 3:
+        return Publish(topic, frame[2])
+    return Publish(topic, frame[2], _meta(frame[3]))
 
 
 def _meta(value: Any) -> Meta:
@@ -449,5 +451,13 @@ def with_seq(publish_02: bytes, seq: int) -> bytes:
     The message is encoded once; each consumer node's copy only gets its own
     number appended to the metadata object.
     """
+    return b"%s%d}]" % (seq_head(publish_02), seq)
+
+
+def seq_head(publish_02: bytes) -> bytes:
+    """The 0.3 PSC301 bytes of a 0.2 PSC301 up to its sequence number: ``head + b"%d}]" % seq`` is :func:`with_seq`.
+
+    Made once per message, then once per consumer node only the number is added.
+    """
     head = publish_02[:-2]  # drop the closing "}]"
-    return b"".join((head, b',"s":' if head[-1:] != b"{" else b'"s":', str(seq).encode(), b"}]"))
+    return head + (b',"s":' if head[-1:] != b"{" else b'"s":')

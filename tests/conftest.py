@@ -17,6 +17,13 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from hypothesis import settings
+
+# Tests never assert on speed: Hypothesis's per-example deadline (200 ms) is such an
+# assertion, and it failed property tests on a loaded machine. Examples stay bounded
+# by their count and by pytest-timeout.
+settings.register_profile("pubsubclub", deadline=None)
+settings.load_profile("pubsubclub")
 
 #: The session-scoped local ``spark`` fixture for the report tests.
 pytest_plugins = ["report_spark"]

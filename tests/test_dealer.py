@@ -159,3 +159,25 @@ async def test_calls_in_flight_are_bounded_per_caller(tmp_path: Path) -> None:
         await leave(callee, caller, other)
     finally:
         bounded.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_caller_cancelling_its_call_keeps_its_session_and_interrupts_the_callee(node: NodeProcess) -> None:
+    """Autobahn's Deferred.cancel() sends CANCEL: the callee's work is interrupted, both sessions carry on."""
+    callee, caller = await connect(node.wamp_url), await connect(node.wamp_url)
+    invoked: defer.Deferred[None] = defer.Deferred()
+    interrupted: defer.Deferred[None] = defer.Deferred()
+
+    def held() -> defer.Deferred[str]:
+        invoked.callback(None)
+        return defer.Deferred(lambda _: interrupted.callback(None))
+
+    await callee.register(held, "com.example.held")
+    await callee.register(lambda: "pong", "com.example.ping")
+    pending = caller.call("com.example.held")
+    pending.addErrback(lambda f: f.trap(defer.CancelledError))
+    await invoked.addTimeout(10, reactor)
+    pending.cancel()
+    await interrupted.addTimeout(10, reactor)
+    assert await caller.call("com.example.ping") == "pong"
+    await leave(callee, caller)

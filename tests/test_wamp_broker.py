@@ -514,7 +514,7 @@ def j(msg: Any) -> str:
         ([b"\x91\x01"], "binary"),
         ([j([32, 1, {}, "com.example.t"])], "SUBSCRIBE received before the session was established"),
         ([j(HELLO), j(HELLO)], "HELLO is not allowed"),
-        ([j(HELLO), j([49, 1, {}])], "no call canceling"),
+        ([j(HELLO), j([69, 1, {}])], "INTERRUPT is not allowed"),
         ([j(HELLO), j([8, 32, 1, {}, "wamp.error.x"])], "ERROR is not allowed"),
     ],
 )

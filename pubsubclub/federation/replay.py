@@ -271,14 +271,15 @@ class Outbox:
             return []
         now = self._clock()
         window = self.settings.window
+        head = psc.seq_head(publish_02)
         sent: list[tuple[Any, int]] = []
         expired: list[Stream] = []
         for stream in streams:
             if stream.detached_at is not None and now - stream.detached_at > window:
                 expired.append(stream)
                 continue
-            stream.seq += 1
-            data = psc.with_seq(publish_02, stream.seq)
+            seq = stream.seq = stream.seq + 1
+            data = b"%s%d}]" % (head, seq)  # psc.with_seq, with the head made once per message
             self._keep(stream, now, data)
             if stream.link is not None:
                 stream.link.send_raw(data)
@@ -304,12 +305,16 @@ class Outbox:
     def _keep(self, stream: Stream, now: float, data: bytes) -> None:
         buffer = stream.buffer
         buffer.append((stream.seq, now, data))
-        stream.nbytes += len(data)
-        oldest = now - self.settings.window
+        nbytes = stream.nbytes + len(data)
         limit = self.settings.max_bytes
-        while buffer and (stream.nbytes > limit or buffer[0][1] < oldest):
-            stream.nbytes -= len(buffer.popleft()[2])
-            self.metrics.event(ReplayEvent.TRIMMED)
+        oldest = now - self.settings.window
+        if nbytes > limit or buffer[0][1] < oldest:
+            trimmed = 0
+            while buffer and (nbytes > limit or buffer[0][1] < oldest):
+                nbytes -= len(buffer.popleft()[2])
+                trimmed += 1
+            self.metrics.event(ReplayEvent.TRIMMED, trimmed)
+        stream.nbytes = nbytes
 
     def _new_stream(self, consumer: str | None) -> Stream:
         stream = Stream(consumer, f"{self._boot}-{next(self._epochs)}")

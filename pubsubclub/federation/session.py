@@ -108,6 +108,14 @@ class LinkSession:
         #: Size of the last message received (for metrics).
         self.last_size = 0
         self.version: psc.Version | None = None
+        #: PSC301 on this link carries the 0.2 metadata.
+        self.with_metadata = False
+        #: This link speaks the 0.3 replay extension (numbered PSC301, PSC103/PSC104).
+        self.with_replay = False
+        #: Frames on this link may carry several messages, one per line (0.4).
+        self.batched = False
+        #: This link carries pattern interest (0.5: PSC203/PSC204, patterns in PSC103).
+        self.with_patterns = False
         #: Topics the consumer at the other end asked for (producer role).
         self.topics: set[str] = set()
         #: Patterns the consumer at the other end asked for (producer role, 0.5).
@@ -124,25 +132,13 @@ class LinkSession:
     def __repr__(self) -> str:
         return f"<LinkSession {self.role.value} peer={self.peer} {self.state.value}>"
 
-    @property
-    def with_metadata(self) -> bool:
-        """Whether PSC301 on this link carries the 0.2 metadata."""
-        return self.version is not None and self.version >= psc.V0_2
-
-    @property
-    def with_replay(self) -> bool:
-        """Whether this link speaks the 0.3 replay extension (numbered PSC301, PSC103/PSC104)."""
-        return self.version is not None and self.version >= psc.V0_3
-
-    @property
-    def batched(self) -> bool:
-        """Whether frames on this link may carry several messages, one per line (0.4)."""
-        return self.version is not None and self.version >= psc.V0_4
-
-    @property
-    def with_patterns(self) -> bool:
-        """Whether this link carries pattern interest (0.5: PSC203/PSC204, patterns in PSC103)."""
-        return self.version is not None and self.version >= psc.V0_5
+    def _speak(self, version: psc.Version) -> None:
+        """Take ``version`` for this link and what it implies (plain attributes: read per message)."""
+        self.version = version
+        self.with_metadata = version >= psc.V0_2
+        self.with_replay = version >= psc.V0_3
+        self.batched = version >= psc.V0_4
+        self.with_patterns = version >= psc.V0_5
 
     def start(self) -> None:
         """The transport opened: the consumer speaks first, whoever dialled."""
@@ -273,7 +269,7 @@ class LinkSession:
                     f"producer chose version {message.version[0]}.{message.version[1]}, which we did not offer",
                 )
             chosen = message.version
-        self.version = chosen
+        self._speak(chosen)
         self.state = LinkState.OPEN
         self._owner.link_open(self)
 

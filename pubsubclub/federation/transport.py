@@ -40,6 +40,7 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.wsframes import send_message
 
 
 class LinkHost(LinkOwner, Protocol):
@@ -152,6 +153,10 @@ class _LinkProtocolBase:
     heard: tuple[str | None, str | None] = (None, None)
     #: The server URL this connection was dialled for; None on the listening side.
     dialled: str | None = None
+    #: This reactor turn's messages waiting for one frame (0.4), their bytes with separators, and the flush call.
+    _batch: list[bytes] | None = None
+    _batch_bytes = 0
+    _batch_call: IDelayedCall | None = None
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
@@ -175,28 +180,32 @@ class _LinkProtocolBase:
             # the connection; until then there is nowhere to write.
             return
         session = self.session
-        if session is not None and session.batched:
-            if self.__dict__.get("_batch") and (
-                getattr(self, "_batch_bytes", 0) + 1 + len(data) > self.factory.federation.limits.max_message_size
-            ):
-                self._flush_batch()  # a frame never exceeds what the peer accepts
-            pending = self.__dict__.setdefault("_batch", [])
-            pending.append(data)
-            self._batch_bytes = getattr(self, "_batch_bytes", 0) + len(data) + (1 if len(pending) > 1 else 0)
-            if getattr(self, "_batch_call", None) is None:
-                # No timer of any length: flushed when this reactor turn's work is done,
-                # so a lone message leaves as soon as it would have unbatched.
-                self._batch_call = self.factory.reactor.callLater(0, self._flush_batch)
+        if session is None or not session.batched:
+            self._write_frame(data)
             return
-        self._write_frame(data)
+        pending = self._batch
+        if pending:
+            size = self._batch_bytes + 1 + len(data)
+            if size <= self.factory.federation.limits.max_message_size:
+                pending.append(data)
+                self._batch_bytes = size
+                return
+            self._flush_batch()  # a frame never exceeds what the peer accepts
+        self._batch = [data]
+        self._batch_bytes = len(data)
+        if self._batch_call is None:
+            # No timer of any length: flushed when this reactor turn's work is done,
+            # so a lone message leaves as soon as it would have unbatched.
+            self._batch_call = self.factory.reactor.callLater(0, self._flush_batch)
 
     def _flush_batch(self) -> None:
         """Send the gathered messages as one frame, one per line."""
-        call = getattr(self, "_batch_call", None)
+        call = self._batch_call
         if call is not None and call.active():
             call.cancel()
         self._batch_call = None
-        pending = self.__dict__.pop("_batch", None)
+        pending = self._batch
+        self._batch = None
         self._batch_bytes = 0
         if pending and self.state == WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
             self._write_frame(pending[0] if len(pending) == 1 else psc.BATCH_SEPARATOR.join(pending))
@@ -218,7 +227,7 @@ class _LinkProtocolBase:
                     federation.link_overflow(self.session, queued)
                 self.dropConnection(abort=True)  # type: ignore[attr-defined]
                 return
-        self.sendMessage(data, isBinary=False)  # type: ignore[attr-defined]
+        send_message(self, data, False)
         if backlog is not None:
             backlog.written(len(data))
 
@@ -295,11 +304,11 @@ class _LinkProtocolBase:
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Also cancel the close-handshake timer, which Autobahn leaves running when TCP goes first."""
         self._end_round_trips()
-        call = getattr(self, "_batch_call", None)
+        call = self._batch_call
         if call is not None and call.active():
             call.cancel()
         self._batch_call = None
-        self.__dict__.pop("_batch", None)
+        self._batch = None
         super().connectionLost(reason)  # type: ignore[misc]
         call = getattr(self, "closeHandshakeTimeoutCall", None)
         if call is not None:

@@ -54,6 +54,24 @@ CLIENT_ROLE = "app"
 ALLOW_ALL = {"call": True, "register": True, "publish": True, "subscribe": True}
 
 
+def _group_members(pgid: int) -> list[int]:
+    """Live (not zombie) processes of process group ``pgid``, from ``/proc``."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:  # gone meanwhile
+            continue
+        # Fields after the parenthesised command: state, ppid, pgrp, ...
+        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
+        if int(pgrp) == pgid and state != "Z":
+            members.append(int(entry))
+    return members
+
+
 class CrossbarMissing(AssertionError):
     """``crossbar`` is not installed where we look: run ``make crossbar``."""
 
@@ -329,6 +347,11 @@ class CrossbarProcess:
         except ProcessLookupError:
             pass
         proc.wait(STOP_SECONDS)
+        # The workers are the controller's children, not ours: wait until the kernel has
+        # ended them too (their sockets close only then), within the same bound.
+        deadline = time.monotonic() + STOP_SECONDS
+        while _group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
         self._join_reader()
 
     def restart(self, timeout: float = START_SECONDS) -> CrossbarProcess:

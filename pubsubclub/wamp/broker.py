@@ -85,6 +85,7 @@ __all__ = [
     "BrokerSession",
     "WampLimits",
     "WampRouter",
+    "UriCheck",
     "WampTransport",
     "hub_pattern",
     "hub_topic",
@@ -126,9 +127,6 @@ _PATTERN_URI = {
     "prefix": re.compile(r"^([^\s\.#]+\.)*[^\s\.#]*$"),
     "wildcard": re.compile(r"^(([^\s\.#]+\.)|\.)*[^\s\.#]*$"),
 }
-
-#: RPC messages of the Advanced Profile that we do not offer (CANCEL needs call canceling).
-_UNOFFERED_RPC = (message.Cancel,)
 
 
 @dataclass(frozen=True)
@@ -244,6 +242,40 @@ def uri_problem(uri: str, max_length: int) -> str | None:
     return None
 
 
+#: Good URIs a router remembers (``UriCheck``); past it the oldest is forgotten first.
+URI_CACHE_SIZE = 4096
+
+
+class UriCheck:
+    """:func:`uri_problem` for one length limit, with the URIs found good remembered.
+
+    A client publishes on the same few topics over and over; the check
+    (length, reserved prefix, surrogates, a regular expression) ran for each
+    PUBLISH. Only good URIs are kept, at most ``size`` (oldest first out), and
+    nothing else decides the answer, so nothing is ever stale.
+    """
+
+    def __init__(self, max_length: int, size: int = URI_CACHE_SIZE) -> None:
+        self.max_length = max_length
+        self.size = size
+        self._good: dict[str, None] = {}
+
+    def __len__(self) -> int:
+        return len(self._good)
+
+    def __call__(self, uri: str) -> str | None:
+        """Why ``uri`` is not an acceptable WAMP URI, or None if it is."""
+        good = self._good
+        if uri in good:
+            return None
+        problem = uri_problem(uri, self.max_length)
+        if problem is None:
+            if len(good) >= self.size:
+                del good[next(iter(good))]
+            good[uri] = None
+        return problem
+
+
 def random_wamp_id() -> int:
     """A random WAMP id in the spec's global range 1..2**53 (uniform: 53 random bits, plus one)."""
     return _random.getrandbits(53) + 1
@@ -330,6 +362,8 @@ class WampRouter:
         self.hub = hub
         self.realms: tuple[str, ...] = tuple(realms)
         self.limits = limits
+        #: The URI check of every PUBLISH, SUBSCRIBE and REGISTER, remembering good URIs.
+        self.uri_problem = UriCheck(limits.max_uri_length)
         self.new_id = new_id
         #: Who may connect and what each role may do; None: everyone, anonymously, everything.
         self.auth = auth
@@ -441,6 +475,8 @@ class BrokerSession:
         self._patterns: dict[Pattern, int] = {}
         #: Ends a session that has not joined within ``limits.join_timeout``.
         self._join_timer: Any = None
+        #: Its HELLO announced callee call canceling: the dealer may send it INTERRUPT.
+        self._interruptible = False
 
     @property
     def session_id(self) -> int | None:
@@ -651,15 +687,16 @@ class BrokerSession:
         if problem is not None:
             self._error(request_type, msg.request, INVALID_URI, problem)
             return
+        assert self._realm is not None
         role = self._role
-        if role is not None and not role.may_publish(msg.procedure):
+        # Checked on the hub topic, as PUBLISH is: in a further realm that is ``$realm.<realm>#<uri>``.
+        if role is not None and not role.may_publish(self._router.hub_topic(self._realm, msg.procedure)):
             verb = "register" if isinstance(msg, message.Register) else "call"
             text = f"role {role.name!r} may not {verb} {msg.procedure!r}"
             self._error(request_type, msg.request, NOT_AUTHORIZED, text)
             return
-        assert self._realm is not None
         if isinstance(msg, message.Register):
-            self._router.dealer.register(self, self._realm, msg)
+            self._router.dealer.register(self, self._realm, msg, interruptible=self._interruptible)
         else:
             self._router.dealer.call(self, self._realm, msg)
 
@@ -711,8 +748,8 @@ class BrokerSession:
             self._router.dealer.yielded(self, msg)
         elif isinstance(msg, message.Error) and msg.request_type == message.Invocation.MESSAGE_TYPE:
             self._router.dealer.invocation_error(self, msg)
-        elif isinstance(msg, _UNOFFERED_RPC):
-            self.protocol_violation(f"{type(msg).__name__.upper()} received, but this dealer offers no call canceling")
+        elif isinstance(msg, message.Cancel):
+            self._router.dealer.cancel(self, msg)
         else:
             self.protocol_violation(f"{type(msg).__name__.upper()} is not allowed once the session is established")
 
@@ -724,6 +761,8 @@ class BrokerSession:
             return
         self._realm = realm
         self._session_id = self._router.new_id()
+        callee = (msg.roles or {}).get("callee")
+        self._interruptible = bool(getattr(callee, "call_canceling", False))
         policy = self._router.auth
         if policy is None:
             self._welcome(None, "anonymous", "anonymous", None)
@@ -763,7 +802,7 @@ class BrokerSession:
                 session=self._session_id,
                 roles={
                     "broker": RoleBrokerFeatures(publisher_exclusion=True, pattern_based_subscription=True),
-                    "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True),
+                    "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True, call_canceling=True),
                 },
                 realm=self._realm,
                 authid=authid,
@@ -792,7 +831,7 @@ class BrokerSession:
         self._close_transport()
 
     def _topic_problem(self, topic: str) -> str | None:
-        return uri_problem(topic, self._limits.max_uri_length)
+        return self._router.uri_problem(topic)
 
     def _on_subscribe(self, msg: message.Subscribe) -> None:
         request_type = message.Subscribe.MESSAGE_TYPE

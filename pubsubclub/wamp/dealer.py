@@ -13,6 +13,15 @@ REGISTER/UNREGISTER, CALL -> INVOCATION -> YIELD/ERROR -> RESULT/ERROR, with:
   YIELD or ERROR from the callee is dropped);
 - the CALL option ``timeout`` (milliseconds), and a node-wide upper bound
   (``[wamp] call-timeout``), end a call with ERROR ``wamp.error.timeout``;
+- CANCEL (call canceling, announced in WELCOME, since Autobahn sends CANCEL
+  whenever a call's Deferred is cancelled): the caller gets ERROR
+  ``wamp.error.canceled`` at once, whatever the mode (``kill`` is served as
+  ``killnowait``: the dealer never waits for a callee); a callee that
+  announced call canceling gets INTERRUPT (mode ``killnowait``) unless the
+  caller asked ``skip``, and so does it when its call times out;
+- only exact, single registrations: REGISTER with ``match`` prefix/wildcard
+  or an ``invoke`` policy other than ``single`` gets ERROR
+  ``wamp.error.invalid_argument`` (neither feature is announced);
 - with ``--auth``, a role may REGISTER and CALL the URIs it may publish to;
 - at most ``max_pending_calls`` calls in flight per caller (``[wamp]
   max-pending-calls``): one more gets ERROR ``pubsubclub.error.too_many_calls``
@@ -38,6 +47,9 @@ CANCELED = "wamp.error.canceled"
 TIMEOUT = "wamp.error.timeout"
 NOT_AUTHORIZED = "wamp.error.not_authorized"
 TOO_MANY_CALLS = "pubsubclub.error.too_many_calls"
+INVALID_ARGUMENT = "wamp.error.invalid_argument"
+#: INTERRUPT mode: the dealer has already answered the caller and will not wait for the callee.
+KILL_NO_WAIT = "killnowait"
 
 
 class Party(Protocol):
@@ -53,6 +65,8 @@ class _Registration:
     realm: str
     procedure: str
     callee: Party
+    #: The callee announced call canceling: it is sent INTERRUPT for calls that end without it.
+    interruptible: bool = False
 
 
 @dataclass(eq=False)
@@ -83,6 +97,8 @@ class Dealer:
     _calls: dict[int, _Call] = field(default_factory=dict)
     #: Calls in flight per caller (only callers with at least one).
     _pending: dict[Party, int] = field(default_factory=dict)
+    #: (caller, CALL request id) -> invocation request id, for CANCEL.
+    _by_request: dict[tuple[Party, int], int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_pending_calls, int) or self.max_pending_calls <= 0:
@@ -90,8 +106,17 @@ class Dealer:
 
     # -- callee side ----------------------------------------------------------------
 
-    def register(self, callee: Party, realm: str, msg: message.Register) -> None:
-        """REGISTER: REGISTERED, or ERROR when the procedure already has a callee."""
+    def register(self, callee: Party, realm: str, msg: message.Register, interruptible: bool = False) -> None:
+        """REGISTER: REGISTERED, or ERROR when the procedure already has a callee or asks what is not offered.
+
+        ``interruptible``: the callee announced call canceling (it understands INTERRUPT).
+        """
+        problem = _unoffered(msg)
+        if problem is not None:
+            callee.send_message(
+                message.Error(message.Register.MESSAGE_TYPE, msg.request, INVALID_ARGUMENT, args=[problem])
+            )
+            return
         key = (realm, msg.procedure)
         if key in self._by_procedure:
             callee.send_message(
@@ -103,7 +128,7 @@ class Dealer:
                 )
             )
             return
-        registration = _Registration(self.new_id(), realm, msg.procedure, callee)
+        registration = _Registration(self.new_id(), realm, msg.procedure, callee, interruptible)
         self._by_procedure[key] = registration
         self._by_id[registration.id] = registration
         callee.send_message(message.Registered(msg.request, registration.id))
@@ -173,6 +198,7 @@ class Dealer:
         self._pending[caller] = pending + 1
         invocation = self.new_id()
         call = self._calls[invocation] = _Call(caller, msg.request, registration.callee, registration)
+        self._by_request[(caller, msg.request)] = invocation
         seconds = [s for s in ((msg.timeout or 0) / 1000.0, self.max_call_seconds) if s > 0]
         if seconds and self.call_later is not None:
             call.timer = self.call_later(min(seconds), lambda: self._time_out(invocation))
@@ -187,6 +213,26 @@ class Dealer:
             )
         )
 
+    def cancel(self, caller: Party, msg: message.Cancel) -> None:
+        """CANCEL: the caller's pending call ends with ERROR ``wamp.error.canceled``; a call already over is ignored."""
+        invocation = self._by_request.get((caller, msg.request))
+        if invocation is None:
+            return  # answered, timed out or never made: the spec says to ignore it
+        call = self._calls[invocation]
+        self._finish(invocation)
+        caller.send_message(
+            message.Error(
+                message.Call.MESSAGE_TYPE, call.request, CANCELED, args=["the call was canceled by its caller"]
+            )
+        )
+        if msg.mode != message.Cancel.SKIP:
+            self._interrupt(invocation, call)
+
+    def _interrupt(self, invocation: int, call: _Call) -> None:
+        """Tell an interruptible callee to stop working on a call whose caller has been answered."""
+        if call.registration.interruptible:
+            call.callee.send_message(message.Interrupt(invocation, mode=KILL_NO_WAIT))
+
     def _time_out(self, invocation: int) -> None:
         call = self._take(invocation)
         if call is None:
@@ -195,11 +241,15 @@ class Dealer:
         call.caller.send_message(
             message.Error(message.Call.MESSAGE_TYPE, call.request, TIMEOUT, args=["the call took too long"])
         )
+        self._interrupt(invocation, call)
 
     def _take(self, invocation: int) -> _Call | None:
         """Forget a call in flight and count it off its caller's pending calls."""
         call = self._calls.pop(invocation, None)
         if call is not None:
+            key = (call.caller, call.request)
+            if self._by_request.get(key) == invocation:
+                del self._by_request[key]
             left = self._pending.get(call.caller, 0) - 1
             if left > 0:
                 self._pending[call.caller] = left
@@ -238,3 +288,12 @@ class Dealer:
     def calls_in_flight(self) -> int:
         """Calls waiting for their callee's answer."""
         return len(self._calls)
+
+
+def _unoffered(msg: message.Register) -> str | None:
+    """Why a REGISTER asks for something this dealer does not offer, or None."""
+    if msg.match not in (None, message.Register.MATCH_EXACT):
+        return f"this dealer offers only exact registrations, not match {msg.match!r}"
+    if msg.invoke not in (None, message.Register.INVOKE_SINGLE):
+        return f"this dealer offers no shared registrations (invoke {msg.invoke!r}); only 'single'"
+    return None

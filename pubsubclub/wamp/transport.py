@@ -49,6 +49,7 @@ from pubsubclub.jsonbounds import JSONBounds, check
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.codec import decode
+from pubsubclub.wsframes import send_message
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
@@ -78,7 +79,7 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         if not self.isOpen():
             raise TransportLost()
         data, is_binary = self._serializer.serialize(msg)
-        self.sendMessage(data, is_binary)
+        send_message(self, data, is_binary)
         if self._backlog is not None:
             self._backlog.written(len(data))
 
@@ -91,7 +92,7 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         """Send one message already encoded with :attr:`object_serializer` (binary frame for MessagePack)."""
         if not self.isOpen():
             raise TransportLost()
-        self.sendMessage(data, self._serializer._serializer.BINARY)
+        send_message(self, data, self._serializer._serializer.BINARY)
         if self._backlog is not None:
             self._backlog.written(len(data))
 
