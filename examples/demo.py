@@ -190,15 +190,16 @@ def main() -> int:
     except Exception:
         stop_nodes(procs)
         raise
-    print(
-        "\nchat: open two of the chat pages above (different nodes) and type."
-        f"\nNSD (telnet/nc, JSON lines) and TEP (WebSocket /tep) are served too; stores and metrics are in"
-        f" {layout.data_dir}/.\nCtrl-C stops the cluster."
-    )
+    # The reactor above left its own handlers installed; Ctrl-C is ours again, before we say so
+    # (a Ctrl-C right after the message would otherwise reach Twisted's handler and be lost).
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     try:
-        # The reactor above left its own handlers installed; Ctrl-C is ours again.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        print(
+            "\nchat: open two of the chat pages above (different nodes) and type."
+            f"\nNSD (telnet/nc, JSON lines) and TEP (WebSocket /tep) are served too; stores and metrics are in"
+            f" {layout.data_dir}/.\nCtrl-C stops the cluster."
+        )
         n = 1
         while all(proc.poll() is None for proc in procs):
             # The C client greets the chat pages every 15 s (they show SysV messages as text).
