@@ -40,7 +40,7 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.wsframes import send_message
+from pubsubclub.wsframes import receive_data, send_message
 
 
 class LinkHost(LinkOwner, Protocol):
@@ -157,6 +157,10 @@ class _LinkProtocolBase:
     _batch: list[bytes] | None = None
     _batch_bytes = 0
     _batch_call: IDelayedCall | None = None
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
+        receive_data(self, data)
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
