@@ -33,7 +33,10 @@ from twisted.python.failure import Failure
 
 from pubsubclub import wsframes
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol, _bind_timers
-from pubsubclub.wamp.transport import WampServerProtocol
+from pubsubclub.hub import Hub
+from pubsubclub.testing import MemoryNetwork, psc_url
+from pubsubclub.wamp.broker import WampLimits, WampRouter
+from pubsubclub.wamp.transport import WampServerProtocol, wamp_resource
 from pubsubclub.wsframes import reads_directly, receive_data, unmask
 
 TEXT, BINARY, CONTINUATION, CLOSE, PING, PONG = 1, 2, 0, 8, 9, 10
@@ -402,3 +405,37 @@ def test_unmask_is_rfc_xor(size: int) -> None:
     """Both unmasking methods (integer XOR below the threshold, Autobahn's masker above) give the RFC's XOR."""
     payload, mask = os.urandom(size), os.urandom(4)
     assert unmask(mask, payload) == bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+
+
+def test_node_connections_read_directly(no_errors: None) -> None:
+    """A real WAMP connection (the node's factory and options) and both ends of a PSC link qualify once open."""
+    from twisted.internet import reactor as global_reactor
+
+    before = set(global_reactor.getDelayedCalls())
+    router = WampRouter(Hub(node_id="test"), ("realm1",), WampLimits())
+    factory = wamp_resource(router)._factory
+    clock = MemoryReactorClock()
+    _bind_timers(factory, clock)
+    wamp = factory.buildProtocol(None)
+    wire = Wire()
+    wamp.makeConnection(wire)
+    wamp.dataReceived(
+        b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:9000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        b"Sec-WebSocket-Protocol: wamp.2.json\r\n\r\n"
+    )
+    assert wamp.state == WebSocketProtocol.STATE_OPEN and reads_directly(wamp)
+    wamp.dropConnection(abort=True)
+    wamp.connectionLost(Failure(ConnectionDone()))
+    assert clock.getDelayedCalls() == []
+
+    net = MemoryNetwork()
+    a = net.node("a", 9001)
+    net.node("b", 9002)
+    a.add_server(psc_url(9002))
+    [link] = net.answer()
+    link.pump.flush()
+    assert reads_directly(link.client) and reads_directly(link.server)
+    net.stop()
+    assert net.reactor.getDelayedCalls() == []
+    assert set(global_reactor.getDelayedCalls()) <= before
