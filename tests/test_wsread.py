@@ -139,6 +139,16 @@ def _options(factory: Any, limits: tuple[int, int], clock: MemoryReactorClock) -
     )
 
 
+def upgrade_request(path: str, extra: bytes = b"") -> bytes:
+    """A client's opening handshake (RFC 6455, section 1.3's example key), with ``extra`` header lines."""
+    return (
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:9000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n".encode()
+        + b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        + extra
+        + b"\r\n"
+    )
+
+
 def open_server(cls: type, limits: tuple[int, int] = (0, 0)) -> tuple[Any, StringTransport, MemoryReactorClock]:
     """A server protocol of ``cls`` past a real opening handshake, its wire cleared."""
     clock = MemoryReactorClock()
@@ -148,10 +158,7 @@ def open_server(cls: type, limits: tuple[int, int] = (0, 0)) -> tuple[Any, Strin
     protocol = factory.buildProtocol(None)
     wire = Wire()
     protocol.makeConnection(wire)
-    protocol.dataReceived(
-        b"GET / HTTP/1.1\r\nHost: 127.0.0.1:9000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
-    )
+    protocol.dataReceived(upgrade_request("/"))
     assert protocol.state == WebSocketProtocol.STATE_OPEN, wire.value()
     wire.clear()
     return protocol, wire, clock
@@ -419,11 +426,7 @@ def test_node_connections_read_directly(no_errors: None) -> None:
     wamp = factory.buildProtocol(None)
     wire = Wire()
     wamp.makeConnection(wire)
-    wamp.dataReceived(
-        b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:9000\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
-        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
-        b"Sec-WebSocket-Protocol: wamp.2.json\r\n\r\n"
-    )
+    wamp.dataReceived(upgrade_request("/ws", b"Sec-WebSocket-Protocol: wamp.2.json\r\n"))
     assert wamp.state == WebSocketProtocol.STATE_OPEN and reads_directly(wamp)
     wamp.dropConnection(abort=True)
     wamp.connectionLost(Failure(ConnectionDone()))
