@@ -359,6 +359,24 @@ def test_client_reads_what_autobahn_reads(chunks: list[bytes], limits: tuple[int
     _compare(open_client(PlainClient, limits), open_client(DirectClient, limits), chunks)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        b"\xed\xa0\x80",  # an encoded surrogate
+        b"\xf4\x90\x80\x80",  # beyond U+10FFFF
+        b"\xc0\xaf",  # overlong
+        b"\xf0\x9f\x98",  # cut inside a character
+        b"ok \xef\xbf\xbe",  # U+FFFE: a noncharacter, but valid UTF-8
+        "Grüße \U0001f600".encode(),
+    ],
+)
+def test_utf8_edges_as_autobahn(text: bytes) -> None:
+    """Python's strict UTF-8 decoder and Autobahn's validator agree on the classic edge cases, whole or cut."""
+    stream = frame(TEXT, text, mask=b"\x01\x02\x03\x04") + frame(TEXT, b"[1]", mask=b"\x05\x06\x07\x08")
+    _compare(open_server(PlainServer), open_server(DirectServer), [stream])
+    _compare(open_server(PlainServer), open_server(DirectServer), [stream[:7], stream[7:]])
+
+
 def test_ordinary_frames_skip_processdata(no_errors: None) -> None:
     """Whole text and binary frames of every header size, a header cut between reads too, skip processData."""
     direct, wire, clock = open_server(DirectServer)
