@@ -39,6 +39,7 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
+from pubsubclub.nodelay import set_no_delay
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wsframes import receive_data, send_message
 
@@ -419,6 +420,11 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
     _answer_refused: Refusal | None = None
     #: Whether the WebSocket handshake completed.
     _opened = False
+
+    def connectionMade(self) -> None:  # noqa: N802 - Twisted API
+        """Nagle off: Autobahn's own attempt never takes effect on a client connection (see nodelay)."""
+        super().connectionMade()
+        set_no_delay(self.transport)
 
     def onConnecting(self, transport_details: Any) -> ConnectingRequest:
         """Handshake headers made per attempt: a proof must carry a fresh nonce."""
