@@ -36,7 +36,16 @@ from typing import Any
 
 import orjson
 
-__all__ = ["DEFAULT_BOUNDS", "BoundsError", "JSONBounds", "check", "check_decoded", "loads", "text_depth"]
+__all__ = [
+    "DEFAULT_BOUNDS",
+    "BoundsError",
+    "JSONBounds",
+    "check",
+    "check_decoded",
+    "loads",
+    "text_depth",
+    "text_within",
+]
 
 #: Signed 64-bit integer range: what every store and wire format of the node carries exactly.
 INT64_MIN = -(2**63)
@@ -188,6 +197,22 @@ _DIGIT_MASK = bytes(49 if 48 <= b <= 57 else 48 for b in range(256))
 _LONG_RUN = b"1" * 19
 
 
+def text_within(raw: bytes, bounds: JSONBounds = DEFAULT_BOUNDS, wrapper_depth: int = 0) -> bool:
+    """True when no value ``orjson.loads`` reads from ``raw`` can break ``bounds``: no check of it is needed.
+
+    ``raw`` is valid JSON text, or several valid JSON texts one per line (a
+    PSC batch frame: each line's depth and digit runs are within the whole
+    frame's, so one call covers every line). True needs no run of 19 digits
+    (the only way to an integer beyond 64 bits) and no nesting deeper than
+    ``max_depth + wrapper_depth``. False says only that a line may break them:
+    :func:`check_decoded` on each value tells.
+    """
+    if raw.translate(_DIGIT_MASK).find(_LONG_RUN) >= 0:
+        return False
+    limit = bounds.max_depth + wrapper_depth
+    return raw.count(b"[") + raw.count(b"{") <= limit or text_depth(raw, limit) <= limit
+
+
 def check_decoded(
     data: bytes | str, value: Any, bounds: JSONBounds = DEFAULT_BOUNDS, *, wrapper_depth: int = 0
 ) -> None:
@@ -202,11 +227,10 @@ def check_decoded(
     ``max_depth``.
     """
     raw = data if isinstance(data, bytes) else data.encode("utf-8", "surrogatepass")
-    limit = bounds.max_depth + wrapper_depth
-    if raw.translate(_DIGIT_MASK).find(_LONG_RUN) < 0:
-        if raw.count(b"[") + raw.count(b"{") > limit and text_depth(raw, limit) > limit:
-            raise BoundsError(f"nested deeper than {bounds.max_depth} levels")
+    if text_within(raw, bounds, wrapper_depth):
         return
+    if raw.translate(_DIGIT_MASK).find(_LONG_RUN) < 0:
+        raise BoundsError(f"nested deeper than {bounds.max_depth} levels")
     _check(value, bounds, False, 1 - wrapper_depth)
     # orjson reads integer literals outside 64 bits as floats: find them in
     # the text. Rare (19+ digits in a row), so the slower parser is fine
