@@ -305,7 +305,11 @@ class Hub:
         try:
             for envelope in envelopes:
                 received += 1
-                delivered += self._deliver_to(envelope, None, tally)
+                topic = envelope.topic
+                targets = self._targets(topic)
+                matched = self._patterns.match(topic)
+                if targets or matched:
+                    delivered += self._deliver_to(envelope, targets, matched, None, tally)
         finally:
             if received:
                 metrics.event(_RECEIVED, received)
@@ -330,26 +334,33 @@ class Hub:
         return targets
 
     def _deliver(self, envelope: Envelope, exclude: Any) -> int:
-        tally: dict[tuple[str, str], list[int]] = {}
-        count = self._deliver_to(envelope, exclude, tally)
-        if count or tally:
-            self.metrics.event(_DELIVERED, count)
-        # Once per message and front-end, however many recipients (docs/metrics.md).
-        for (topic, source), (n, nbytes) in tally.items():
-            self.metrics.count(topic, source, "delivered", n, nbytes)
-        return count
-
-    def _deliver_to(self, envelope: Envelope, exclude: Any, tally: dict[tuple[str, str], list[int]]) -> int:
-        """Hand ``envelope`` to its local sinks; add the deliveries counted per front-end to ``tally``.
-
-        ``tally`` maps (topic, front-end) to [messages, bytes]: one message per
-        front-end however many of its sinks got it (docs/metrics.md).
-        """
         topic = envelope.topic
         targets = self._targets(topic)
         matched = self._patterns.match(topic)
         if not targets and not matched:
             return 0
+        tally: dict[tuple[str, str], list[int]] = {}
+        count = self._deliver_to(envelope, targets, matched, exclude, tally)
+        self.metrics.event(_DELIVERED, count)
+        # Once per message and front-end, however many recipients (docs/metrics.md).
+        for (topic, source), (n, nbytes) in tally.items():
+            self.metrics.count(topic, source, "delivered", n, nbytes)
+        return count
+
+    def _deliver_to(
+        self,
+        envelope: Envelope,
+        targets: tuple[tuple[Sink, str | None], ...],
+        matched: tuple[Pattern, ...],
+        exclude: Any,
+        tally: dict[tuple[str, str], list[int]],
+    ) -> int:
+        """Hand ``envelope`` to ``targets`` and the holders of ``matched``; add what is counted to ``tally``.
+
+        ``tally`` maps (topic, front-end) to [messages, bytes]: one count per
+        front-end however many of its sinks got the message (docs/metrics.md).
+        """
+        topic = envelope.topic
         count = 0
         sources: list[str] = []
         for sink, source in targets:

@@ -275,6 +275,23 @@ def test_detached_streams_are_dropped_after_the_window_and_past_the_count_limit(
     assert outbox.summary()["streams_expired"] == 3
 
 
+def test_kept_messages_are_trimmed_to_the_byte_limit_and_the_window_and_counted() -> None:
+    """Each stream keeps at most max_bytes and the window's messages; every one trimmed is counted once."""
+    now = [0.0]
+    one = len(psc.with_seq(psc.encode_publish("t", 1, Meta()), 1))
+    outbox = Outbox(ReplaySettings(max_bytes=3 * one + 2, window=10.0), lambda: now[0], boot="p")
+    pipes = [Pipe(peer=name, peer_node=name) for name in ("c1", "c2")]
+    for pipe in pipes:
+        outbox.resume(pipe, pipe.peer_node, Resume(None, 0, ("t",)))
+    for i in range(1, 8):
+        outbox.publish("t", psc.encode_publish("t", i, Meta()))
+    assert outbox.summary()["kept_messages"] == 2 * 3 and outbox.summary()["trimmed"] == 2 * 4
+    now[0] += 10.5  # all kept messages are now past the window: the next publish trims them
+    outbox.publish("t", psc.encode_publish("t", 8, Meta()))
+    assert outbox.summary()["kept_messages"] == 2 and outbox.summary()["trimmed"] == 2 * 7
+    assert outbox.summary()["kept_bytes"] == 2 * one
+
+
 def test_anonymous_consumer_stream_ends_with_its_link() -> None:
     """A consumer that sent no node id cannot be recognised later: its stream goes with its link."""
     outbox = Outbox(REPLAY, lambda: 0.0, boot="p")
