@@ -463,17 +463,32 @@ def encode_publish(topic: str, message: Any, meta: Meta | None = None) -> bytes:
     """Serialise a PSC301; with ``meta`` it is the 0.2 form."""
     if meta is None:
         return orjson.dumps([PUBLISH, topic, message])
+    return encode_publish_meta(
+        topic, message, meta.origin, meta.published_at, meta.message_id, meta.wamp_wrapped, meta.seq
+    )
+
+
+def encode_publish_meta(
+    topic: str,
+    message: Any,
+    origin: str | None,
+    published_at: float | None,
+    message_id: str | None,
+    wamp_wrapped: bool = False,
+    seq: int | None = None,
+) -> bytes:
+    """:func:`encode_publish` with the fields of its :class:`Meta` (none made: once per forwarded message)."""
     fields: dict[str, Any] = {}
-    if meta.origin is not None:
-        fields["o"] = meta.origin
-    if meta.published_at is not None:
-        fields["t"] = meta.published_at
-    if meta.message_id is not None:
-        fields["i"] = meta.message_id
-    if meta.wamp_wrapped:
+    if origin is not None:
+        fields["o"] = origin
+    if published_at is not None:
+        fields["t"] = published_at
+    if message_id is not None:
+        fields["i"] = message_id
+    if wamp_wrapped:
         fields["w"] = 1
-    if meta.seq is not None:
-        fields["s"] = meta.seq
+    if seq is not None:
+        fields["s"] = seq
     return orjson.dumps([PUBLISH, topic, message, fields])
 
 

@@ -763,18 +763,20 @@ class Federation:
         try:
             if replayed:
                 assert outbox is not None
-                meta = psc.Meta(envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped)
-                rich = psc.encode_publish(topic, envelope.payload, meta)
+                rich = psc.encode_publish_meta(
+                    topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+                    envelope.wamp_wrapped,
+                )  # fmt: skip
                 for session, size in outbox.publish(topic, rich):
                     count(topic, "psc", "forwarded", 1, size, peer=session.peer_node or session.peer)
                     sent += 1
             for session in sessions or ():
                 if session.with_metadata:
                     if rich is None:
-                        meta = psc.Meta(
-                            envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped
-                        )
-                        rich = psc.encode_publish(topic, envelope.payload, meta)
+                        rich = psc.encode_publish_meta(
+                            topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+                            envelope.wamp_wrapped,
+                        )  # fmt: skip
                     data = rich
                 else:
                     if plain is None:

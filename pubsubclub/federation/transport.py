@@ -157,9 +157,12 @@ class _LinkProtocolBase:
     _batch: list[bytes] | None = None
     _batch_bytes = 0
     _batch_call: IDelayedCall | None = None
+    #: The largest frame the peer accepts (the federation's max-message-size), read once per link.
+    _max_frame = psc.DEFAULT_LIMITS.max_message_size
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
+        self._max_frame = federation.limits.max_message_size
         self.session = LinkSession(
             role,
             self._send_text,
@@ -186,7 +189,7 @@ class _LinkProtocolBase:
         pending = self._batch
         if pending:
             size = self._batch_bytes + 1 + len(data)
-            if size <= self.factory.federation.limits.max_message_size:
+            if size <= self._max_frame:
                 pending.append(data)
                 self._batch_bytes = size
                 return
