@@ -40,7 +40,7 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.wsframes import send_message
+from pubsubclub.wsframes import receive_data, send_message
 
 
 class LinkHost(LinkOwner, Protocol):
@@ -159,6 +159,10 @@ class _LinkProtocolBase:
     _batch_call: IDelayedCall | None = None
     #: The largest frame the peer accepts (the federation's max-message-size), read once per link.
     _max_frame = psc.DEFAULT_LIMITS.max_message_size
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
+        receive_data(self, data)
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
