@@ -342,9 +342,10 @@ class Hub:
         tally: dict[tuple[str, str], list[int]] = {}
         count = self._deliver_to(envelope, targets, matched, exclude, tally)
         self.metrics.event(_DELIVERED, count)
-        # Once per message and front-end, however many recipients (docs/metrics.md).
-        for (topic, source), (n, nbytes) in tally.items():
-            self.metrics.count(topic, source, "delivered", n, nbytes)
+        if tally:
+            # Once per message and front-end, however many recipients (docs/metrics.md).
+            for (topic, source), (n, nbytes) in tally.items():
+                self.metrics.count(topic, source, "delivered", n, nbytes)
         return count
 
     def _deliver_to(
