@@ -616,13 +616,14 @@ class Federation:
         """
         hub = self.hub
         metrics = hub.metrics
-        received: dict[tuple[str, str], list[int]] = {}
+        received: dict[str, list[int]] = {}
         latencies: dict[str, list[float]] = {}
         try:
             hub.deliver_remote_batch(self._envelopes(session, messages, sizes, received, latencies))
         finally:
             n = 0
-            for (topic, peer), (count, nbytes) in received.items():
+            peer = session.peer_node or session.peer
+            for topic, (count, nbytes) in received.items():
                 n += count
                 metrics.count(topic, "psc", "received", count, nbytes, peer=peer)
             if n:
@@ -635,10 +636,13 @@ class Federation:
         session: LinkSession,
         messages: list[psc.Publish],
         sizes: list[int],
-        received: dict[tuple[str, str], list[int]],
+        received: dict[str, list[int]],
         latencies: dict[str, list[float]],
     ) -> Iterator[Envelope]:
-        """:meth:`link_received_batch`'s envelopes, one at a time; stops when the session closes."""
+        """:meth:`link_received_batch`'s envelopes, one at a time; stops when the session closes.
+
+        Adds each to ``received`` (topic -> [messages, bytes]) and its latency to ``latencies`` (by origin).
+        """
         peer_node = session.peer_node
         peer = peer_node or session.peer
         inbox = self.inbox if session.with_replay else None
@@ -669,10 +673,9 @@ class Federation:
                     if waits is None:
                         waits = latencies[origin] = []
                     waits.append(now - published_at)
-            key = (message.topic, peer)
-            cell = received.get(key)
+            cell = received.get(message.topic)
             if cell is None:
-                received[key] = [1, size]
+                received[message.topic] = [1, size]
             else:
                 cell[0] += 1
                 cell[1] += size
