@@ -10,7 +10,8 @@ Autobahn means to set the option on its WebSocket connections, but its
 ``connectionMade`` asks before the protocol has copied ``tcpNoDelay`` from
 its factory and swallows the AttributeError: on a client connection it never
 takes effect (server connections get it). So the node sets it itself on the
-plain TCP protocols (WAMP RawSocket, NSD, stream) and on the PSC links it dials.
+plain TCP protocols (WAMP RawSocket, NSD, stream), on the PSC links it dials
+and on a bridge's connection to its router.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every TCP connection a node holds for clients and links has Nagle's algorithm off (TCP_NODELAY).
+"""Every TCP connection a node or bridge holds for clients, links and its router has Nagle's algorithm off.
 
 Checked on the node process's own sockets: the test (the node's parent) takes
 a duplicate of each of the node's connected sockets with ``pidfd_getfd`` and
@@ -15,7 +15,10 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import NodeProcess, start_cluster, wait_until
+from bridgeproc import BridgeProcess
+from conftest import NodeProcess, free_port, start_cluster, wait_until
+
+from pubsubclub.testing.crossbar import CrossbarProcess
 
 pytestmark = pytest.mark.slow
 
@@ -81,6 +84,9 @@ def test_client_and_link_connections_have_nagle_off(tmp_path: Path) -> None:
             ours = {what: (listeners[what], c.getsockname()[1]) for what, c in clients.items()}
             pid = one.proc.pid
             wait_until(lambda: set(ours.values()) <= tcp_connections(pid).keys(), "the node accepting every client")
+            # Once a socket is the node's, the reactor turn that accepted it (connectionMade
+            # included) finishes before the node can answer anything else, such as this request.
+            one.stats()
             conns = tcp_connections(pid)
             for what, key in ours.items():
                 assert conns[key], f"{what} connection (node port {key[0]}) has Nagle's algorithm on"
@@ -95,3 +101,19 @@ def test_client_and_link_connections_have_nagle_off(tmp_path: Path) -> None:
     finally:
         for node in cluster.nodes:
             node.stop()
+
+
+def test_bridge_connection_to_its_router_has_nagle_off(tmp_path: Path) -> None:
+    """``pubsubclub bridge``: its WAMP client connection to a Crossbar.io router has TCP_NODELAY."""
+    router = CrossbarProcess(tmp_path / "router", free_port(), name="crossbar").start()
+    bridge = BridgeProcess("bridge1", tmp_path, router)
+    try:
+        bridge.start()
+        assert bridge.proc is not None
+        pid = bridge.proc.pid
+        bridge.wait_carries()  # joined the router (long after the connection was prepared)
+        to_router = [on for (_, peer), on in tcp_connections(pid).items() if peer == router.port]
+        assert to_router and all(to_router), "the bridge's connection to its router has Nagle's algorithm on"
+    finally:
+        bridge.stop()
+        router.stop()
