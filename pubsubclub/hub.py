@@ -141,6 +141,11 @@ class Hub:
         self._id_prefix = f"{self.node_id}-{self._boot}-"
         #: The node's metrics counters; every front-end and the federation count here.
         self.metrics = Metrics(self.node_id)
+        #: Local publishes not yet added to ``metrics`` (added before any read: Metrics.settle).
+        self._published = 0
+        #: Local deliveries not yet added to ``metrics`` (likewise).
+        self._delivered = 0
+        self.metrics.add_settler(self._settle)
 
     # -- listeners ---------------------------------------------------------
 
@@ -189,6 +194,16 @@ class Hub:
     def stats(self) -> dict[str, int]:
         """The hub's event counters (a view of :attr:`metrics`)."""
         return self.metrics.view("hub")
+
+    def _settle(self) -> None:
+        n = self._published
+        if n:
+            self._published = 0
+            self.metrics.event(_PUBLISHED, n)
+        n = self._delivered
+        if n:
+            self._delivered = 0
+            self.metrics.event(_DELIVERED, n)
 
     def _failed(self, owner: object, what: str, topic: str) -> None:
         name = type(owner).__name__
@@ -276,9 +291,10 @@ class Hub:
     def publish(self, envelope: Envelope, exclude: Sink | None = None) -> int:
         """Deliver a local publish locally, then tell the federation.
 
-        Returns the number of local deliveries.
+        Returns the number of local deliveries. Counted as published once per
+        read of the metrics, not per message (:meth:`Metrics.settle`).
         """
-        self.metrics.event(_PUBLISHED)
+        self._published += 1
         delivered = self._deliver(envelope, exclude)
         for listener in self._publish:
             try:
@@ -341,7 +357,7 @@ class Hub:
             return 0
         tally: dict[tuple[str, str], list[int]] = {}
         count = self._deliver_to(envelope, targets, matched, exclude, tally)
-        self.metrics.event(_DELIVERED, count)
+        self._delivered += count
         if tally:
             # Once per message and front-end, however many recipients (docs/metrics.md).
             for (topic, source), (n, nbytes) in tally.items():

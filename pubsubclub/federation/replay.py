@@ -138,6 +138,15 @@ class Outbox:
         self._by_topic: dict[str, dict[Stream, None]] = {}
         #: Pattern -> the streams that want it, attached or not (0.5).
         self._patterns: PatternIndex[Stream] = PatternIndex()
+        #: Messages trimmed from full buffers not yet in the metrics (added before any read: Metrics.settle).
+        self._trimmed = 0
+        self.metrics.add_settler(self._settle)
+
+    def _settle(self) -> None:
+        n = self._trimmed
+        if n:
+            self._trimmed = 0
+            self.metrics.event(_TRIMMED, n)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -299,8 +308,7 @@ class Outbox:
             if link is not None:
                 link.send_raw(data)
                 sent.append((link, len(data)))
-        if trimmed:
-            self.metrics.event(_TRIMMED, trimmed)
+        self._trimmed += trimmed
         for stream in expired:
             self._drop(stream)
             self.metrics.event(ReplayEvent.STREAMS_EXPIRED)
