@@ -79,7 +79,7 @@ class Attachment(Protocol):
         """Send already-encoded bytes on the link."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Stream:
     """Everything a producer sent to one consumer node, numbered, with the recent part kept."""
 
@@ -282,22 +282,25 @@ class Outbox:
         if not streams:
             return []
         now = self._clock()
-        window = self.settings.window
-        limit, oldest = self.settings.max_bytes, now - window
+        settings = self.settings
+        window = settings.window
+        limit, oldest = settings.max_bytes, now - window
         head = psc.seq_head(publish_02)
         sent: list[tuple[Any, int]] = []
-        expired: list[Stream] = []
+        expired: list[Stream] | None = None
         trimmed = 0
         for stream in streams:
-            if stream.detached_at is not None and now - stream.detached_at > window:
-                expired.append(stream)
+            detached_at = stream.detached_at
+            if detached_at is not None and now - detached_at > window:
+                expired = [*(expired or ()), stream]
                 continue
             seq = stream.seq = stream.seq + 1
             data = b"%s%d}]" % (head, seq)  # psc.with_seq, with the head made once per message
+            size = len(data)
             # Keep it; past the byte limit or the window the oldest go (every message, once the buffer is full).
             buffer = stream.buffer
             buffer.append((seq, now, data))
-            nbytes = stream.nbytes + len(data)
+            nbytes = stream.nbytes + size
             while nbytes > limit or buffer[0][1] < oldest:
                 nbytes -= len(buffer.popleft()[2])
                 trimmed += 1
@@ -307,9 +310,9 @@ class Outbox:
             link = stream.link
             if link is not None:
                 link.send_raw(data)
-                sent.append((link, len(data)))
+                sent.append((link, size))
         self._trimmed += trimmed
-        for stream in expired:
+        for stream in expired or ():
             self._drop(stream)
             self.metrics.event(ReplayEvent.STREAMS_EXPIRED)
         return sent
