@@ -351,9 +351,9 @@ class Hub:
 
     def _deliver(self, envelope: Envelope, exclude: Any) -> int:
         topic = envelope.topic
-        targets = self._snapshots.get(topic)  # _targets, without its call when the snapshot is made
+        targets = self._snapshots.get(topic)  # _targets, without its call when the snapshot is made or no sink
         if targets is None:
-            targets = self._targets(topic)
+            targets = self._targets(topic) if topic in self._sinks else ()
         matched = self._patterns.match(topic)
         if not targets and not matched:
             return 0

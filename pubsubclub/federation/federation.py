@@ -219,7 +219,7 @@ class Federation:
         #: ... and those held back past that limit, announced as announced ones go.
         self._held: dict[Pattern, None] = {}
         #: Forwarded PSC301s not yet in the metrics: (topic, link) -> [messages, bytes], and how many in all.
-        self._forwarded: dict[tuple[str, LinkSession], list[int]] = {}
+        self._forwarded: dict[tuple[str, Any], list[int]] = {}
         self._forwarded_n = 0
         hub.metrics.add_settler(self._settle)
         hub.add_interest_listener(self)
@@ -773,6 +773,8 @@ class Federation:
         plain: bytes | None = None
         rich: bytes | None = None
         forwarded = self._forwarded
+        if len(forwarded) >= MAX_HELD_COUNTS:
+            self._settle()  # bounded: publishing on ever new topics must not grow the node
         sent = 0
         try:
             if replayed:
@@ -781,14 +783,7 @@ class Federation:
                     topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
                     envelope.wamp_wrapped,
                 )  # fmt: skip
-                for session, size in outbox.publish(topic, rich):
-                    cell = forwarded.get((topic, session))
-                    if cell is None:
-                        self._forwarded_key((topic, session), size)
-                    else:
-                        cell[0] += 1
-                        cell[1] += size
-                    sent += 1
+                sent = outbox.forward(topic, rich, forwarded)
             for session in sessions or ():
                 if session.with_metadata:
                     if rich is None:
@@ -804,7 +799,7 @@ class Federation:
                 session.send_raw(data)
                 cell = forwarded.get((topic, session))
                 if cell is None:
-                    self._forwarded_key((topic, session), len(data))
+                    forwarded[(topic, session)] = [1, len(data)]
                 else:
                     cell[0] += 1
                     cell[1] += len(data)
@@ -818,12 +813,6 @@ class Federation:
             return
         self._forwarded_n += sent
 
-    def _forwarded_key(self, key: tuple[str, LinkSession], size: int) -> None:
-        """A first forward on ``key`` (topic, link) since the last settle; settles first when too many are held."""
-        if len(self._forwarded) >= MAX_HELD_COUNTS:
-            self._settle()
-        self._forwarded[key] = [1, size]
-
     def _settle(self) -> None:
         """Add the forwards held back since the last read of the metrics (run by ``Metrics.settle``)."""
         metrics = self.hub.metrics
@@ -831,10 +820,11 @@ class Federation:
         if n:
             self._forwarded_n = 0
             metrics.event(_FORWARDED, n)
-        if self._forwarded:
-            forwarded, self._forwarded = self._forwarded, {}
+        forwarded = self._forwarded
+        if forwarded:
             for (topic, session), (count, nbytes) in forwarded.items():
                 metrics.count(topic, "psc", "forwarded", count, nbytes, peer=session.peer_node or session.peer)
+            forwarded.clear()  # in place: a read in the middle of local_published leaves its reference valid
 
     # -- other nodes' interest ---------------------------------------------
 

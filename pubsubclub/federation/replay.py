@@ -271,6 +271,16 @@ class Outbox:
         sends it with its own sequence number. Returns the links it was sent
         on, with the bytes sent (streams without a link only keep it).
         """
+        sent: dict[tuple[str, Any], list[int]] = {}
+        self.forward(topic, publish_02, sent)
+        return [(link, size) for (_, link), (_, size) in sent.items()]
+
+    def forward(self, topic: str, publish_02: bytes, sent: dict[tuple[str, Any], list[int]]) -> int:
+        """:meth:`publish`, adding each send to ``sent`` ((topic, link) -> [messages, bytes]); how many were sent.
+
+        The federation's forward counts, added up over many messages and
+        counted once per read of the metrics (Federation._settle).
+        """
         streams = self._by_topic.get(topic)
         matched = self._patterns.match(topic)
         if matched:
@@ -280,13 +290,13 @@ class Outbox:
                 union.update(self._patterns.holders(pattern))
             streams = union
         if not streams:
-            return []
+            return 0
         now = self._clock()
         settings = self.settings
         window = settings.window
         limit, oldest = settings.max_bytes, now - window
         head = psc.seq_head(publish_02)
-        sent: list[tuple[Any, int]] = []
+        count = 0
         expired: list[Stream] | None = None
         trimmed = 0
         for stream in streams:
@@ -310,12 +320,18 @@ class Outbox:
             link = stream.link
             if link is not None:
                 link.send_raw(data)
-                sent.append((link, size))
+                count += 1
+                cell = sent.get((topic, link))
+                if cell is None:
+                    sent[(topic, link)] = [1, size]
+                else:
+                    cell[0] += 1
+                    cell[1] += size
         self._trimmed += trimmed
         for stream in expired or ():
             self._drop(stream)
             self.metrics.event(ReplayEvent.STREAMS_EXPIRED)
-        return sent
+        return count
 
     def summary(self) -> dict[str, int]:
         """Streams, kept messages and bytes, and the counters (for /stats)."""
