@@ -799,10 +799,9 @@ class Federation:
                 session.send_raw(data)
                 cell = forwarded.get((topic, session))
                 if cell is None:
-                    forwarded[(topic, session)] = [1, len(data)]
-                else:
-                    cell[0] += 1
-                    cell[1] += len(data)
+                    cell = forwarded[(topic, session)] = [0, 0]
+                cell[0] += 1
+                cell[1] += len(data)
                 sent += 1
         except TypeError as e:  # orjson: the payload is not JSON (e.g. msgpack bytes)
             self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)

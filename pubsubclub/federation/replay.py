@@ -323,10 +323,9 @@ class Outbox:
                 count += 1
                 cell = sent.get((topic, link))
                 if cell is None:
-                    sent[(topic, link)] = [1, size]
-                else:
-                    cell[0] += 1
-                    cell[1] += size
+                    cell = sent[(topic, link)] = [0, 0]
+                cell[0] += 1
+                cell[1] += size
         self._trimmed += trimmed
         for stream in expired or ():
             self._drop(stream)
