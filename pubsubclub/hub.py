@@ -134,6 +134,8 @@ class Hub:
         self._publish: list[PublishListener] = []
         self._remote_interest: list[RemoteInterestListener] = []
         self._patterns: PatternIndex[PatternSink] = PatternIndex()
+        #: Whether any sink holds a pattern (kept with ``_patterns``: read per publish).
+        self._any_patterns = False
         self._pattern_listeners: list[PatternInterestListener] = []
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
@@ -264,13 +266,17 @@ class Hub:
 
     def subscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
         """Add ``sink`` to ``pattern``; idempotent."""
-        if self._patterns.add(pattern, sink):
+        added = self._patterns.add(pattern, sink)
+        self._any_patterns = len(self._patterns) > 0
+        if added:
             for listener in self._pattern_listeners:
                 self._isolated(listener, listener.pattern_added, pattern)
 
     def unsubscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
         """Remove ``sink`` from ``pattern``; idempotent."""
-        if self._patterns.discard(pattern, sink):
+        removed = self._patterns.discard(pattern, sink)
+        self._any_patterns = len(self._patterns) > 0
+        if removed:
             for listener in self._pattern_listeners:
                 self._isolated(listener, listener.pattern_removed, pattern)
 
@@ -295,7 +301,8 @@ class Hub:
         read of the metrics, not per message (:meth:`Metrics.settle`).
         """
         self._published += 1
-        delivered = self._deliver(envelope, exclude)
+        # No local sink and no pattern held (a publishing node's usual case): nothing to look up.
+        delivered = self._deliver(envelope, exclude) if self._any_patterns or envelope.topic in self._sinks else 0
         for listener in self._publish:
             try:
                 listener.local_published(envelope)

@@ -767,8 +767,8 @@ class Federation:
         topic = envelope.topic
         sessions = self._by_topic.get(topic)
         outbox = self.outbox
-        replayed = outbox is not None and outbox.wants(topic)
-        if not sessions and not replayed:
+        streams = None if outbox is None else outbox.streams_for(topic)
+        if not sessions and not streams:
             return
         plain: bytes | None = None
         rich: bytes | None = None
@@ -777,13 +777,13 @@ class Federation:
             self._settle()  # bounded: publishing on ever new topics must not grow the node
         sent = 0
         try:
-            if replayed:
+            if streams:
                 assert outbox is not None
                 rich = psc.encode_publish_meta(
                     topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
                     envelope.wamp_wrapped,
                 )  # fmt: skip
-                sent = outbox.forward(topic, rich, forwarded)
+                sent = outbox.forward(topic, rich, forwarded, streams)
             for session in sessions or ():
                 if session.with_metadata:
                     if rich is None:

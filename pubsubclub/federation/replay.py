@@ -157,7 +157,22 @@ class Outbox:
 
     def wants(self, topic: str) -> bool:
         """Whether any stream (with or without a link) takes ``topic``, exactly or by a pattern."""
-        return topic in self._by_topic or bool(self._patterns.match(topic))
+        return bool(self.streams_for(topic))
+
+    def streams_for(self, topic: str) -> dict[Stream, None] | None:
+        """The streams that take ``topic`` (each once, however many ways); None or empty when none does.
+
+        What :meth:`forward` sends to; the caller may pass it on, to find them once per message.
+        """
+        streams = self._by_topic.get(topic)
+        matched = self._patterns.match(topic)
+        if matched:
+            # A stream that takes the topic several ways still gets it once.
+            union = dict(streams) if streams else {}
+            for pattern in matched:
+                union.update(self._patterns.holders(pattern))
+            streams = union
+        return streams
 
     def topics(self) -> set[str]:
         """Every topic some stream wants."""
@@ -275,20 +290,21 @@ class Outbox:
         self.forward(topic, publish_02, sent)
         return [(link, size) for (_, link), (_, size) in sent.items()]
 
-    def forward(self, topic: str, publish_02: bytes, sent: dict[tuple[str, Any], list[int]]) -> int:
+    def forward(
+        self,
+        topic: str,
+        publish_02: bytes,
+        sent: dict[tuple[str, Any], list[int]],
+        streams: dict[Stream, None] | None = None,
+    ) -> int:
         """:meth:`publish`, adding each send to ``sent`` ((topic, link) -> [messages, bytes]); how many were sent.
 
         The federation's forward counts, added up over many messages and
         counted once per read of the metrics (Federation._settle).
+        ``streams``: :meth:`streams_for` of ``topic`` just before, if the caller has it.
         """
-        streams = self._by_topic.get(topic)
-        matched = self._patterns.match(topic)
-        if matched:
-            # A stream that takes the topic several ways still gets it once.
-            union = dict(streams) if streams else {}
-            for pattern in matched:
-                union.update(self._patterns.holders(pattern))
-            streams = union
+        if streams is None:
+            streams = self.streams_for(topic)
         if not streams:
             return 0
         now = self._clock()
