@@ -134,6 +134,8 @@ class Hub:
         self._publish: list[PublishListener] = []
         self._remote_interest: list[RemoteInterestListener] = []
         self._patterns: PatternIndex[PatternSink] = PatternIndex()
+        #: Whether any sink holds a pattern (kept with ``_patterns``: read per publish).
+        self._any_patterns = False
         self._pattern_listeners: list[PatternInterestListener] = []
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
@@ -141,6 +143,11 @@ class Hub:
         self._id_prefix = f"{self.node_id}-{self._boot}-"
         #: The node's metrics counters; every front-end and the federation count here.
         self.metrics = Metrics(self.node_id)
+        #: Local publishes not yet added to ``metrics`` (added before any read: Metrics.settle).
+        self._published = 0
+        #: Local deliveries not yet added to ``metrics`` (likewise).
+        self._delivered = 0
+        self.metrics.add_settler(self._settle)
 
     # -- listeners ---------------------------------------------------------
 
@@ -189,6 +196,16 @@ class Hub:
     def stats(self) -> dict[str, int]:
         """The hub's event counters (a view of :attr:`metrics`)."""
         return self.metrics.view("hub")
+
+    def _settle(self) -> None:
+        n = self._published
+        if n:
+            self._published = 0
+            self.metrics.event(_PUBLISHED, n)
+        n = self._delivered
+        if n:
+            self._delivered = 0
+            self.metrics.event(_DELIVERED, n)
 
     def _failed(self, owner: object, what: str, topic: str) -> None:
         name = type(owner).__name__
@@ -249,13 +266,17 @@ class Hub:
 
     def subscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
         """Add ``sink`` to ``pattern``; idempotent."""
-        if self._patterns.add(pattern, sink):
+        added = self._patterns.add(pattern, sink)
+        self._any_patterns = len(self._patterns) > 0
+        if added:
             for listener in self._pattern_listeners:
                 self._isolated(listener, listener.pattern_added, pattern)
 
     def unsubscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
         """Remove ``sink`` from ``pattern``; idempotent."""
-        if self._patterns.discard(pattern, sink):
+        removed = self._patterns.discard(pattern, sink)
+        self._any_patterns = len(self._patterns) > 0
+        if removed:
             for listener in self._pattern_listeners:
                 self._isolated(listener, listener.pattern_removed, pattern)
 
@@ -276,10 +297,12 @@ class Hub:
     def publish(self, envelope: Envelope, exclude: Sink | None = None) -> int:
         """Deliver a local publish locally, then tell the federation.
 
-        Returns the number of local deliveries.
+        Returns the number of local deliveries. Counted as published once per
+        read of the metrics, not per message (:meth:`Metrics.settle`).
         """
-        self.metrics.event(_PUBLISHED)
-        delivered = self._deliver(envelope, exclude)
+        self._published += 1
+        # No local sink and no pattern held (a publishing node's usual case): nothing to look up.
+        delivered = self._deliver(envelope, exclude) if self._any_patterns or envelope.topic in self._sinks else 0
         for listener in self._publish:
             try:
                 listener.local_published(envelope)
@@ -335,13 +358,15 @@ class Hub:
 
     def _deliver(self, envelope: Envelope, exclude: Any) -> int:
         topic = envelope.topic
-        targets = self._targets(topic)
+        targets = self._snapshots.get(topic)  # _targets, without its call when the snapshot is made or no sink
+        if targets is None:
+            targets = self._targets(topic) if topic in self._sinks else ()
         matched = self._patterns.match(topic)
         if not targets and not matched:
             return 0
         tally: dict[tuple[str, str], list[int]] = {}
         count = self._deliver_to(envelope, targets, matched, exclude, tally)
-        self.metrics.event(_DELIVERED, count)
+        self._delivered += count
         if tally:
             # Once per message and front-end, however many recipients (docs/metrics.md).
             for (topic, source), (n, nbytes) in tally.items():

@@ -157,3 +157,28 @@ def test_a_remote_batch_is_delivered_in_order_and_counted_as_one_by_one() -> Non
         (("t", "wamp", "delivered", None, None), 6, 2 * (10 + 12 + 14)),
         (("u", "wamp", "delivered", None, None), 1, 11),
     ]
+
+
+def test_a_publish_reaches_pattern_holders_and_is_counted_whatever_the_exact_sinks() -> None:
+    """Local delivery is looked up only when the topic has a sink or a pattern is held; counts stay exact."""
+    from pubsubclub.patterns import Pattern
+
+    hub, listener = make()
+    holder, exact = RecordingSink(), RecordingSink()
+    prefix = Pattern("prefix", "app.")
+    assert hub.publish(hub.envelope("app.x", 0)) == 0
+    hub.subscribe_pattern(prefix, holder)
+    assert hub.publish(hub.envelope("app.x", 1)) == 1
+    hub.subscribe("app.y", exact)
+    assert hub.publish(hub.envelope("app.y", 2)) == 2
+    hub.unsubscribe_pattern(prefix, holder)
+    assert hub.publish(hub.envelope("app.x", 3)) == 0
+    assert hub.publish(hub.envelope("app.y", 4)) == 1
+    hub.unsubscribe("app.y", exact)
+    assert hub.publish(hub.envelope("app.y", 5)) == 0
+    assert [e.payload for e in holder.got] == [1, 2]
+    assert [e.payload for e in exact.got] == [2, 4]
+    assert [call for call in listener.calls if call[0] == "published"] == [
+        ("published", t) for t in ("app.x", "app.x", "app.y", "app.x", "app.y", "app.y")
+    ]
+    assert hub.stats["published"] == 6 and hub.stats["delivered"] == 4

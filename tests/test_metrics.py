@@ -171,3 +171,34 @@ def test_stats_views_and_the_scrape_read_the_same_counters() -> None:
         for name, n in hub.metrics.view(component).items():
             if n:
                 assert f'pubsubclub_events_total{{component="{component}",event="{name}"}} {float(n)}' in text
+
+
+def test_counts_held_back_by_a_component_are_seen_by_every_read() -> None:
+    """A settler's held-back counts reach /stats views, totals, the interval handed over and Prometheus."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pubsubclub.counters import HubEvent
+
+    m = Metrics("n1")
+    held = [0]
+
+    def settle() -> None:
+        if held[0]:
+            m.event(HubEvent.PUBLISHED, held[0])
+            m.count("t", "psc", "forwarded", held[0], 10 * held[0], peer="n2")
+            held[0] = 0
+
+    m.add_settler(settle)
+    held[0] = 3
+    assert m.view("hub")["published"] == 3
+    held[0] = 2
+    assert {key: (n, b) for key, n, b in m.totals()}[("t", "psc", "forwarded", "n2", None)] == (5, 50)
+    held[0] = 4
+    _, counters, _ = m.take_interval(1.0)
+    assert counters[("t", "psc", "forwarded", "n2", None)] == [9, 90]
+    held[0] = 1
+    registry = CollectorRegistry()
+    registry.register(PrometheusCollector(m, lambda: {}, lambda: []))
+    text = generate_latest(registry).decode()
+    assert 'pubsubclub_events_total{component="hub",event="published"} 10.0' in text
+    assert 'pubsubclub_messages_total{frontend="psc",kind="forwarded",peer="n2",reason="",topic="t"} 10.0' in text

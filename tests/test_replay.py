@@ -1097,3 +1097,78 @@ def test_0_5_stream_keeps_patterns_through_an_outage(net: MemoryNetwork) -> None
     assert a.stats["gaps"] == 0
     net.stop()
     assert net.reactor.getDelayedCalls() == []
+
+
+# -- the send path's counts, held back per read of the metrics ------------------
+
+
+def _psc301_lines(wire: Any) -> list[bytes]:
+    """The PSC301s written on ``wire``, as sent (a 0.4 batch frame split into its lines)."""
+    head = b"[%d," % psc.PUBLISH
+    return [line for text in wire.texts() for line in text.split(psc.BATCH_SEPARATOR) if line.startswith(head)]
+
+
+def test_send_path_totals_and_order_equal_counting_each_message_at_once(net: MemoryNetwork) -> None:
+    """Published, delivered, forwarded (per peer, with bytes) and trimmed are exactly the per-message totals.
+
+    The producer holds these counts back until the metrics are read
+    (``Metrics.settle``); reads in the middle of a reactor turn, between
+    turns and at the end must each see every message so far, the interval
+    counters must add up to the totals, and the messages must leave in
+    publish order with consecutive sequence numbers.
+    """
+    small = ReplaySettings(max_bytes=2048, window=60.0)
+    b = net.node("b", 9002, replay=small)
+    a = net.node("a", 9001, replay=small)  # speaks 0.5: numbered, batched, kept and trimmed
+    c = net.node("c", 9003)  # no replay: a plain 0.2 consumer of the same topic
+    sinks = {"a": RecordingSink(), "c": RecordingSink()}
+    for name, node in (("a", a), ("c", c)):
+        node.hub.subscribe("t", sinks[name])
+        node.add_server(psc_url(9002))
+    links = net.answer()
+    local = RecordingSink()
+    b.hub.subscribe("t", local)
+    metrics = b.hub.metrics
+    before = dict(b.hub.stats), dict(b.stats), dict(b.outbox.stats if b.outbox else {})
+    intervals: dict[Any, list[int]] = {}
+
+    def take() -> None:
+        for key, (n, nbytes) in metrics.take_interval(0.0)[1].items():
+            cell = intervals.setdefault(key, [0, 0])
+            cell[0] += n
+            cell[1] += nbytes
+
+    sent = 0
+    for turn in range(12):
+        for i in range(25):
+            _publish(b, {"n": sent, "pad": "x" * (i * 7 % 40)})
+            sent += 1
+            if i == 10:  # mid-turn: nothing is on the wire yet, everything is counted
+                assert b.hub.stats["published"] - before[0]["published"] == sent
+                assert b.stats["forwarded"] - before[1]["forwarded"] == 2 * sent
+                assert b.hub.stats["delivered"] - before[0]["delivered"] == sent
+        if turn % 3 == 0:
+            take()
+        net.flush()
+    take()
+    assert b.hub.stats["published"] - before[0]["published"] == sent
+    assert b.hub.stats["delivered"] - before[0]["delivered"] == sent
+    assert b.stats["forwarded"] - before[1]["forwarded"] == 2 * sent
+    assert [e.payload["n"] for e in local.got] == list(range(sent))
+    for name, sink in sinks.items():
+        assert [e.payload["n"] for e in sink.got] == list(range(sent)), name
+    by_peer = {}
+    for link in links:
+        peer = "a" if link.client.factory.federation is a else "c"
+        lines = _psc301_lines(link.server_wire)
+        by_peer[peer] = lines
+        assert intervals[("t", "psc", "forwarded", peer, None)] == [len(lines), sum(len(line) for line in lines)]
+        assert len(lines) == sent
+    numbered = [decode(line) for line in by_peer["a"]]
+    assert [m.meta.seq for m in numbered if isinstance(m, Publish) and m.meta] == list(range(1, sent + 1))
+    assert b.outbox is not None
+    summary = b.outbox.summary()
+    assert 0 < summary["kept_messages"] < sent
+    assert summary["trimmed"] - before[2].get("trimmed", 0) == sent - summary["kept_messages"]
+    assert sum(n for (_, _, kind, _, _), (n, _) in intervals.items() if kind == "forwarded") == 2 * sent
+    net.stop()

@@ -98,6 +98,7 @@ ADVERTISE_HEADER = "x-pubsubclub-advertise"
 PEERS_HEADER = "x-pubsubclub-peers"
 
 log = Logger()
+_OPEN = WebSocketProtocol.STATE_OPEN
 
 
 class _ClockTimer:
@@ -183,22 +184,24 @@ class _LinkProtocolBase:
 
     def _send_text(self, data: bytes) -> None:
         """Send one encoded message; on a 0.4 link, gather it into this reactor turn's batch frame."""
-        if self.state != WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
+        if self.state != _OPEN:  # type: ignore[attr-defined]
             # Closing (a ping timed out, an overflow): the session ends with
             # the connection; until then there is nowhere to write.
             return
-        session = self.session
-        if session is None or not session.batched:
-            self._write_frame(data)
-            return
         pending = self._batch
         if pending:
+            # This turn's batch has begun (so the link is 0.4): most messages stop here.
             size = self._batch_bytes + 1 + len(data)
             if size <= self._max_frame:
                 pending.append(data)
                 self._batch_bytes = size
                 return
             self._flush_batch()  # a frame never exceeds what the peer accepts
+        else:
+            session = self.session
+            if session is None or not session.batched:
+                self._write_frame(data)
+                return
         self._batch = [data]
         self._batch_bytes = len(data)
         if self._batch_call is None:
@@ -215,7 +218,7 @@ class _LinkProtocolBase:
         pending = self._batch
         self._batch = None
         self._batch_bytes = 0
-        if pending and self.state == WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
+        if pending and self.state == _OPEN:  # type: ignore[attr-defined]
             self._write_frame(pending[0] if len(pending) == 1 else psc.BATCH_SEPARATOR.join(pending))
 
     def _write_frame(self, data: bytes) -> None:
