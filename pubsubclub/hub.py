@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import field
 from typing import Any, Protocol
 
@@ -292,6 +292,33 @@ class Hub:
         self.metrics.event(_RECEIVED)
         return self._deliver(envelope, None)
 
+    def deliver_remote_batch(self, envelopes: Iterable[Envelope]) -> int:
+        """Deliver messages received from another node (one frame's), locally only, in order.
+
+        :meth:`deliver_remote` for each, with the hub's counters added up over
+        the batch and counted once (the same totals). Returns the number of
+        local deliveries.
+        """
+        metrics = self.metrics
+        received = delivered = 0
+        tally: dict[tuple[str, str], list[int]] = {}
+        try:
+            for envelope in envelopes:
+                received += 1
+                topic = envelope.topic
+                targets = self._targets(topic)
+                matched = self._patterns.match(topic)
+                if targets or matched:
+                    delivered += self._deliver_to(envelope, targets, matched, None, tally)
+        finally:
+            if received:
+                metrics.event(_RECEIVED, received)
+            if delivered:
+                metrics.event(_DELIVERED, delivered)
+            for (topic, source), (n, nbytes) in tally.items():
+                metrics.count(topic, source, "delivered", n, nbytes)
+        return delivered
+
     def _targets(self, topic: str) -> tuple[tuple[Sink, str | None], ...]:
         """``topic``'s sinks with their ``counts_as``, made once per change of its subscribers, not per message.
 
@@ -307,12 +334,36 @@ class Hub:
         return targets
 
     def _deliver(self, envelope: Envelope, exclude: Any) -> int:
-        targets = self._targets(envelope.topic)
-        matched = self._patterns.match(envelope.topic)
+        topic = envelope.topic
+        targets = self._targets(topic)
+        matched = self._patterns.match(topic)
         if not targets and not matched:
             return 0
+        tally: dict[tuple[str, str], list[int]] = {}
+        count = self._deliver_to(envelope, targets, matched, exclude, tally)
+        self.metrics.event(_DELIVERED, count)
+        if tally:
+            # Once per message and front-end, however many recipients (docs/metrics.md).
+            for (topic, source), (n, nbytes) in tally.items():
+                self.metrics.count(topic, source, "delivered", n, nbytes)
+        return count
+
+    def _deliver_to(
+        self,
+        envelope: Envelope,
+        targets: tuple[tuple[Sink, str | None], ...],
+        matched: tuple[Pattern, ...],
+        exclude: Any,
+        tally: dict[tuple[str, str], list[int]],
+    ) -> int:
+        """Hand ``envelope`` to ``targets`` and the holders of ``matched``; add what is counted to ``tally``.
+
+        ``tally`` maps (topic, front-end) to [messages, bytes]: one count per
+        front-end however many of its sinks got the message (docs/metrics.md).
+        """
+        topic = envelope.topic
         count = 0
-        tally: dict[str, int] = {}
+        sources: list[str] = []
         for sink, source in targets:
             if sink is exclude:
                 continue
@@ -320,11 +371,11 @@ class Hub:
                 sent = sink.deliver(envelope)
             except Exception:
                 # One failing sink must not cost the others this message.
-                self._failed(sink, "deliver", envelope.topic)
+                self._failed(sink, "deliver", topic)
                 continue
             count += 1
             if source is not None and sent is not False:
-                tally[source] = tally.get(source, 0) + 1
+                sources.append(source)
         # One delivery per matching pattern, as WAMP asks of a client subscribed several ways.
         for pattern in matched:
             for holder in list(self._patterns.holders(pattern)):
@@ -333,16 +384,19 @@ class Hub:
                 try:
                     sent = holder.deliver_matched(envelope, pattern)
                 except Exception:
-                    self._failed(holder, "deliver_matched", envelope.topic)
+                    self._failed(holder, "deliver_matched", topic)
                     continue
                 count += 1
                 source = getattr(holder, "counts_as", None)
                 if source is not None and sent is not False:
-                    tally[source] = tally.get(source, 0) + 1
-        self.metrics.event(_DELIVERED, count)
-        if tally:
-            # Once per message and front-end, however many recipients (docs/metrics.md).
+                    sources.append(source)
+        if sources:
             size = payload_size(envelope)
-            for source, n in tally.items():
-                self.metrics.count(envelope.topic, source, "delivered", n, n * size)
+            for source in sources:
+                cell = tally.get((topic, source))
+                if cell is None:
+                    tally[(topic, source)] = [1, size]
+                else:
+                    cell[0] += 1
+                    cell[1] += size
         return count

@@ -189,6 +189,19 @@ class Metrics:
         hist.count += 1
         hist.sum_ms += ms
 
+    def latencies(self, origin: str, seconds: list[float]) -> None:
+        """Several cross-node deliveries from ``origin`` (:meth:`latency` for each of ``seconds``)."""
+        hist = self._interval_latency.get(origin)
+        if hist is None:
+            hist = self._interval_latency[origin] = _Histogram()
+        counts, bucket, total = hist.counts, bisect.bisect_left, 0.0
+        for s in seconds:
+            ms = s * 1000.0 if s > 0.0 else 0.0
+            counts[bucket(LATENCY_BOUNDS_MS, ms)] += 1
+            total += ms
+        hist.count += len(seconds)
+        hist.sum_ms += total
+
     def take_interval(self, now: float) -> tuple[float, dict[CounterKey, list[int]], dict[str, _Histogram]]:
         """Hand over this interval's counts and start a new interval."""
         start = self.interval_start

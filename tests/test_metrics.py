@@ -41,6 +41,19 @@ def test_latency_histogram_buckets() -> None:
     assert hist.counts[0] == 1 and hist.counts[LATENCY_BOUNDS_MS.index(5)] == 1 and hist.counts[-1] == 1
 
 
+def test_latencies_of_a_batch_equal_one_latency_each() -> None:
+    """latencies(origin, [..]) leaves the same histogram as latency() called once per value."""
+    seconds = [0.0001, 0.003, 60.0, -0.5, 0.00025]
+    one, batch = Metrics("n1"), Metrics("n1")
+    for s in seconds:
+        one.latency("n2", s)
+    batch.latencies("n2", seconds[:2])
+    batch.latencies("n2", seconds[2:])
+    [(_, a)] = one.take_interval(1.0)[2].items()
+    [(_, b)] = batch.take_interval(1.0)[2].items()
+    assert (a.counts, a.count, a.sum_ms) == (b.counts, b.count, b.sum_ms) and a.count == len(seconds)
+
+
 def test_dump_writes_partitioned_schema_v1_file_atomically(tmp_path: Path) -> None:
     """A dump is one .jsonl file under node=/date=/hour= with schema-v1 records, and no temporary file is left."""
     m = Metrics("n1")

@@ -275,6 +275,23 @@ def test_detached_streams_are_dropped_after_the_window_and_past_the_count_limit(
     assert outbox.summary()["streams_expired"] == 3
 
 
+def test_kept_messages_are_trimmed_to_the_byte_limit_and_the_window_and_counted() -> None:
+    """Each stream keeps at most max_bytes and the window's messages; every one trimmed is counted once."""
+    now = [0.0]
+    one = len(psc.with_seq(psc.encode_publish("t", 1, Meta()), 1))
+    outbox = Outbox(ReplaySettings(max_bytes=3 * one + 2, window=10.0), lambda: now[0], boot="p")
+    pipes = [Pipe(peer=name, peer_node=name) for name in ("c1", "c2")]
+    for pipe in pipes:
+        outbox.resume(pipe, pipe.peer_node, Resume(None, 0, ("t",)))
+    for i in range(1, 8):
+        outbox.publish("t", psc.encode_publish("t", i, Meta()))
+    assert outbox.summary()["kept_messages"] == 2 * 3 and outbox.summary()["trimmed"] == 2 * 4
+    now[0] += 10.5  # all kept messages are now past the window: the next publish trims them
+    outbox.publish("t", psc.encode_publish("t", 8, Meta()))
+    assert outbox.summary()["kept_messages"] == 2 and outbox.summary()["trimmed"] == 2 * 7
+    assert outbox.summary()["kept_bytes"] == 2 * one
+
+
 def test_anonymous_consumer_stream_ends_with_its_link() -> None:
     """A consumer that sent no node id cannot be recognised later: its stream goes with its link."""
     outbox = Outbox(REPLAY, lambda: 0.0, boot="p")
@@ -940,6 +957,86 @@ def test_0_4_malformed_batch_closes_the_link(net: MemoryNetwork, frame: bytes) -
     with pytest.raises(LinkError) as e:
         session.receive(frame)
     assert e.value.code == CLOSE_BAD_MESSAGE
+    net.stop()
+
+
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_0_4_batch_drops_only_its_message_beyond_the_bounds(net: MemoryNetwork) -> None:
+    """One PSC301 of a frame nested past the JSON bounds is dropped and counted; the rest of the frame arrives."""
+    a, b, sink, _gaps, link = _pair(net)
+    net.flush()
+    _publish(b, 1, _nested(70), 2, _nested(64), 3)
+    net.flush()
+    assert _frames_with_publishes(link.server_wire) == [5]
+    assert [e.payload for e in sink.got] == [1, 2, _nested(64), 3]
+    assert a.stats["dropped_bounds"] == 1 and a.stats["received"] == 4
+    dropped = [(key, n) for key, n, _ in a.hub.metrics.totals() if key[2] == "dropped"]
+    assert dropped == [(("t", "psc", "dropped", "b", "bounds"), 1)]
+    assert link.client_wire.close() is None and a.open_links() == 1
+    net.stop()
+
+
+def test_0_4_bad_line_closes_the_link_after_the_lines_before_it(net: MemoryNetwork) -> None:
+    """Lines before a malformed one are delivered; then the link closes 4400 with the message's problem."""
+    a, _b, sink, _gaps, link = _pair(net)
+    net.flush()
+    session = link.client.session
+    assert session is not None and session.batched and session.resumed
+    frame = b'[301,"t",1,{"s":1}]\n[301,"t",2,{"s":2}]\n[301,"t",3]\n[301,"t",4,{"s":4}]'
+    with pytest.raises(LinkError) as e:
+        session.receive(frame)
+    assert (e.value.code, e.value.reason) == (
+        CLOSE_BAD_MESSAGE,
+        "PSC301 on a 0.3 link needs metadata with a sequence number 's'",
+    )
+    assert [m.payload for m in sink.got] == [1, 2]
+    net.stop()
+
+
+def test_0_4_batch_is_counted_as_the_same_messages_one_per_frame(net: MemoryNetwork) -> None:
+    """Counters after a batched run equal those after the same messages one per frame (0.3): nothing counted twice."""
+    counted = []
+    for batch in (True, False):
+        a, b, sink, _gaps, link = _pair(net, batch=batch)
+        net.flush()
+        _publish(b, *range(7))
+        _publish(b, "x", topic="u")  # no subscriber on a: never asked for, never sent
+        net.flush()
+        assert [e.payload for e in sink.got] == list(range(7))
+        sent = [line for text in link.server_wire.texts() for line in text.split(psc.BATCH_SEPARATOR)]
+        wire_bytes = sum(len(line) for line in sent if line.startswith(b"[301"))
+        totals = [(key, n, nbytes) for key, n, nbytes in a.hub.metrics.totals() if key[2] == "received"]
+        assert totals == [(("t", "psc", "received", "b", None), 7, wire_bytes)]
+        latency = a.hub.metrics.total_latency()["b"]
+        counted.append((a.stats["received"], a.hub.stats["received"], a.hub.stats["delivered"], latency.count))
+        net.stop()
+        net = MemoryNetwork()
+    assert counted[0] == counted[1] == (7, 7, 7, 7)
+
+
+def test_0_4_batch_stops_when_its_link_closes_meanwhile(net: MemoryNetwork) -> None:
+    """A sink that unlinks the producer while a frame is delivered: the frame's later messages are not handed on."""
+    a, b, sink, _gaps, link = _pair(net)
+    net.flush()
+
+    class Unlinker:
+        def deliver(self, envelope: Envelope) -> None:
+            if envelope.payload == 2:
+                a.remove_server(psc_url(9002))
+
+    a.hub.subscribe("t", Unlinker())
+    net.flush()
+    _publish(b, 1, 2, 3, 4)
+    net.flush()
+    assert _frames_with_publishes(link.server_wire) == [4]
+    assert [e.payload for e in sink.got] == [1, 2]
+    assert a.stats["received"] == 2
     net.stop()
 
 

@@ -33,6 +33,9 @@ from pubsubclub.counters import ReplayEvent
 from pubsubclub.metrics import Metrics
 from pubsubclub.patterns import Pattern, PatternIndex
 
+# Counted per message once a stream's buffer is full: bound once (a member read off its enum class costs more).
+_TRIMMED = ReplayEvent.TRIMMED
+
 #: :meth:`Inbox.accept` result for a message already received: drop it.
 DUPLICATE = -1
 
@@ -271,19 +274,33 @@ class Outbox:
             return []
         now = self._clock()
         window = self.settings.window
+        limit, oldest = self.settings.max_bytes, now - window
         head = psc.seq_head(publish_02)
         sent: list[tuple[Any, int]] = []
         expired: list[Stream] = []
+        trimmed = 0
         for stream in streams:
             if stream.detached_at is not None and now - stream.detached_at > window:
                 expired.append(stream)
                 continue
             seq = stream.seq = stream.seq + 1
             data = b"%s%d}]" % (head, seq)  # psc.with_seq, with the head made once per message
-            self._keep(stream, now, data)
-            if stream.link is not None:
-                stream.link.send_raw(data)
-                sent.append((stream.link, len(data)))
+            # Keep it; past the byte limit or the window the oldest go (every message, once the buffer is full).
+            buffer = stream.buffer
+            buffer.append((seq, now, data))
+            nbytes = stream.nbytes + len(data)
+            while nbytes > limit or buffer[0][1] < oldest:
+                nbytes -= len(buffer.popleft()[2])
+                trimmed += 1
+                if not buffer:
+                    break
+            stream.nbytes = nbytes
+            link = stream.link
+            if link is not None:
+                link.send_raw(data)
+                sent.append((link, len(data)))
+        if trimmed:
+            self.metrics.event(_TRIMMED, trimmed)
         for stream in expired:
             self._drop(stream)
             self.metrics.event(ReplayEvent.STREAMS_EXPIRED)
@@ -301,20 +318,6 @@ class Outbox:
         }
 
     # -- internals --------------------------------------------------------------
-
-    def _keep(self, stream: Stream, now: float, data: bytes) -> None:
-        buffer = stream.buffer
-        buffer.append((stream.seq, now, data))
-        nbytes = stream.nbytes + len(data)
-        limit = self.settings.max_bytes
-        oldest = now - self.settings.window
-        if nbytes > limit or buffer[0][1] < oldest:
-            trimmed = 0
-            while buffer and (nbytes > limit or buffer[0][1] < oldest):
-                nbytes -= len(buffer.popleft()[2])
-                trimmed += 1
-            self.metrics.event(ReplayEvent.TRIMMED, trimmed)
-        stream.nbytes = nbytes
 
     def _new_stream(self, consumer: str | None) -> Stream:
         stream = Stream(consumer, f"{self._boot}-{next(self._epochs)}")

@@ -40,7 +40,7 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.wsframes import send_message
+from pubsubclub.wsframes import receive_data, send_message
 
 
 class LinkHost(LinkOwner, Protocol):
@@ -157,9 +157,16 @@ class _LinkProtocolBase:
     _batch: list[bytes] | None = None
     _batch_bytes = 0
     _batch_call: IDelayedCall | None = None
+    #: The largest frame the peer accepts (the federation's max-message-size), read once per link.
+    _max_frame = psc.DEFAULT_LIMITS.max_message_size
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
+        receive_data(self, data)
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
+        self._max_frame = federation.limits.max_message_size
         self.session = LinkSession(
             role,
             self._send_text,
@@ -186,7 +193,7 @@ class _LinkProtocolBase:
         pending = self._batch
         if pending:
             size = self._batch_bytes + 1 + len(data)
-            if size <= self.factory.federation.limits.max_message_size:
+            if size <= self._max_frame:
                 pending.append(data)
                 self._batch_bytes = size
                 return
