@@ -39,12 +39,20 @@ browser:
 
 # System packages the tests use: Chromium, docker-compose (validates deploy/; no engine needed),
 # systemd-analyze (verifies the unit in deploy/systemd), and ip + nft (iproute2, nftables) for the
-# network-namespace partition tests (tests/netns.py; they run as root).
-sysdeps: browser
-	@command -v ip >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq iproute2)
-	@command -v nft >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nftables)
-	@command -v docker-compose >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends docker-compose)
-	@command -v systemd-analyze >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq systemd)
+# network-namespace partition tests (tests/netns.py; they run as root). Each entry is
+# command:package; the missing ones are installed after a single apt-get update (each update
+# costs seconds to a minute on a fresh machine). Chromium keeps its recommended packages (fonts).
+SYSDEPS_RECOMMENDS    := chromium:chromium
+SYSDEPS_NO_RECOMMENDS := ip:iproute2 nft:nftables docker-compose:docker-compose systemd-analyze:systemd
+missing = $$(for want in $(1); do command -v $${want%%:*} >/dev/null 2>&1 || printf '%s ' $${want\#*:}; done)
+sysdeps:
+	@with="$(call missing,$(SYSDEPS_RECOMMENDS))"; without="$(call missing,$(SYSDEPS_NO_RECOMMENDS))"; \
+	if [ -n "$$with$$without" ]; then \
+	  echo "installing system packages: $$with$$without"; \
+	  apt-get update -qq && export DEBIAN_FRONTEND=noninteractive && \
+	  { [ -z "$$with" ] || apt-get install -y -qq $$with; } && \
+	  { [ -z "$$without" ] || apt-get install -y -qq --no-install-recommends $$without; }; \
+	fi
 
 demo: $(STAMP) $(JS) examples/sysv/client
 	$(PY) examples/demo.py

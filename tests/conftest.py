@@ -67,8 +67,24 @@ def no_unhandled_errors_in_node_logs() -> Iterator[None]:
 #: picked for ``bind(0)`` and we released can be taken again by any outgoing
 #: connection before the node binds it (CI saw exactly that: "Address already in
 #: use"); ports below the range are never auto-assigned, so only an explicit bind
-#: can race us. Each pytest process walks its own slice of the range.
+#: can race us. Each pytest process starts at its own place in the range, and each
+#: pytest-xdist worker of a run keeps to its own share of it (`make test` runs
+#: two), so the workers of one run never hand out the same port.
 _PORT_FLOOR, _PORT_CEILING = 20000, 32000
+
+
+def _worker_ports(floor: int, ceiling: int) -> tuple[int, int]:
+    """This process's share of ``floor .. ceiling``: all of it, or one xdist worker's slice."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # "gw0", "gw1", ... under pytest-xdist
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or workers <= 1:
+        return floor, ceiling
+    share = (ceiling - floor) // workers
+    index = int(worker[2:])
+    return floor + index * share, floor + (index + 1) * share
+
+
+_PORT_FLOOR, _PORT_CEILING = _worker_ports(_PORT_FLOOR, _PORT_CEILING)
 _next_port = _PORT_FLOOR + (os.getpid() * 97) % (_PORT_CEILING - _PORT_FLOOR)
 
 

@@ -19,15 +19,33 @@ from pubsubclub.reports.job import DEFAULT_CONF, start_spark
 #: 2026-01-01T00:00:00Z, the generator's first interval start and a minute boundary.
 T0 = 1_767_225_600.0
 
-#: Settings of the test session: two cores, few shuffle partitions, no UI or progress bar.
+#: JVM options of every Spark JVM the tests start. The tests' data is tiny, so a JVM's time
+#: goes to compiling Spark itself: the client JIT alone (C1, no C2) and the serial collector
+#: halved a cold report run (57 s -> 27 s on the shared 2-core VM; docs/architecture.md, Testing).
+TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
+#: Settings for tiny data: few shuffle partitions and no adaptive re-planning of each stage.
+TINY_DATA_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.sql.adaptive.enabled": "false",
+    "spark.driver.extraJavaOptions": TEST_JAVA_OPTIONS,
+    "spark.executor.extraJavaOptions": TEST_JAVA_OPTIONS,
+}
+
+#: Settings of the test session: two cores, tiny-data settings, no UI or progress bar.
 TEST_CONF = {
     **DEFAULT_CONF,
-    "spark.sql.shuffle.partitions": "2",
+    **TINY_DATA_CONF,
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
 }
+
+
+def conf_flags(conf: dict[str, str]) -> list[str]:
+    """``conf`` as ``--conf key=value`` flags (of spark-submit and ``pubsubclub report``)."""
+    return [flag for key, value in conf.items() for flag in ("--conf", f"{key}={value}")]
 
 
 @pytest.fixture(scope="session")
@@ -36,6 +54,14 @@ def spark() -> Iterator[SparkSession]:
     session = start_spark("local[2]", TEST_CONF)
     yield session
     session.stop()
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put every test that uses ``spark`` in one xdist group: one worker, so one JVM, runs them all."""
+    for item in items:
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def _hashable(value: Any) -> Any:

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
-from report_spark import T0, assert_frame, counter, write_dump
+from report_spark import T0, TEST_JAVA_OPTIONS, TINY_DATA_CONF, assert_frame, conf_flags, counter, write_dump
 
 from pubsubclub import cli
 from pubsubclub.reports.command import java_problem
@@ -251,8 +251,10 @@ def test_spark_submit_runs_the_same_job(spark: SparkSession, cluster_dumps: Path
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1"}  # fmt: skip
     proc = subprocess.run(
-        [str(submit), "--master", "local[1]", "--py-files", str(package), str(REPO / "pubsubclub/reports/submit.py"),
-         "--metrics", str(cluster_dumps), "--out", str(tmp_path / "submitted"), "--conf", "spark.ui.enabled=false"],
+        # The driver JVM's options go to spark-submit itself: the job's own --conf flags reach a running JVM.
+        [str(submit), "--master", "local[1]", "--driver-java-options", TEST_JAVA_OPTIONS, "--py-files", str(package),
+         str(REPO / "pubsubclub/reports/submit.py"), "--metrics", str(cluster_dumps),
+         "--out", str(tmp_path / "submitted"), "--conf", "spark.ui.enabled=false", *conf_flags(TINY_DATA_CONF)],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

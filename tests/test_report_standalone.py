@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from conftest import free_port
 from pyspark.sql import SparkSession
-from report_spark import assert_frame
+from report_spark import TEST_JAVA_OPTIONS, TINY_DATA_CONF, assert_frame, conf_flags
 
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import run_report
@@ -30,7 +30,9 @@ def _spark_class() -> Path:
 
 
 def _env() -> dict[str, str]:
-    return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable}
+    # SPARK_DAEMON_JAVA_OPTS: the master's and the worker's JVM options.
+    return {**os.environ, "SPARK_LOCAL_IP": "127.0.0.1", "PYSPARK_PYTHON": sys.executable,
+            "SPARK_DAEMON_JAVA_OPTS": TEST_JAVA_OPTIONS}  # fmt: skip
 
 
 def _alive_workers(ui_port: int) -> int:
@@ -90,7 +92,7 @@ def test_report_on_a_standalone_cluster_equals_local_mode(spark: SparkSession, s
     proc = subprocess.run(
         [sys.executable, "-m", "pubsubclub", "report", "--metrics", str(tmp_path / "m"),
          "--out", str(tmp_path / "cluster"), "--master", standalone,
-         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m"],
+         "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m", *conf_flags(TINY_DATA_CONF)],
         env=_env(), capture_output=True, text=True, timeout=150,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
