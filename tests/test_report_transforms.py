@@ -353,6 +353,24 @@ def test_observation_window(spark: SparkSession) -> None:
     assert_frame(X.observation_window(frame), ["first_start", "last_ts", "seconds"], [(T0, T0 + 30, 30.0)])
 
 
+#: The tables computed from records merged across minutes.
+OVERALL_TABLES = [
+    X.topic_totals,
+    X.fanout,
+    X.traffic_matrix,
+    X.drops_by_reason,
+    X.latency_percentiles,
+    X.observation_window,
+]
+
+
+def _assert_same_tables(tables: list[Any], raw: DataFrame, small: DataFrame) -> None:
+    """Each of ``tables`` gives the same rows on ``small`` as on ``raw``."""
+    for table in tables:
+        expected = table(raw)
+        assert_frame(table(small), expected.columns, [tuple(r) for r in expected.collect()])
+
+
 def test_compact_changes_no_table(spark: SparkSession) -> None:
     """Every table is the same on compacted rows as on the parsed lines, and lines are all accounted for."""
     texts = [
@@ -385,17 +403,7 @@ def test_compact_changes_no_table(spark: SparkSession) -> None:
     assert compacted.count() < parsed.count()
     assert compacted.agg({"lines": "sum"}).collect()[0][0] == len(texts)
     raw, small = X.valid_records(parsed), X.valid_records(compacted)
-    for table in (
-        X.topic_totals,
-        X.node_minute_series,
-        X.fanout,
-        X.traffic_matrix,
-        X.drops_by_reason,
-        X.latency_percentiles,
-        X.observation_window,
-    ):
-        expected = table(raw)
-        assert_frame(table(small), expected.columns, [tuple(r) for r in expected.collect()])
+    _assert_same_tables([X.node_minute_series, *OVERALL_TABLES], raw, small)
     expected_bad = X.bad_record_counts(parsed)
     assert_frame(X.bad_record_counts(compacted), expected_bad.columns, [tuple(r) for r in expected_bad.collect()])
     assert_frame(
@@ -440,16 +448,7 @@ def test_compact_grains_give_the_tables_of_the_raw_lines(spark: SparkSession) ->
     raw, small, minutes = X.valid_records(checked), X.valid_records(overall), X.grain_minutes(grains)
     assert small.columns == minutes.columns == raw.columns
     assert small.count() < raw.count()
-    for table in (
-        X.topic_totals,
-        X.fanout,
-        X.traffic_matrix,
-        X.drops_by_reason,
-        X.latency_percentiles,
-        X.observation_window,
-    ):
-        expected = table(raw)
-        assert_frame(table(small), expected.columns, [tuple(r) for r in expected.collect()])
+    _assert_same_tables(OVERALL_TABLES, raw, small)
     expected = X.node_minute_series(raw)
     assert expected.count() == 5
     assert_frame(X.node_minute_series(minutes), expected.columns, [tuple(r) for r in expected.collect()])

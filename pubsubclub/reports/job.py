@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,6 +66,8 @@ TABLE_ORDER: dict[str, list[str]] = {
 }
 
 STEPS = 6
+#: Tables written at once (threads of the driver, each running its table's Spark jobs).
+TABLE_WRITERS = 3
 
 
 class InputError(Exception):
@@ -394,17 +397,12 @@ def _run(
         tables = build_tables(overall, top, minutes=minutes)
         tables["bad_records"] = X.bad_record_counts(compacted)
         progress(f"{time.monotonic() - began:6.1f}s [4/{STEPS}] writing Parquet under {out}")
-        paths: dict[str, Path] = {}
-        rows: dict[str, list[dict[str, Any]]] = {}
-        for name, frame in tables.items():
-            path = out / name
-            order = [F.col(c[1:]).desc() if c.startswith("-") else F.col(c) for c in TABLE_ORDER[name]]
-            # Tables are small: one sorted partition, kept for the page.
-            ordered = frame.coalesce(1).sortWithinPartitions(*order).cache()
-            ordered.write.mode("overwrite").parquet(str(path))
-            paths[name] = path
-            rows[name] = [_page_row(r.asDict()) for r in ordered.collect()]
-            ordered.unpersist()
+        paths = {name: out / name for name in tables}
+        # Each table is a few small Spark jobs whose time is mostly the driver's
+        # planning and committing: several at once keep both cores busy.
+        with ThreadPoolExecutor(TABLE_WRITERS, thread_name_prefix="report-table") as pool:
+            written = {name: pool.submit(_write_table, name, frame, paths[name]) for name, frame in tables.items()}
+            rows = {name: job.result() for name, job in written.items()}
         rows["window"] = [_page_row(r.asDict()) for r in X.observation_window(overall).collect()]
     finally:
         compacted.unpersist()
@@ -427,6 +425,18 @@ def _run(
         rows=rows,
         skipped=files.skipped,
     )
+
+
+def _write_table(name: str, frame: DataFrame, path: Path) -> list[dict[str, Any]]:
+    """Write table ``name`` as one sorted Parquet file under ``path``; its rows, for the page."""
+    order = [F.col(c[1:]).desc() if c.startswith("-") else F.col(c) for c in TABLE_ORDER[name]]
+    # Tables are small: one sorted partition, kept for the page.
+    ordered = frame.coalesce(1).sortWithinPartitions(*order).cache()
+    try:
+        ordered.write.mode("overwrite").parquet(str(path))
+        return [_page_row(r.asDict()) for r in ordered.collect()]
+    finally:
+        ordered.unpersist()
 
 
 def print_summary(result: ReportResult, file: Any = None) -> None:
