@@ -32,6 +32,7 @@ from typing import Any
 
 from pubsubclub.bench_lean import lean_run, lean_window
 from pubsubclub.bench_nodes import machine, node_pair, progress, stop, tree_cpu_seconds, wait_interest
+from pubsubclub.nodelay import set_no_delay
 
 TOPIC = "pubsubclub.bench"
 END = "end"
@@ -80,12 +81,16 @@ def _client_main(argv: list[str]) -> int:
                 lambda: Session(ComponentConfig(realm)), url=url, serializers=[serializer]
             )
         parts = urlsplit(url)
-        await TCP4ClientEndpoint(reactor, parts.hostname or "127.0.0.1", parts.port or 80).connect(factory)
+        proto: Any = await TCP4ClientEndpoint(reactor, parts.hostname or "127.0.0.1", parts.port or 80).connect(factory)
+        # Nagle off, as a latency-minded user does: Autobahn's client connections keep it on (its
+        # WebSocket attempt fails silently, RawSocket has none; see pubsubclub.nodelay), and a
+        # paced message can then wait up to 40 ms for the ACK of the one before.
+        set_no_delay(proto.transport)
         session = await joined.addTimeout(10, reactor)
 
         if role == "subscriber":
             done: defer.Deferred[None] = defer.Deferred()
-            state = {"n": 0, "first": 0.0, "last": 0.0}
+            state = {"n": 0, "first": 0.0, "last": 0.0, "cpu": 0.0}
             latencies: list[float] = []
 
             def on_event(msg: Any) -> None:
@@ -98,6 +103,7 @@ def _client_main(argv: list[str]) -> int:
                     return
                 if state["n"] == 0:
                     state["first"] = now
+                    state["cpu"] = time.process_time()
                 state["n"] += 1
                 state["last"] = now
                 if isinstance(msg, dict) and "t" in msg:
@@ -111,6 +117,8 @@ def _client_main(argv: list[str]) -> int:
             except defer.TimeoutError:
                 result["timed_out"] = True
             result.update(received=state["n"], first=state["first"], last=state["last"])
+            # This process's own CPU from the first message to the end marker (is the client the limit?).
+            result["cpu_seconds"] = time.process_time() - state["cpu"] if state["n"] else 0.0
             if latencies:
                 # Which messages were slowest (by position): tells warm-up from steady-state tails.
                 slowest = sorted(range(len(latencies)), key=latencies.__getitem__)[-5:]
@@ -134,6 +142,7 @@ def _client_main(argv: list[str]) -> int:
                 session.publish(TOPIC, PROBE)
                 await task.deferLater(reactor, 0.05, lambda: None)
             start = time.time()
+            cpu_start = time.process_time()
             sent = 0
             if mode == "throughput":
                 batch = 200
@@ -152,7 +161,7 @@ def _client_main(argv: list[str]) -> int:
                         sent += 1
                     await task.deferLater(reactor, min(interval, 0.001), lambda: None)
             await session.publish(TOPIC, END, options=PublishOptions(acknowledge=True))
-            result.update(sent=sent, start=start, end=time.time())
+            result.update(sent=sent, start=start, end=time.time(), cpu_seconds=time.process_time() - cpu_start)
         sys.stdout.write(json.dumps(result) + "\n")
         sys.stdout.flush()
         session.leave()
@@ -221,6 +230,8 @@ def _one_run(target: Target, args: argparse.Namespace, mode: str, count: int, ra
         "delivered_rate": s["received"] / duration,
         "latency_ms": s.get("latency_ms"),
         "slowest_positions": s.get("slowest_positions"),
+        "publisher_cpu_us_per_msg": p["cpu_seconds"] / max(p["sent"], 1) * 1e6,
+        "subscriber_cpu_us_per_msg": s["cpu_seconds"] / max(s["received"], 1) * 1e6,
     }
 
 
@@ -306,6 +317,12 @@ def run_bench(args: argparse.Namespace) -> int:
             f"throughput: sent {t['sent']} at {t['publish_rate']:.0f}/s, delivered {t['received']} "
             f"at {t['delivered_rate']:.0f} msgs/s cross-node, lost {t['lost']}"
             + (f", nodes' CPU {t['server_cpu_us_per_msg']:.1f} us/msg" if "server_cpu_us_per_msg" in t else "")
+            + (
+                f"; clients' CPU: publisher {t['publisher_cpu_us_per_msg']:.1f}, subscriber "
+                f"{t['subscriber_cpu_us_per_msg']:.1f} us/msg"
+                if "publisher_cpu_us_per_msg" in t
+                else ""
+            )
         )
         if lat and lat["latency_ms"]:
             lm = lat["latency_ms"]

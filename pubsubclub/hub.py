@@ -23,7 +23,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import field
 from typing import Any, Protocol
 
@@ -134,6 +134,8 @@ class Hub:
         self._publish: list[PublishListener] = []
         self._remote_interest: list[RemoteInterestListener] = []
         self._patterns: PatternIndex[PatternSink] = PatternIndex()
+        #: Whether any sink holds a pattern (kept with ``_patterns``: read per publish).
+        self._any_patterns = False
         self._pattern_listeners: list[PatternInterestListener] = []
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
@@ -141,6 +143,11 @@ class Hub:
         self._id_prefix = f"{self.node_id}-{self._boot}-"
         #: The node's metrics counters; every front-end and the federation count here.
         self.metrics = Metrics(self.node_id)
+        #: Local publishes not yet added to ``metrics`` (added before any read: Metrics.settle).
+        self._published = 0
+        #: Local deliveries not yet added to ``metrics`` (likewise).
+        self._delivered = 0
+        self.metrics.add_settler(self._settle)
 
     # -- listeners ---------------------------------------------------------
 
@@ -189,6 +196,16 @@ class Hub:
     def stats(self) -> dict[str, int]:
         """The hub's event counters (a view of :attr:`metrics`)."""
         return self.metrics.view("hub")
+
+    def _settle(self) -> None:
+        n = self._published
+        if n:
+            self._published = 0
+            self.metrics.event(_PUBLISHED, n)
+        n = self._delivered
+        if n:
+            self._delivered = 0
+            self.metrics.event(_DELIVERED, n)
 
     def _failed(self, owner: object, what: str, topic: str) -> None:
         name = type(owner).__name__
@@ -249,13 +266,17 @@ class Hub:
 
     def subscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
         """Add ``sink`` to ``pattern``; idempotent."""
-        if self._patterns.add(pattern, sink):
+        added = self._patterns.add(pattern, sink)
+        self._any_patterns = len(self._patterns) > 0
+        if added:
             for listener in self._pattern_listeners:
                 self._isolated(listener, listener.pattern_added, pattern)
 
     def unsubscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
         """Remove ``sink`` from ``pattern``; idempotent."""
-        if self._patterns.discard(pattern, sink):
+        removed = self._patterns.discard(pattern, sink)
+        self._any_patterns = len(self._patterns) > 0
+        if removed:
             for listener in self._pattern_listeners:
                 self._isolated(listener, listener.pattern_removed, pattern)
 
@@ -276,10 +297,12 @@ class Hub:
     def publish(self, envelope: Envelope, exclude: Sink | None = None) -> int:
         """Deliver a local publish locally, then tell the federation.
 
-        Returns the number of local deliveries.
+        Returns the number of local deliveries. Counted as published once per
+        read of the metrics, not per message (:meth:`Metrics.settle`).
         """
-        self.metrics.event(_PUBLISHED)
-        delivered = self._deliver(envelope, exclude)
+        self._published += 1
+        # No local sink and no pattern held (a publishing node's usual case): nothing to look up.
+        delivered = self._deliver(envelope, exclude) if self._any_patterns or envelope.topic in self._sinks else 0
         for listener in self._publish:
             try:
                 listener.local_published(envelope)
@@ -291,6 +314,33 @@ class Hub:
         """Deliver a message received from another node, locally only."""
         self.metrics.event(_RECEIVED)
         return self._deliver(envelope, None)
+
+    def deliver_remote_batch(self, envelopes: Iterable[Envelope]) -> int:
+        """Deliver messages received from another node (one frame's), locally only, in order.
+
+        :meth:`deliver_remote` for each, with the hub's counters added up over
+        the batch and counted once (the same totals). Returns the number of
+        local deliveries.
+        """
+        metrics = self.metrics
+        received = delivered = 0
+        tally: dict[tuple[str, str], list[int]] = {}
+        try:
+            for envelope in envelopes:
+                received += 1
+                topic = envelope.topic
+                targets = self._targets(topic)
+                matched = self._patterns.match(topic)
+                if targets or matched:
+                    delivered += self._deliver_to(envelope, targets, matched, None, tally)
+        finally:
+            if received:
+                metrics.event(_RECEIVED, received)
+            if delivered:
+                metrics.event(_DELIVERED, delivered)
+            for (topic, source), (n, nbytes) in tally.items():
+                metrics.count(topic, source, "delivered", n, nbytes)
+        return delivered
 
     def _targets(self, topic: str) -> tuple[tuple[Sink, str | None], ...]:
         """``topic``'s sinks with their ``counts_as``, made once per change of its subscribers, not per message.
@@ -307,12 +357,38 @@ class Hub:
         return targets
 
     def _deliver(self, envelope: Envelope, exclude: Any) -> int:
-        targets = self._targets(envelope.topic)
-        matched = self._patterns.match(envelope.topic)
+        topic = envelope.topic
+        targets = self._snapshots.get(topic)  # _targets, without its call when the snapshot is made or no sink
+        if targets is None:
+            targets = self._targets(topic) if topic in self._sinks else ()
+        matched = self._patterns.match(topic)
         if not targets and not matched:
             return 0
+        tally: dict[tuple[str, str], list[int]] = {}
+        count = self._deliver_to(envelope, targets, matched, exclude, tally)
+        self._delivered += count
+        if tally:
+            # Once per message and front-end, however many recipients (docs/metrics.md).
+            for (topic, source), (n, nbytes) in tally.items():
+                self.metrics.count(topic, source, "delivered", n, nbytes)
+        return count
+
+    def _deliver_to(
+        self,
+        envelope: Envelope,
+        targets: tuple[tuple[Sink, str | None], ...],
+        matched: tuple[Pattern, ...],
+        exclude: Any,
+        tally: dict[tuple[str, str], list[int]],
+    ) -> int:
+        """Hand ``envelope`` to ``targets`` and the holders of ``matched``; add what is counted to ``tally``.
+
+        ``tally`` maps (topic, front-end) to [messages, bytes]: one count per
+        front-end however many of its sinks got the message (docs/metrics.md).
+        """
+        topic = envelope.topic
         count = 0
-        tally: dict[str, int] = {}
+        sources: list[str] = []
         for sink, source in targets:
             if sink is exclude:
                 continue
@@ -320,11 +396,11 @@ class Hub:
                 sent = sink.deliver(envelope)
             except Exception:
                 # One failing sink must not cost the others this message.
-                self._failed(sink, "deliver", envelope.topic)
+                self._failed(sink, "deliver", topic)
                 continue
             count += 1
             if source is not None and sent is not False:
-                tally[source] = tally.get(source, 0) + 1
+                sources.append(source)
         # One delivery per matching pattern, as WAMP asks of a client subscribed several ways.
         for pattern in matched:
             for holder in list(self._patterns.holders(pattern)):
@@ -333,16 +409,19 @@ class Hub:
                 try:
                     sent = holder.deliver_matched(envelope, pattern)
                 except Exception:
-                    self._failed(holder, "deliver_matched", envelope.topic)
+                    self._failed(holder, "deliver_matched", topic)
                     continue
                 count += 1
                 source = getattr(holder, "counts_as", None)
                 if source is not None and sent is not False:
-                    tally[source] = tally.get(source, 0) + 1
-        self.metrics.event(_DELIVERED, count)
-        if tally:
-            # Once per message and front-end, however many recipients (docs/metrics.md).
+                    sources.append(source)
+        if sources:
             size = payload_size(envelope)
-            for source, n in tally.items():
-                self.metrics.count(envelope.topic, source, "delivered", n, n * size)
+            for source in sources:
+                cell = tally.get((topic, source))
+                if cell is None:
+                    tally[(topic, source)] = [1, size]
+                else:
+                    cell[0] += 1
+                    cell[1] += size
         return count

@@ -36,7 +36,16 @@ from typing import Any
 
 import orjson
 
-__all__ = ["DEFAULT_BOUNDS", "BoundsError", "JSONBounds", "check", "check_decoded", "loads", "text_depth"]
+__all__ = [
+    "DEFAULT_BOUNDS",
+    "BoundsError",
+    "JSONBounds",
+    "check",
+    "check_decoded",
+    "loads",
+    "text_depth",
+    "text_within",
+]
 
 #: Signed 64-bit integer range: what every store and wire format of the node carries exactly.
 INT64_MIN = -(2**63)
@@ -180,12 +189,29 @@ def text_depth(raw: bytes, stop_above: int | None = None) -> int:
 
 
 _NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+_NOT_OPENERS = bytes(b for b in range(256) if b not in b"[{\n")
 _DEPTH_STEP = [1 if chr(b) in "[{" else -1 if chr(b) in "]}" else 0 for b in range(256)]
 #: Brackets looked at between two checks of ``stop_above``.
 _CHUNK = 65_536
 #: Maps ASCII digits to "1" and every other byte to "0": a run of 19 digits is then one ``find``.
 _DIGIT_MASK = bytes(49 if 48 <= b <= 57 else 48 for b in range(256))
 _LONG_RUN = b"1" * 19
+
+
+def text_within(raw: bytes, bounds: JSONBounds = DEFAULT_BOUNDS, wrapper_depth: int = 0) -> bool:
+    """True when no value ``orjson.loads`` reads from a line of ``raw`` can break ``bounds``: none needs a check.
+
+    ``raw`` is one JSON text or several, one per line (a PSC batch frame), so
+    one call stands for a :func:`check_decoded` of every line. True needs no
+    run of 19 digits (the only way to an integer beyond 64 bits) and no line
+    with more than ``max_depth + wrapper_depth`` opening brackets (a bound on
+    its depth, whatever its strings hold). False says only that some line
+    may break them: :func:`check_decoded` on each value tells.
+    """
+    if raw.translate(_DIGIT_MASK).find(_LONG_RUN) >= 0:
+        return False
+    # Only each line's opening brackets are kept: all in C, a fraction of text_depth's cost.
+    return max(map(len, raw.translate(None, _NOT_OPENERS).split(b"\n"))) <= bounds.max_depth + wrapper_depth
 
 
 def check_decoded(

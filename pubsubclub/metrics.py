@@ -124,6 +124,18 @@ class Metrics:
         self.disconnects: dict[tuple[str, str], int] = {}
         #: Event counters of the components (pubsubclub/counters.py), by (component, event); cumulative.
         self.events: dict[tuple[str, str], int] = {}
+        #: What components held back (counted once per reactor turn or read, not per message) is added by these,
+        #: run before anything reads the counters: every read sees the same totals as counting at once.
+        self._settlers: list[Callable[[], None]] = []
+
+    def add_settler(self, settle: Callable[[], None]) -> None:
+        """Run ``settle()`` before every read of the counters; it adds what its component held back."""
+        self._settlers.append(settle)
+
+    def settle(self) -> None:
+        """Add every count held back by a component (run by each read: view, totals, take_interval, collect)."""
+        for settle in self._settlers:
+            settle()
 
     def count(
         self,
@@ -159,12 +171,14 @@ class Metrics:
 
     def view(self, component: str) -> dict[str, int]:
         """One component's event counters as a dict, every declared event present (for /stats)."""
+        self.settle()
         return {e.value: self.events.get((component, e.value), 0) for e in COMPONENTS[component]}
 
     def link_count(self, peer: str, kind: str, n: int = 1) -> None:
         """Add ``n`` to a per-link replay counter (``kind`` is a key of LINK_COUNTS)."""
         key = (peer, kind)
         self.link_counts[key] = self.link_counts.get(key, 0) + n
+
     def sink_error(self, sink: str) -> None:
         """A hub sink or listener of class ``sink`` raised; it was logged and skipped."""
         self.sink_errors[sink] = self.sink_errors.get(sink, 0) + 1
@@ -189,8 +203,22 @@ class Metrics:
         hist.count += 1
         hist.sum_ms += ms
 
+    def latencies(self, origin: str, seconds: list[float]) -> None:
+        """Several cross-node deliveries from ``origin`` (:meth:`latency` for each of ``seconds``)."""
+        hist = self._interval_latency.get(origin)
+        if hist is None:
+            hist = self._interval_latency[origin] = _Histogram()
+        counts, bucket, total = hist.counts, bisect.bisect_left, 0.0
+        for s in seconds:
+            ms = s * 1000.0 if s > 0.0 else 0.0
+            counts[bucket(LATENCY_BOUNDS_MS, ms)] += 1
+            total += ms
+        hist.count += len(seconds)
+        hist.sum_ms += total
+
     def take_interval(self, now: float) -> tuple[float, dict[CounterKey, list[int]], dict[str, _Histogram]]:
         """Hand over this interval's counts and start a new interval."""
+        self.settle()
         start = self.interval_start
         counters, latency = self._interval, self._interval_latency
         self._interval, self._interval_latency = {}, {}
@@ -207,6 +235,7 @@ class Metrics:
 
     def totals(self) -> Iterator[tuple[CounterKey, int, int]]:
         """Cumulative counts (past intervals plus the current one)."""
+        self.settle()
         keys = set(self._totals) | set(self._interval)
         for key in keys:
             past = self._totals.get(key, (0, 0))
@@ -440,6 +469,7 @@ class PrometheusCollector:
         """Yield the metric families."""
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
+        self._metrics.settle()
         labels = ["topic", "frontend", "kind", "peer", "reason"]
         messages = CounterMetricFamily("pubsubclub_messages", "Messages by topic, front-end and kind", labels=labels)
         nbytes = CounterMetricFamily("pubsubclub_bytes", "Payload bytes by topic, front-end and kind", labels=labels)

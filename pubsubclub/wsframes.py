@@ -1,6 +1,6 @@
-"""Sending a WebSocket data message from a server without Autobahn's per-frame overhead.
+"""WebSocket data frames without Autobahn's per-frame overhead, both directions.
 
-Autobahn's ``sendMessage`` -> ``sendFrame`` -> ``sendData`` checks
+Sending: Autobahn's ``sendMessage`` -> ``sendFrame`` -> ``sendData`` checks
 assertions, builds the header with ``struct`` and a join, and formats the
 arguments of a debug log line on every frame whether or not debug logging is
 on (``hltype``/``hlval``, which call :mod:`inspect`): about a fifth of a
@@ -11,6 +11,17 @@ counters, in the one case a node's frames are in: server side, connection
 open, no compression negotiated, no masking, fragmentation, frame logging or
 timing asked for, nothing queued. In every other case it is Autobahn's
 ``sendMessage``. ``tests/test_wsframes.py`` holds the two to the same bytes.
+
+Receiving: Autobahn's ``processData`` walks every frame through a dozen
+hooks, builds an XOR masker object per masked frame and a Deferred per
+message (``fire("message")``). :func:`receive_data` takes the frames a node
+actually gets -- whole, unfragmented text or binary frames, masked as the
+side requires, within the size limits, valid UTF-8 for text -- straight from
+the receive buffer to ``onMessage``, and hands everything else (control
+frames, fragments, frames still arriving, any violation, a closing
+connection, compression) to ``processData`` one step at a time, so every
+close code, reason and state change stays Autobahn's.
+``tests/test_wsread.py`` feeds random byte streams to both and compares.
 """
 
 from __future__ import annotations
@@ -18,9 +29,13 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from autobahn.twisted.websocket import WebSocketAdapterProtocol
+from autobahn.websocket import USES_NVX
 from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.xormasker import create_xor_masker
 
 _OPEN = WebSocketProtocol.STATE_OPEN
+_CLOSED = WebSocketProtocol.STATE_CLOSED
 #: First header byte: FIN plus the opcode (1 text, 2 binary).
 _FIN_TEXT, _FIN_BINARY = 0x81, 0x82
 _MEDIUM = struct.Struct("!BBH").pack
@@ -58,3 +73,166 @@ def send_message(protocol: Any, payload: bytes, binary: bool) -> None:
     stats.outgoingWebSocketFrames += 1
     protocol.transport.write(frame)
     stats.outgoingOctetsWireLevel += len(frame)
+
+
+#: RFC 6455 caps a 64-bit payload length at 2**63 - 1 (Autobahn refuses more).
+_MAX_LENGTH = 0x7FFFFFFFFFFFFFFF
+_LENGTH16 = struct.Struct("!H").unpack_from
+_LENGTH64 = struct.Struct("!Q").unpack_from
+#: Below this many octets a masked payload is unmasked as one big-integer XOR (about 1 us for
+#: 100 octets); from here on Autobahn's own masker (NVX's SIMD loop) wins despite the ~5 us it
+#: takes to build. Without NVX Autobahn's masker is pure Python and the integer XOR always wins.
+MASK_WITH_INT_BELOW = 2048 if USES_NVX else _MAX_LENGTH
+#: Autobahn's per-frame and per-message hooks. A protocol overriding any of them wants frames
+#: streamed to it and is left wholly to Autobahn; the fast path calls ``onMessage`` itself.
+_HOOKS = (
+    "onFrameBegin",
+    "onFrameData",
+    "onFrameEnd",
+    "onMessageBegin",
+    "onMessageFrameBegin",
+    "onMessageFrameData",
+    "onMessageFrameEnd",
+    "onMessageFrame",
+    "onMessageEnd",
+)
+_whole_message_classes: dict[type, bool] = {}
+
+
+def _takes_whole_messages(cls: Any) -> bool:
+    """Whether ``cls`` keeps Autobahn's message hooks, so its messages can skip them."""
+    known = _whole_message_classes.get(cls)
+    if known is None:
+        known = all(getattr(cls, name) is getattr(WebSocketProtocol, name) for name in _HOOKS) and (
+            cls._onMessage is WebSocketAdapterProtocol._onMessage
+        )
+        _whole_message_classes[cls] = known
+    return known
+
+
+def unmask(mask: bytes, payload: bytes) -> bytes:
+    """``payload`` XOR the repeated 4-octet ``mask`` (RFC 6455, section 5.3)."""
+    length = len(payload)
+    if length >= MASK_WITH_INT_BELOW:
+        return create_xor_masker(mask, length).process(payload)  # type: ignore[no-any-return]
+    key = (mask * ((length >> 2) + 1))[:length]
+    return (int.from_bytes(payload, "little") ^ int.from_bytes(key, "little")).to_bytes(length, "little")
+
+
+def reads_directly(protocol: Any) -> bool:
+    """Whether :func:`receive_data` may take ordinary frames of this open connection past Autobahn.
+
+    Not when the connection is not open, permessage-deflate was negotiated,
+    Autobahn logs octets or frames, someone listens to the ``"message"`` event,
+    a server was told not to unmask, or the class streams frames through
+    Autobahn's hooks.
+    """
+    return (
+        protocol.state == _OPEN
+        and protocol._perMessageCompress is None
+        and not protocol.logOctets
+        and not protocol.logFrames
+        and protocol._listeners is None
+        and (protocol.applyMask or not protocol.factory.isServer)
+        and _takes_whole_messages(type(protocol))
+    )
+
+
+def receive_data(protocol: Any, data: bytes) -> None:
+    """``protocol.dataReceived(data)``: whole ordinary frames straight to ``onMessage``, the rest through Autobahn.
+
+    An ordinary frame is what Autobahn would pass through unchanged: FIN set,
+    no RSV bits, opcode text or binary, masked if and only if the peer is a
+    client, minimal length encoding, within ``maxFramePayloadSize`` and
+    ``maxMessagePayloadSize``, valid UTF-8 if text (when Autobahn validates),
+    and no fragmented message in progress. Its effects are Autobahn's for that
+    frame: the traffic counters, the auto-ping timeout restarted by incoming
+    traffic, then ``onMessage(payload, isBinary)``; without the masker object,
+    the hook calls and the ``"message"`` event's Deferred (no listener is
+    registered, or this path is not taken). Anything else, including a frame
+    whose end has not arrived yet, is one ``processData`` step at a time, as
+    Autobahn's own ``consumeData`` loop would run it. Like Autobahn, this is
+    not reentrant: Twisted never calls ``dataReceived`` from inside it.
+    """
+    p = protocol
+    if not reads_directly(p):
+        p._dataReceived(data)
+        return
+    stats = p.trafficStats
+    stats.incomingOctetsWireLevel += len(data)
+    buf = p.data + data if p.data else data
+    p.data = b""
+    server = p.factory.isServer
+    mask_bit = 0x80 if server else 0
+    limits = [limit for limit in (p.maxFramePayloadSize, p.maxMessagePayloadSize) if limit > 0]
+    limit = min(limits) if limits else _MAX_LENGTH
+    validate = p.utf8validateIncoming
+    on_message = p.onMessage
+    pos, end = 0, len(buf)
+    holding = True  # whether ``buf[pos:]`` (not ``p.data``) is the unread input
+    try:
+        while True:
+            if (
+                p.state == _OPEN
+                and p.current_frame is None
+                and not p.inside_message
+                and not p.failedByMe
+                and not p.trackedTimings
+            ):
+                available = end - pos
+                if available < 2:
+                    break  # Autobahn waits for two octets too
+                first = buf[pos]
+                second = buf[pos + 1]
+                if (first == _FIN_TEXT or first == _FIN_BINARY) and second & 0x80 == mask_bit:
+                    length = second & 0x7F
+                    start = pos + 2
+                    if length == 126:
+                        start += 2
+                        if available >= 4:
+                            length = _LENGTH16(buf, pos + 2)[0]
+                            if length < 126:
+                                length = -1  # not minimal: Autobahn's protocol error
+                    elif length == 127:
+                        start += 8
+                        if available >= 10:
+                            length = _LENGTH64(buf, pos + 2)[0]
+                            if length < 0x10000 or length > _MAX_LENGTH:
+                                length = -1
+                    if server:
+                        start += 4
+                    if start > end:
+                        break  # the rest of the header is still on its way, as Autobahn would wait
+                    stop = start + length
+                    if 0 <= length <= limit and stop <= end:
+                        payload = unmask(buf[start - 4 : start], buf[start:stop]) if server else buf[start:stop]
+                        if first == _FIN_TEXT and validate and not payload.isascii():
+                            try:
+                                payload.decode("utf-8")
+                            except UnicodeDecodeError:
+                                stop = -1  # Autobahn closes with 1007 and its own reason
+                        if stop >= 0:
+                            pos = stop
+                            stats.incomingOctetsWebSocketLevel += length
+                            stats.incomingOctetsAppLevel += length
+                            stats.incomingWebSocketFrames += 1
+                            stats.incomingWebSocketMessages += 1
+                            if p.autoPingTimeoutCall and p.autoPingRestartOnAnyTraffic:
+                                p._cancelAutoPingTimeoutCall()
+                            on_message(payload, first == _FIN_BINARY)
+                            continue
+            elif p.state == _CLOSED:
+                break
+            # Not an ordinary whole frame: one step of Autobahn's consumeData loop.
+            p.data = buf[pos:]
+            holding = False
+            more = p.processData()
+            buf, pos = p.data, 0
+            end = len(buf)
+            p.data = b""
+            holding = True
+            if not more or p.state == _CLOSED:
+                break
+    finally:
+        if holding:
+            p.data = buf[pos:]

@@ -39,6 +39,9 @@ def test_bench_prints_settings_progress_and_results() -> None:
     assert results["throughput"]["sent"] == 300 and results["latency"]["sent"] == 100
     wire = (results["serializer"], results["transport"], results["throughput"]["client"])
     assert wire == ("json", "websocket", "autobahn")
+    # Each client reports its own CPU per message (is the client the limit?).
+    t = results["throughput"]
+    assert t["publisher_cpu_us_per_msg"] > 0 and t["subscriber_cpu_us_per_msg"] > 0
 
 
 @pytest.mark.slow

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from pubsubclub.hub import Envelope, Hub
@@ -127,3 +129,56 @@ def test_deliveries_are_counted_once_per_message_and_front_end(monkeypatch: pyte
     monkeypatch.setattr(hub.metrics, "count", lambda *a, **k: (calls.append(a), original(*a, **k)))
     hub.publish(hub.envelope("t", "abc"))
     assert calls == [("t", "wamp", "delivered", 2, 2 * len(b'"abc"'))]
+
+
+def test_a_remote_batch_is_delivered_in_order_and_counted_as_one_by_one() -> None:
+    """deliver_remote_batch hands each envelope to its sinks in order and leaves the counters deliver_remote would."""
+
+    class Wamp(RecordingSink):
+        counts_as = "wamp"
+
+    def run(batched: bool) -> tuple[Hub, list[Any]]:
+        hub = Hub("n1")
+        sinks = [Wamp(), Wamp(), RecordingSink()]
+        for topic, sink in (("t", sinks[0]), ("t", sinks[1]), ("t", sinks[2]), ("u", sinks[0])):
+            hub.subscribe(topic, sink)
+        envelopes = [Envelope(topic, i, "n2", size=10 + i) for i, topic in enumerate("tutvt")]
+        if batched:
+            assert hub.deliver_remote_batch(iter(envelopes)) == 3 + 1 + 3 + 3
+        else:
+            assert sum(hub.deliver_remote(e) for e in envelopes) == 3 + 1 + 3 + 3
+        return hub, [[(e.topic, e.payload) for e in s.got] for s in sinks]
+
+    (one, got_one), (batch, got_batch) = run(False), run(True)
+    on_t = [("t", 0), ("t", 2), ("t", 4)]
+    assert got_batch == got_one == [[("t", 0), ("u", 1), ("t", 2), ("t", 4)], on_t, on_t]
+    assert batch.stats == one.stats and batch.stats["received"] == 5 and batch.stats["delivered"] == 10
+    assert sorted(batch.metrics.totals()) == sorted(one.metrics.totals()) == [
+        (("t", "wamp", "delivered", None, None), 6, 2 * (10 + 12 + 14)),
+        (("u", "wamp", "delivered", None, None), 1, 11),
+    ]
+
+
+def test_a_publish_reaches_pattern_holders_and_is_counted_whatever_the_exact_sinks() -> None:
+    """Local delivery is looked up only when the topic has a sink or a pattern is held; counts stay exact."""
+    from pubsubclub.patterns import Pattern
+
+    hub, listener = make()
+    holder, exact = RecordingSink(), RecordingSink()
+    prefix = Pattern("prefix", "app.")
+    assert hub.publish(hub.envelope("app.x", 0)) == 0
+    hub.subscribe_pattern(prefix, holder)
+    assert hub.publish(hub.envelope("app.x", 1)) == 1
+    hub.subscribe("app.y", exact)
+    assert hub.publish(hub.envelope("app.y", 2)) == 2
+    hub.unsubscribe_pattern(prefix, holder)
+    assert hub.publish(hub.envelope("app.x", 3)) == 0
+    assert hub.publish(hub.envelope("app.y", 4)) == 1
+    hub.unsubscribe("app.y", exact)
+    assert hub.publish(hub.envelope("app.y", 5)) == 0
+    assert [e.payload for e in holder.got] == [1, 2]
+    assert [e.payload for e in exact.got] == [2, 4]
+    assert [call for call in listener.calls if call[0] == "published"] == [
+        ("published", t) for t in ("app.x", "app.x", "app.y", "app.x", "app.y", "app.y")
+    ]
+    assert hub.stats["published"] == 6 and hub.stats["delivered"] == 4

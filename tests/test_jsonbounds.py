@@ -265,3 +265,31 @@ def json_text_spaced(value: Any) -> bytes:
     import json
 
     return json.dumps(value, indent=1, ensure_ascii=True).encode()
+
+
+# -- one check for a PSC batch frame ---------------------------------------------------
+
+
+def test_text_within_passes_only_frames_whose_every_line_passes() -> None:
+    """A frame is within the bounds when each line is; one deep line or one long number makes it not."""
+    good = [orjson.dumps([301, "t", nested(63)]), orjson.dumps([301, "t", {"n": -(10**18 - 1)}])]
+    assert jsonbounds.text_within(b"\n".join(good * 100), wrapper_depth=1)
+    for bad in (orjson.dumps([301, "t", nested(65)]), b'[301,"t",18446744073709551616]'):
+        with pytest.raises(BoundsError):
+            check_decoded(bad, orjson.loads(bad), wrapper_depth=1)
+        assert not jsonbounds.text_within(b"\n".join([*good, bad, *good]), wrapper_depth=1)
+
+
+@given(st.lists(values, min_size=1, max_size=6), st.integers(1, 6))
+def test_a_frame_within_the_bounds_holds_only_lines_within_them(lines: list[Any], max_depth: int) -> None:
+    """Whenever the whole frame passes, each line passes check_decoded on its own: the batch shortcut is safe."""
+    bounds = JSONBounds(max_depth=max_depth)
+    texts = []
+    for value in lines:
+        try:
+            texts.append(orjson.dumps([301, value]))
+        except TypeError:
+            return  # not encodable: no such frame
+    if jsonbounds.text_within(b"\n".join(texts), bounds, wrapper_depth=1):
+        for text in texts:
+            check_decoded(text, orjson.loads(text), bounds, wrapper_depth=1)

@@ -41,6 +41,19 @@ def test_latency_histogram_buckets() -> None:
     assert hist.counts[0] == 1 and hist.counts[LATENCY_BOUNDS_MS.index(5)] == 1 and hist.counts[-1] == 1
 
 
+def test_latencies_of_a_batch_equal_one_latency_each() -> None:
+    """latencies(origin, [..]) leaves the same histogram as latency() called once per value."""
+    seconds = [0.0001, 0.003, 60.0, -0.5, 0.00025]
+    one, batch = Metrics("n1"), Metrics("n1")
+    for s in seconds:
+        one.latency("n2", s)
+    batch.latencies("n2", seconds[:2])
+    batch.latencies("n2", seconds[2:])
+    [(_, a)] = one.take_interval(1.0)[2].items()
+    [(_, b)] = batch.take_interval(1.0)[2].items()
+    assert (a.counts, a.count, a.sum_ms) == (b.counts, b.count, b.sum_ms) and a.count == len(seconds)
+
+
 def test_dump_writes_partitioned_schema_v1_file_atomically(tmp_path: Path) -> None:
     """A dump is one .jsonl file under node=/date=/hour= with schema-v1 records, and no temporary file is left."""
     m = Metrics("n1")
@@ -158,3 +171,34 @@ def test_stats_views_and_the_scrape_read_the_same_counters() -> None:
         for name, n in hub.metrics.view(component).items():
             if n:
                 assert f'pubsubclub_events_total{{component="{component}",event="{name}"}} {float(n)}' in text
+
+
+def test_counts_held_back_by_a_component_are_seen_by_every_read() -> None:
+    """A settler's held-back counts reach /stats views, totals, the interval handed over and Prometheus."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from pubsubclub.counters import HubEvent
+
+    m = Metrics("n1")
+    held = [0]
+
+    def settle() -> None:
+        if held[0]:
+            m.event(HubEvent.PUBLISHED, held[0])
+            m.count("t", "psc", "forwarded", held[0], 10 * held[0], peer="n2")
+            held[0] = 0
+
+    m.add_settler(settle)
+    held[0] = 3
+    assert m.view("hub")["published"] == 3
+    held[0] = 2
+    assert {key: (n, b) for key, n, b in m.totals()}[("t", "psc", "forwarded", "n2", None)] == (5, 50)
+    held[0] = 4
+    _, counters, _ = m.take_interval(1.0)
+    assert counters[("t", "psc", "forwarded", "n2", None)] == [9, 90]
+    held[0] = 1
+    registry = CollectorRegistry()
+    registry.register(PrometheusCollector(m, lambda: {}, lambda: []))
+    text = generate_latest(registry).decode()
+    assert 'pubsubclub_events_total{component="hub",event="published"} 10.0' in text
+    assert 'pubsubclub_messages_total{frontend="psc",kind="forwarded",peer="n2",reason="",topic="t"} 10.0' in text

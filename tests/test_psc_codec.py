@@ -7,7 +7,7 @@ from typing import Any
 import orjson
 import pytest
 from hostile import hostile_values, json_text
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pubsubclub import psc
@@ -412,3 +412,29 @@ def test_fuzz_hostile_text_frames_only_raise_decode_error(value: Any) -> None:
         decode(json_text(value).decode())
     except PSCDecodeError:
         pass
+
+
+meta_items = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 2**54), st.floats(allow_nan=False), st.text(max_size=4), st.just([])
+)
+
+
+@given(st.dictionaries(st.sampled_from(["o", "t", "i", "w", "s", "x"]), meta_items, max_size=6))
+@example({"o": "n1", "t": 1.5, "i": "n1-b-1", "s": 7})
+@example({"o": "n1", "t": 1.5, "i": "n1-b-1", "w": 1, "s": 2**53 - 1})
+@example({"o": "n1", "t": 1.5, "i": "n1-b-1", "w": True})
+@example({"o": "n1", "t": 1.5, "i": "n1-b-1", "s": 2**53})
+@example({"o": "n1", "t": 1.5, "i": "n1-b-1", "s": 0})
+def test_psc301_metadata_shortcut_agrees_with_the_checks_one_by_one(fields: dict[str, Any]) -> None:
+    """Metadata of any shape decodes to the Meta, or fails with the problem, that the field-by-field checks give."""
+    data = orjson.dumps([PUBLISH, "t", 1, fields])
+    try:
+        expected: Meta | str = psc._meta(fields)
+    except PSCDecodeError as e:
+        expected = str(e)
+    for bounded in (False, True):
+        try:
+            got: Meta | str | None = decode(data, bounded=bounded).meta  # type: ignore[union-attr]
+        except PSCDecodeError as e:
+            got = str(e)
+        assert got == expected

@@ -275,6 +275,23 @@ def test_detached_streams_are_dropped_after_the_window_and_past_the_count_limit(
     assert outbox.summary()["streams_expired"] == 3
 
 
+def test_kept_messages_are_trimmed_to_the_byte_limit_and_the_window_and_counted() -> None:
+    """Each stream keeps at most max_bytes and the window's messages; every one trimmed is counted once."""
+    now = [0.0]
+    one = len(psc.with_seq(psc.encode_publish("t", 1, Meta()), 1))
+    outbox = Outbox(ReplaySettings(max_bytes=3 * one + 2, window=10.0), lambda: now[0], boot="p")
+    pipes = [Pipe(peer=name, peer_node=name) for name in ("c1", "c2")]
+    for pipe in pipes:
+        outbox.resume(pipe, pipe.peer_node, Resume(None, 0, ("t",)))
+    for i in range(1, 8):
+        outbox.publish("t", psc.encode_publish("t", i, Meta()))
+    assert outbox.summary()["kept_messages"] == 2 * 3 and outbox.summary()["trimmed"] == 2 * 4
+    now[0] += 10.5  # all kept messages are now past the window: the next publish trims them
+    outbox.publish("t", psc.encode_publish("t", 8, Meta()))
+    assert outbox.summary()["kept_messages"] == 2 and outbox.summary()["trimmed"] == 2 * 7
+    assert outbox.summary()["kept_bytes"] == 2 * one
+
+
 def test_anonymous_consumer_stream_ends_with_its_link() -> None:
     """A consumer that sent no node id cannot be recognised later: its stream goes with its link."""
     outbox = Outbox(REPLAY, lambda: 0.0, boot="p")
@@ -943,6 +960,86 @@ def test_0_4_malformed_batch_closes_the_link(net: MemoryNetwork, frame: bytes) -
     net.stop()
 
 
+def _nested(depth: int) -> Any:
+    value: Any = 0
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_0_4_batch_drops_only_its_message_beyond_the_bounds(net: MemoryNetwork) -> None:
+    """One PSC301 of a frame nested past the JSON bounds is dropped and counted; the rest of the frame arrives."""
+    a, b, sink, _gaps, link = _pair(net)
+    net.flush()
+    _publish(b, 1, _nested(70), 2, _nested(64), 3)
+    net.flush()
+    assert _frames_with_publishes(link.server_wire) == [5]
+    assert [e.payload for e in sink.got] == [1, 2, _nested(64), 3]
+    assert a.stats["dropped_bounds"] == 1 and a.stats["received"] == 4
+    dropped = [(key, n) for key, n, _ in a.hub.metrics.totals() if key[2] == "dropped"]
+    assert dropped == [(("t", "psc", "dropped", "b", "bounds"), 1)]
+    assert link.client_wire.close() is None and a.open_links() == 1
+    net.stop()
+
+
+def test_0_4_bad_line_closes_the_link_after_the_lines_before_it(net: MemoryNetwork) -> None:
+    """Lines before a malformed one are delivered; then the link closes 4400 with the message's problem."""
+    a, _b, sink, _gaps, link = _pair(net)
+    net.flush()
+    session = link.client.session
+    assert session is not None and session.batched and session.resumed
+    frame = b'[301,"t",1,{"s":1}]\n[301,"t",2,{"s":2}]\n[301,"t",3]\n[301,"t",4,{"s":4}]'
+    with pytest.raises(LinkError) as e:
+        session.receive(frame)
+    assert (e.value.code, e.value.reason) == (
+        CLOSE_BAD_MESSAGE,
+        "PSC301 on a 0.3 link needs metadata with a sequence number 's'",
+    )
+    assert [m.payload for m in sink.got] == [1, 2]
+    net.stop()
+
+
+def test_0_4_batch_is_counted_as_the_same_messages_one_per_frame(net: MemoryNetwork) -> None:
+    """Counters after a batched run equal those after the same messages one per frame (0.3): nothing counted twice."""
+    counted = []
+    for batch in (True, False):
+        a, b, sink, _gaps, link = _pair(net, batch=batch)
+        net.flush()
+        _publish(b, *range(7))
+        _publish(b, "x", topic="u")  # no subscriber on a: never asked for, never sent
+        net.flush()
+        assert [e.payload for e in sink.got] == list(range(7))
+        sent = [line for text in link.server_wire.texts() for line in text.split(psc.BATCH_SEPARATOR)]
+        wire_bytes = sum(len(line) for line in sent if line.startswith(b"[301"))
+        totals = [(key, n, nbytes) for key, n, nbytes in a.hub.metrics.totals() if key[2] == "received"]
+        assert totals == [(("t", "psc", "received", "b", None), 7, wire_bytes)]
+        latency = a.hub.metrics.total_latency()["b"]
+        counted.append((a.stats["received"], a.hub.stats["received"], a.hub.stats["delivered"], latency.count))
+        net.stop()
+        net = MemoryNetwork()
+    assert counted[0] == counted[1] == (7, 7, 7, 7)
+
+
+def test_0_4_batch_stops_when_its_link_closes_meanwhile(net: MemoryNetwork) -> None:
+    """A sink that unlinks the producer while a frame is delivered: the frame's later messages are not handed on."""
+    a, b, sink, _gaps, link = _pair(net)
+    net.flush()
+
+    class Unlinker:
+        def deliver(self, envelope: Envelope) -> None:
+            if envelope.payload == 2:
+                a.remove_server(psc_url(9002))
+
+    a.hub.subscribe("t", Unlinker())
+    net.flush()
+    _publish(b, 1, 2, 3, 4)
+    net.flush()
+    assert _frames_with_publishes(link.server_wire) == [4]
+    assert [e.payload for e in sink.got] == [1, 2]
+    assert a.stats["received"] == 2
+    net.stop()
+
+
 def test_0_4_and_0_3_nodes_deliver_everything_exactly_once(net: MemoryNetwork) -> None:
     """A batching node and one without the extension settle on 0.3; every message arrives once, in order."""
     a = net.node("a", 9001, replay=REPLAY)  # offers 0.4
@@ -1000,3 +1097,78 @@ def test_0_5_stream_keeps_patterns_through_an_outage(net: MemoryNetwork) -> None
     assert a.stats["gaps"] == 0
     net.stop()
     assert net.reactor.getDelayedCalls() == []
+
+
+# -- the send path's counts, held back per read of the metrics ------------------
+
+
+def _psc301_lines(wire: Any) -> list[bytes]:
+    """The PSC301s written on ``wire``, as sent (a 0.4 batch frame split into its lines)."""
+    head = b"[%d," % psc.PUBLISH
+    return [line for text in wire.texts() for line in text.split(psc.BATCH_SEPARATOR) if line.startswith(head)]
+
+
+def test_send_path_totals_and_order_equal_counting_each_message_at_once(net: MemoryNetwork) -> None:
+    """Published, delivered, forwarded (per peer, with bytes) and trimmed are exactly the per-message totals.
+
+    The producer holds these counts back until the metrics are read
+    (``Metrics.settle``); reads in the middle of a reactor turn, between
+    turns and at the end must each see every message so far, the interval
+    counters must add up to the totals, and the messages must leave in
+    publish order with consecutive sequence numbers.
+    """
+    small = ReplaySettings(max_bytes=2048, window=60.0)
+    b = net.node("b", 9002, replay=small)
+    a = net.node("a", 9001, replay=small)  # speaks 0.5: numbered, batched, kept and trimmed
+    c = net.node("c", 9003)  # no replay: a plain 0.2 consumer of the same topic
+    sinks = {"a": RecordingSink(), "c": RecordingSink()}
+    for name, node in (("a", a), ("c", c)):
+        node.hub.subscribe("t", sinks[name])
+        node.add_server(psc_url(9002))
+    links = net.answer()
+    local = RecordingSink()
+    b.hub.subscribe("t", local)
+    metrics = b.hub.metrics
+    before = dict(b.hub.stats), dict(b.stats), dict(b.outbox.stats if b.outbox else {})
+    intervals: dict[Any, list[int]] = {}
+
+    def take() -> None:
+        for key, (n, nbytes) in metrics.take_interval(0.0)[1].items():
+            cell = intervals.setdefault(key, [0, 0])
+            cell[0] += n
+            cell[1] += nbytes
+
+    sent = 0
+    for turn in range(12):
+        for i in range(25):
+            _publish(b, {"n": sent, "pad": "x" * (i * 7 % 40)})
+            sent += 1
+            if i == 10:  # mid-turn: nothing is on the wire yet, everything is counted
+                assert b.hub.stats["published"] - before[0]["published"] == sent
+                assert b.stats["forwarded"] - before[1]["forwarded"] == 2 * sent
+                assert b.hub.stats["delivered"] - before[0]["delivered"] == sent
+        if turn % 3 == 0:
+            take()
+        net.flush()
+    take()
+    assert b.hub.stats["published"] - before[0]["published"] == sent
+    assert b.hub.stats["delivered"] - before[0]["delivered"] == sent
+    assert b.stats["forwarded"] - before[1]["forwarded"] == 2 * sent
+    assert [e.payload["n"] for e in local.got] == list(range(sent))
+    for name, sink in sinks.items():
+        assert [e.payload["n"] for e in sink.got] == list(range(sent)), name
+    by_peer = {}
+    for link in links:
+        peer = "a" if link.client.factory.federation is a else "c"
+        lines = _psc301_lines(link.server_wire)
+        by_peer[peer] = lines
+        assert intervals[("t", "psc", "forwarded", peer, None)] == [len(lines), sum(len(line) for line in lines)]
+        assert len(lines) == sent
+    numbered = [decode(line) for line in by_peer["a"]]
+    assert [m.meta.seq for m in numbered if isinstance(m, Publish) and m.meta] == list(range(1, sent + 1))
+    assert b.outbox is not None
+    summary = b.outbox.summary()
+    assert 0 < summary["kept_messages"] < sent
+    assert summary["trimmed"] - before[2].get("trimmed", 0) == sent - summary["kept_messages"]
+    assert sum(n for (_, _, kind, _, _), (n, _) in intervals.items() if kind == "forwarded") == 2 * sent
+    net.stop()

@@ -75,6 +75,7 @@ from pubsubclub.adapters.nsd_store import NSDStore
 from pubsubclub.counters import NSDEvent
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
+from pubsubclub.nodelay import set_no_delay
 from pubsubclub.wamp.auth import AuthPolicy
 
 log = Logger()
@@ -531,6 +532,10 @@ class NSDProtocol(Protocol):
     def __init__(self, service: NSDService) -> None:
         self._service = service
         self._framer = codec.LineFramer(service.settings.limits.max_line_bytes)
+
+    def connectionMade(self) -> None:  # noqa: N802 - Twisted API
+        """No Nagle delay on answers and pushed messages."""
+        set_no_delay(self.transport)
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
         """Answer every complete line, in order."""

@@ -52,6 +52,7 @@ from pubsubclub.adapters.stream_log import LogSettings, OffsetStore, StreamLog, 
 from pubsubclub.config import NodeConfig
 from pubsubclub.frontends import Frontend, json_bounds
 from pubsubclub.hub import Envelope, Hub
+from pubsubclub.nodelay import set_no_delay
 from pubsubclub.wamp.auth import AuthPolicy, Role
 
 log = Logger()
@@ -280,6 +281,7 @@ class StreamProtocol(Protocol):
 
     def connectionMade(self) -> None:  # noqa: N802 - Twisted API
         """Register as the transport's producer (pull delivery), refuse when the policy admits nobody."""
+        set_no_delay(self.transport)
         self.service.connections.add(self)
         self.transport.registerProducer(self, True)  # type: ignore[union-attr]
         if self.service.refuse_clients:

@@ -69,6 +69,7 @@ from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends import Frontend
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
+from pubsubclub.nodelay import set_no_delay
 from pubsubclub.patterns import MATCHES, Pattern
 from pubsubclub.wamp.broker import event_arguments, wamp_envelope
 
@@ -214,7 +215,14 @@ class RouterBridge(Frontend):
             self._failures += 1
             return self._retry.delay(self._failures, self._rand)
 
-        self._service = ClientService(endpoint, factory, retryPolicy=retry_delay, clock=self._reactor)
+        # Nagle off: Autobahn's own attempt never takes effect on a client connection (see nodelay).
+        self._service = ClientService(
+            endpoint,
+            factory,
+            retryPolicy=retry_delay,
+            clock=self._reactor,
+            prepareConnection=lambda protocol: set_no_delay(getattr(protocol, "transport", None)),
+        )
         self._service.startService()
         log.info("bridge: joining {url} realm {realm}", url=self.url, realm=self.realm)
         return {"router": self.url}

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
@@ -139,6 +139,9 @@ MAX_LEARNED_SERVERS = 1024
 #: Seconds a learned server may stay unreachable before it is forgotten.
 LEARNED_FORGET_AFTER = 60.0
 
+#: Most (topic, link) forward counts held back between reads of the metrics; past it they are added at once.
+MAX_HELD_COUNTS = 1024
+
 #: Default cap on the bytes queued for one peer's link (docs/security.md, "Silent and slow peers").
 DEFAULT_MAX_LINK_QUEUE = 16 * 1024 * 1024
 
@@ -215,6 +218,10 @@ class Federation:
         self._announced: dict[Pattern, None] = {}
         #: ... and those held back past that limit, announced as announced ones go.
         self._held: dict[Pattern, None] = {}
+        #: Forwarded PSC301s not yet in the metrics: (topic, link) -> [messages, bytes], and how many in all.
+        self._forwarded: dict[tuple[str, Any], list[int]] = {}
+        self._forwarded_n = 0
+        hub.metrics.add_settler(self._settle)
         hub.add_interest_listener(self)
         hub.add_pattern_listener(self)
         hub.add_publish_listener(self)
@@ -607,6 +614,80 @@ class Federation:
             metrics.latency(envelope.origin, self._reactor.seconds() - envelope.published_at)
         self.hub.deliver_remote(envelope)
 
+    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
+        """A producer sent PSC301s in one frame: deliver them here in order, counting once for the run.
+
+        What :meth:`link_received` does per message, with the counters added
+        up over the run (the same totals) and one clock reading for its
+        latencies (the frame arrived at once).
+        """
+        hub = self.hub
+        metrics = hub.metrics
+        received: dict[str, list[int]] = {}
+        latencies: dict[str, list[float]] = {}
+        try:
+            hub.deliver_remote_batch(self._envelopes(session, messages, sizes, received, latencies))
+        finally:
+            n = 0
+            peer = session.peer_node or session.peer
+            for topic, (count, nbytes) in received.items():
+                n += count
+                metrics.count(topic, "psc", "received", count, nbytes, peer=peer)
+            if n:
+                metrics.event(_RECEIVED, n)
+            for origin, seconds in latencies.items():
+                metrics.latencies(origin, seconds)
+
+    def _envelopes(
+        self,
+        session: LinkSession,
+        messages: list[psc.Publish],
+        sizes: list[int],
+        received: dict[str, list[int]],
+        latencies: dict[str, list[float]],
+    ) -> Iterator[Envelope]:
+        """:meth:`link_received_batch`'s envelopes, one at a time; stops when the session closes.
+
+        Adds each to ``received`` (topic -> [messages, bytes]) and its latency to ``latencies`` (by origin).
+        """
+        peer_node = session.peer_node
+        peer = peer_node or session.peer
+        inbox = self.inbox if session.with_replay else None
+        now = self._reactor.seconds()
+        closed = LinkState.CLOSED
+        for message, size in zip(messages, sizes, strict=True):
+            if session.state is closed:
+                return
+            meta = message.meta
+            if meta is None:
+                envelope = Envelope(message.topic, message.message, peer_node, size=size)
+            else:
+                if inbox is not None and meta.seq is not None:
+                    skipped = inbox.accept(peer, meta.seq)
+                    if skipped:
+                        if skipped == DUPLICATE:
+                            self.hub.metrics.event(FederationEvent.DUPLICATES_DROPPED)
+                            self.hub.metrics.link_count(peer, "duplicates", 1)
+                            continue
+                        self._report_gap(Gap(peer, skipped, "sequence"))
+                origin = meta.origin or peer_node
+                published_at = meta.published_at
+                envelope = Envelope(
+                    message.topic, message.message, origin, published_at, meta.message_id, meta.wamp_wrapped, size
+                )
+                if published_at is not None and origin is not None:
+                    waits = latencies.get(origin)
+                    if waits is None:
+                        waits = latencies[origin] = []
+                    waits.append(now - published_at)
+            cell = received.get(message.topic)
+            if cell is None:
+                received[message.topic] = [1, size]
+            else:
+                cell[0] += 1
+                cell[1] += size
+            yield envelope
+
     # -- hub listeners -----------------------------------------------------
 
     def topic_added(self, topic: str) -> None:
@@ -678,39 +759,50 @@ class Federation:
                 session.send_raw(data)
 
     def local_published(self, envelope: Envelope) -> None:
-        """Forward a local publish to each consumer that asked for its topic."""
-        sessions = self._by_topic.get(envelope.topic)
+        """Forward a local publish to each consumer that asked for its topic.
+
+        Counted as forwarded in :attr:`_forwarded`, added to the metrics before
+        any read of them (:meth:`_settle`): the same totals, no per-message call.
+        """
+        topic = envelope.topic
+        sessions = self._by_topic.get(topic)
         outbox = self.outbox
-        replayed = outbox is not None and outbox.wants(envelope.topic)
-        if not sessions and not replayed:
+        streams = None if outbox is None else outbox.streams_for(topic)
+        if not sessions and not streams:
             return
         plain: bytes | None = None
         rich: bytes | None = None
-        count = self.hub.metrics.count
-        topic = envelope.topic
+        forwarded = self._forwarded
+        if len(forwarded) >= MAX_HELD_COUNTS:
+            self._settle()  # bounded: publishing on ever new topics must not grow the node
         sent = 0
         try:
-            if replayed:
+            if streams:
                 assert outbox is not None
-                meta = psc.Meta(envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped)
-                rich = psc.encode_publish(topic, envelope.payload, meta)
-                for session, size in outbox.publish(topic, rich):
-                    count(topic, "psc", "forwarded", 1, size, peer=session.peer_node or session.peer)
-                    sent += 1
+                rich = psc.encode_publish_meta(
+                    topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+                    envelope.wamp_wrapped,
+                )  # fmt: skip
+                sent = outbox.forward(topic, rich, forwarded, streams)
             for session in sessions or ():
                 if session.with_metadata:
                     if rich is None:
-                        meta = psc.Meta(
-                            envelope.origin, envelope.published_at, envelope.message_id, envelope.wamp_wrapped
-                        )
-                        rich = psc.encode_publish(topic, envelope.payload, meta)
+                        rich = psc.encode_publish_meta(
+                            topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+                            envelope.wamp_wrapped,
+                        )  # fmt: skip
                     data = rich
                 else:
                     if plain is None:
                         plain = psc.encode_publish(topic, envelope.payload)
                     data = plain
                 session.send_raw(data)
-                count(topic, "psc", "forwarded", 1, len(data), peer=session.peer_node or session.peer)
+                cell = forwarded.get((topic, session))
+                if cell is None:
+                    cell = forwarded[(topic, session)] = [0, 0]
+                cell[0] += 1
+                cell[1] += len(data)
+                sent += 1
         except TypeError as e:  # orjson: the payload is not JSON (e.g. msgpack bytes)
             self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)
             self.hub.metrics.count(topic, "psc", "dropped", 1, payload_size(envelope), reason="not_json")
@@ -718,7 +810,20 @@ class Federation:
                 "not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e
             )
             return
-        self.hub.metrics.event(_FORWARDED, len(sessions or ()) + sent)
+        self._forwarded_n += sent
+
+    def _settle(self) -> None:
+        """Add the forwards held back since the last read of the metrics (run by ``Metrics.settle``)."""
+        metrics = self.hub.metrics
+        n = self._forwarded_n
+        if n:
+            self._forwarded_n = 0
+            metrics.event(_FORWARDED, n)
+        forwarded = self._forwarded
+        if forwarded:
+            for (topic, session), (count, nbytes) in forwarded.items():
+                metrics.count(topic, "psc", "forwarded", count, nbytes, peer=session.peer_node or session.peer)
+            forwarded.clear()  # in place: a read in the middle of local_published leaves its reference valid
 
     # -- other nodes' interest ---------------------------------------------
 

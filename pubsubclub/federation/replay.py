@@ -33,6 +33,9 @@ from pubsubclub.counters import ReplayEvent
 from pubsubclub.metrics import Metrics
 from pubsubclub.patterns import Pattern, PatternIndex
 
+# Counted per message once a stream's buffer is full: bound once (a member read off its enum class costs more).
+_TRIMMED = ReplayEvent.TRIMMED
+
 #: :meth:`Inbox.accept` result for a message already received: drop it.
 DUPLICATE = -1
 
@@ -76,7 +79,7 @@ class Attachment(Protocol):
         """Send already-encoded bytes on the link."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Stream:
     """Everything a producer sent to one consumer node, numbered, with the recent part kept."""
 
@@ -135,6 +138,15 @@ class Outbox:
         self._by_topic: dict[str, dict[Stream, None]] = {}
         #: Pattern -> the streams that want it, attached or not (0.5).
         self._patterns: PatternIndex[Stream] = PatternIndex()
+        #: Messages trimmed from full buffers not yet in the metrics (added before any read: Metrics.settle).
+        self._trimmed = 0
+        self.metrics.add_settler(self._settle)
+
+    def _settle(self) -> None:
+        n = self._trimmed
+        if n:
+            self._trimmed = 0
+            self.metrics.event(_TRIMMED, n)
 
     @property
     def stats(self) -> dict[str, int]:
@@ -145,7 +157,22 @@ class Outbox:
 
     def wants(self, topic: str) -> bool:
         """Whether any stream (with or without a link) takes ``topic``, exactly or by a pattern."""
-        return topic in self._by_topic or bool(self._patterns.match(topic))
+        return bool(self.streams_for(topic))
+
+    def streams_for(self, topic: str) -> dict[Stream, None] | None:
+        """The streams that take ``topic`` (each once, however many ways); None or empty when none does.
+
+        What :meth:`forward` sends to; the caller may pass it on, to find them once per message.
+        """
+        streams = self._by_topic.get(topic)
+        matched = self._patterns.match(topic)
+        if matched:
+            # A stream that takes the topic several ways still gets it once.
+            union = dict(streams) if streams else {}
+            for pattern in matched:
+                union.update(self._patterns.holders(pattern))
+            streams = union
+        return streams
 
     def topics(self) -> set[str]:
         """Every topic some stream wants."""
@@ -259,35 +286,67 @@ class Outbox:
         sends it with its own sequence number. Returns the links it was sent
         on, with the bytes sent (streams without a link only keep it).
         """
-        streams = self._by_topic.get(topic)
-        matched = self._patterns.match(topic)
-        if matched:
-            # A stream that takes the topic several ways still gets it once.
-            union = dict(streams) if streams else {}
-            for pattern in matched:
-                union.update(self._patterns.holders(pattern))
-            streams = union
+        sent: dict[tuple[str, Any], list[int]] = {}
+        self.forward(topic, publish_02, sent)
+        return [(link, size) for (_, link), (_, size) in sent.items()]
+
+    def forward(
+        self,
+        topic: str,
+        publish_02: bytes,
+        sent: dict[tuple[str, Any], list[int]],
+        streams: dict[Stream, None] | None = None,
+    ) -> int:
+        """:meth:`publish`, adding each send to ``sent`` ((topic, link) -> [messages, bytes]); how many were sent.
+
+        The federation's forward counts, added up over many messages and
+        counted once per read of the metrics (Federation._settle).
+        ``streams``: :meth:`streams_for` of ``topic`` just before, if the caller has it.
+        """
+        if streams is None:
+            streams = self.streams_for(topic)
         if not streams:
-            return []
+            return 0
         now = self._clock()
-        window = self.settings.window
+        settings = self.settings
+        window = settings.window
+        limit, oldest = settings.max_bytes, now - window
         head = psc.seq_head(publish_02)
-        sent: list[tuple[Any, int]] = []
-        expired: list[Stream] = []
+        count = 0
+        expired: list[Stream] | None = None
+        trimmed = 0
         for stream in streams:
-            if stream.detached_at is not None and now - stream.detached_at > window:
-                expired.append(stream)
+            detached_at = stream.detached_at
+            if detached_at is not None and now - detached_at > window:
+                expired = [*(expired or ()), stream]
                 continue
             seq = stream.seq = stream.seq + 1
             data = b"%s%d}]" % (head, seq)  # psc.with_seq, with the head made once per message
-            self._keep(stream, now, data)
-            if stream.link is not None:
-                stream.link.send_raw(data)
-                sent.append((stream.link, len(data)))
-        for stream in expired:
+            size = len(data)
+            # Keep it; past the byte limit or the window the oldest go (every message, once the buffer is full).
+            buffer = stream.buffer
+            buffer.append((seq, now, data))
+            nbytes = stream.nbytes + size
+            while nbytes > limit or buffer[0][1] < oldest:
+                nbytes -= len(buffer.popleft()[2])
+                trimmed += 1
+                if not buffer:
+                    break
+            stream.nbytes = nbytes
+            link = stream.link
+            if link is not None:
+                link.send_raw(data)
+                count += 1
+                cell = sent.get((topic, link))
+                if cell is None:
+                    cell = sent[(topic, link)] = [0, 0]
+                cell[0] += 1
+                cell[1] += size
+        self._trimmed += trimmed
+        for stream in expired or ():
             self._drop(stream)
             self.metrics.event(ReplayEvent.STREAMS_EXPIRED)
-        return sent
+        return count
 
     def summary(self) -> dict[str, int]:
         """Streams, kept messages and bytes, and the counters (for /stats)."""
@@ -301,20 +360,6 @@ class Outbox:
         }
 
     # -- internals --------------------------------------------------------------
-
-    def _keep(self, stream: Stream, now: float, data: bytes) -> None:
-        buffer = stream.buffer
-        buffer.append((stream.seq, now, data))
-        nbytes = stream.nbytes + len(data)
-        limit = self.settings.max_bytes
-        oldest = now - self.settings.window
-        if nbytes > limit or buffer[0][1] < oldest:
-            trimmed = 0
-            while buffer and (nbytes > limit or buffer[0][1] < oldest):
-                nbytes -= len(buffer.popleft()[2])
-                trimmed += 1
-            self.metrics.event(ReplayEvent.TRIMMED, trimmed)
-        stream.nbytes = nbytes
 
     def _new_stream(self, consumer: str | None) -> Stream:
         stream = Stream(consumer, f"{self._boot}-{next(self._epochs)}")

@@ -69,6 +69,14 @@ class LinkOwner(Protocol):
     def link_received(self, session: LinkSession, message: psc.Publish) -> None:
         """A consumer link received a PSC301."""
 
+    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
+        """A consumer link received these PSC301s in a row of one 0.4 frame (``sizes``: each one's bytes).
+
+        Deliver them in order, as :meth:`link_received` would one by one, and
+        stop when ``session`` closes meanwhile (as a frame's remaining
+        messages are never handled then).
+        """
+
     def link_subscribed(self, session: LinkSession, topics: tuple[str, ...]) -> None:
         """A producer link's consumer asked for ``topics``."""
 
@@ -164,21 +172,65 @@ class LinkSession:
     def receive(self, data: bytes) -> None:
         """Handle one frame from the peer (several messages on a 0.4 link); raise :class:`LinkError` on violations."""
         if self.batched and psc.BATCH_SEPARATOR in data:
-            for part in data.split(psc.BATCH_SEPARATOR):
+            # One bounds check for the whole frame, not one per message.
+            bounded = psc.batch_within_bounds(data, self._limits)
+            parts = data.split(psc.BATCH_SEPARATOR)
+            if self.role is Role.CONSUMER and self.state is LinkState.OPEN:
+                self._receive_publishes(parts, bounded)
+                return
+            for part in parts:
                 if not part:
                     raise LinkError(CLOSE_BAD_MESSAGE, "bad PSC batch: an empty line")
                 if self.state is LinkState.CLOSED:
                     return
-                self._receive_one(part)
+                self._receive_one(part, bounded)
             return
         self._receive_one(data)
 
-    def _receive_one(self, data: bytes) -> None:
+    def _receive_publishes(self, parts: list[bytes], bounded: bool) -> None:
+        """An open consumer's batch: runs of acceptable PSC301s go to the owner together, the rest one by one.
+
+        Same outcome as :meth:`_receive_one` on each line in turn: a line that
+        is not a PSC301 this link accepts now (a PSC104, a bad or dropped
+        message, an empty line) is handled alone after the run before it.
+        """
+        limits = self._limits
+        decode, publish = psc.decode, psc.Publish
+        run: list[psc.Publish] = []
+        sizes: list[int] = []
+        for part in parts:
+            if part:
+                try:
+                    message = decode(part, limits, bounded)
+                except psc.PSCDecodeError:
+                    message = None
+                if type(message) is publish:
+                    meta = message.meta
+                    if (
+                        (self.resumed and meta is not None and meta.seq is not None)
+                        if self.with_replay
+                        else (meta is None or self.with_metadata)
+                    ):
+                        run.append(message)
+                        sizes.append(len(part))
+                        continue
+            if run:
+                self._owner.link_received_batch(self, run, sizes)
+                run, sizes = [], []
+            if not part:
+                raise LinkError(CLOSE_BAD_MESSAGE, "bad PSC batch: an empty line")
+            if self.state is LinkState.CLOSED:
+                return
+            self._receive_one(part, bounded)
+        if run:
+            self._owner.link_received_batch(self, run, sizes)
+
+    def _receive_one(self, data: bytes, bounded: bool = False) -> None:
         if self.state is LinkState.CLOSED:
             return
         self.last_size = len(data)
         try:
-            message = psc.decode(data, self._limits)
+            message = psc.decode(data, self._limits, bounded)
         except psc.PSCPayloadError as e:
             if self.state is LinkState.OPEN and self.role is Role.CONSUMER:
                 # A producer relays what its clients (or an older node) sent:

@@ -39,8 +39,9 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
+from pubsubclub.nodelay import set_no_delay
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.wsframes import send_message
+from pubsubclub.wsframes import receive_data, send_message
 
 
 class LinkHost(LinkOwner, Protocol):
@@ -97,6 +98,7 @@ ADVERTISE_HEADER = "x-pubsubclub-advertise"
 PEERS_HEADER = "x-pubsubclub-peers"
 
 log = Logger()
+_OPEN = WebSocketProtocol.STATE_OPEN
 
 
 class _ClockTimer:
@@ -157,9 +159,16 @@ class _LinkProtocolBase:
     _batch: list[bytes] | None = None
     _batch_bytes = 0
     _batch_call: IDelayedCall | None = None
+    #: The largest frame the peer accepts (the federation's max-message-size), read once per link.
+    _max_frame = psc.DEFAULT_LIMITS.max_message_size
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
+        receive_data(self, data)
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
+        self._max_frame = federation.limits.max_message_size
         self.session = LinkSession(
             role,
             self._send_text,
@@ -175,22 +184,24 @@ class _LinkProtocolBase:
 
     def _send_text(self, data: bytes) -> None:
         """Send one encoded message; on a 0.4 link, gather it into this reactor turn's batch frame."""
-        if self.state != WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
+        if self.state != _OPEN:  # type: ignore[attr-defined]
             # Closing (a ping timed out, an overflow): the session ends with
             # the connection; until then there is nowhere to write.
             return
-        session = self.session
-        if session is None or not session.batched:
-            self._write_frame(data)
-            return
         pending = self._batch
         if pending:
+            # This turn's batch has begun (so the link is 0.4): most messages stop here.
             size = self._batch_bytes + 1 + len(data)
-            if size <= self.factory.federation.limits.max_message_size:
+            if size <= self._max_frame:
                 pending.append(data)
                 self._batch_bytes = size
                 return
             self._flush_batch()  # a frame never exceeds what the peer accepts
+        else:
+            session = self.session
+            if session is None or not session.batched:
+                self._write_frame(data)
+                return
         self._batch = [data]
         self._batch_bytes = len(data)
         if self._batch_call is None:
@@ -207,7 +218,7 @@ class _LinkProtocolBase:
         pending = self._batch
         self._batch = None
         self._batch_bytes = 0
-        if pending and self.state == WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
+        if pending and self.state == _OPEN:  # type: ignore[attr-defined]
             self._write_frame(pending[0] if len(pending) == 1 else psc.BATCH_SEPARATOR.join(pending))
 
     def _write_frame(self, data: bytes) -> None:
@@ -415,6 +426,11 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
     _answer_refused: Refusal | None = None
     #: Whether the WebSocket handshake completed.
     _opened = False
+
+    def connectionMade(self) -> None:  # noqa: N802 - Twisted API
+        """Nagle off: Autobahn's own attempt never takes effect on a client connection (see nodelay)."""
+        super().connectionMade()
+        set_no_delay(self.transport)
 
     def onConnecting(self, transport_details: Any) -> ConnectingRequest:
         """Handshake headers made per attempt: a proof must carry a fresh nonce."""

@@ -36,6 +36,7 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pubsubclub.nodelay import set_no_delay
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.transport import bounded_serializers, feed_session
@@ -83,7 +84,8 @@ class WampRawSocketProtocol(Protocol):
     # -- Twisted -------------------------------------------------------------------
 
     def connectionMade(self) -> None:  # noqa: N802 - Twisted API
-        """Start the handshake clock (the session has its own once the handshake is done)."""
+        """No Nagle delay on replies and events; start the handshake clock (the session has its own later)."""
+        set_no_delay(self.transport)
         call_later = self._router.call_later
         if call_later is not None:
             self._handshake_timer = call_later(self._router.limits.join_timeout, self._handshake_timed_out)

@@ -49,7 +49,7 @@ from pubsubclub.jsonbounds import JSONBounds, check
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.codec import decode
-from pubsubclub.wsframes import send_message
+from pubsubclub.wsframes import receive_data, send_message
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
@@ -69,6 +69,10 @@ class WampServerProtocol(WampWebSocketServerProtocol):
 
     def _watch_send_buffer(self) -> None:
         self._backlog = watch_send_buffer(self.transport, "WAMP")
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
+        receive_data(self, data)
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803
         """Decode WAMP messages; answer undecodable input with ABORT."""
