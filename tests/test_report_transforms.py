@@ -353,6 +353,24 @@ def test_observation_window(spark: SparkSession) -> None:
     assert_frame(X.observation_window(frame), ["first_start", "last_ts", "seconds"], [(T0, T0 + 30, 30.0)])
 
 
+#: The tables computed from records merged across minutes.
+OVERALL_TABLES = [
+    X.topic_totals,
+    X.fanout,
+    X.traffic_matrix,
+    X.drops_by_reason,
+    X.latency_percentiles,
+    X.observation_window,
+]
+
+
+def _assert_same_tables(tables: list[Any], raw: DataFrame, small: DataFrame) -> None:
+    """Each of ``tables`` gives the same rows on ``small`` as on ``raw``."""
+    for table in tables:
+        expected = table(raw)
+        assert_frame(table(small), expected.columns, [tuple(r) for r in expected.collect()])
+
+
 def test_compact_changes_no_table(spark: SparkSession) -> None:
     """Every table is the same on compacted rows as on the parsed lines, and lines are all accounted for."""
     texts = [
@@ -385,17 +403,7 @@ def test_compact_changes_no_table(spark: SparkSession) -> None:
     assert compacted.count() < parsed.count()
     assert compacted.agg({"lines": "sum"}).collect()[0][0] == len(texts)
     raw, small = X.valid_records(parsed), X.valid_records(compacted)
-    for table in (
-        X.topic_totals,
-        X.node_minute_series,
-        X.fanout,
-        X.traffic_matrix,
-        X.drops_by_reason,
-        X.latency_percentiles,
-        X.observation_window,
-    ):
-        expected = table(raw)
-        assert_frame(table(small), expected.columns, [tuple(r) for r in expected.collect()])
+    _assert_same_tables([X.node_minute_series, *OVERALL_TABLES], raw, small)
     expected_bad = X.bad_record_counts(parsed)
     assert_frame(X.bad_record_counts(compacted), expected_bad.columns, [tuple(r) for r in expected_bad.collect()])
     assert_frame(
@@ -410,3 +418,41 @@ def test_compact_changes_no_table(spark: SparkSession) -> None:
         expected = table(raw)
         assert_frame(table(overall), expected.columns, [tuple(r) for r in expected.collect()])
     assert_frame(X.observation_window(overall), ["first_start", "last_ts", "seconds"], [(T0, T0 + 70, 70.0)])
+
+
+def test_compact_grains_give_the_tables_of_the_raw_lines(spark: SparkSession) -> None:
+    """The job's one-pass grains: every table, the bad-line counts and the record count as from the lines themselves."""
+    texts = [*GOOD, *BAD, GOOD[1], GOOD[0], "junk"]
+    texts += [
+        dumps(counter(n, t, k, c, c * 10, peer=p, reason=r, frontend=f, start=T0 + s, ts=T0 + s + 10))
+        for n, t, k, c, p, r, f, s in [
+            ("a", "t1", "published", 4, None, None, "wamp", 10),  # same minute as GOOD[0]
+            ("a", "t1", "published", 5, None, None, "nsd", 60),  # next minute, other front-end
+            ("a", "$nsd.log", "published", 2, None, None, "nsd", 70),
+            ("a", "t2", "forwarded", 2, "b", None, "psc", 0),
+            ("a", "t2", "forwarded", 1, "c", None, "psc", 130),
+            ("b", "t2", "delivered", 6, None, None, "tep", 0),
+            ("b", "t2", "dropped", 1, None, "slow_consumer", "wamp", 20),
+            ("b", "t2", "dropped", 2, None, "not_json", "wamp", 200),
+        ]
+    ]
+    texts += [
+        dumps(latency("b", "a", [1.0, 5.0], [0, 3, 1], 9.0, start=T0 + 60, ts=T0 + 70)),  # next minute: merged
+        dumps(latency("b", "c", [5.0], [2, 0], 3.0)),
+        dumps(latency("b", "a", [1.0, 5.0], [0, -1, 2], 1.0)),  # negative bucket: bad only after the pass
+        dumps(rec("gauge", "b", start=T0 + 100, ts=T0 + 400, name="subscribers", topic="t2", value=5.0)),
+    ]
+    checked = X.parse_lines(lines(spark, texts))
+    grains = X.compact_grains(X.parse_lines(lines(spark, texts), check_buckets=False)).localCheckpoint()
+    overall = X.compact_latency(X.grain_overall(grains)).localCheckpoint()
+    raw, small, minutes = X.valid_records(checked), X.valid_records(overall), X.grain_minutes(grains)
+    assert small.columns == minutes.columns == raw.columns
+    assert small.count() < raw.count()
+    _assert_same_tables(OVERALL_TABLES, raw, small)
+    expected = X.node_minute_series(raw)
+    assert expected.count() == 5
+    assert_frame(X.node_minute_series(minutes), expected.columns, [tuple(r) for r in expected.collect()])
+    expected = X.bad_record_counts(checked)
+    assert_frame(X.bad_record_counts(overall), expected.columns, [tuple(r) for r in expected.collect()])
+    assert overall.where("bad_reason is null").agg({"lines": "sum"}).collect()[0][0] == raw.count()
+    assert overall.agg({"lines": "sum"}).collect()[0][0] == len(texts)

@@ -16,6 +16,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -65,6 +66,8 @@ TABLE_ORDER: dict[str, list[str]] = {
 }
 
 STEPS = 6
+#: Tables written at once (threads of the driver, each running its table's Spark jobs).
+TABLE_WRITERS = 3
 
 
 class InputError(Exception):
@@ -349,15 +352,15 @@ def run_report(
             session.stop()
 
 
-def _compact(parsed: DataFrame, by_minute: bool = True) -> DataFrame:
-    """``transforms.compact``, each of its two steps computed once and kept.
+def _compact(parsed: DataFrame) -> tuple[DataFrame, DataFrame]:
+    """``transforms.compact`` across minutes, and the per-minute counter rows, from one pass; each kept.
 
     Local checkpoints: the rows stay in Spark's block store and later queries
     are planned over them alone, not over the whole plan of the pass (whose
     planning costs about a second per query). Nothing is held on the driver.
     """
-    passed = X.compact_pass(parsed, by_minute=by_minute).localCheckpoint()
-    return X.compact_latency(passed).localCheckpoint()
+    grains = X.compact_grains(parsed).localCheckpoint()
+    return X.compact_latency(X.grain_overall(grains)).localCheckpoint(), X.grain_minutes(grains)
 
 
 def _run(
@@ -375,13 +378,12 @@ def _run(
     step = f"[2/{STEPS}] reading, parsing, compacting {location} ({what} files; one pass)"
     progress(f"{time.monotonic() - began:6.1f}s {step}")
     parsed = read_records(spark, location, files)
-    # Computed once and kept; the tables are then planned over this small frame,
+    # Computed once and kept; the tables are then planned over these small frames,
     # not over the whole plan of the pass (planning that takes about a second per query).
-    compacted = _compact(X.filter_window(parsed, since, until))
+    compacted, minutes = _compact(X.filter_window(parsed, since, until))
     try:
         bad_rows = [r.asDict() for r in X.bad_record_counts(compacted).orderBy("reason").collect()]
         bad = {r["reason"]: r["lines"] for r in bad_rows}
-        records = X.valid_records(compacted)
         count = compacted.where(F.col("bad_reason").isNull()).agg(F.sum("lines")).first()
         valid = int(count[0] or 0) if count is not None else 0
         if valid == 0:
@@ -390,22 +392,17 @@ def _run(
             raise NoRecordsError(f"no valid records {what} under {location} (bad lines: {skipped})")
 
         progress(f"{time.monotonic() - began:6.1f}s [3/{STEPS}] computing tables from {valid:,} records")
-        # Every table but the per-minute one from the records merged across minutes too: a few thousand rows.
-        overall = X.valid_records(_compact(compacted.where(F.col("bad_reason").isNull()), by_minute=False))
-        tables = build_tables(overall, top, minutes=records)
+        # Every table but the per-minute one from the records merged across minutes: a few thousand rows.
+        overall = X.valid_records(compacted)
+        tables = build_tables(overall, top, minutes=minutes)
         tables["bad_records"] = X.bad_record_counts(compacted)
         progress(f"{time.monotonic() - began:6.1f}s [4/{STEPS}] writing Parquet under {out}")
-        paths: dict[str, Path] = {}
-        rows: dict[str, list[dict[str, Any]]] = {}
-        for name, frame in tables.items():
-            path = out / name
-            order = [F.col(c[1:]).desc() if c.startswith("-") else F.col(c) for c in TABLE_ORDER[name]]
-            # Tables are small: one sorted partition, kept for the page.
-            ordered = frame.coalesce(1).sortWithinPartitions(*order).cache()
-            ordered.write.mode("overwrite").parquet(str(path))
-            paths[name] = path
-            rows[name] = [_page_row(r.asDict()) for r in ordered.collect()]
-            ordered.unpersist()
+        paths = {name: out / name for name in tables}
+        # Each table is a few small Spark jobs whose time is mostly the driver's
+        # planning and committing: several at once keep both cores busy.
+        with ThreadPoolExecutor(TABLE_WRITERS, thread_name_prefix="report-table") as pool:
+            written = {name: pool.submit(_write_table, name, frame, paths[name]) for name, frame in tables.items()}
+            rows = {name: job.result() for name, job in written.items()}
         rows["window"] = [_page_row(r.asDict()) for r in X.observation_window(overall).collect()]
     finally:
         compacted.unpersist()
@@ -428,6 +425,18 @@ def _run(
         rows=rows,
         skipped=files.skipped,
     )
+
+
+def _write_table(name: str, frame: DataFrame, path: Path) -> list[dict[str, Any]]:
+    """Write table ``name`` as one sorted Parquet file under ``path``; its rows, for the page."""
+    order = [F.col(c[1:]).desc() if c.startswith("-") else F.col(c) for c in TABLE_ORDER[name]]
+    # Tables are small: one sorted partition, kept for the page.
+    ordered = frame.coalesce(1).sortWithinPartitions(*order).cache()
+    try:
+        ordered.write.mode("overwrite").parquet(str(path))
+        return [_page_row(r.asDict()) for r in ordered.collect()]
+    finally:
+        ordered.unpersist()
 
 
 def print_summary(result: ReportResult, file: Any = None) -> None:

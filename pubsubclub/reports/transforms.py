@@ -131,13 +131,15 @@ def classify_records(records: DataFrame, *, check_buckets: bool = True) -> DataF
 
 
 def _classify(flat: DataFrame, line: Column, check_buckets: bool) -> DataFrame:
-    reason = _bad_reason(check_buckets)
-    keep_line = reason.isNotNull()
+    # The reason in a step of its own: ``line`` reads the column instead of a second copy of its
+    # expression (half the generated code to compile).
+    reasoned = flat.select("*", _bad_reason(check_buckets).alias("bad_reason"))
+    keep_line = F.col("bad_reason").isNotNull()
     if not check_buckets:
         keep_line = keep_line | (F.col("type") == "latency")
-    return flat.select(
+    return reasoned.select(
         *_RECORD_COLUMNS,
-        reason.alias("bad_reason"),
+        "bad_reason",
         F.when(keep_line, line).alias("line"),
         F.lit(1).cast("long").alias("lines"),
     )
@@ -218,6 +220,92 @@ def compact_pass(parsed: DataFrame, *, by_minute: bool = True) -> DataFrame:
     keys.append(F.when(latency, F.col("line")).alias("_record"))
     keys.append(F.when(latency, F.col("counts")).alias("counts"))
     return parsed.groupBy("bad_reason", *keys).agg(*_sums(), F.count(F.lit(1)).alias("_copies"))
+
+
+#: The fields the tables tell good records of each type apart by (``compact_grains``); gauges and links
+#: count only in the observation window and the number of records, so they keep none.
+TABLE_KEYS: dict[str, tuple[str, ...]] = {
+    "counter": ("node", "topic", "frontend", "kind", "peer", "reason"),
+    "latency": ("node", "origin", "bounds_ms"),
+}
+#: The key columns of ``compact_grains`` across minutes, and per minute (``node_minute_series`` needs no more).
+_OVERALL_KEYS = ["bad_reason", "type", "node", "topic", "frontend", "kind", "peer", "reason", "origin", "bounds_ms"]
+_OVERALL_KEYS += ["line", "_record", "counts"]
+_MINUTE_KEYS = ["bad_reason", "type", "node", "kind", "_minute"]
+
+
+def compact_grains(parsed: DataFrame) -> DataFrame:
+    """Rows of ``parse_lines`` output merged for the tables at two grains by one aggregation.
+
+    For ``grain_overall`` (every table but the per-minute one) and
+    ``grain_minutes`` (``node_minute_series``); each input row counts in both
+    (grouping sets). Across minutes, good records merge by type and the
+    ``TABLE_KEYS`` of their type, every other field left null; per minute,
+    good counter records merge by node, kind and minute of ``ts``. Bad lines
+    merge by reason and example, and each distinct latency record stays one
+    row, as in ``compact_pass``. What ``compact`` keeps per minute (every
+    descriptive field) was about a tenth of the input for the synthetic
+    10 M records, and that aggregation with its 21 keys most of the pass's
+    cost; these two grains are a few thousand rows each (docs/benchmarks.md).
+    Keep the result (a local checkpoint) before reading both halves: each half
+    planned on its own re-runs the pass.
+    """
+    bad = F.col("bad_reason").isNotNull()
+    of_type = {t: ~bad & (F.col("type") == t) for t in TABLE_KEYS}
+    # Bucket bounds join the key as text: cheaper to hash than an array of doubles; Spark's
+    # double -> string -> double round trip is exact.
+    bounds_text = F.array_join(F.col("bounds_ms").cast("array<string>"), ",")
+    keys = []
+    for key in _OVERALL_KEYS[2:10]:
+        types = [of_type[t] for t, fields in TABLE_KEYS.items() if key in fields]
+        kept = types[0] if len(types) == 1 else types[0] | types[1]
+        keys.append(F.when(kept, bounds_text if key == "bounds_ms" else F.col(key)).alias(key))
+    keyed = parsed.select(
+        "bad_reason",
+        F.when(~bad, F.col("type")).alias("type"),
+        *keys,
+        F.when(bad, F.substring("line", 1, EXAMPLE_CHARS)).alias("line"),
+        # Identical lines are identical records (good or bad alike), so checking a
+        # group checks each of its records; rows already checked have no line.
+        F.when(of_type["latency"], F.col("line")).alias("_record"),
+        F.when(of_type["latency"], F.col("counts")).alias("counts"),
+        F.when(of_type["counter"], F.floor(F.col("ts") / 60)).alias("_minute"),
+        *_NUMBERS,
+    )
+    return keyed.groupingSets([_OVERALL_KEYS, _MINUTE_KEYS], *_OVERALL_KEYS, "_minute").agg(
+        *_sums(), F.count(F.lit(1)).alias("_copies"), F.grouping("_minute").alias("_overall")
+    )
+
+
+def grain_overall(grains: DataFrame) -> DataFrame:
+    """The rows of ``compact_grains`` output merged across minutes, in ``compact_pass`` columns for ``compact_latency``.
+
+    ``compact_latency`` of them holds what ``compact(..., by_minute=False)``
+    holds for the tables: every table but ``node_minute_series`` and
+    ``bad_record_counts`` gives the same on both; descriptive fields outside
+    ``TABLE_KEYS`` are null (``v`` is 1 for good records, as it must be).
+    """
+    good = F.col("bad_reason").isNull()
+    fill = {
+        "v": F.when(good, F.lit(SCHEMA_VERSION).cast("long")),
+        "_minute": F.when(good, F.lit(0).cast("long")),
+    }
+    columns = [
+        F.col(k) if k in _OVERALL_KEYS else fill.get(k, F.lit(None).cast("string")).alias(k)
+        for k in [*_COMPACT_KEYS, "_minute", "line", "_record", "counts"]
+    ]
+    return grains.where(F.col("_overall") == 1).select("bad_reason", *columns, *_NUMBERS, "_copies")
+
+
+def grain_minutes(grains: DataFrame) -> DataFrame:
+    """Good counter records of ``compact_grains`` output merged per node, kind and minute, for ``node_minute_series``.
+
+    ``RECORD_SCHEMA`` columns; those the merge does not keep (topic, frontend, peer, ...) are null.
+    """
+    counters = F.col("bad_reason").isNull() & (F.col("type") == "counter") & F.col("_minute").isNotNull()
+    kept = {*_MINUTE_KEYS, *_NUMBERS}
+    columns = [F.col(f.name) if f.name in kept else F.lit(None).cast(f.dataType).alias(f.name) for f in RECORD_SCHEMA]
+    return grains.where((F.col("_overall") == 0) & counters).select(*columns)
 
 
 def _sums() -> list[Column]:
