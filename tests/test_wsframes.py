@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import txaio
 from autobahn.twisted.websocket import (
     WebSocketClientFactory,
     WebSocketClientProtocol,
@@ -12,7 +13,7 @@ from autobahn.twisted.websocket import (
     WebSocketServerProtocol,
 )
 from autobahn.websocket.protocol import WebSocketProtocol
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 
 from pubsubclub.wsframes import send_message
 
@@ -23,6 +24,15 @@ STATS = (
     "outgoingWebSocketFrames",
     "outgoingOctetsWireLevel",
 )
+
+
+@pytest.fixture(autouse=True)
+def private_clock() -> Any:
+    """Autobahn's queued writes (txaio.call_later) land on a clock of this test's, not the global reactor."""
+    before = txaio.config.loop
+    txaio.config.loop = MemoryReactorClock()
+    yield
+    txaio.config.loop = before
 
 
 def open_protocol(factory: Any) -> tuple[Any, StringTransport]:
@@ -41,8 +51,8 @@ def open_protocol(factory: Any) -> tuple[Any, StringTransport]:
 def test_same_bytes_and_counters_as_autobahn(length: int, binary: bool) -> None:
     """Every header size (7-bit, 16-bit, 64-bit length), text and binary: byte for byte, counter for counter."""
     payload = bytes(i % 251 for i in range(length))
-    theirs, their_wire = open_protocol(WebSocketServerFactory())
-    ours, our_wire = open_protocol(WebSocketServerFactory())
+    theirs, their_wire = open_protocol(WebSocketServerFactory(reactor=MemoryReactorClock()))
+    ours, our_wire = open_protocol(WebSocketServerFactory(reactor=MemoryReactorClock()))
     theirs.sendMessage(payload, binary)
     send_message(ours, payload, binary)
     assert our_wire.value() == their_wire.value()
@@ -52,7 +62,7 @@ def test_same_bytes_and_counters_as_autobahn(length: int, binary: bool) -> None:
 
 def test_client_side_frames_stay_masked() -> None:
     """A client must mask its frames: that case is Autobahn's (mask bit set)."""
-    client, wire = open_protocol(WebSocketClientFactory())
+    client, wire = open_protocol(WebSocketClientFactory(reactor=MemoryReactorClock()))
     send_message(client, b"[1]", False)
     frame = wire.value()
     assert frame[0] == 0x81 and frame[1] & 0x80
@@ -60,7 +70,7 @@ def test_client_side_frames_stay_masked() -> None:
 
 def test_closed_connection_raises_as_autobahn_does() -> None:
     """Sending on a connection that is not open is Autobahn's Disconnected, not a silent write."""
-    protocol, wire = open_protocol(WebSocketServerFactory())
+    protocol, wire = open_protocol(WebSocketServerFactory(reactor=MemoryReactorClock()))
     protocol.state = WebSocketProtocol.STATE_CLOSING
     with pytest.raises(Exception, match="closed protocol"):
         send_message(protocol, b"x", False)
@@ -69,15 +79,15 @@ def test_closed_connection_raises_as_autobahn_does() -> None:
 
 def test_fragmentation_and_queued_writes_are_left_to_autobahn() -> None:
     """An auto-fragment size below the payload gives Autobahn's fragments; a send queue keeps its order."""
-    theirs, their_wire = open_protocol(WebSocketServerFactory())
-    ours, our_wire = open_protocol(WebSocketServerFactory())
+    theirs, their_wire = open_protocol(WebSocketServerFactory(reactor=MemoryReactorClock()))
+    ours, our_wire = open_protocol(WebSocketServerFactory(reactor=MemoryReactorClock()))
     for protocol in (theirs, ours):
         protocol.autoFragmentSize = 4
     theirs.sendMessage(b"0123456789", False)
     send_message(ours, b"0123456789", False)
     assert our_wire.value() == their_wire.value() and len(our_wire.value()) > 12
-    theirs, their_wire = open_protocol(WebSocketServerFactory())
-    ours, our_wire = open_protocol(WebSocketServerFactory())
+    theirs, their_wire = open_protocol(WebSocketServerFactory(reactor=MemoryReactorClock()))
+    ours, our_wire = open_protocol(WebSocketServerFactory(reactor=MemoryReactorClock()))
     for protocol in (theirs, ours):
         protocol.send_queue.append((b"earlier", False))
     theirs.sendMessage(b"later", False)
