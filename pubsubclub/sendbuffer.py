@@ -94,12 +94,17 @@ def watch_send_buffer(transport: Any, what: str) -> SendBacklog | None:
     """Register a :class:`SendBacklog` on ``transport``; None (and a log line) if that is impossible."""
     if transport is None:
         return None
-    backlog = SendBacklog(_write_buffer_of(transport))
+    buffer = _write_buffer_of(transport)
+    backlog = SendBacklog(buffer)
     try:
         # Twisted Web's HTTPChannel is still registered from before the
         # WebSocket takeover; after it, nothing else produces here.
         transport.unregisterProducer()
-        transport.registerProducer(backlog, True)
+        if buffer is None:
+            # Only the estimate needs the producer calls. A registered producer
+            # also holds loseConnection open: Twisted resumes a paused producer
+            # when its buffer drains instead of closing.
+            transport.registerProducer(backlog, True)
     except Exception:  # a transport without producer support: keep serving, unguarded
         log.failure("cannot watch the send buffer; slow {what} consumers will not be dropped", what=what)
         return None
