@@ -15,7 +15,6 @@ from typing import Any
 import pytest
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
-from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
 from pubsubclub import psc
@@ -29,7 +28,7 @@ from pubsubclub.federation.session import (
     CLOSE_UNAUTHENTICATED,
 )
 from pubsubclub.patterns import Pattern
-from pubsubclub.testing import MemoryLink, MemoryNetwork, RecordingSink, RecordingWire, psc_url
+from pubsubclub.testing import MemoryLink, MemoryNetwork, RecordingSink, RecordingWire, no_logged_errors, psc_url
 
 PING = MemoryNetwork.ping_interval
 RETRY = MemoryNetwork.retry
@@ -49,19 +48,9 @@ def net() -> Iterator[MemoryNetwork]:
     """An empty in-memory network; the test fails if anything logged an error or touched the real reactor."""
     from twisted.internet import reactor as global_reactor
 
-    errors: list[dict[str, Any]] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        if event.get("log_failure") is not None or event.get("isError"):
-            errors.append(event)
-
     before = set(global_reactor.getDelayedCalls())
-    globalLogPublisher.addObserver(observe)
-    try:
+    with no_logged_errors():
         yield MemoryNetwork()
-    finally:
-        globalLogPublisher.removeObserver(observe)
-    assert [formatEvent(e) + str(e.get("log_failure", "")) for e in errors] == []
     assert set(global_reactor.getDelayedCalls()) <= before
 
 

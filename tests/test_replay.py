@@ -27,7 +27,7 @@ from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, CLOSE_DUPLICATE
 from pubsubclub.hub import GAP_TOPIC, Envelope
 from pubsubclub.patterns import Pattern
 from pubsubclub.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
-from pubsubclub.testing import Cut, MemoryLink, MemoryNetwork, RecordingSink, partition, psc_url
+from pubsubclub.testing import Cut, MemoryLink, MemoryNetwork, RecordingSink, no_logged_errors, partition, psc_url
 from pubsubclub.wamp.broker import GAP_EVENT_TOPIC, hub_topic
 
 PING = MemoryNetwork.ping_interval
@@ -405,18 +405,8 @@ def test_0_3_producer_session_takes_resume_topics_as_interest() -> None:
 @pytest.fixture
 def net() -> Iterator[MemoryNetwork]:
     """An in-memory network; the test fails if anything logged an error."""
-    errors: list[dict[str, Any]] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        if event.get("log_failure") is not None or event.get("isError"):
-            errors.append(event)
-
-    globalLogPublisher.addObserver(observe)
-    try:
+    with no_logged_errors():
         yield MemoryNetwork()
-    finally:
-        globalLogPublisher.removeObserver(observe)
-    assert [formatEvent(e) + str(e.get("log_failure", "")) for e in errors] == []
 
 
 def _pair(

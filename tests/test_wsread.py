@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -28,13 +27,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
-from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 
 from pubsubclub import wsframes
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol, _bind_timers
 from pubsubclub.hub import Hub
-from pubsubclub.testing import MemoryNetwork, psc_url
+from pubsubclub.testing import MemoryNetwork, no_logged_errors, psc_url
 from pubsubclub.wamp.broker import WampLimits, WampRouter
 from pubsubclub.wamp.transport import WampServerProtocol, wamp_resource
 from pubsubclub.wsframes import reads_directly, receive_data, unmask
@@ -275,27 +273,10 @@ def chunked(draw: st.DrawFn, masked: bool) -> list[bytes]:
     return [data[a:b] for a, b in zip([0, *cuts], [*cuts, len(data)], strict=True) if a < b]
 
 
-@contextmanager
-def logged_errors_fail() -> Iterator[None]:
-    """Fail if anything logged an error within."""
-    errors: list[dict[str, Any]] = []
-
-    def observe(event: dict[str, Any]) -> None:
-        if event.get("log_failure") is not None or event.get("isError"):
-            errors.append(event)
-
-    globalLogPublisher.addObserver(observe)
-    try:
-        yield
-    finally:
-        globalLogPublisher.removeObserver(observe)
-    assert [formatEvent(e) + str(e.get("log_failure", "")) for e in errors] == []
-
-
 @pytest.fixture
 def no_errors() -> Iterator[None]:
     """Fail the test if anything logged an error."""
-    with logged_errors_fail():
+    with no_logged_errors():
         yield
 
 
@@ -308,7 +289,7 @@ Opened = tuple[Any, StringTransport, MemoryReactorClock]
 
 def _compare(theirs: Opened, ours: Opened, chunks: list[bytes]) -> None:
     """Feed both, then hold them to the same callbacks, bytes, state, counters and timers."""
-    with logged_errors_fail():
+    with no_logged_errors():
         _feed_both(theirs, ours, chunks)
 
 

@@ -16,6 +16,7 @@ protocols over in-memory transports:
   until ``heal()``.
 - :class:`RecordingSink`: a hub sink that keeps what it was given.
 - :func:`psc_url`: the PSC URL of a node's port.
+- :func:`no_logged_errors`: a context that fails if anything logged an error.
 
 Front-end sessions, driven message by message:
 
@@ -48,6 +49,7 @@ from pubsubclub.testing._links import (
     partition,
     psc_url,
 )
+from pubsubclub.testing._logs import no_logged_errors
 from pubsubclub.testing._transports import MemoryTEPTransport, MemoryWampTransport
 
 __all__ = [
@@ -61,6 +63,7 @@ __all__ = [
     "RecordedRequest",
     "RecordingSink",
     "RecordingWire",
+    "no_logged_errors",
     "partition",
     "psc_url",
 ]
