@@ -1,9 +1,9 @@
-"""Knowing how far behind a WebSocket client is, to drop slow consumers.
+"""Knowing how far behind a connection is, to drop slow consumers.
 
-Shared by the WAMP and TEP front-ends: both register a :class:`SendBacklog`
-as the TCP transport's streaming producer and check :meth:`SendBacklog.unsent`
-before sending, so one stuck client cannot grow the node's memory without
-bound.
+Shared by the WAMP (WebSocket and RawSocket) and TEP front-ends and the PSC
+links: each gets a :class:`SendBacklog` from :func:`watch_send_buffer` and
+checks :meth:`SendBacklog.unsent` before sending, so one stuck client or
+frozen peer cannot grow the node's memory without bound.
 """
 
 from __future__ import annotations
