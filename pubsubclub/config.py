@@ -171,7 +171,29 @@ class FederationSection:
         shown_default="the listener",
     )
     cluster_secret_file: str | None = setting(
-        None, "links must prove this secret (HMAC)", flag="--cluster-secret-file", metavar="FILE", shown_default="none"
+        None,
+        "links must prove this secret (HMAC) and are sealed with keys derived from it (AES-GCM)",
+        flag="--cluster-secret-file",
+        metavar="FILE",
+        shown_default="none",
+    )
+    proof_timeout: float = setting(
+        5.0,
+        "with a secret: seconds a dialler has to send its proof frame after the upgrade",
+        flag="--link-proof-timeout",
+        metavar="S",
+    )
+    max_pending_proofs: int = setting(
+        256,
+        "with a secret: links answered but not yet proven, at most; past it the oldest of the biggest holder goes",
+        flag="--max-pending-proofs",
+        metavar="N",
+    )
+    max_pending_proofs_per_address: int = setting(
+        16,
+        "with a secret: of those, at most N from one address; past it that address's oldest goes",
+        flag="--max-pending-proofs-per-address",
+        metavar="N",
     )
     ca_file: str | None = setting(
         None,
@@ -580,6 +602,18 @@ class NodeConfig:
             or not 0 <= fed.replay_window_seconds <= 86_400
         ):
             raise ConfigError("replay-window-seconds", "must be a number of seconds between 0 (off) and 86400")
+        if (
+            not isinstance(fed.proof_timeout, (int, float))
+            or isinstance(fed.proof_timeout, bool)
+            or not 0.1 <= fed.proof_timeout <= 3600
+        ):
+            raise ConfigError("link-proof-timeout", "must be a number of seconds between 0.1 and 3600")
+        for key, value in (
+            ("max-pending-proofs", fed.max_pending_proofs),
+            ("max-pending-proofs-per-address", fed.max_pending_proofs_per_address),
+        ):
+            if type(value) is not int or not 1 <= value <= 1_000_000:
+                raise ConfigError(key, "must be an integer between 1 and 1000000")
         if type(fed.max_patterns_per_peer) is not int or not 1 <= fed.max_patterns_per_peer <= 1_000_000:
             raise ConfigError("max-patterns-per-peer", "must be an integer between 1 and 1000000")
         for key, value in (("max-send-buffer", node.max_send_buffer), ("max-link-queue", fed.max_link_queue)):

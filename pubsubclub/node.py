@@ -53,6 +53,9 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         ),
         advertise_url=section.advertise,
         secret=config.cluster_secret(),
+        proof_timeout=section.proof_timeout,
+        max_pending_proofs=section.max_pending_proofs,
+        max_pending_proofs_per_source=section.max_pending_proofs_per_address,
         endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
         max_link_queue=section.max_link_queue,
         # With Consul, its health-checked list is the membership: learning from

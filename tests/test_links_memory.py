@@ -484,24 +484,32 @@ def test_same_secret_links_with_proofs_both_ways(net: MemoryNetwork) -> None:
     [link] = [ln for ln in net.answer() if _headers(ln.client_wire)["x-pubsubclub-node"] == "a"]
     request, answer = _headers(link.client_wire), _headers(link.server_wire)
     assert "x-pubsubclub-peers" in request and "x-pubsubclub-peers" not in answer
-    assert request["x-pubsubclub-auth"].startswith("v2:")
-    assert answer[""].startswith("HTTP/1.1 101") and answer["x-pubsubclub-auth"].startswith("v2:")
-    first, *_ = link.client_wire.texts()
-    assert first.startswith(b"PSC-AUTH v2:")
+    assert request["x-pubsubclub-auth"].startswith("v3:")
+    assert request["x-pubsubclub-dialled"] == psc_url(9002)
+    assert answer[""].startswith("HTTP/1.1 101") and answer["x-pubsubclub-auth"].startswith("v3:")
+    assert answer["x-pubsubclub-auth"].split(":")[2] == "direct"
+    # The proof is the only text frame; every PSC frame after it, both ways, is sealed (binary, no plaintext).
+    assert [payload[:12] for payload in link.client_wire.texts()] == [b"PSC-AUTH v3:"]
+    assert link.server_wire.texts() == []
+    for wire in (link.client_wire, link.server_wire):
+        sealed = [payload for opcode, payload in wire.frames() if opcode == 2]
+        assert sealed and not any(b"[10" in payload for payload in sealed)
     assert SECRET not in bytes(link.client_wire.written) + bytes(link.server_wire.written)
+    assert a.links()[0]["direct"] is True
     assert a.open_links() == 1
     assert b.auth is not None and b.auth.pending() == 0
     net.stop()
     assert net.reactor.getDelayedCalls() == []
 
 
-@pytest.mark.parametrize("reason", ["no offer", "v1 proof"])
+@pytest.mark.parametrize("reason", ["no offer", "v1 proof", "v2 offer"])
 def test_missing_or_old_offer_refused_at_handshake(net: MemoryNetwork, reason: str) -> None:
-    """No offer gets HTTP 401, a v1 proof 403; no session starts on either side, and the dialler backs off."""
+    """No offer gets HTTP 401, a v1 proof or a v2 (unsealed) offer 403; no session starts, the dialler backs off."""
     a = net.node("a", 9001, secret=None if reason == "no offer" else SECRET)
     b = net.node("b", 9002, secret=SECRET)
-    if reason == "v1 proof":
-        a.auth.offer = lambda node: _V1Offer()  # type: ignore[union-attr,method-assign,assignment,return-value]
+    if reason != "no offer":
+        old = _V1Offer() if reason == "v1 proof" else _V2Offer()
+        a.auth.offer = lambda node, url: old  # type: ignore[union-attr,method-assign,assignment,return-value]
     status = 401 if reason == "no offer" else 403
     link = _link(net, a, 9002)
     assert _headers(link.server_wire)[""].startswith(f"HTTP/1.1 {status} ")
@@ -520,6 +528,13 @@ class _V1Offer:
 
     def header(self) -> str:
         return "v1:1700000000:" + "0" * 32 + ":" + "0" * 64
+
+
+class _V2Offer:
+    """What a node from before sealed links sent."""
+
+    def header(self) -> str:
+        return "v2:" + "0" * 32
 
 
 def test_wrong_secret_dialler_sends_no_proof(net: MemoryNetwork) -> None:

@@ -32,7 +32,17 @@ from twisted.logger import Logger
 
 from pubsubclub import psc
 from pubsubclub.counters import FederationEvent
-from pubsubclub.federation.auth import AUTH_HEADER, DEFAULT_PROOF_TIMEOUT, AuthRefused, Challenge, LinkAuth, Refusal
+from pubsubclub.federation.auth import (
+    AUTH_HEADER,
+    DEFAULT_MAX_PENDING,
+    DEFAULT_MAX_PENDING_PER_SOURCE,
+    DEFAULT_PROOF_TIMEOUT,
+    DIALLED_HEADER,
+    AuthRefused,
+    Challenge,
+    LinkAuth,
+    Refusal,
+)
 from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
@@ -54,6 +64,7 @@ from pubsubclub.federation.transport import (
 )
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.metrics import payload_size
+from pubsubclub.net.ratelog import RateLimitedLog
 from pubsubclub.patterns import Pattern
 
 log = Logger()
@@ -164,6 +175,8 @@ class Federation:
         endpoint_factory: Callable[[Any, str], IStreamClientEndpoint] = endpoint_for_url,
         secret: bytes | None = None,
         proof_timeout: float = DEFAULT_PROOF_TIMEOUT,
+        max_pending_proofs: int = DEFAULT_MAX_PENDING,
+        max_pending_proofs_per_source: int = DEFAULT_MAX_PENDING_PER_SOURCE,
         replay: ReplaySettings | None = None,
         max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
         learn_peers: bool = True,
@@ -192,7 +205,18 @@ class Federation:
         self._rand = rand
         self._endpoint_factory = endpoint_factory
         #: Proves and checks the cluster secret on every link; None: links are not authenticated.
-        self.auth = None if secret is None else LinkAuth(secret, proof_timeout=proof_timeout)
+        self.auth = (
+            None
+            if secret is None
+            else LinkAuth(
+                secret,
+                proof_timeout=proof_timeout,
+                max_pending=max_pending_proofs,
+                max_pending_per_source=max_pending_proofs_per_source,
+            )
+        )
+        #: Refused link attempts are logged a few per kind and interval, the rest counted (a flood is one line).
+        self.refusal_log = RateLimitedLog(log, reactor)
         #: PSC 0.3 (replay after short outages, federation/replay.py): offered when ``replay`` is given.
         self.outbox: Outbox | None = None
         self.inbox: Inbox | None = None
@@ -241,29 +265,56 @@ class Federation:
         """A twisted.web resource accepting links."""
         return WebSocketResource(self.server_factory())
 
-    def check_request(self, request: ConnectionRequest) -> tuple[dict[str, str], Challenge | None]:
+    def check_request(
+        self, request: ConnectionRequest, source: str, on_evict: Callable[[], None]
+    ) -> tuple[dict[str, str], Challenge | None]:
         """Refuse a link at the WebSocket handshake (raise ConnectionDeny), else the answer headers.
 
         With a cluster secret the dialler must offer a nonce (HTTP 401 when
-        it sends none, 403 when malformed, 503 when too many connections are
-        still to prove it); the answer proves the secret to the dialler and
-        challenges it. The returned challenge is settled by the dialler's
-        first frame (:meth:`check_proof`). Without a secret, no challenge.
+        it sends none, 403 when malformed); the answer proves the secret to
+        the dialler, says whether it dialled our advertised URL (the route),
+        and challenges it. The returned challenge is settled by the dialler's
+        first frame (:meth:`check_proof`), or evicted by newer ones from
+        ``source`` past the pending caps (``on_evict`` closes the connection).
+        Without a secret, no challenge.
         """
         if self.auth is None:
             return {}, None
         node = request.headers.get(NODE_HEADER) or ""
+        own = () if self.announce_url is None else (self.announce_url,)
         try:
-            challenge = self.auth.challenge(request.headers.get(AUTH_HEADER), node, self.node_id)
+            challenge = self.auth.challenge(
+                request.headers.get(AUTH_HEADER),
+                node,
+                self.node_id,
+                dialled_url=request.headers.get(DIALLED_HEADER),
+                own_urls=own,
+                source=source,
+                on_evict=on_evict,
+            )
         except AuthRefused as e:
             self.auth_refused(str(request.peer), node, e.refusal, f"HTTP {e.refusal.http_status}")
             raise ConnectionDeny(e.refusal.http_status, e.refusal.value) from None
         return {AUTH_HEADER: challenge.header()}, challenge
 
     def auth_refused(self, peer: str, node: str | None, refusal: Refusal, how: str) -> None:
-        """Log and count a link refused for not proving the cluster secret (``how``: HTTP status or close code)."""
+        """Count a link refused for not proving the cluster secret (``how``: HTTP status or close code); log it.
+
+        Logged a few per kind of refusal and interval, the rest as one count
+        (:class:`~pubsubclub.net.ratelog.RateLimitedLog`): a flood of
+        never-proving connections is a handful of lines, not one each.
+        """
         self.hub.metrics.event(FederationEvent.AUTH_REFUSED)
-        log.warn(
+        if refusal is Refusal.GONE:
+            self.refusal_log.info(
+                "PSC links ended before proving the cluster secret",
+                "PSC link from {peer} (node {node}) ended before proving the cluster secret",
+                peer=peer,
+                node=(node or "")[:128] or None,
+            )
+            return
+        self.refusal_log.warn(
+            f"refused PSC links ({refusal.value})",
             "refused PSC link from {peer} (node {node}): {how}, {reason}",
             peer=peer,
             node=(node or "")[:128] or None,
@@ -365,6 +416,7 @@ class Federation:
 
     def stop(self) -> defer.Deferred[Any]:
         """Close every link with a reason and stop dialling."""
+        self.refusal_log.flush()
         for link in list(self._links.values()):
             # 1000, not 1001 "going away": Autobahn's sendClose only accepts 1000 and 3000-4999.
             link.close(1000, "node shutting down")
@@ -384,7 +436,22 @@ class Federation:
     def link_open(self, session: LinkSession) -> None:
         """Handshake done: the consumer sends its whole interest in one PSC201."""
         if session.role is Role.CONSUMER:
-            if session.peer_node is not None and any(other.peer_node == session.peer_node for other in self._producers):
+            existing = None
+            if session.peer_node is not None:
+                existing = next((other for other in self._producers if other.peer_node == session.peer_node), None)
+            if existing is not None and session.direct and not existing.direct:
+                # Only a direct link (the URL the node advertises, under both MACs) displaces
+                # one dialled elsewhere: an alias, a load balancer, or a relay.
+                log.info(
+                    "direct link to node {node} via {peer}; closing the indirect one via {other}",
+                    node=session.peer_node,
+                    peer=session.peer,
+                    other=existing.peer,
+                )
+                self.hub.metrics.disconnect("psc", "superseded")
+                self._links[existing].close(CLOSE_DUPLICATE, "superseded by a direct link to the same node")
+                existing = None
+            if existing is not None:
                 log.warn(
                     "duplicate link to node {node} via {peer}; closing it", node=session.peer_node, peer=session.peer
                 )
@@ -866,6 +933,7 @@ class Federation:
                     "state": session.state.value,
                     "version": None if session.version is None else f"{session.version[0]}.{session.version[1]}",
                     "direction": link.direction,
+                    "direct": session.direct,
                     "topics": len(session.topics),
                     "patterns": len(session.patterns),
                 }

@@ -112,6 +112,9 @@ class LinkSession:
         self.peer = peer
         #: The peer's node id, when the transport learned it.
         self.peer_node: str | None = None
+        #: With a cluster secret: the dialler dialled the URL the listener advertises, under both MACs
+        #: (not an alias or a relay). A direct link is preferred to an indirect one to the same node.
+        self.direct = False
         self.state = LinkState.HANDSHAKING
         #: Size of the last message received (for metrics).
         self.last_size = 0

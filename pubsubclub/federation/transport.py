@@ -28,7 +28,16 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pubsubclub import psc
-from pubsubclub.federation.auth import AUTH_HEADER, AuthRefused, Challenge, LinkAuth, Offer, Refusal
+from pubsubclub.federation.auth import (
+    AUTH_HEADER,
+    DIALLED_HEADER,
+    AuthRefused,
+    Challenge,
+    LinkAuth,
+    Offer,
+    Refusal,
+)
+from pubsubclub.federation.seal import SEAL_OVERHEAD, LinkSeal, SealError
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_SELF,
@@ -58,11 +67,13 @@ class LinkHost(LinkOwner, Protocol):
     listen_role: Role
     auth: LinkAuth | None
 
-    def check_request(self, request: ConnectionRequest) -> tuple[dict[str, str], Challenge | None]:
+    def check_request(
+        self, request: ConnectionRequest, source: str, on_evict: Callable[[], None]
+    ) -> tuple[dict[str, str], Challenge | None]:
         """Refuse at the handshake (ConnectionDeny) or answer headers and the challenge to settle."""
 
     def auth_refused(self, peer: str, node: str | None, refusal: Refusal, how: str) -> None:
-        """Log and count a refused proof."""
+        """Log (rate-limited) and count a refused proof."""
 
     def client_headers(self, url: str) -> dict[str, str]:
         """Extra request headers when dialling ``url``."""
@@ -161,6 +172,10 @@ class _LinkProtocolBase:
     _batch_call: IDelayedCall | None = None
     #: The largest frame the peer accepts (the federation's max-message-size), read once per link.
     _max_frame = psc.DEFAULT_LIMITS.max_message_size
+    #: With a cluster secret, seals every frame after the proof and opens the peer's (None: plain link).
+    _seal: LinkSeal | None = None
+    #: With a cluster secret: the dialled URL is the listener's advertised one (both MACs say so).
+    _direct = False
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
         """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
@@ -178,6 +193,7 @@ class _LinkProtocolBase:
             limits=federation.limits,
         )
         self.session.peer_node = self.peer_node
+        self.session.direct = self._direct
         self._backlog = watch_send_buffer(self.transport, "PSC")  # type: ignore[attr-defined]
         federation.link_started(self.session, self, self.dialled)
         self.session.start()
@@ -238,7 +254,12 @@ class _LinkProtocolBase:
                     federation.link_overflow(self.session, queued)
                 self.dropConnection(abort=True)  # type: ignore[attr-defined]
                 return
-        send_message(self, data, False)
+        seal = self._seal
+        if seal is None:
+            send_message(self, data, False)
+        else:
+            # One seal per frame (a 0.4 frame carries a turn's messages), binary on the wire.
+            send_message(self, seal.seal(data), True)
         if backlog is not None:
             backlog.written(len(data))
 
@@ -275,10 +296,18 @@ class _LinkProtocolBase:
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         session = self.session
-        if session is None:
+        if session is None or session.state is LinkState.CLOSED:
             return
         try:
-            if isBinary:
+            seal = self._seal
+            if seal is not None:
+                if not isBinary:
+                    raise LinkError(CLOSE_UNAUTHENTICATED, "a text frame on a sealed link")
+                try:
+                    payload = seal.open(payload)
+                except SealError as e:
+                    raise LinkError(CLOSE_UNAUTHENTICATED, str(e)) from None
+            elif isBinary:
                 raise LinkError(CLOSE_BAD_MESSAGE, "binary frames are not part of the PSC protocol")
             session.receive(payload)
         except LinkError as e:
@@ -345,7 +374,9 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
         # A node dialling itself holds the secret, so it passes and learns
         # from our node header that it should drop the URL
         # (PSCClientProtocol.onOpen) instead of retrying forever.
-        answer, self._challenge = federation.check_request(request)
+        peer = self.transport.getPeer()  # type: ignore[attr-defined]
+        source = getattr(peer, "host", None) or str(peer)
+        answer, self._challenge = federation.check_request(request, source, self._evicted)
         self.heard = (request.headers.get(ADVERTISE_HEADER), request.headers.get(PEERS_HEADER))
         protocol = SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
         # Whom we dial is for cluster members only: with a secret, the dialler
@@ -376,11 +407,23 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
         try:
             if isBinary or federation.auth is None:
                 raise AuthRefused(Refusal.MALFORMED)
-            federation.auth.check_proof(challenge, payload)
+            self._seal = federation.auth.check_proof(challenge, payload)
         except AuthRefused as e:
             self._refuse(e.refusal)
             return
+        self._direct = challenge.direct
         self._start_session(federation.listen_role, str(self.peer))
+
+    def _evicted(self) -> None:
+        """Newer link attempts took this one's pending slot (auth.LinkAuth's caps): close it."""
+        self._challenge = None  # already settled by the eviction
+        self._settle_challenge()
+        if self.state == _OPEN:  # type: ignore[attr-defined]
+            self._refuse(Refusal.EVICTED)
+        else:
+            federation: LinkHost = self.factory.federation
+            federation.auth_refused(str(self.peer), self.peer_node, Refusal.EVICTED, "dropped")
+            self.dropConnection(abort=True)  # type: ignore[attr-defined]
 
     def _proof_overdue(self) -> None:
         self._proof_timer = None
@@ -406,11 +449,8 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """A dialler that leaves before proving the secret frees its slot (it proved nothing)."""
         if self._challenge is not None:
-            log.info(
-                "PSC link from {peer} (node {node}) ended before proving the cluster secret",
-                peer=self.peer,
-                node=self.peer_node,
-            )
+            federation: LinkHost = self.factory.federation
+            federation.auth_refused(str(self.peer), self.peer_node, Refusal.GONE, "connection lost")
         self._settle_challenge()
         super().connectionLost(reason)
 
@@ -422,6 +462,8 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
     _offer: Offer | None = None
     #: The frame proving the secret, sent first once the listener proved it too.
     _proof_frame: bytes | None = None
+    #: The seal the exchange agreed, taken up once the proof frame is sent.
+    _agreed_seal: LinkSeal | None = None
     #: Why the listener's answer to our proof was refused, if it was.
     _answer_refused: Refusal | None = None
     #: Whether the WebSocket handshake completed.
@@ -439,8 +481,9 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
         federation: LinkHost = factory.federation
         headers = {NODE_HEADER: federation.node_id, **federation.client_headers(factory.url)}
         if federation.auth is not None:
-            self._offer = federation.auth.offer(federation.node_id)
+            self._offer = federation.auth.offer(federation.node_id, factory.url)
             headers[AUTH_HEADER] = self._offer.header()
+            headers[DIALLED_HEADER] = factory.url
         return ConnectingRequest(
             host=factory.host,
             port=factory.port,
@@ -458,9 +501,11 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
         auth = self.factory.federation.auth
         if auth is not None and self._offer is not None:
             try:
-                self._proof_frame = auth.prove(self._offer, response.headers.get(AUTH_HEADER), self.peer_node or "")
+                proven = auth.prove(self._offer, response.headers.get(AUTH_HEADER), self.peer_node or "")
             except AuthRefused as e:
                 self._answer_refused = e.refusal
+            else:
+                self._proof_frame, self._agreed_seal, self._direct = proven.frame, proven.seal, proven.direct
 
     def onOpen(self) -> None:
         """Start the session in the role opposite to the listeners'."""
@@ -483,8 +528,9 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
             self.sendClose(CLOSE_SELF, "a node never links to itself")
             return
         if self._proof_frame is not None:
-            # First on the wire, before any PSC message of the session.
+            # First on the wire, before any PSC message of the session; sealed from the next frame on.
             self.sendMessage(self._proof_frame, isBinary=False)
+            self._seal = self._agreed_seal
         self._start_session(federation.listen_role.opposite, self.factory.url)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
@@ -498,6 +544,11 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
         super().connectionLost(reason)
 
 
+def _max_frame_size(federation: LinkHost) -> int:
+    """The largest WebSocket payload on a link: max-message-size, plus the seal's tag with a secret."""
+    return federation.limits.max_message_size + (0 if federation.auth is None else SEAL_OVERHEAD)
+
+
 class PSCServerFactory(WebSocketServerFactory):
     """Accepts PSC links at the federation listener."""
 
@@ -508,8 +559,8 @@ class PSCServerFactory(WebSocketServerFactory):
         self.federation = federation
         self.clock = clock
         self.setProtocolOptions(
-            maxMessagePayloadSize=federation.limits.max_message_size,
-            maxFramePayloadSize=federation.limits.max_message_size,
+            maxMessagePayloadSize=_max_frame_size(federation),
+            maxFramePayloadSize=_max_frame_size(federation),
             # Both ends ping: a dialler that froze or vanished (SIGSTOP, a
             # partition) is closed within two intervals, not kept as a ghost
             # that everything published for it queues behind.
@@ -536,8 +587,8 @@ class PSCClientFactory(WebSocketClientFactory):
         )
         self.federation = federation
         self.setProtocolOptions(
-            maxMessagePayloadSize=federation.limits.max_message_size,
-            maxFramePayloadSize=federation.limits.max_message_size,
+            maxMessagePayloadSize=_max_frame_size(federation),
+            maxFramePayloadSize=_max_frame_size(federation),
             # The spec: ping every 5 s; no pong before the next ping means dead.
             autoPingInterval=ping_interval,
             autoPingTimeout=ping_interval,

@@ -1,0 +1,1 @@
+"""The connection layer every listener stands on (docs/architecture.md)."""
