@@ -14,6 +14,7 @@ from pubsubclub.federation.auth import (
     LinkAuth,
     Refusal,
 )
+from pubsubclub.federation.seal import SealError
 
 SECRET = b"correct horse battery staple"
 OTHER = b"another secret, also 16+ bytes"
@@ -39,7 +40,7 @@ def exchange(dialler: LinkAuth, listener: LinkAuth, a: str = "a", b: str = "b") 
     """One full exchange from node ``a`` to node ``b``: the listener's challenge and the dialler's proof frame."""
     offer = dialler.offer(a)
     challenge = listener.challenge(offer.header(), a, b)
-    return challenge, dialler.prove(offer, challenge.header(), b)
+    return challenge, dialler.prove(offer, challenge.header(), b).frame
 
 
 def refused(call: object, *args: object) -> Refusal:
@@ -59,15 +60,15 @@ def test_valid_exchange_accepted() -> None:
 
 
 def test_wire_forms() -> None:
-    """v2:<32 hex> out, v2:<32 hex>:<64 hex> back, PSC-AUTH v2:<64 hex> first frame; no secret on the wire."""
+    """v3:<32 hex> out, v3:<32 hex>:<route>:<64 hex> back, PSC-AUTH v3:<64 hex> first frame; no secret on the wire."""
     dialler, listener = pair()
     offer = dialler.offer("a")
     challenge = listener.challenge(offer.header(), "a", "b")
-    frame = dialler.prove(offer, challenge.header(), "b")
+    frame = dialler.prove(offer, challenge.header(), "b").frame
     version, nonce = offer.header().split(":")
-    assert (version, len(nonce)) == ("v2", 32)
-    version, nonce, mac = challenge.header().split(":")
-    assert (version, len(nonce), len(mac)) == ("v2", 32, 64)
+    assert (version, len(nonce)) == ("v3", 32)
+    version, nonce, route, mac = challenge.header().split(":")
+    assert (version, len(nonce), route, len(mac)) == ("v3", 32, "indirect", 64)
     assert frame.startswith(PROOF_PREFIX) and len(frame) == len(PROOF_PREFIX) + 64
     for text in (offer.header(), challenge.header(), frame.decode()):
         assert SECRET.decode() not in text and SECRET.hex() not in text
@@ -91,7 +92,7 @@ def test_proof_replayed_with_the_same_offer_refused() -> None:
     dialler, listener = pair()
     offer = dialler.offer("a")
     first = listener.challenge(offer.header(), "a", "b")
-    frame = dialler.prove(offer, first.header(), "b")
+    frame = dialler.prove(offer, first.header(), "b").frame
     listener.check_proof(first, frame)
     restarted = LinkAuth(SECRET)
     for node in (listener, restarted):
@@ -105,7 +106,7 @@ def test_proof_names_the_dialler() -> None:
     dialler, listener = pair()
     offer = dialler.offer("a")
     challenge = listener.challenge(offer.header(), "a", "b")
-    frame = dialler.prove(offer, challenge.header(), "b")
+    frame = dialler.prove(offer, challenge.header(), "b").frame
     impostor = listener.challenge(offer.header(), "mallory", "b")
     assert refused(listener.check_proof, impostor, frame) is Refusal.BAD_MAC
 
@@ -126,7 +127,8 @@ def test_listener_without_the_secret_gets_no_proof() -> None:
     stranger = LinkAuth(OTHER).challenge(offer.header(), "a", "b").header()
     cases = [
         (None, offer, "b", Refusal.MISSING),
-        ("v2:nothex", offer, "b", Refusal.MALFORMED),
+        ("v3:nothex", offer, "b", Refusal.MALFORMED),
+        (answer.replace("indirect", "direct"), offer, "b", Refusal.BAD_MAC),
         (answer, other_offer, "b", Refusal.BAD_MAC),
         (answer, offer, "c", Refusal.BAD_MAC),
         (stranger, offer, "b", Refusal.BAD_MAC),
@@ -141,16 +143,17 @@ def test_answer_cannot_stand_in_for_a_proof() -> None:
     offer = dialler.offer("b")
     # Claiming to be b itself makes the answer's fields equal the proof's; only the label differs.
     challenge = listener.challenge(offer.header(), "b", "b")
-    mac = challenge.header().split(":")[2]
+    mac = challenge.header().split(":")[3]
     assert refused(listener.check_proof, challenge, PROOF_PREFIX + mac.encode()) is Refusal.BAD_MAC
 
 
 def test_missing_offer_is_401_and_old_version_403() -> None:
-    """No header: MISSING (HTTP 401); a v1 proof: OLD_VERSION (403) with a reason naming the upgrade."""
+    """No header: MISSING (HTTP 401); a v1 proof or a v2 (unsealed) offer: OLD_VERSION (403) naming the upgrade."""
     _, listener = pair()
     assert refused(listener.challenge, None, "a", "b") is Refusal.MISSING
     v1 = "v1:1700000000:" + "0" * 32 + ":" + "0" * 64
     assert refused(listener.challenge, v1, "a", "b") is Refusal.OLD_VERSION
+    assert refused(listener.challenge, "v2:" + "0" * 32, "a", "b") is Refusal.OLD_VERSION
     assert Refusal.MISSING.http_status == 401 and Refusal.OLD_VERSION.http_status == 403
     assert "upgrade" in Refusal.OLD_VERSION.value
     assert listener.pending() == 0
@@ -158,10 +161,10 @@ def test_missing_offer_is_401_and_old_version_403() -> None:
 
 @pytest.mark.parametrize(
     "header",
-    ["", "v2", "v2:" + "0" * 31, "v2:" + "0" * 33, "v2:" + "G" * 32, "v3:" + "0" * 32, "x" * (MAX_HEADER_LENGTH + 1)],
+    ["", "v3", "v3:" + "0" * 31, "v3:" + "0" * 33, "v3:" + "G" * 32, "v4:" + "0" * 32, "x" * (MAX_HEADER_LENGTH + 1)],
 )
 def test_malformed_offer_refused(header: str) -> None:
-    """Anything but v2:<32 lower-case hex> is refused as malformed and holds no slot."""
+    """Anything but v3:<32 lower-case hex> is refused as malformed and holds no slot."""
     _, listener = pair()
     assert refused(listener.challenge, header, "a", "b") is Refusal.MALFORMED
     assert listener.pending() == 0
@@ -169,38 +172,120 @@ def test_malformed_offer_refused(header: str) -> None:
 
 @pytest.mark.parametrize(
     "frame",
-    [b"", b"PSC-AUTH v2:", PROOF_PREFIX + b"0" * 63, PROOF_PREFIX + b"0" * 64 + b"\n", b'[101, "0.1"]'],
+    [b"", b"PSC-AUTH v3:", b"PSC-AUTH v2:" + b"0" * 64, PROOF_PREFIX + b"0" * 63, PROOF_PREFIX + b"0" * 64 + b"\n",
+     b'[101, "0.1"]'],  # fmt: skip
 )
 def test_malformed_proof_frame_refused(frame: bytes) -> None:
-    """A first frame that is not PSC-AUTH v2:<64 hex> is malformed; the slot is freed either way."""
+    """A first frame that is not PSC-AUTH v3:<64 hex> is malformed; the slot is freed either way."""
     dialler, listener = pair()
     challenge, _ = exchange(dialler, listener)
     assert refused(listener.check_proof, challenge, frame) is Refusal.MALFORMED
     assert listener.pending() == 0
 
 
-def test_pending_challenges_are_bounded() -> None:
-    """Past max_pending answered-but-unproven connections, offers get BUSY (503) until one settles."""
-    dialler, listener = pair(max_pending=2)
-    first = listener.challenge(dialler.offer("a").header(), "a", "b")
-    listener.challenge(dialler.offer("a").header(), "a", "b")
-    assert refused(listener.challenge, dialler.offer("a").header(), "a", "b") is Refusal.BUSY
-    assert Refusal.BUSY.http_status == 503
+def test_pending_challenges_per_source_evict_that_sources_oldest() -> None:
+    """Past max_pending_per_source from one address, a new offer evicts that address's oldest; others keep theirs."""
+    dialler, listener = pair(max_pending=10, max_pending_per_source=2)
+    gone: list[str] = []
+
+    def offer(source: str, name: str) -> Challenge:
+        return listener.challenge(
+            dialler.offer("a").header(), "a", "b", source=source, on_evict=lambda: gone.append(name)
+        )
+
+    other = offer("10.0.0.2", "other")
+    first = offer("10.0.0.1", "first")
+    offer("10.0.0.1", "second")
+    assert gone == [] and listener.pending("10.0.0.1") == 2
+    third = offer("10.0.0.1", "third")
+    assert gone == ["first"] and listener.pending("10.0.0.1") == 2 and listener.pending() == 3
+    assert listener.evicted == 1
+    # The evicted challenge no longer counts; settling it again changes nothing.
     listener.settle(first)
-    listener.settle(first)
-    listener.challenge(dialler.offer("a").header(), "a", "b")
-    assert listener.pending() == 2
+    assert listener.pending() == 3
+    listener.settle(third)
+    listener.settle(other)
+    assert listener.pending() == 1 and gone == ["first"]
+
+
+def test_newest_attempt_from_a_flooded_address_still_proves() -> None:
+    """Any number of never-proving offers from an address before a real one: the real one proves and is sealed."""
+    dialler, listener = pair(max_pending=4, max_pending_per_source=2)
+    for _ in range(300):
+        listener.challenge(dialler.offer("x").header(), "x", "b", source="127.0.0.1")
+    offer = dialler.offer("a")
+    challenge = listener.challenge(offer.header(), "a", "b", source="127.0.0.1")
+    proven = dialler.prove(offer, challenge.header(), "b")
+    seal = listener.check_proof(challenge, proven.frame)
+    assert seal.open(proven.seal.seal(b"[101,[0,1]]")) == b"[101,[0,1]]"
+    assert listener.pending() == 1 and listener.evicted == 299
+
+
+def test_pending_challenges_node_wide_evict_the_biggest_holders_oldest() -> None:
+    """Past max_pending in all, a new offer evicts the oldest challenge of the address holding the most."""
+    dialler, listener = pair(max_pending=3, max_pending_per_source=3)
+    gone: list[str] = []
+    for name, source in (("x1", "x"), ("y1", "y"), ("y2", "y")):
+        listener.challenge(dialler.offer("a").header(), "a", "b", source=source, on_evict=lambda n=name: gone.append(n))
+    listener.challenge(dialler.offer("a").header(), "a", "b", source="z")
+    assert gone == ["y1"] and listener.pending() == 3
+    assert (listener.pending("x"), listener.pending("y"), listener.pending("z")) == (1, 1, 1)
+
+
+def test_route_is_direct_only_for_an_advertised_url_and_bound_by_both_macs() -> None:
+    """The route says whether the dialled URL is the listener's own; changing it or the URL breaks the MACs."""
+    dialler, listener = pair()
+    own = ("ws://10.0.0.2:9001/psc",)
+    for url, route in ((own[0], "direct"), ("ws://relay:9999/psc", "indirect"), ("", "indirect")):
+        offer = dialler.offer("a", url)
+        challenge = listener.challenge(offer.header(), "a", "b", dialled_url=url, own_urls=own)
+        assert challenge.route == route
+        proven = dialler.prove(offer, challenge.header(), "b")
+        assert proven.direct is (route == "direct")
+        listener.check_proof(challenge, proven.frame)
+    # A relay that tells the listener another dialled URL (to look direct) breaks the answer for the dialler.
+    offer = dialler.offer("a", "ws://relay:9999/psc")
+    forged = listener.challenge(offer.header(), "a", "b", dialled_url=own[0], own_urls=own)
+    assert refused(dialler.prove, offer, forged.header(), "b") is Refusal.BAD_MAC
+    # Nor can a proof made for one route or URL be checked against the other.
+    honest = listener.challenge(offer.header(), "a", "b", dialled_url="ws://relay:9999/psc", own_urls=own)
+    frame = dialler.prove(offer, honest.header(), "b").frame
+    assert refused(listener.check_proof, forged, frame) is Refusal.BAD_MAC
+
+
+def test_both_ends_agree_on_the_seal() -> None:
+    """The dialler's and the listener's seals open each other's frames in both directions, and nothing else."""
+    dialler, listener = pair()
+    offer = dialler.offer("a", "ws://b/psc")
+    challenge = listener.challenge(offer.header(), "a", "b", dialled_url="ws://b/psc")
+    proven = dialler.prove(offer, challenge.header(), "b")
+    at_listener = listener.check_proof(challenge, proven.frame)
+    at_dialler = proven.seal
+    assert at_listener.open(at_dialler.seal(b"up")) == b"up"
+    assert at_dialler.open(at_listener.seal(b"down")) == b"down"
+    # Another exchange between the same nodes derives other keys.
+    again = dialler.offer("a", "ws://b/psc")
+    second = listener.challenge(again.header(), "a", "b", dialled_url="ws://b/psc")
+    other = dialler.prove(again, second.header(), "b").seal
+    with pytest.raises(SealError):
+        at_listener.open(other.seal(b"up"))
+
+
+def test_bad_pending_caps_rejected() -> None:
+    """Caps below one are refused when the LinkAuth is made."""
+    with pytest.raises(ValueError):
+        LinkAuth(SECRET, max_pending_per_source=0)
 
 
 @given(st.text(max_size=MAX_HEADER_LENGTH + 20))
 def test_junk_offer_never_raises_anything_else(header: str) -> None:
-    """No random header raises anything but AuthRefused, and any accepted one is exactly v2:<32 hex>."""
+    """No random header raises anything but AuthRefused, and any accepted one is exactly v3:<32 hex>."""
     listener = LinkAuth(SECRET)
     try:
         challenge = listener.challenge(header, "a", "b")
     except AuthRefused:
         return
-    assert header.strip() == f"v2:{challenge.dialler_nonce}"
+    assert header.strip() == f"v3:{challenge.dialler_nonce}"
 
 
 @given(st.binary(max_size=200))

@@ -19,9 +19,11 @@ from twisted.python.failure import Failure
 
 from pubsubclub import psc
 from pubsubclub.federation import Federation, Role
+from pubsubclub.federation.auth import Refusal
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
+    CLOSE_DUPLICATE,
     CLOSE_NO_COMMON_VERSION,
     CLOSE_REMOVED,
     CLOSE_SELF,
@@ -645,6 +647,104 @@ def test_listener_that_cannot_prove_the_secret_is_dropped(net: MemoryNetwork, li
     assert a.open_links() == b.open_links() == 0 and a.stats["auth_refused"] == 1
     net.stop()
     assert net.reactor.getDelayedCalls() == []
+
+
+def _open_link_to(node: Federation, peer_node: str) -> dict[str, Any]:
+    """``node``'s one open dialled link to ``peer_node``."""
+    [row] = [r for r in node.links() if r["peer_node"] == peer_node and r["state"] == "open" and r["direction"] == "out"]
+    return row
+
+
+def test_direct_link_displaces_an_indirect_one(net: MemoryNetwork) -> None:
+    """Linked to b through another address first (a relay, an alias), a's direct link to b's URL takes over.
+
+    The indirect one is closed 4409 and, redialled, refused while the direct one lives.
+    """
+    a = net.node("a", 9001, secret=SECRET)
+    net.node("b", 9002, secret=SECRET)
+    net.listeners[9100] = net.listeners[9002]  # another address of b: not the URL b advertises
+    relayed = _link(net, a, 9100)
+    assert _open_link_to(a, "b")["direct"] is False
+    direct = _link(net, a, 9002)
+    assert relayed.client_wire.close() == (CLOSE_DUPLICATE, "superseded by a direct link to the same node")
+    assert direct.client_wire.close() is None
+    row = _open_link_to(a, "b")
+    assert row["direct"] is True and row["peer"] == psc_url(9002)
+    net.advance(RETRY.initial * 1.5)
+    [again] = net.answer()
+    assert again.client_wire.close() == (CLOSE_DUPLICATE, "already linked to node b")
+    assert _open_link_to(a, "b")["peer"] == psc_url(9002) and direct.client_wire.close() is None
+    net.stop()
+
+
+def test_indirect_link_never_displaces_a_direct_one(net: MemoryNetwork) -> None:
+    """Linked to b directly first, a link through another address of b is closed 4409; the direct one stays."""
+    a = net.node("a", 9001, secret=SECRET)
+    net.node("b", 9002, secret=SECRET)
+    net.listeners[9100] = net.listeners[9002]
+    direct = _link(net, a, 9002)
+    relayed = _link(net, a, 9100)
+    assert relayed.client_wire.close() == (CLOSE_DUPLICATE, "already linked to node b")
+    assert direct.client_wire.close() is None and _open_link_to(a, "b")["direct"] is True
+    net.stop()
+
+
+def _masked(opcode: int, payload: bytes) -> bytes:
+    """One client WebSocket frame (masked with a zero key, which leaves the payload as it is)."""
+    assert len(payload) < 126
+    return bytes((0x80 | opcode, 0x80 | len(payload))) + b"\0\0\0\0" + payload
+
+
+@pytest.mark.parametrize("attack", ["replayed", "tampered", "plaintext"])
+def test_sealed_link_closes_on_a_replayed_tampered_or_injected_frame(net: MemoryNetwork, attack: str) -> None:
+    """A relay repeating a sealed frame, flipping a bit, or injecting a plain PSC message: closed 4401, not handled."""
+    a = net.node("a", 9001, secret=SECRET)
+    b = net.node("b", 9002, secret=SECRET)
+    link = _link(net, a, 9002)
+    first_sealed = next(payload for opcode, payload in link.client_wire.frames() if opcode == 2)
+    if attack == "replayed":
+        frame = _masked(2, first_sealed)
+    elif attack == "tampered":
+        frame = _masked(2, first_sealed[:-1] + bytes((first_sealed[-1] ^ 1,)))
+    else:
+        frame = _masked(1, psc.encode(psc.Subscribe(("injected",))))
+    with no_logged_errors():
+        link.server.dataReceived(frame)
+        net.flush()
+    code, reason = link.server_wire.close() or (None, "")
+    assert code == CLOSE_UNAUTHENTICATED
+    assert ("did not open" in reason) if attack != "plaintext" else reason == "a text frame on a sealed link"
+    assert "injected" not in b.remote_interest() and b.open_links() == 0
+    net.stop()
+
+
+def test_never_proving_connections_evict_each_other_not_a_real_node(net: MemoryNetwork) -> None:
+    """300 upgraded connections from one address that never prove hold at most the per-address cap; a real dial links.
+
+    The evicted ones are closed 4401 with the reason; the pending count never passes the cap.
+    """
+    a = net.node("a", 9001, secret=SECRET)
+    b = net.node("b", 9002, secret=SECRET)
+    assert b.auth is not None
+    handshake, _, _ = bytes(_link(net, a, 9002).client_wire.written).partition(b"\r\n\r\n")
+    a.remove_server(psc_url(9002))
+    net.flush()
+    held = []
+    for _ in range(300):
+        server, wire = _raw_connection(net, 9002)
+        server.dataReceived(handshake + b"\r\n\r\n")
+        held.append(wire)
+        assert b.auth.pending() <= b.auth.max_pending_per_source
+    evicted = [wire for wire in held if wire.close() is not None]
+    assert len(evicted) == 300 - b.auth.max_pending_per_source
+    assert evicted[0].close() == (CLOSE_UNAUTHENTICATED, Refusal.EVICTED.value)
+    c = net.node("c", 9003, secret=SECRET)
+    link = _link(net, c, 9002)
+    assert link.client_wire.close() is None and c.open_links() == 1
+    assert b.auth.pending() == b.auth.max_pending_per_source - 1
+    net.advance(b.auth.proof_timeout + 3)
+    assert b.auth.pending() == 0 and c.open_links() == 1
+    net.stop()
 
 
 def test_server_with_our_node_id_is_dropped_with_a_secret(net: MemoryNetwork) -> None:
