@@ -651,7 +651,8 @@ def test_listener_that_cannot_prove_the_secret_is_dropped(net: MemoryNetwork, li
 
 def _open_link_to(node: Federation, peer_node: str) -> dict[str, Any]:
     """``node``'s one open dialled link to ``peer_node``."""
-    [row] = [r for r in node.links() if r["peer_node"] == peer_node and r["state"] == "open" and r["direction"] == "out"]
+    rows = node.links()
+    [row] = [r for r in rows if r["peer_node"] == peer_node and r["state"] == "open" and r["direction"] == "out"]
     return row
 
 
