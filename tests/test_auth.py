@@ -172,8 +172,14 @@ def test_malformed_offer_refused(header: str) -> None:
 
 @pytest.mark.parametrize(
     "frame",
-    [b"", b"PSC-AUTH v3:", b"PSC-AUTH v2:" + b"0" * 64, PROOF_PREFIX + b"0" * 63, PROOF_PREFIX + b"0" * 64 + b"\n",
-     b'[101, "0.1"]'],  # fmt: skip
+    [
+        b"",
+        b"PSC-AUTH v3:",
+        b"PSC-AUTH v2:" + b"0" * 64,
+        PROOF_PREFIX + b"0" * 63,
+        PROOF_PREFIX + b"0" * 64 + b"\n",
+        b'[101, "0.1"]',
+    ],  # fmt: skip
 )
 def test_malformed_proof_frame_refused(frame: bytes) -> None:
     """A first frame that is not PSC-AUTH v3:<64 hex> is malformed; the slot is freed either way."""
