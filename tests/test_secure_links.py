@@ -7,7 +7,11 @@ nodes' logs with bounded waits; WAMP traffic uses Autobahn-Python clients.
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import json
+import os
+import socket
 import subprocess
 import sys
 import threading
@@ -281,6 +285,207 @@ def test_hostile_address_harvests_no_proof(nodes: Nodes, tmp_path: Path) -> None
     assert requests[0]["x-pubsubclub-auth"].startswith("v2:")
     assert received == [], "the dialler sent something to an address that did not prove the secret"
     assert open_links(dialler) == []
+
+
+# -- relays and never-proving strangers ---------------------------------------
+
+
+class Relay:
+    """A hostile TCP forwarder: every connection to it is relayed to ``target_port``; every byte is kept.
+
+    One thread accepts, two per connection copy (one each way); all stop when
+    the relay closes. This is what a ``--peer`` address in hostile hands does
+    between two real nodes.
+    """
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.url = f"ws://127.0.0.1:{self.port}/psc"
+        self.captured = bytearray()
+        self.connections = 0
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+        self._threads = [threading.Thread(target=self._accept, daemon=True)]
+        self._threads[0].start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                inbound, _ = self.listener.accept()
+                outbound = socket.create_connection(("127.0.0.1", self.target_port), timeout=5)
+            except OSError:
+                return
+            outbound.settimeout(None)
+            with self._lock:
+                self.connections += 1
+                self._sockets += [inbound, outbound]
+            for source, sink in ((inbound, outbound), (outbound, inbound)):
+                thread = threading.Thread(target=self._copy, args=(source, sink), daemon=True)
+                self._threads.append(thread)
+                thread.start()
+
+    def _copy(self, source: socket.socket, sink: socket.socket) -> None:
+        try:
+            while data := source.recv(65536):
+                with self._lock:
+                    self.captured += data
+                sink.sendall(data)
+        except OSError:
+            pass
+        for sock in (source, sink):
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+
+    def seen(self) -> bytes:
+        """Everything relayed so far, both ways."""
+        with self._lock:
+            return bytes(self.captured)
+
+    def close(self) -> None:
+        """Stop accepting and relaying; wait for the threads."""
+        self.listener.close()
+        with self._lock:
+            sockets = list(self._sockets)
+        for sock in sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+            sock.close()
+        for thread in self._threads:
+            thread.join(5)
+
+
+def out_link_to(node: NodeProcess, peer_node: str) -> dict[str, Any] | None:
+    """``node``'s open dialled link to ``peer_node``, if it has one."""
+    rows = [r for r in open_links(node) if r["peer_node"] == peer_node and r["direction"] == "out"]
+    assert len(rows) <= 1, rows
+    return rows[0] if rows else None
+
+
+async def deliver_marker(publisher: NodeProcess, subscriber: NodeProcess, topic: str, marker: str) -> None:
+    """A WAMP publish of ``marker`` on ``publisher`` reaches a subscriber on ``subscriber``."""
+    sub = await wamp_connect(subscriber.wamp_url)
+    pub = await wamp_connect(publisher.wamp_url)
+    rec, _ = await subscribe(sub, topic)
+    await until(
+        lambda: subscriber.name in stats(publisher)["remote_interest"].get(topic, []),
+        f"{publisher.name} to learn the interest of {subscriber.name}",
+    )
+    await publish_acked(pub, topic, marker)
+    await rec.wait_for(1)
+    assert rec.args == [marker]
+    await leave(pub, sub)
+
+
+@pytest_twisted.ensureDeferred
+async def test_relay_between_two_nodes_reads_nothing(nodes: Nodes, tmp_path: Path) -> None:
+    """A --peer that relays to another node carries the link, but sees only ciphertext after the proofs.
+
+    The relay saw the handshake (so it really was in the path), the publish
+    crossed it, and neither the marker published nor its topic is in any byte
+    it forwarded.
+    """
+    secret = str(write(tmp_path / "secret", SECRET))
+    b = nodes.make("b", "--cluster-secret-file", secret, "--no-learn-peers").start()
+    relay = Relay(b.psc_port)
+    try:
+        a = nodes.make("a", "--cluster-secret-file", secret, "--no-learn-peers")
+        a.peers = [relay.url]
+        a.start()
+        await until(lambda: out_link_to(a, "b") is not None, "a's link to b through the relay")
+        link = out_link_to(a, "b")
+        assert link is not None and link["peer"] == relay.url and link["direct"] is False
+        marker = f"MARKER-{os.urandom(8).hex()}"
+        await deliver_marker(b, a, "com.example.relayed.secret", marker)
+        seen = relay.seen()
+    finally:
+        relay.close()
+    assert b"x-pubsubclub-auth: v3:" in seen.lower(), "the relay did not carry the handshake"
+    assert marker.encode() not in seen
+    assert b"com.example.relayed.secret" not in seen
+    assert b"[101" not in seen and b"[301" not in seen
+
+
+@pytest_twisted.ensureDeferred
+async def test_relayed_link_never_supersedes_the_direct_one(nodes: Nodes, tmp_path: Path) -> None:
+    """Linked first through a relay, a node takes the direct link to the same node when it learns it, and keeps it.
+
+    The relayed link is closed ("superseded by a direct link"); redialled, it
+    is refused as a duplicate while the direct link stays up and carries the
+    traffic.
+    """
+    secret = str(write(tmp_path / "secret", SECRET))
+    b = nodes.make("b", "--cluster-secret-file", secret).start()
+    relay = Relay(b.psc_port)
+    try:
+        a = nodes.make("a", "--cluster-secret-file", secret)
+        a.peers = [relay.url]
+        a.start()
+        # b learns a from a's handshake and dials it; a learns b's own URL from that and dials it too.
+        await until(lambda: (out_link_to(a, "b") or {}).get("peer") == b.psc_url, "a's direct link to b to take over")
+        assert (out_link_to(a, "b") or {})["direct"] is True
+        wait_for_log(a, f"closing the indirect one via {relay.url}")
+        # The relay's address is redialled (it is configured) and refused while the direct link lives.
+        wait_for_log(a, f"duplicate link to node b via {relay.url}; closing it")
+        link = out_link_to(a, "b")
+        assert link is not None and link["peer"] == b.psc_url and link["direct"] is True
+        await deliver_marker(b, a, "com.example.direct", "direct")
+        assert (out_link_to(a, "b") or {}).get("peer") == b.psc_url
+        assert "superseded by a newer link" not in log_of(b)
+    finally:
+        relay.close()
+
+
+def never_proving(port: int, count: int) -> tuple[list[socket.socket], int]:
+    """``count`` connections that upgrade to /psc with a well-formed offer and never prove; (sockets, upgraded)."""
+    held, upgraded = [], 0
+    for _ in range(count):
+        sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+        held.append(sock)
+        key = base64.b64encode(os.urandom(16)).decode()
+        sock.sendall(
+            (
+                f"GET /psc HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: pubsubclub\r\n"
+                f"X-PubSubClub-Node: stranger\r\nX-PubSubClub-Auth: v3:{os.urandom(16).hex()}\r\n\r\n"
+            ).encode()
+        )
+        head = b""
+        with contextlib.suppress(OSError):
+            while b"\r\n\r\n" not in head and (chunk := sock.recv(4096)):
+                head += chunk
+        upgraded += head.startswith(b"HTTP/1.1 101")
+    return held, upgraded
+
+
+@pytest_twisted.ensureDeferred
+async def test_never_proving_connections_do_not_stop_a_real_node(nodes: Nodes, tmp_path: Path) -> None:
+    """300 connections from one address that upgrade and never prove, held open: a real node still links and delivers.
+
+    The proof deadline is an hour here, so only the pending caps can make
+    room: past the per-address cap each newcomer evicts that address's oldest.
+    The node logs a handful of lines about it, not one per connection.
+    """
+    secret = str(write(tmp_path / "secret", SECRET))
+    a = nodes.make("a", "--cluster-secret-file", secret, "--link-proof-timeout", "3600").start()
+    held, upgraded = never_proving(a.psc_port, 300)
+    try:
+        assert upgraded > 16, "the listener refused before the per-address cap was even reached"
+        b = nodes.make("b", "--cluster-secret-file", secret)
+        b.peers = [a.psc_url]
+        b.start()
+        await until(lambda: out_link_to(b, "a") is not None, "b's link to a")
+        await deliver_marker(a, b, "com.example.crowded", "through")
+        seen = stats(a)["federation"]
+        assert seen["auth_refused"] >= upgraded - 16
+        refusals = [
+            line for line in log_of(a).splitlines() if "PSC link" in line and ("refused" in line or "ended" in line)
+        ]
+        assert len(refusals) <= 12, refusals
+    finally:
+        for sock in held:
+            sock.close()
 
 
 # -- TLS ----------------------------------------------------------------------
