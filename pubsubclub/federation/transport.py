@@ -374,7 +374,7 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
         # A node dialling itself holds the secret, so it passes and learns
         # from our node header that it should drop the URL
         # (PSCClientProtocol.onOpen) instead of retrying forever.
-        peer = self.transport.getPeer()  # type: ignore[attr-defined]
+        peer = self.transport.getPeer()  # type: ignore[union-attr]
         source = getattr(peer, "host", None) or str(peer)
         answer, self._challenge = federation.check_request(request, source, self._evicted)
         self.heard = (request.headers.get(ADVERTISE_HEADER), request.headers.get(PEERS_HEADER))
