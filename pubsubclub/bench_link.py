@@ -140,7 +140,13 @@ def run_link_bench(args: argparse.Namespace) -> int:
     me = [sys.executable, "-m", "pubsubclub.bench_link"]
     numbers = [str(count), str(size), str(window)]
     progress("starting node A (injector) and node B (counter) on 127.0.0.1")
-    nodes = node_pair(commands=([*me, "injector", *numbers, "node"], [*me, "counter", *numbers, "node"]))
+    secret = getattr(args, "cluster_secret_file", None)
+    if secret:
+        progress(f"both nodes with --cluster-secret-file {secret}: proven and sealed links")
+    nodes = node_pair(
+        extra=("--cluster-secret-file", secret) if secret else (),
+        commands=([*me, "injector", *numbers, "node"], [*me, "counter", *numbers, "node"]),
+    )
     (pa, ready_a), (pb, ready_b) = nodes
     try:
         progress(f"node pids: A {pa.pid}, B {pb.pid} (for a profiler)")
@@ -165,6 +171,7 @@ def run_link_bench(args: argparse.Namespace) -> int:
         "scenario": "link",
         "size": size,
         "window": window,
+        "sealed": bool(secret),
         "sent": injected["sent"],
         "received": counted["received"],
         "lost": injected["sent"] - counted["received"],

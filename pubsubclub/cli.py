@@ -105,6 +105,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--sessions", type=int, default=10_000, help="idle: WAMP sessions to open (default 10000)")
     bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
     bench.add_argument("--relaxed", action="store_true", help="stream: the node acks after write(), no fsync")
+    bench.add_argument(
+        "--cluster-secret-file", metavar="FILE", help="link: both nodes prove this secret and seal their links"
+    )
     report = sub.add_parser("report", help="PySpark report over the nodes' metrics dumps (docs/report.md)")
     add_report_arguments(report)
     return top
