@@ -209,10 +209,10 @@ def test_raw_client_needs_a_proof(guarded: NodeProcess) -> None:
     assert RawDialler(guarded.psc_url, node).status() == 401
     v1 = "v1:1700000000:" + "0" * 32 + ":" + "0" * 64
     assert RawDialler(guarded.psc_url, {**node, "X-PubSubClub-Auth": v1}).status() == 403
-    assert RawDialler(guarded.psc_url, {**node, "X-PubSubClub-Auth": "v2:junk"}).status() == 403
+    assert RawDialler(guarded.psc_url, {**node, "X-PubSubClub-Auth": "v3:junk"}).status() == 403
     offered = RawDialler(guarded.psc_url, {**node, "X-PubSubClub-Auth": offer.header()})
     assert offered.first_frame(lambda answer, listener: b'[101, ["0.1"]]') == (4401, "malformed cluster secret proof")
-    assert offered.first_frame(lambda answer, listener: b"PSC-AUTH v2:" + b"0" * 64) == (
+    assert offered.first_frame(lambda answer, listener: b"PSC-AUTH v3:" + b"0" * 64) == (
         4401,
         "wrong cluster secret proof",
     )
@@ -233,7 +233,7 @@ def test_captured_proof_opens_nothing(guarded: NodeProcess, nodes: Nodes, tmp_pa
     captured: list[bytes] = []
 
     def prove(answer: str | None, listener: str | None) -> bytes:
-        captured.append(auth.prove(offer, answer, listener or ""))
+        captured.append(auth.prove(offer, answer, listener or "").frame)
         return captured[-1]
 
     def replay(answer: str | None, listener: str | None) -> bytes:
@@ -268,7 +268,7 @@ def test_hostile_address_harvests_no_proof(nodes: Nodes, tmp_path: Path) -> None
     def answer(connection: Any, request: Any, response: Any) -> Any:
         # Pretend to be node "guarded", with a made-up answer.
         response.headers["X-PubSubClub-Node"] = "guarded"
-        response.headers["X-PubSubClub-Auth"] = "v2:" + "1" * 32 + ":" + "2" * 64
+        response.headers["X-PubSubClub-Auth"] = "v3:" + "1" * 32 + ":direct:" + "2" * 64
         return response
 
     with ws_serve(handler, "127.0.0.1", 0, subprotocols=["pubsubclub"], process_response=answer) as server:
@@ -282,7 +282,7 @@ def test_hostile_address_harvests_no_proof(nodes: Nodes, tmp_path: Path) -> None
         wait_for_log(dialler, f"{url} did not prove the cluster secret (wrong cluster secret proof)")
         wait_until(lambda: len(requests) >= 2, "a second attempt (the dialler keeps retrying)")
         server.shutdown()
-    assert requests[0]["x-pubsubclub-auth"].startswith("v2:")
+    assert requests[0]["x-pubsubclub-auth"].startswith("v3:")
     assert received == [], "the dialler sent something to an address that did not prove the secret"
     assert open_links(dialler) == []
 
