@@ -298,8 +298,26 @@ class StreamSection:
     segment_bytes: int = setting(64 * MiB, "log segment size", metavar="BYTES")
     retention_bytes: int = setting(1024 * MiB, "log kept per topic (0: unlimited)", metavar="BYTES")
     retention_seconds: float = setting(7 * 86400.0, "log age kept (0: unlimited)", metavar="S")
-    max_header_bytes: int = setting(65_536, "largest JSON header a client may send", metavar="BYTES")
-    max_payload_bytes: int = setting(16 * MiB, "largest payload a client may publish", metavar="BYTES")
+    max_header_bytes: int = setting(8192, "largest JSON header a client may send", metavar="BYTES")
+    max_payload_bytes: int = setting(
+        16 * MiB,
+        "largest payload a client may publish (also at most what fits a PSC link: max-message-size)",
+        metavar="BYTES",
+    )
+    max_pending_bytes: int = setting(
+        64 * MiB,
+        "half-received headers and payloads of all stream connections together; past it ERROR 503 and close",
+        metavar="BYTES",
+    )
+    max_open_files: int = setting(128, "log segment files open at once, all topics together (an LRU)", metavar="N")
+    max_topics: int = setting(
+        10_000, "topics the stream log keeps at most; a new one past it gets ERROR 429", metavar="N"
+    )
+    max_disk_bytes: int = setting(
+        10 * 1024 * MiB,
+        "stream log on disk, all topics; oldest segments go first, then publishes get ERROR 507 (0: unlimited)",
+        metavar="BYTES",
+    )
 
 
 @dataclass(frozen=True)
@@ -676,6 +694,10 @@ class NodeConfig:
             ("stream-retention-bytes", stream.retention_bytes, 0, 2**50),
             ("stream-max-header-bytes", stream.max_header_bytes, 256, 16 * MiB),
             ("stream-max-payload-bytes", stream.max_payload_bytes, 1, 1024 * MiB),
+            ("stream-max-pending-bytes", stream.max_pending_bytes, 1024, 2**40),
+            ("stream-max-open-files", stream.max_open_files, 1, 1_000_000),
+            ("stream-max-topics", stream.max_topics, 1, 100_000_000),
+            ("stream-max-disk-bytes", stream.max_disk_bytes, 0, 2**60),
         ):
             if type(value) is not int or not low <= value <= high:
                 raise ConfigError(key, f"must be an integer between {low} and {high}")

@@ -16,12 +16,14 @@ from pubsubclub.adapters.stream_log import (
     HEADER_BYTES,
     INDEX_INTERVAL_BYTES,
     MAX_TOPIC_BYTES,
+    DiskFullError,
     LogSettings,
     OffsetStore,
     Record,
     RetentionResult,
     StreamLog,
     StreamLogError,
+    TopicLimitError,
 )
 
 
@@ -433,6 +435,9 @@ def test_a_closed_log_refuses_everything(tmp_path: Path) -> None:
         {"retention_seconds": float("inf")},
         {"max_payload_bytes": 2**32},
         {"fsync": 1},
+        {"max_open_files": 0},
+        {"max_topics": 0},
+        {"max_disk_bytes": -1},
     ],
 )
 def test_settings_are_validated(bad: dict[str, Any]) -> None:
@@ -458,6 +463,117 @@ def test_offset_store_survives_reopen(tmp_path: Path) -> None:
     store = OffsetStore(path)
     assert (store.get("g", "t"), store.get("h", "t"), store.get("g", "a/b}"), store.get("h", "x")) == (7, 1, 0, None)
     store.close()
+
+
+# -- node-wide caps: open files, topics, disk -------------------------------------------------------
+
+
+def disk_bytes(path: Path) -> int:
+    """Bytes of every segment file under the log's folder."""
+    return sum(f.stat().st_size for f in (path / "topics").glob("*/*.log"))
+
+
+def open_fds() -> int:
+    """File descriptors this process has open."""
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_idle_topics_keep_no_file_open(tmp_path: Path) -> None:
+    """Appends and reads over 300 topics hold at most max_open_files files open, and every record reads back."""
+    log = open_log(tmp_path, max_open_files=8, segment_bytes=64)
+    before = open_fds()
+    for round_ in range(3):
+        for i in range(300):
+            log.retain(f"t{i}")
+            log.append(f"t{i}", b"%d-%d" % (i, round_) * 5)  # 3 records roll a 64-byte segment
+        log.sync()
+        assert log.open_files <= 8 and open_fds() - before <= 8
+    for i in range(300):
+        assert [r.payload for r in everything(log, f"t{i}")] == [b"%d-%d" % (i, r) * 5 for r in range(3)]
+        assert log.open_files <= 8
+    assert open_fds() - before <= 8
+    log.close()
+    assert open_fds() <= before
+    log = open_log(tmp_path, max_open_files=8, segment_bytes=64)
+    assert [r.payload for r in everything(log, "t299")] == [b"299-%d" % r * 5 for r in range(3)]
+    log.close()
+
+
+def test_closing_a_file_for_the_lru_makes_its_appends_durable(tmp_path: Path) -> None:
+    """Appends whose file the LRU closed before the sync survive a crash right after that sync."""
+    log = open_log(tmp_path, max_open_files=1)
+    log.retain("a")
+    log.retain("b")
+    log.append("a", b"first")
+    log.append("b", b"second")  # closes a's file: a's append is synced then
+    log.sync()
+    assert log.open_files == 1
+    crash(log)
+    log = open_log(tmp_path, max_open_files=1)
+    assert [r.payload for r in everything(log, "a")] == [b"first"]
+    assert [r.payload for r in everything(log, "b")] == [b"second"]
+    log.close()
+
+
+def test_a_new_topic_past_max_topics_is_refused_and_known_ones_go_on(tmp_path: Path) -> None:
+    """The topic cap refuses a new topic with TopicLimitError; existing topics still take appends, also after reopen."""
+    log = open_log(tmp_path, max_topics=3)
+    for topic in ("a", "b", "c"):
+        log.retain(topic)
+        log.append(topic, b"x")
+    with pytest.raises(TopicLimitError, match="max-topics"):
+        log.retain("d")
+    assert log.topics() == ["a", "b", "c"]
+    log.retain("a")
+    assert log.append("a", b"y") == 1
+    log.close()
+    # Lowered below what is on disk: what is kept stays, nothing new comes.
+    log = open_log(tmp_path, max_topics=2)
+    assert log.retained_topics() == ["a", "b", "c"]
+    with pytest.raises(TopicLimitError):
+        log.retain("d")
+    log.close()
+
+
+def test_disk_cap_deletes_the_oldest_segments_across_topics_first(tmp_path: Path) -> None:
+    """Over max_disk_bytes an append first deletes the oldest segments of any topic, never an active one."""
+    clock = FakeClock(0.0)
+    record = HEADER_BYTES + 76  # one 100-byte record per segment
+    log = open_log(tmp_path, clock, segment_bytes=100, max_disk_bytes=6 * record, retention_bytes=0)
+    for topic in ("old", "new"):
+        log.retain(topic)
+    for topic in ("old", "old", "old", "new", "new", "new"):
+        clock.now += 1
+        log.append(topic, b"x" * 76)
+    assert log.disk_bytes == 6 * record == disk_bytes(tmp_path)
+    clock.now += 1
+    assert log.append("new", b"y" * 76) == 3
+    # The oldest segment of all (old's first) went, nothing else.
+    assert (log.first_sequence("old"), log.first_sequence("new")) == (1, 0)
+    assert log.disk_bytes == 6 * record == disk_bytes(tmp_path)
+    clock.now += 1
+    log.append("new", b"z" * 76)
+    assert (log.first_sequence("old"), log.first_sequence("new")) == (2, 0)
+    log.close()
+
+
+def test_disk_cap_refuses_when_only_active_segments_are_left(tmp_path: Path) -> None:
+    """When retention cannot free enough, append raises DiskFullError, stores nothing and uses no sequence."""
+    record = HEADER_BYTES + 76
+    log = open_log(tmp_path, segment_bytes=100, max_disk_bytes=3 * record)
+    for topic in ("a", "b", "c", "d"):
+        log.retain(topic)
+    for topic in ("a", "b", "c"):
+        log.append(topic, b"x" * 76)
+    with pytest.raises(DiskFullError, match="max-disk-bytes"):
+        log.append("d", b"x" * 76)
+    assert log.next_sequence("d") == 0 and log.disk_bytes == 3 * record == disk_bytes(tmp_path)
+    # A larger cap (or space freed) lets appends go on.
+    log.close()
+    log = open_log(tmp_path, segment_bytes=100, max_disk_bytes=4 * record)
+    assert log.disk_bytes == 3 * record
+    assert log.append("d", b"x" * 76) == 0
+    log.close()
 
 
 # -- a random walk against a model -----------------------------------------------------------------
@@ -492,7 +608,10 @@ def test_random_operations_agree_with_a_model(ops: list[tuple[Any, ...]]) -> Non
     """Appends, syncs, reopens, crashes, retention and reads agree with a list per topic."""
     with tempfile.TemporaryDirectory() as directory:
         clock = FakeClock(0.0)
-        options = LogSettings(segment_bytes=200, retention_bytes=500, retention_seconds=100, fsync=False)
+        # Two open files for three topics: every step goes through the LRU.
+        options = LogSettings(
+            segment_bytes=200, retention_bytes=500, retention_seconds=100, fsync=False, max_open_files=2
+        )
         log = StreamLog(directory, options, clock)
         model: dict[str, list[Record]] = {topic: [] for topic in TOPICS}
         first = dict.fromkeys(TOPICS, 0)
@@ -531,6 +650,8 @@ def test_random_operations_agree_with_a_model(ops: list[tuple[Any, ...]]) -> Non
                 if model[topic]:
                     # Retention never takes the newest record.
                     assert log.first_sequence(topic) < len(model[topic])
+            assert log.open_files <= 2
+            assert log.disk_bytes == disk_bytes(Path(directory))
         for topic in TOPICS:
             assert everything(log, topic) == model[topic][log.first_sequence(topic) :]
         log.close()

@@ -23,6 +23,14 @@ Wire handling is :mod:`pubsubclub.adapters.stream_codec` (sans-IO); storage is
   stops the cursor, not the node's memory. Subscribers only see what is
   durable (read up to the last sync).
 
+- **Bounded.** No file stays open for an idle topic (the log's LRU,
+  ``[stream] max-open-files``); topics (``max-topics``) and the log's disk
+  (``max-disk-bytes``) have node-wide caps, answered with ERROR 429 and 507;
+  half-received requests of all connections together stay within
+  ``max-pending-bytes``. A Publish whose PSC301 would not fit the cluster's
+  links (``max-message-size``) is refused with ERROR 413 before it is stored
+  or acknowledged: nothing acknowledged is lost across nodes (docs/stream.md).
+
 Payload bytes on the hub (docs/protocol-mapping.md): UTF-8 text becomes a JSON
 string; other bytes (and text starting with NUL) become WAMP's binary-in-JSON
 form, ``"\\u0000" + base64``, which Autobahn JSON clients decode to bytes.
@@ -47,8 +55,16 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pubsubclub import psc
 from pubsubclub.adapters import stream_codec as codec
-from pubsubclub.adapters.stream_log import LogSettings, OffsetStore, StreamLog, StreamLogError
+from pubsubclub.adapters.stream_log import (
+    DiskFullError,
+    LogSettings,
+    OffsetStore,
+    StreamLog,
+    StreamLogError,
+    TopicLimitError,
+)
 from pubsubclub.config import NodeConfig
 from pubsubclub.frontends import Frontend, json_bounds
 from pubsubclub.hub import Envelope, Hub
@@ -74,6 +90,29 @@ def to_hub_payload(data: bytes) -> str:
         except UnicodeDecodeError:
             pass
     return "\x00" + base64.b64encode(data).decode("ascii")
+
+
+#: Bytes that JSON (orjson) writes as themselves inside a string: everything but controls, '"' and backslash.
+_PLAIN_IN_JSON = bytes(b for b in range(0x20, 0x100) if b not in b'"\\')
+#: Bytes with a two-character escape (\b \t \n \f \r \" \\); other controls take six (\u00XX).
+_SHORT_ESCAPES = b'\b\t\n\f\r"\\'
+
+
+def hub_payload_json_bytes(data: bytes, text: bool) -> int:
+    """Bytes of the JSON string that :func:`to_hub_payload` of ``data`` becomes on a PSC link.
+
+    ``text``: whether it took the UTF-8 form (else ``"\\u0000" + base64``). Exact, without encoding.
+    """
+    if not text:
+        return 2 + 6 + 4 * ((len(data) + 2) // 3)
+    escaped = data.translate(None, _PLAIN_IN_JSON)
+    if not escaped:
+        return 2 + len(data)
+    return 2 + len(data) + len(escaped) + 4 * len(escaped.translate(None, _SHORT_ESCAPES))
+
+
+class TooLargeForLinks(Exception):
+    """A stream payload whose PSC301 would not fit the cluster's links (refused before it is stored)."""
 
 
 def from_hub_payload(payload: Any) -> bytes:
@@ -117,9 +156,12 @@ class StreamService:
         self.hub = hub
         self.reactor = reactor
         self.prefix = section.prefix
+        #: The largest PSC frame a link carries; every stream publish must fit one as a PSC301.
+        self.link_limit = config.node.max_message_size
         self.limits = codec.Limits(
             max_header_bytes=section.max_header_bytes,
-            max_payload_bytes=section.max_payload_bytes,
+            # A payload of more bytes than a link frame can never fit one: refused at its header.
+            max_payload_bytes=min(section.max_payload_bytes, self.link_limit),
             # A topic is a log folder name too: 256 characters stay within the log's 1024 bytes.
             max_topic_length=256,
             json=json_bounds(config),
@@ -134,8 +176,24 @@ class StreamService:
                 retention_seconds=section.retention_seconds,
                 max_payload_bytes=section.max_payload_bytes,
                 fsync=section.fsync,
+                max_open_files=section.max_open_files,
+                max_topics=section.max_topics,
+                max_disk_bytes=section.max_disk_bytes,
             ),
         )
+        #: Half-received headers and payloads of all connections together, and their cap.
+        self.pending_bytes = 0
+        self.max_pending_bytes = section.max_pending_bytes
+        # The PSC301 of a stream publish, less its topic and payload, with the longest metadata a link
+        # may add (0.3: origin, time, message id, sequence; see Federation.local_published).
+        probe = hub.envelope("", "")
+        self._psc_overhead = len(
+            psc.encode_publish_meta(
+                "", "", probe.origin, -1.7976931348623157e308, f"{probe.message_id}{2**64}", False, psc.MAX_SEQ
+            )
+        ) - 4  # fmt: skip
+        #: Appends from the hub refused since the last one that went in (logged once per run of failures).
+        self._foreign_refused = 0
         if self.log.recovered_bytes:
             log.warn("stream log: cut {n} bytes of torn tail on open", n=self.log.recovered_bytes)
         self.offsets = OffsetStore(os.path.join(directory, "offsets.sqlite3"))
@@ -203,23 +261,52 @@ class StreamService:
         return sink
 
     def publish(self, topic: str, payload: bytes) -> None:
-        """A stream client's message: into the log, then to the hub (other front-ends, other nodes)."""
+        """A stream client's message: into the log, then to the hub (other front-ends, other nodes).
+
+        Raises :class:`TooLargeForLinks` (before storing anything) when its PSC301 would not fit a link,
+        :class:`StreamLogError` when the log refuses it.
+        """
+        hub_topic = self.hub_topic(topic)
+        hub_payload = to_hub_payload(payload)
+        self.check_fits_links(hub_topic, payload, hub_payload)
         self.retain(topic)
         self.log.append(topic, payload)
         self.schedule_flush()
-        hub_topic = self.hub_topic(topic)
         self.hub.metrics.count(hub_topic, SOURCE, "published", 1, len(payload))
-        envelope = self.hub.envelope(hub_topic, to_hub_payload(payload), size=len(payload))
+        envelope = self.hub.envelope(hub_topic, hub_payload, size=len(payload))
         self.hub.publish(envelope, exclude=self._sinks[topic])
 
+    def check_fits_links(self, hub_topic: str, payload: bytes, hub_payload: str) -> None:
+        """Raise :class:`TooLargeForLinks` when the PSC301 of this message would be over the link limit."""
+        room = self.link_limit - self._psc_overhead
+        # Cheap first: every topic character and payload byte takes at most six bytes in JSON.
+        if 6 * (len(hub_topic) + len(payload)) + 4 <= room:
+            return
+        text = not hub_payload.startswith("\x00")
+        size = self._psc_overhead + len(orjson.dumps(hub_topic)) + hub_payload_json_bytes(payload, text)
+        if size > self.link_limit:
+            raise TooLargeForLinks(
+                f"payload of {len(payload)} bytes is too large for the cluster's links: its PSC301 would be "
+                f"{size} bytes, max-message-size is {self.link_limit}"
+            )
+
     def append_foreign(self, topic: str, envelope: Envelope) -> None:
-        """A message on a retained topic from another front-end or node: into this node's log."""
+        """A message on a retained topic from another front-end or node: into this node's log.
+
+        A refusal (disk cap, I/O error) is counted per message and logged once per run of refusals.
+        """
         try:
             self.log.append(topic, from_hub_payload(envelope.payload))
         except StreamLogError as e:
-            self.hub.metrics.count(envelope.topic, SOURCE, "dropped", 1, 0, reason="log_error")
-            log.error("stream log: cannot append to {topic}: {error}", topic=topic, error=str(e))
+            reason = "disk_full" if isinstance(e, DiskFullError) else "log_error"
+            self.hub.metrics.count(envelope.topic, SOURCE, "dropped", 1, 0, reason=reason)
+            if not self._foreign_refused:
+                log.error("stream log: cannot append to {topic}: {error}", topic=topic, error=str(e))
+            self._foreign_refused += 1
             return
+        if self._foreign_refused:
+            log.info("stream log: appending again after {n} refused", n=self._foreign_refused)
+            self._foreign_refused = 0
         self.schedule_flush()
 
     def readable(self, topic: str) -> int:
@@ -258,6 +345,9 @@ class StreamService:
             "connections": len(self.connections),
             "retained_topics": len(self.log.retained_topics()),
             "recovered_bytes": self.log.recovered_bytes,
+            "open_files": self.log.open_files,
+            "disk_bytes": self.log.disk_bytes,
+            "pending_bytes": self.pending_bytes,
         }
 
 
@@ -276,6 +366,8 @@ class StreamProtocol(Protocol):
         self._batch: list[Any] | None = None
         self._paused = False
         self._closing = False
+        #: Bytes of this connection's half-received request counted in the service's ``pending_bytes``.
+        self._held = 0
 
     # -- connection ------------------------------------------------------------------
 
@@ -291,6 +383,7 @@ class StreamProtocol(Protocol):
     def connectionLost(self, reason: Failure = connectionDone) -> None:  # noqa: N802 - Twisted API
         """Forget the connection."""
         self.service.connections.discard(self)
+        self._hold(0)
         self.cursors.clear()
         self._answers.clear()
 
@@ -325,7 +418,25 @@ class StreamProtocol(Protocol):
             log.info("stream client {peer}: {problem}; closing", peer=self._peer(), problem=e.message)
             self._error(e.code, e.message)
             self._close()
+            return
+        held = self.decoder.buffered
+        if held != self._held:
+            self._hold(held)
+            service = self.service
+            if held and service.pending_bytes > service.max_pending_bytes:
+                self._error(
+                    codec.ErrorCode.UNAVAILABLE,
+                    f"node busy: half-received requests of all stream connections are over "
+                    f"max-pending-bytes ({service.max_pending_bytes}); try again",
+                )
+                self._close()
+                return
         self._drain()
+
+    def _hold(self, held: int) -> None:
+        """Count ``held`` bytes of half-received request for this connection (instead of the last count)."""
+        self.service.pending_bytes += held - self._held
+        self._held = held
 
     def _handle(self, request: codec.ClientRequest) -> None:
         if isinstance(request, codec.Close):
@@ -374,10 +485,17 @@ class StreamProtocol(Protocol):
             return
         try:
             service.publish(request.topic, request.payload)
+        except TooLargeForLinks as e:
+            self._refuse(request.topic, "too_large", codec.ErrorCode.TOO_LARGE, str(e))
+            return
+        except TopicLimitError as e:
+            self._refuse(request.topic, "topic_limit", codec.ErrorCode.TOO_MANY_TOPICS, str(e))
+            return
+        except DiskFullError as e:
+            self._refuse(request.topic, "disk_full", codec.ErrorCode.DISK_FULL, f"not stored: {e}")
+            return
         except StreamLogError as e:
-            self._count_dropped(request.topic, "log_error")
-            self._batch_saw()
-            self._error(codec.ErrorCode.UNAVAILABLE, f"not stored: {e}")
+            self._refuse(request.topic, "log_error", codec.ErrorCode.UNAVAILABLE, f"not stored: {e}")
             return
         batch = self._batch
         if batch is None:
@@ -385,6 +503,12 @@ class StreamProtocol(Protocol):
             return
         batch[1] += 1
         self._batch_saw()
+
+    def _refuse(self, topic: str, reason: str, code: codec.ErrorCode, message: str) -> None:
+        """A Publish that goes nowhere: counted as dropped, answered with an ERROR in its place."""
+        self._count_dropped(topic, reason)
+        self._batch_saw()
+        self._error(code, message)
 
     def _batch_saw(self) -> None:
         batch = self._batch
@@ -421,7 +545,14 @@ class StreamProtocol(Protocol):
         if problem is not None:
             self._error(*problem)
             return
-        service.retain(topic)
+        try:
+            service.retain(topic)
+        except TopicLimitError as e:
+            self._error(codec.ErrorCode.TOO_MANY_TOPICS, str(e))
+            return
+        except StreamLogError as e:
+            self._error(codec.ErrorCode.UNAVAILABLE, str(e))
+            return
         first, end = service.log.first_sequence(topic), service.readable(topic)
         if request.position is codec.Position.EARLIEST:
             start = first
@@ -517,6 +648,8 @@ class StreamProtocol(Protocol):
         if self._batch is not None:
             self._batch = None
         self.cursors.clear()
+        self.decoder.discard()
+        self._hold(0)
         self._drain()
 
     def _peer(self) -> str:

@@ -109,12 +109,16 @@ class ErrorCode(enum.IntEnum):
     NOT_AUTHORIZED = 403
     #: ``Unsubscribe`` of a topic not subscribed, ``Current`` with nothing committed is fine (not this).
     NOT_SUBSCRIBED = 404
-    #: A header or payload over its limit.
+    #: A header or payload over its limit, or a payload too large for the cluster's links.
     TOO_LARGE = 413
     #: The payload's sha1 is not the header's ``checksum``.
     CHECKSUM_MISMATCH = 422
-    #: The server could not store the message (disk full, ...).
+    #: A new topic past the node's topic cap (``[stream] max-topics``).
+    TOO_MANY_TOPICS = 429
+    #: The server could not store the message (an I/O error), or the node is busy (half-received requests).
     UNAVAILABLE = 503
+    #: The node's stream log is at its disk cap (``[stream] max-disk-bytes``) and retention cannot free space.
+    DISK_FULL = 507
 
 
 class StreamFramingError(ValueError):
@@ -376,6 +380,17 @@ class HeaderScanner:
         """No header is half read."""
         return not self._buf
 
+    @property
+    def pending(self) -> int:
+        """Bytes of the header half read."""
+        return len(self._buf)
+
+    def clear(self) -> None:
+        """Forget a half-read header."""
+        self._buf.clear()
+        self._depth, self._in_string, self._escaped = 0, False, False
+        self.saw_comma = False
+
 
 def _lenient(header: bytes) -> bytes:
     """``header`` without commas that directly precede a closing bracket, outside strings."""
@@ -487,8 +502,13 @@ class ServerDecoder:
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet decoded (a half frame)."""
-        return len(self._buf)
+        """Bytes received but not yet decoded: a half header or a half payload (what a connection holds)."""
+        return len(self._buf) + self._scanner.pending
+
+    def discard(self) -> None:
+        """Drop whatever is buffered (the connection is closing); later bytes are still buffered."""
+        self._buf = bytearray()
+        self._scanner.clear()
 
     def events(self) -> Iterator[ClientRequest]:
         """Every complete request buffered so far; raises :class:`StreamFramingError` once the stream is lost."""

@@ -59,6 +59,20 @@ Retention removes whole segments from the old end of a topic, never the newest
 that keep the topic over ``retention_bytes``. Only topics marked with
 :meth:`StreamLog.retain` (this node keeps their log) accept appends.
 
+Node-wide caps (docs/stream.md, "Node-wide limits"):
+
+- **Open files.** No file stays open for an idle topic: segment files are opened on
+  demand (appends and reads alike) and kept in one LRU of at most ``max_open_files``.
+  Closing the least recently used one first makes what it holds durable (``fdatasync``,
+  and its folder when a segment was created there), so a later :meth:`StreamLog.sync`
+  has nothing left to do for it; a failure there is remembered and raised by that sync.
+- **Topics.** At most ``max_topics`` topics; :meth:`StreamLog.retain` of a new one past
+  that raises :class:`TopicLimitError`.
+- **Disk.** The segment files of all topics together stay within ``max_disk_bytes``: an
+  append that would go over first deletes the oldest segments across all topics (by
+  their last record's time, never a topic's active one); when that cannot free enough,
+  it raises :class:`DiskFullError` and stores nothing.
+
 :class:`OffsetStore` keeps the consumer groups' committed offsets in SQLite.
 
 Not thread-safe: one thread (the reactor's) uses a StreamLog; ``lock`` keeps a second
@@ -72,6 +86,7 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import heapq
 import os
 import re
 import sqlite3
@@ -80,6 +95,7 @@ import time
 import zlib
 from array import array
 from bisect import bisect_right
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -92,8 +108,10 @@ __all__ = [
     "OffsetStore",
     "Record",
     "RetentionResult",
+    "DiskFullError",
     "StreamLog",
     "StreamLogError",
+    "TopicLimitError",
 ]
 
 _MiB = 1024 * 1024
@@ -145,6 +163,14 @@ class StreamLogError(Exception):
     """The log refused a request (bad topic, too large, not retained) or could not do it (I/O error)."""
 
 
+class TopicLimitError(StreamLogError):
+    """A new topic would take the log over ``max_topics``."""
+
+
+class DiskFullError(StreamLogError):
+    """An append would take the log over ``max_disk_bytes`` and retention cannot free enough."""
+
+
 @dataclass(frozen=True)
 class LogSettings:
     """Segment size, retention and durability of a :class:`StreamLog`."""
@@ -159,9 +185,19 @@ class LogSettings:
     max_payload_bytes: int = 16 * _MiB
     #: True: :meth:`StreamLog.sync` fdatasyncs. False (relaxed): appends reach the OS, nothing more.
     fsync: bool = True
+    #: Segment files open at once, all topics together (an LRU; appends and reads reopen on demand).
+    max_open_files: int = 128
+    #: Topics the log holds at most; a new one past it is refused (:class:`TopicLimitError`).
+    max_topics: int = 10_000
+    #: Bytes of segment files, all topics together; past it the oldest segments go first. 0: unlimited.
+    max_disk_bytes: int = 10 * 1024 * _MiB
 
     def __post_init__(self) -> None:
-        for name in ("segment_bytes", "retention_bytes", "max_payload_bytes"):
+        for name in ("max_open_files", "max_topics"):
+            value = getattr(self, name)
+            if type(value) is not int or value < 1:
+                raise ValueError(f"stream log LogSettings.{name} must be a positive int, not {value!r}")
+        for name in ("segment_bytes", "retention_bytes", "max_payload_bytes", "max_disk_bytes"):
             value = getattr(self, name)
             if type(value) is not int or value < 0:
                 raise ValueError(f"stream log LogSettings.{name} must be a non-negative int, not {value!r}")
@@ -291,6 +327,7 @@ class _Segment:
     __slots__ = (
         "base",
         "path",
+        "fd",
         "size",
         "count",
         "last_timestamp",
@@ -303,6 +340,8 @@ class _Segment:
     def __init__(self, base: int, path: str, size: int) -> None:
         self.base = base
         self.path = path
+        #: The file while it is in the log's LRU of open files; None when closed.
+        self.fd: int | None = None
         #: Bytes of whole, checked records (the file may be longer only while damaged).
         self.size = size
         #: Records in the segment; meaningful once indexed.
@@ -350,7 +389,7 @@ class _Segment:
 class _Topic:
     """A topic's folder, segments (oldest first) and write state."""
 
-    __slots__ = ("name", "folder", "retained", "next_sequence", "segments", "fd", "dirty", "folder_dirty")
+    __slots__ = ("name", "folder", "retained", "next_sequence", "segments", "dirty", "folder_dirty")
 
     def __init__(self, name: str, folder: str, retained: bool, next_sequence: int) -> None:
         self.name = name
@@ -358,9 +397,7 @@ class _Topic:
         self.retained = retained
         self.next_sequence = next_sequence
         self.segments: list[_Segment] = []
-        #: The active (newest) segment's file, open for appending once written to.
-        self.fd: int | None = None
-        #: Appended to since the last sync.
+        #: Appended to since the last sync (its active segment's file is open: closing it syncs it).
         self.dirty = False
         #: A segment file was created since the last sync.
         self.folder_dirty = False
@@ -387,6 +424,14 @@ class StreamLog:
         self._topics_dir = os.path.join(directory, "topics")
         self._topics: dict[str, _Topic] = {}
         self._dirty: dict[str, _Topic] = {}
+        #: Open segment files, least recently used first, each with its topic.
+        self._open: OrderedDict[_Segment, _Topic] = OrderedDict()
+        #: A sync that failed while closing a file for the LRU; the next :meth:`sync` raises it.
+        self._sync_failure: str | None = None
+        #: Bytes of all segment files.
+        self._disk_bytes = 0
+        #: Segments retention may delete (every topic's but its active one).
+        self._removable = 0
         self._closed = False
         try:
             os.makedirs(self._topics_dir, exist_ok=True)
@@ -415,6 +460,16 @@ class StreamLog:
         """Bytes of torn or corrupt tails cut off on open, all topics together."""
         return sum(self.recovered.values())
 
+    @property
+    def open_files(self) -> int:
+        """Segment files open now (at most ``settings.max_open_files``)."""
+        return len(self._open)
+
+    @property
+    def disk_bytes(self) -> int:
+        """Bytes of all segment files (at most ``settings.max_disk_bytes`` when it is set)."""
+        return self._disk_bytes
+
     # -- opening ---------------------------------------------------------------------------------
 
     def _load(self) -> None:
@@ -432,6 +487,9 @@ class StreamLog:
             # Known (retained, or its segments were lost) but without a folder: make it.
             t = _Topic(topic, self._make_folder(_topic_bytes(topic)), retained, nxt)
             self._topics[topic] = t
+        for t in self._topics.values():
+            self._disk_bytes += sum(seg.size for seg in t.segments)
+            self._removable += max(len(t.segments) - 1, 0)
 
     def _open_topic(self, topic: str, folder: str, retained: bool, next_sequence: int) -> _Topic:
         t = _Topic(topic, os.path.join(self._topics_dir, folder), retained, next_sequence)
@@ -507,6 +565,11 @@ class StreamLog:
         t = self._topics.get(topic)
         if t is not None and t.retained:
             return
+        if t is None and len(self._topics) >= self.settings.max_topics:
+            raise TopicLimitError(
+                f"cannot keep topic {topic[:80]!r}: the stream log holds {len(self._topics)} topics, "
+                f"its cap (max-topics) is {self.settings.max_topics}"
+            )
         try:
             if t is None:
                 t = _Topic(topic, self._make_folder(raw), False, 0)
@@ -550,6 +613,9 @@ class StreamLog:
         crc = zlib.crc32(payload, zlib.crc32(fields, zlib.crc32(_LENGTH.pack(length))))
         header = _HEADER.pack(length, crc, sequence, timestamp)
         record_bytes = HEADER_BYTES + length
+        cap = self.settings.max_disk_bytes
+        if cap and self._disk_bytes + record_bytes > cap:
+            self._free_disk(record_bytes)
         try:
             active = t.segments[-1] if t.segments else None
             if (
@@ -558,21 +624,20 @@ class StreamLog:
                 or (active.size and active.size + record_bytes > self.settings.segment_bytes)
             ):
                 active = self._roll(t)
-            elif t.fd is None:
-                t.fd = os.open(active.path, os.O_RDWR | os.O_APPEND)
-            assert t.fd is not None
+            fd = self._fd(t, active)
             offset = active.size
             try:
-                written = os.writev(t.fd, [header, payload])
+                written = os.writev(fd, [header, payload])
             except OSError:
                 written = -1
             if written != record_bytes:
-                os.ftruncate(t.fd, offset)
+                os.ftruncate(fd, offset)
                 raise OSError(f"could not write {record_bytes} bytes")
         except OSError as exc:
             raise StreamLogError(f"cannot append to {topic[:80]!r}: {exc}") from exc
         active.note(sequence, offset, timestamp)
         active.size = offset + record_bytes
+        self._disk_bytes += record_bytes
         t.next_sequence = sequence + 1
         if not t.dirty:
             t.dirty = True
@@ -582,11 +647,10 @@ class StreamLog:
     def _roll(self, t: _Topic) -> _Segment:
         """Close the active segment (durable first) and start one at ``t.next_sequence``."""
         old = t.segments[-1] if t.segments else None
-        if old is not None and t.fd is not None:
+        if old is not None and old.fd is not None:
             if self.settings.fsync:
-                os.fdatasync(t.fd)
-            os.close(t.fd)
-            t.fd = None
+                os.fdatasync(old.fd)
+            self._close_file(old)
         if old is not None and old.size == 0:
             # An empty segment (its only records were torn off) would name sequences no file has.
             os.unlink(old.path)
@@ -594,15 +658,59 @@ class StreamLog:
         base = t.next_sequence
         self._remember_next([(t.name, int(t.retained), base)])
         path = os.path.join(t.folder, f"{base:020d}.log")
-        t.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
         segment = _Segment(base, path, 0)
         segment.indexed = True
+        self._make_room()
+        segment.fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_EXCL, 0o644)
+        self._open[segment] = t
+        if t.segments:
+            self._removable += 1  # the previous active segment
         t.segments.append(segment)
         t.folder_dirty = True
         if not t.dirty:
             t.dirty = True
             self._dirty[t.name] = t
         return segment
+
+    # -- open files (an LRU) ---------------------------------------------------------------------
+
+    def _fd(self, t: _Topic, seg: _Segment) -> int:
+        """``seg``'s file, opened (closing the least recently used one past the cap) if need be."""
+        fd = seg.fd
+        if fd is not None:
+            self._open.move_to_end(seg)
+            return fd
+        self._make_room()
+        fd = seg.fd = os.open(seg.path, os.O_RDWR | os.O_APPEND)
+        self._open[seg] = t
+        return fd
+
+    def _make_room(self) -> None:
+        """Close least recently used files until one more may open."""
+        while len(self._open) >= self.settings.max_open_files:
+            seg, t = next(iter(self._open.items()))
+            if t.dirty and seg is t.segments[-1]:
+                # Its appends wait for a sync: make them durable now, while the file is open.
+                try:
+                    if self.settings.fsync:
+                        assert seg.fd is not None
+                        os.fdatasync(seg.fd)
+                        if t.folder_dirty:
+                            _fsync_dir(t.folder)
+                except OSError as exc:
+                    if self._sync_failure is None:
+                        self._sync_failure = f"cannot sync {t.name[:80]!r}: {exc}"
+                t.dirty = t.folder_dirty = False
+                del self._dirty[t.name]
+            self._close_file(seg)
+
+    def _close_file(self, seg: _Segment) -> None:
+        """Close ``seg``'s file if it is open (nothing is synced here)."""
+        fd = seg.fd
+        if fd is not None:
+            seg.fd = None
+            del self._open[seg]
+            os.close(fd)
 
     def _remember_next(self, rows: list[tuple[str, int, int]]) -> None:
         """Store ``(topic, retained, next_sequence)`` rows, never lowering a stored next sequence."""
@@ -624,11 +732,15 @@ class StreamLog:
     def sync(self) -> None:
         """Make everything appended so far durable (relaxed mode: it is in the OS already)."""
         self._check_open()
+        failure, self._sync_failure = self._sync_failure, None
+        if failure is not None:
+            raise StreamLogError(failure)
         for t in list(self._dirty.values()):
             try:
                 if self.settings.fsync:
-                    if t.fd is not None:
-                        os.fdatasync(t.fd)
+                    fd = t.segments[-1].fd if t.segments else None
+                    if fd is not None:
+                        os.fdatasync(fd)
                     if t.folder_dirty:
                         _fsync_dir(t.folder)
             except OSError as exc:
@@ -673,42 +785,36 @@ class StreamLog:
         self, t: _Topic, seg: _Segment, sequence: int, upper: int, out: list[Record], max_count: int, budget: int
     ) -> int:
         """Add records ``[sequence, upper)`` of ``seg`` to ``out``; the budget left, negative when spent."""
-        own = seg is not t.segments[-1] or t.fd is None
-        fd = os.open(seg.path, os.O_RDONLY) if own else t.fd
-        assert fd is not None
+        fd = self._fd(t, seg)
+        if not seg.indexed:
+            seg.scan(fd, os.fstat(fd).st_size)
+        wanted = sequence
         try:
-            if not seg.indexed:
-                seg.scan(fd, os.fstat(fd).st_size)
-            wanted = sequence
-            try:
-                for offset, seq, timestamp, payload, _end in _records(
-                    fd, seg.start_offset(sequence), seg.size, READ_CHUNK_BYTES
-                ):
-                    if seq < wanted:
-                        continue
-                    if seq >= upper:
-                        return budget
-                    if seq != wanted:
-                        raise _Damaged(offset, f"sequence {seq} where {wanted} belongs")
-                    if out and len(payload) > budget:
-                        return -1
-                    out.append(Record(seq, timestamp, bytes(payload)))
-                    budget -= len(payload)
-                    wanted += 1
-                    if len(out) >= max_count:
-                        return budget
-            except _Damaged as exc:
-                raise StreamLogError(f"topic {t.name[:80]!r}: damaged record in {seg.path}: {exc}") from None
-            if wanted < upper and seg.damage is not None:
-                raise StreamLogError(
-                    f"topic {t.name[:80]!r}: sequences {wanted} to {upper - 1} are unreadable, "
-                    f"damaged record in {seg.path}: {seg.damage}"
-                )
-            # Otherwise what is missing was lost in a crash before reaching the disk (relaxed mode): skip it.
-            return budget
-        finally:
-            if own:
-                os.close(fd)
+            for offset, seq, timestamp, payload, _end in _records(
+                fd, seg.start_offset(sequence), seg.size, READ_CHUNK_BYTES
+            ):
+                if seq < wanted:
+                    continue
+                if seq >= upper:
+                    return budget
+                if seq != wanted:
+                    raise _Damaged(offset, f"sequence {seq} where {wanted} belongs")
+                if out and len(payload) > budget:
+                    return -1
+                out.append(Record(seq, timestamp, bytes(payload)))
+                budget -= len(payload)
+                wanted += 1
+                if len(out) >= max_count:
+                    return budget
+        except _Damaged as exc:
+            raise StreamLogError(f"topic {t.name[:80]!r}: damaged record in {seg.path}: {exc}") from None
+        if wanted < upper and seg.damage is not None:
+            raise StreamLogError(
+                f"topic {t.name[:80]!r}: sequences {wanted} to {upper - 1} are unreadable, "
+                f"damaged record in {seg.path}: {seg.damage}"
+            )
+        # Otherwise what is missing was lost in a crash before reaching the disk (relaxed mode): skip it.
+        return budget
 
     # -- retention -------------------------------------------------------------------------------
 
@@ -728,7 +834,7 @@ class StreamLog:
                     too_old = max_age > 0 and now - self._last_timestamp(seg) > max_age
                     if not (too_big or too_old):
                         break
-                    os.unlink(seg.path)
+                    self._delete(seg)
                     total -= seg.size
                     removed_bytes += seg.size
                     drop += 1
@@ -741,6 +847,40 @@ class StreamLog:
                 del t.segments[:drop]
                 raise StreamLogError(f"retention of {t.name[:80]!r}: {exc}") from exc
         return RetentionResult(removed, removed_bytes)
+
+    def _delete(self, seg: _Segment) -> None:
+        """Close and unlink a segment that is not its topic's active one (the caller drops it from the list)."""
+        self._close_file(seg)
+        size = os.path.getsize(seg.path)
+        os.unlink(seg.path)
+        self._disk_bytes -= size
+        self._removable -= 1
+
+    def _free_disk(self, needed: int) -> None:
+        """Delete the oldest segments across all topics until ``needed`` more bytes fit the disk cap."""
+        cap = self.settings.max_disk_bytes
+        refusal = f"the stream log holds {self._disk_bytes} bytes, its disk cap (max-disk-bytes) is {cap}"
+        if self._removable == 0 or needed > cap:
+            raise DiskFullError(f"{refusal}; nothing left that retention may delete")
+        heads = [(self._last_timestamp(t.segments[0]), i, t) for i, t in enumerate(self._topics.values())
+                 if len(t.segments) > 1]  # fmt: skip
+        heapq.heapify(heads)
+        folders: set[str] = set()
+        try:
+            while heads and self._disk_bytes + needed > cap:
+                _, i, t = heapq.heappop(heads)
+                self._delete(t.segments[0])
+                del t.segments[0]
+                folders.add(t.folder)
+                if len(t.segments) > 1:
+                    heapq.heappush(heads, (self._last_timestamp(t.segments[0]), i, t))
+            if self.settings.fsync:
+                for folder in folders:
+                    _fsync_dir(folder)
+        except OSError as exc:
+            raise StreamLogError(f"disk cap retention: {exc}") from exc
+        if self._disk_bytes + needed > cap:
+            raise DiskFullError(f"{refusal}; only active segments are left")
 
     def _last_timestamp(self, seg: _Segment) -> float:
         """The timestamp of the segment's last record (minus infinity when it has none)."""
@@ -766,10 +906,8 @@ class StreamLog:
 
     def _release(self) -> None:
         self._closed = True
-        for t in self._topics.values():
-            if t.fd is not None:
-                os.close(t.fd)
-                t.fd = None
+        for seg in list(getattr(self, "_open", ())):
+            self._close_file(seg)
         if hasattr(self, "_db"):
             self._db.close()
         os.close(self._lock)
