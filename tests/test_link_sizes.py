@@ -31,7 +31,9 @@ def net() -> Iterator[MemoryNetwork]:
         yield MemoryNetwork()
 
 
-def _linked(net: MemoryNetwork, consumer_limits: psc.Limits = LIMITS) -> tuple[Federation, RecordingSink, RecordingSink]:
+def _linked(
+    net: MemoryNetwork, consumer_limits: psc.Limits = LIMITS
+) -> tuple[Federation, RecordingSink, RecordingSink]:
     """Producer ``b`` (LIMITS) and consumer ``a`` subscribed to ``t`` and to gap reports, linked with 0.5 (batched)."""
     a = net.node("a", 9001, replay=REPLAY, limits=consumer_limits)
     b = net.node("b", 9002, replay=REPLAY, limits=LIMITS)
