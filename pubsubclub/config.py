@@ -214,6 +214,13 @@ class FederationSection:
     max_link_queue: int = setting(
         16 * MiB, "a PSC link with more queued for its peer is dropped", flag="--max-link-queue", metavar="BYTES"
     )
+    link_headroom: int = setting(
+        64 * 1024,
+        "a link frame may hold --max-message-size plus this: room for a PSC301's topic and metadata;"
+        " publishes that would not fit are refused before they are acknowledged",
+        flag="--link-headroom",
+        metavar="BYTES",
+    )
     learn_peers: bool = setting(
         True, "tell peers whom this node dials and dial whom they know (off with Consul)", flag="--no-learn-peers"
     )
@@ -608,6 +615,12 @@ class NodeConfig:
             raise ConfigError("tep-max-channels", "must be an integer between 1 and 100000")
         if not isinstance(node.max_message_size, int) or not 1024 <= node.max_message_size <= 64 * MiB:
             raise ConfigError("max-message-size", "must be an integer between 1024 and 67108864")
+        if (
+            not isinstance(fed.link_headroom, int)
+            or isinstance(fed.link_headroom, bool)
+            or not 16 * 1024 <= fed.link_headroom <= 64 * MiB
+        ):
+            raise ConfigError("link-headroom", "must be an integer between 16384 and 67108864")
         if (
             not isinstance(fed.replay_buffer_bytes, int)
             or isinstance(fed.replay_buffer_bytes, bool)

@@ -70,6 +70,8 @@ class FederationEvent(enum.StrEnum):
     LINKS_OPENED = "links_opened"
     LINKS_REFUSED = "links_refused"
     DROPPED_NOT_JSON = "dropped_not_json"
+    #: A message over what a peer's link accepts (an older node with a smaller limit): not sent to it.
+    DROPPED_TOO_LARGE = "dropped_too_large"
     AUTH_REFUSED = "auth_refused"
     GAPS = "gaps"
     GAP_MESSAGES = "gap_messages"

@@ -137,6 +137,10 @@ class Hub:
         #: Whether any sink holds a pattern (kept with ``_patterns``: read per publish).
         self._any_patterns = False
         self._pattern_listeners: list[PatternInterestListener] = []
+        #: Why a local publish cannot reach other nodes, or None (the federation's check; see :meth:`refusal`).
+        self._forward_check: Callable[[Envelope], str | None] | None = None
+        #: Publishes of fewer bytes than this always fit the links: no check.
+        self._unchecked_below = 0
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
         self._boot = os.urandom(3).hex()
@@ -175,6 +179,24 @@ class Hub:
     def add_publish_listener(self, listener: PublishListener) -> None:
         """Register ``listener`` for every local publish."""
         self._publish.append(listener)
+
+    def set_forward_check(self, check: Callable[[Envelope], str | None], unchecked_below: int) -> None:
+        """Have :meth:`refusal` ask ``check`` about publishes of ``unchecked_below`` bytes or more."""
+        self._forward_check = check
+        self._unchecked_below = unchecked_below
+
+    def refusal(self, envelope: Envelope, size: int) -> str | None:
+        """Why a front-end must refuse ``envelope`` before acknowledging it (it could not reach other nodes), or None.
+
+        ``size``: the bytes (or characters) the client sent for it. Small
+        messages are never measured; a large one has its PSC301 made once, here,
+        and kept for forwarding. Nothing acknowledged is then lost on a link for
+        its size (docs/protocol.md, "Message sizes").
+        """
+        check = self._forward_check
+        if check is None or size < self._unchecked_below:
+            return None
+        return check(envelope)
 
     def add_remote_interest_listener(self, listener: RemoteInterestListener) -> None:
         """Register ``listener`` for other nodes' new interest in this node's topics."""

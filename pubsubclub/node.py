@@ -48,6 +48,7 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         reactor=reactor,
         limits=Limits(
             max_message_size=config.node.max_message_size,
+            link_headroom=section.link_headroom,
             json=json_bounds(config),
             max_patterns_per_peer=section.max_patterns_per_peer,
         ),

@@ -80,8 +80,11 @@ class PSCPayloadError(PSCDecodeError):
 class Limits:
     """Named limits for untrusted PSC input."""
 
-    #: Largest encoded message accepted, in bytes.
+    #: Largest message a client of this node may publish, in bytes (``--max-message-size``).
     max_message_size: int = 1024 * 1024
+    #: What a link frame may hold beyond ``max_message_size`` (``--link-headroom``): the PSC301 carries
+    #: the topic, the re-encoded message and its metadata (docs/protocol.md, "Message sizes").
+    link_headroom: int = 64 * 1024
     #: Longest topic accepted, in characters.
     max_topic_length: int = 512
     #: Most topics in one PSC201.
@@ -94,6 +97,12 @@ class Limits:
     max_epoch_length: int = 64
     #: Depth, integer range, floats and strings of every value (docs/security.md).
     json: jsonbounds.JSONBounds = jsonbounds.DEFAULT_BOUNDS
+
+
+    @property
+    def max_link_frame(self) -> int:
+        """Largest link frame (and PSC message) this node accepts and sends, in bytes."""
+        return self.max_message_size + self.link_headroom
 
 
 DEFAULT_LIMITS = Limits()
@@ -212,8 +221,8 @@ def decode(data: bytes | str, limits: Limits = DEFAULT_LIMITS, bounded: bool = F
     ``bounded``: :func:`batch_within_bounds` found the frame ``data`` came in
     within the JSON bounds, so its PSC301 is not checked again.
     """
-    if len(data) > limits.max_message_size:
-        raise PSCDecodeError(f"message of {len(data)} bytes is over the limit of {limits.max_message_size}")
+    if len(data) > limits.max_link_frame:
+        raise PSCDecodeError(f"message of {len(data)} bytes is over the limit of {limits.max_link_frame}")
     try:
         value = orjson.loads(data)
     except orjson.JSONDecodeError as e:

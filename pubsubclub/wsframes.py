@@ -10,7 +10,11 @@ section 5.2: one unmasked, unfragmented frame) and keeps Autobahn's traffic
 counters, in the one case a node's frames are in: server side, connection
 open, no compression negotiated, no masking, fragmentation, frame logging or
 timing asked for, nothing queued. In every other case it is Autobahn's
-``sendMessage``. ``tests/test_wsframes.py`` holds the two to the same bytes.
+``sendMessage``. Unlike Autobahn it sends a message over the connection's
+``maxMessagePayloadSize``: that is the most the node accepts, and an EVENT
+for a PUBLISH just under it is a few bytes longer (docs/protocol.md,
+"Message sizes"); what the node sends is bounded where it is accepted.
+``tests/test_wsframes.py`` holds the two to the same bytes.
 
 Receiving: Autobahn's ``processData`` walks every frame through a dozen
 hooks, builds an XOR masker object per masked frame and a Deferred per
@@ -54,7 +58,6 @@ def send_message(protocol: Any, payload: bytes, binary: bool) -> None:
         or protocol.logFrames
         or protocol.send_queue
         or 0 < protocol.autoFragmentSize < length
-        or 0 < protocol.maxMessagePayloadSize < length
     ):
         protocol.sendMessage(payload, binary)
         return

@@ -234,15 +234,15 @@ def test_bad_input_raises_decode_error_naming_the_problem(data: bytes, problem: 
 
 
 def test_message_over_size_limit() -> None:
-    """A message longer than max_message_size is refused before parsing; one at the limit is fine."""
-    limits = Limits(max_message_size=20)
+    """A message longer than the link frame limit (max_message_size + link_headroom) is refused before parsing."""
+    limits = Limits(max_message_size=16, link_headroom=4)
     at_limit = b'[301,"t","' + b"x" * 8 + b'"]'
     assert len(at_limit) == 20
     assert decode(at_limit, limits) == Publish("t", "x" * 8)
     with pytest.raises(PSCDecodeError, match="message of 21 bytes is over the limit of 20"):
         decode(at_limit[:-2] + b'x"]', limits)
     with pytest.raises(PSCDecodeError, match="over the limit"):
-        decode(b"x" * (psc.DEFAULT_LIMITS.max_message_size + 1))
+        decode(b"x" * (psc.DEFAULT_LIMITS.max_link_frame + 1))
 
 
 @pytest.mark.parametrize("kind", [201, 202, 301])

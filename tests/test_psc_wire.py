@@ -322,10 +322,10 @@ async def test_junk_closes_only_that_link(node: NodeProcess, case: str) -> None:
 
 
 def test_oversize_frame_closes_with_1009(node: NodeProcess) -> None:
-    """A message over --max-message-size is refused with close code 1009."""
+    """A message over the link frame limit (--max-message-size + --link-headroom) is refused with close code 1009."""
     with consumer_link(node, [0, 1]) as ws:
         me = peer_name(ws)
-        ws.send(json.dumps([201, "x" * 100_000]))
+        ws.send(json.dumps([201, "x" * (MAX_MESSAGE + 64 * 1024)]))
         code, reason = close_of(ws)
     assert code == 1009, (code, reason)
     wait_until(lambda: not link_rows(node, me), "the refused link to leave /stats")

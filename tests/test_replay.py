@@ -1048,8 +1048,8 @@ def test_0_4_and_0_3_nodes_deliver_everything_exactly_once(net: MemoryNetwork) -
 
 
 def test_0_4_frames_never_exceed_the_message_limit(net: MemoryNetwork) -> None:
-    """Many messages in one turn are split into frames of at most max-message-size; all arrive, in order."""
-    limits = psc.Limits(max_message_size=4096)
+    """Many messages in one turn are split into frames of at most the link frame limit; all arrive, in order."""
+    limits = psc.Limits(max_message_size=3072, link_headroom=1024)
     a = net.node("a", 9001, replay=REPLAY, limits=limits)
     b = net.node("b", 9002, replay=REPLAY, limits=limits)
     sink = RecordingSink()

@@ -269,7 +269,9 @@ class NSDService:
             size = codec.message_chars(request.message)
             if size > self.settings.limits.max_message_chars:
                 return self._error(codec.message_too_big(size))
-            self._publish(request.identity, request.message)
+            too_large = self._publish(request.identity, request.message, size)
+            if too_large is not None:
+                return self._error(too_large)
             return codec.encode_success()
         channel = request.channel
         if not self.store.has_channel(channel):
@@ -297,17 +299,23 @@ class NSDService:
         self.hub.metrics.event(NSDEvent.ERRORS)
         return codec.encode_error(text)
 
-    def _publish(self, channel: str, message: dict[str, Any]) -> None:
+    def _publish(self, channel: str, message: dict[str, Any], chars: int) -> str | None:
+        """Store and publish; or, for a message that could not reach other nodes, why not (nothing done)."""
         when = self.clock.tick()
         # NSD assigns from (the publishing identity) and when; the client's are ignored.
         stored = {**message, "_class": codec.MESSAGE_CLASS, "from": channel, "when": when}
         envelope = self.hub.envelope(self._topic(channel), stored)
+        # Only with an --nsd-max-message-chars far above the default can a message be too large.
+        too_large = self.hub.refusal(envelope, chars)
+        if too_large is not None:
+            return too_large
         self.hub.metrics.count(envelope.topic, "nsd", "published", 1, payload_size(envelope))
         message_id = envelope.message_id or uuid.uuid4().hex
         self._store(channel, when, message_id, stored)
         # The log reaches every NSD node; the channel topic reaches everyone else.
         self._send(LOG_TOPIC, {"channel": channel, "id": message_id, "message": stored})
         self.hub.publish(envelope, exclude=self._history)
+        return None
 
     def _subscribe(self, identity: str, channel: str, active: bool) -> None:
         stamp = self.clock.tick()

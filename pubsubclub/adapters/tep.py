@@ -76,6 +76,7 @@ from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
 from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.auth import AuthPolicy, Role
+from pubsubclub.wsframes import send_message
 
 __all__ = [
     "BROADCAST_TOPIC",
@@ -87,6 +88,8 @@ __all__ = [
 ]
 
 log = Logger()
+#: A size that makes :meth:`Hub.refusal` measure the message whatever it is.
+_ALWAYS_CHECK = 1 << 62
 
 #: The hub topic that carries TEP broadcasts across the cluster.
 BROADCAST_TOPIC = "$tep.broadcast"
@@ -209,16 +212,23 @@ class TEPServer:
     def emit(self, channel: str, payload: Any) -> int:
         """Publish ``payload`` to ``channel`` cluster-wide; local deliveries returned.
 
-        Raises ValueError for a name that cannot be a channel.
+        Raises ValueError for a name that cannot be a channel, or a message that could not reach other nodes.
         """
         problem = channel_problem(channel, self.limits)
         if problem is not None:
             raise ValueError(problem)
-        return self.hub.publish(self.hub.envelope(self.hub_topic(channel), payload))
+        return self._publish_fitting(self.hub.envelope(self.hub_topic(channel), payload))
 
     def broadcast(self, payload: Any) -> int:
-        """Send ``payload`` (without topic) to every TEP client on every node."""
-        return self.hub.publish(self.hub.envelope(BROADCAST_TOPIC, payload))
+        """Send ``payload`` (without topic) to every TEP client on every node; ValueError if it cannot reach them."""
+        return self._publish_fitting(self.hub.envelope(BROADCAST_TOPIC, payload))
+
+    def _publish_fitting(self, envelope: Envelope) -> int:
+        # The operator API is rare: every message is measured (no size from a client frame to go by).
+        too_large = self.hub.refusal(envelope, _ALWAYS_CHECK)
+        if too_large is not None:
+            raise ValueError(too_large)
+        return self.hub.publish(envelope)
 
     # -- encoding once per message -------------------------------------------------
 
@@ -341,8 +351,14 @@ class TEPClient:
             server.hub.metrics.event(TEPEvent.NOT_AUTHORIZED)
             self.refuse(f"not authorized: role {role.name!r} may not publish to channel {frame.topic!r}", data)
             return
+        envelope = self._hub.envelope(server.hub_topic(frame.topic), frame.payload, size=len(data))
+        too_large = self._hub.refusal(envelope, len(data))
+        if too_large is not None:
+            # Refused before anyone gets it, here or on other nodes (docs/protocol.md, "Message sizes").
+            server.hub.metrics.count(envelope.topic, "tep", "dropped", 1, len(data), reason="too_large_for_links")
+            self.refuse(too_large, data)
+            return
         server.hub.metrics.event(TEPEvent.PUBLISHED)
-        envelope = self._hub.envelope(server.hub_topic(frame.topic), frame.payload)
         server.hub.metrics.count(envelope.topic, "tep", "published", 1, payload_size(envelope))
         # Like WAMP's default: the publisher does not get its own message.
         self._hub.publish(envelope, exclude=self)
@@ -465,7 +481,9 @@ class TEPServerProtocol(WebSocketServerProtocol):
         # runs inside the hub's delivery loop.
         if self.state != WebSocketServerProtocol.STATE_OPEN:
             return
-        self.sendMessage(data, False)
+        # Not Autobahn's sendMessage: it refuses an event over our receive limit, as an event for a
+        # frame just under it from another front-end can be (wsframes, docs/protocol.md "Message sizes").
+        send_message(self, data, False)
         if self._backlog is not None:
             self._backlog.written(len(data))
 

@@ -156,6 +156,17 @@ MAX_HELD_COUNTS = 1024
 #: Default cap on the bytes queued for one peer's link (docs/security.md, "Silent and slow peers").
 DEFAULT_MAX_LINK_QUEUE = 16 * 1024 * 1024
 
+#: How many times larger a message's JSON may be than the client's bytes for it: MessagePack's
+#: one-byte ``false`` or control character is six bytes of JSON (``false,``, ``\u0001``); JSON's
+#: ``1e15`` becomes ``1000000000000000.0``. Below the bound a publish needs no check (``unchecked_below``).
+MAX_REENCODING_GROWTH = 6
+#: Bytes a PSC301 may add around the re-encoded message: topic, origin, time, message id, JSON.
+PSC_OVERHEAD_ALLOWANCE = 8 * 1024
+#: Room for the sequence number a 0.3 stream adds to a PSC301's metadata (``,"s":<integer>``).
+SEQ_ALLOWANCE = 32
+#: ``Envelope.wire`` key of a local publish's PSC301 with metadata, made once (the size check, then forwarding).
+_PSC_RICH = "psc301"
+
 
 class Federation:
     """All PSC links of one node (both roles), driven by the hub and discovery."""
@@ -249,6 +260,9 @@ class Federation:
         hub.add_interest_listener(self)
         hub.add_pattern_listener(self)
         hub.add_publish_listener(self)
+        # Publishes whose PSC301 might not fit a link are measured before the front-end acknowledges them.
+        unchecked = (limits.max_link_frame - PSC_OVERHEAD_ALLOWANCE) // MAX_REENCODING_GROWTH
+        hub.set_forward_check(self.forward_problem, unchecked_below=max(unchecked, 0))
 
     @property
     def stats(self) -> dict[str, int]:
@@ -565,6 +579,48 @@ class Federation:
         )
         self.hub.metrics.disconnect("psc", "queue_cap")
 
+    def link_too_large(self, session: LinkSession, size: int, limit: int) -> None:
+        """A message over what ``session``'s peer accepts (an older node with a smaller limit) is not sent to it."""
+        peer = session.peer_node or session.peer
+        log.warn(
+            "not sending a message of {size} bytes to {peer}: over the {limit} bytes its link accepts",
+            size=size,
+            peer=peer,
+            limit=limit,
+        )
+        self.hub.metrics.event(FederationEvent.DROPPED_TOO_LARGE)
+
+    def forward_problem(self, envelope: Envelope) -> str | None:
+        """Why a local publish cannot cross the links (its PSC301 is over the link frame limit), or None.
+
+        Front-ends ask (through :meth:`Hub.refusal`) before they acknowledge.
+        The PSC301 made here is kept on the envelope and sent as it is.
+        """
+        try:
+            rich = self._rich(envelope)
+        except TypeError:
+            return None  # not JSON: never forwarded (counted as dropped, not_json); not a matter of size
+        size = len(rich) + SEQ_ALLOWANCE
+        limits = self.limits
+        if size <= limits.max_link_frame:
+            return None
+        return (
+            f"message is {size} bytes as a PSC301, over the link limit of {limits.max_link_frame} bytes"
+            f" (max-message-size {limits.max_message_size} + link-headroom {limits.link_headroom})"
+        )
+
+    @staticmethod
+    def _rich(envelope: Envelope) -> bytes:
+        """``envelope``'s PSC301 with metadata (0.2 and later), made once per message."""
+        wire = envelope.wire
+        rich: bytes | None = wire.get(_PSC_RICH)
+        if rich is None:
+            rich = wire[_PSC_RICH] = psc.encode_publish_meta(
+                envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+                envelope.wamp_wrapped,
+            )  # fmt: skip
+        return rich
+
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A consumer no longer wants ``topic`` from us."""
         if session.with_replay and self.outbox is not None:
@@ -846,18 +902,12 @@ class Federation:
         try:
             if streams:
                 assert outbox is not None
-                rich = psc.encode_publish_meta(
-                    topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
-                    envelope.wamp_wrapped,
-                )  # fmt: skip
+                rich = self._rich(envelope)
                 sent = outbox.forward(topic, rich, forwarded, streams)
             for session in sessions or ():
                 if session.with_metadata:
                     if rich is None:
-                        rich = psc.encode_publish_meta(
-                            topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
-                            envelope.wamp_wrapped,
-                        )  # fmt: skip
+                        rich = self._rich(envelope)
                     data = rich
                 else:
                     if plain is None:

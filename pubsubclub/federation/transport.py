@@ -99,6 +99,9 @@ class LinkHost(LinkOwner, Protocol):
     def queue_cap(self, session: LinkSession | None) -> int:
         """Bytes that may be queued for ``session``'s peer."""
 
+    def link_too_large(self, session: LinkSession, size: int, limit: int) -> None:
+        """A message of ``size`` bytes is over what ``session``'s peer accepts: not sent, counted."""
+
 #: HTTP header carrying a node's id in both directions of the WebSocket handshake.
 NODE_HEADER = "x-pubsubclub-node"
 #: WebSocket subprotocol name of PSC links.
@@ -107,6 +110,24 @@ SUBPROTOCOL = "pubsubclub"
 ADVERTISE_HEADER = "x-pubsubclub-advertise"
 #: HTTP header with the PSC URLs the sender dials, space-separated (peer learning).
 PEERS_HEADER = "x-pubsubclub-peers"
+#: HTTP header with the largest link frame the sender accepts, in bytes (docs/protocol.md, "Message sizes").
+MAX_FRAME_HEADER = "x-pubsubclub-max-frame"
+#: The least a peer's ``X-PubSubClub-Max-Frame`` is taken as (the smallest ``--max-message-size``).
+MIN_PEER_FRAME = 1024
+
+
+def peer_max_frame(said: str | None, limits: psc.Limits) -> int:
+    """The largest frame to send a peer whose handshake said ``said`` (its X-PubSubClub-Max-Frame).
+
+    Never more than this node's own frame limit (Autobahn refuses to send more
+    than it would accept). A peer that says nothing is a node from before the
+    header, whose limit was its ``--max-message-size``: ours, in a cluster
+    that shares one.
+    """
+    own = limits.max_link_frame
+    if said is None or not said.isdigit() or len(said) > 12:
+        return min(limits.max_message_size, own)
+    return max(MIN_PEER_FRAME, min(int(said), own))
 
 log = Logger()
 _OPEN = WebSocketProtocol.STATE_OPEN
@@ -170,12 +191,14 @@ class _LinkProtocolBase:
     _batch: list[bytes] | None = None
     _batch_bytes = 0
     _batch_call: IDelayedCall | None = None
-    #: The largest frame the peer accepts (the federation's max-message-size), read once per link.
+    #: The largest frame the peer accepts (its X-PubSubClub-Max-Frame, at most ours), set once per link.
     _max_frame = psc.DEFAULT_LIMITS.max_message_size
     #: With a cluster secret, seals every frame after the proof and opens the peer's (None: plain link).
     _seal: LinkSeal | None = None
     #: With a cluster secret: the dialled URL is the listener's advertised one (both MACs say so).
     _direct = False
+    #: What the peer's handshake said in X-PubSubClub-Max-Frame (None: nothing, an older node).
+    _peer_said_max_frame: str | None = None
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
         """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
@@ -183,7 +206,7 @@ class _LinkProtocolBase:
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
-        self._max_frame = federation.limits.max_message_size
+        self._max_frame = peer_max_frame(self._peer_said_max_frame, federation.limits)
         self.session = LinkSession(
             role,
             self._send_text,
@@ -203,6 +226,13 @@ class _LinkProtocolBase:
         if self.state != _OPEN:  # type: ignore[attr-defined]
             # Closing (a ping timed out, an overflow): the session ends with
             # the connection; until then there is nowhere to write.
+            return
+        if len(data) > self._max_frame:
+            # More than the peer accepts (front-ends refuse what cannot fit our own
+            # links, so: a peer with a smaller limit). Dropped alone, counted; the
+            # batch gathered so far and the messages after it go on as usual.
+            if self.session is not None:
+                self.factory.federation.link_too_large(self.session, len(data), self._max_frame)
             return
         pending = self._batch
         if pending:
@@ -370,6 +400,7 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
         """Learn the peer's node id, check its offer; answer with ours, the challenge and the subprotocol."""
         federation: LinkHost = self.factory.federation
         self.peer_node = request.headers.get(NODE_HEADER)
+        self._peer_said_max_frame = request.headers.get(MAX_FRAME_HEADER)
         # Raises ConnectionDeny (HTTP 401/403/503) when no usable offer came.
         # A node dialling itself holds the secret, so it passes and learns
         # from our node header that it should drop the URL
@@ -382,7 +413,8 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
         # Whom we dial is for cluster members only: with a secret, the dialler
         # has proven nothing yet (our peers learn it when we dial them).
         told = federation.peer_headers() if self._challenge is None else {}
-        return protocol, {NODE_HEADER: federation.node_id, **answer, **told}
+        sizes = {MAX_FRAME_HEADER: str(federation.limits.max_link_frame)}
+        return protocol, {NODE_HEADER: federation.node_id, **sizes, **answer, **told}
 
     def onOpen(self) -> None:
         """Start the session in the cluster's listening role, once the dialler proved the secret."""
@@ -479,7 +511,11 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
         factory = self.factory
         self.dialled = factory.url
         federation: LinkHost = factory.federation
-        headers = {NODE_HEADER: federation.node_id, **federation.client_headers(factory.url)}
+        headers = {
+            NODE_HEADER: federation.node_id,
+            MAX_FRAME_HEADER: str(federation.limits.max_link_frame),
+            **federation.client_headers(factory.url),
+        }
         if federation.auth is not None:
             self._offer = federation.auth.offer(federation.node_id, factory.url)
             headers[AUTH_HEADER] = self._offer.header()
@@ -497,6 +533,7 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
     def onConnect(self, response: ConnectionResponse) -> None:
         """Learn the server's node id from its handshake answer; check its proof."""
         self.peer_node = response.headers.get(NODE_HEADER)
+        self._peer_said_max_frame = response.headers.get(MAX_FRAME_HEADER)
         self.heard = (response.headers.get(ADVERTISE_HEADER), response.headers.get(PEERS_HEADER))
         auth = self.factory.federation.auth
         if auth is not None and self._offer is not None:
@@ -545,8 +582,8 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
 
 
 def _max_frame_size(federation: LinkHost) -> int:
-    """The largest WebSocket payload on a link: max-message-size, plus the seal's tag with a secret."""
-    return federation.limits.max_message_size + (0 if federation.auth is None else SEAL_OVERHEAD)
+    """The largest WebSocket payload on a link: the link frame limit, plus the seal's tag with a secret."""
+    return federation.limits.max_link_frame + (0 if federation.auth is None else SEAL_OVERHEAD)
 
 
 class PSCServerFactory(WebSocketServerFactory):
@@ -559,6 +596,8 @@ class PSCServerFactory(WebSocketServerFactory):
         self.federation = federation
         self.clock = clock
         self.setProtocolOptions(
+            # Frames up to max-message-size plus the link headroom (plus the seal's
+            # tag with a secret), both ways (Autobahn also refuses to send more than this).
             maxMessagePayloadSize=_max_frame_size(federation),
             maxFramePayloadSize=_max_frame_size(federation),
             # Both ends ping: a dialler that froze or vanished (SIGSTOP, a
@@ -587,6 +626,8 @@ class PSCClientFactory(WebSocketClientFactory):
         )
         self.federation = federation
         self.setProtocolOptions(
+            # Frames up to max-message-size plus the link headroom (plus the seal's
+            # tag with a secret), both ways (Autobahn also refuses to send more than this).
             maxMessagePayloadSize=_max_frame_size(federation),
             maxFramePayloadSize=_max_frame_size(federation),
             # The spec: ping every 5 s; no pong before the next ping means dead.

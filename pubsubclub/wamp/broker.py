@@ -106,6 +106,10 @@ PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
 #: ABORT reason for a client that does not join within ``WampLimits.join_timeout``.
 JOIN_TIMEOUT = "wamp.error.timeout"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
+#: ERROR for a PUBLISH that could not reach other nodes for its size (docs/protocol.md, "Message sizes").
+PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
+#: Taken as a PUBLISH's size when its transport did not measure it: always checked.
+_UNMEASURED = 1 << 62
 GOODBYE_AND_OUT = "wamp.close.goodbye_and_out"
 TOO_MANY_SUBSCRIPTIONS = "pubsubclub.error.too_many_subscriptions"
 #: The router's meta event for lost cross-node messages (docs/protocol.md, "Gap reports").
@@ -950,6 +954,14 @@ class BrokerSession:
             return
         hub = self._hub
         envelope = wamp_envelope(hub, topic, msg.args, msg.kwargs, size=msg.size)
+        too_large = hub.refusal(envelope, _UNMEASURED if msg.size is None else msg.size)
+        if too_large is not None:
+            # Refused before anyone gets it, here or on other nodes: one outcome everywhere.
+            log.debug("WAMP session {session}: publish refused: {problem}", session=self._session_id, problem=too_large)
+            hub.metrics.count(topic, "wamp", "dropped", 1, payload_size(envelope), reason="too_large_for_links")
+            if acknowledge:
+                self._error(request_type, msg.request, PAYLOAD_SIZE_EXCEEDED, too_large)
+            return
         publication = envelope.wire[PUBLICATION] = self._router.new_id()
         hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
         hub.publish(envelope, exclude=None if msg.exclude_me is False else self)

@@ -30,7 +30,7 @@ from autobahn.twisted.websocket import (
     WampWebSocketServerFactory,
     WampWebSocketServerProtocol,
 )
-from autobahn.wamp.exception import InvalidUriError, ProtocolError, TransportLost
+from autobahn.wamp.exception import InvalidUriError, ProtocolError
 from autobahn.wamp.message import Message
 from autobahn.wamp.serializer import (
     JsonObjectSerializer,
@@ -54,6 +54,7 @@ from pubsubclub.wsframes import receive_data, send_message
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
 log = Logger()
+_OPEN = WampWebSocketServerProtocol.STATE_OPEN
 
 
 class WampServerProtocol(WampWebSocketServerProtocol):
@@ -78,10 +79,19 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         """Decode WAMP messages; answer undecodable input with ABORT."""
         feed_session(self, self._serializer, payload, isBinary)
 
+    def isOpen(self) -> bool:  # noqa: N802 - Autobahn's ITransport name
+        """True while the session is attached and the WebSocket open, not once a closing handshake began.
+
+        Autobahn's own answer stays True until the connection is gone, while
+        its ``sendMessage`` refuses ("Attempt to send on a closed protocol")
+        from the moment either side sent a close frame.
+        """
+        return self._session is not None and self.state == _OPEN
+
     def send(self, msg: Message) -> None:
-        """Serialize ``msg`` (cached per message and wire format) and send it."""
-        if not self.isOpen():
-            raise TransportLost()
+        """Serialize ``msg`` (cached per message and wire format) and send it; nothing once closing."""
+        if self.state != _OPEN:
+            return
         data, is_binary = self._serializer.serialize(msg)
         send_message(self, data, is_binary)
         if self._backlog is not None:
@@ -93,9 +103,14 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         return self._serializer._serializer
 
     def send_encoded(self, data: bytes) -> None:
-        """Send one message already encoded with :attr:`object_serializer` (binary frame for MessagePack)."""
-        if not self.isOpen():
-            raise TransportLost()
+        """Send one message already encoded with :attr:`object_serializer` (binary frame for MessagePack).
+
+        Nothing once a closing handshake began: the hub's delivery loop calls
+        this for every subscriber, one of which may be closing (a close frame
+        from either side) until its connection is gone.
+        """
+        if self.state != _OPEN:
+            return
         send_message(self, data, self._serializer._serializer.BINARY)
         if self._backlog is not None:
             self._backlog.written(len(data))
