@@ -39,8 +39,10 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
+from pubsubclub.net.edge import handshake_done
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.websocket import unfinished_input
 from pubsubclub.nodelay import set_no_delay
-from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wsframes import receive_data, send_message
 
 
@@ -337,6 +339,10 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
     #: Closes the connection when the proof frame is overdue.
     _proof_timer: IDelayedCall | None = None
 
+    def pending_input(self) -> int:
+        """Unfinished input held (the connection layer's hook)."""
+        return unfinished_input(self)
+
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
         """Learn the peer's node id, check its offer; answer with ours, the challenge and the subprotocol."""
         federation: LinkHost = self.factory.federation
@@ -355,6 +361,8 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
 
     def onOpen(self) -> None:
         """Start the session in the cluster's listening role, once the dialler proved the secret."""
+        # Upgraded: the connection layer's handshake deadline is over; the proof has its own.
+        handshake_done(self.transport)
         federation: LinkHost = self.factory.federation
         if self.peer_node == federation.node_id:
             self._settle_challenge()

@@ -54,6 +54,8 @@ FRAME_MESSAGE = 0
 FRAME_PING = 1
 FRAME_PONG = 2
 _HEADER = struct.Struct("!I")
+#: The handshake error reply a listener past its connection caps sends (pubsubclub.net.edge).
+REFUSAL_MAX_CONNECTIONS = bytes([MAGIC, ERROR_MAX_CONNECTIONS << 4, 0, 0])
 
 
 def length_exponent(max_bytes: int) -> int:
@@ -198,6 +200,17 @@ class WampRawSocketProtocol(Protocol):
 
     def _peer(self) -> str:
         return str(self.transport.getPeer()) if self.transport is not None else "?"
+
+    # -- the connection layer's hooks (pubsubclub.net.edge) -------------------------------------
+
+    def keepalive(self) -> None:
+        """Quiet for a while: PING, so a client that answers (PONG) is not idle."""
+        if self._open:
+            self._write(FRAME_PING, b"")
+
+    def pending_input(self) -> int:
+        """Bytes of an unfinished handshake or frame held."""
+        return len(self._buffer)
 
     # -- the broker's transport contract -----------------------------------------------------
 

@@ -46,7 +46,8 @@ from twisted.web.static import File
 
 from pubsubclub import jsonbounds
 from pubsubclub.jsonbounds import JSONBounds, check
-from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.websocket import ping_if_open, unfinished_input
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.codec import decode
 from pubsubclub.wsframes import receive_data, send_message
@@ -109,6 +110,14 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         self.wasClean = False
         self.wasNotCleanReason = reason
         self.dropConnection(abort=True)
+
+    def keepalive(self) -> None:
+        """Quiet for a while: ping (the connection layer's hook), so a client that answers is not idle."""
+        ping_if_open(self)
+
+    def pending_input(self) -> int:
+        """Unfinished input held (the connection layer's hook)."""
+        return unfinished_input(self)
 
 
 class SessionOwner(Protocol):
@@ -250,7 +259,8 @@ def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResour
         maxMessagePayloadSize=limit,
         # Send the close frame (1009, 1002, ...) rather than just dropping TCP.
         failByDrop=False,
-        # Clients ping if they want to; the server stays passive.
+        # No timer per connection: the connection layer pings a client once it has been quiet
+        # for [edge] ping-interval (keepalive above) and closes it after [edge] idle-timeout.
         autoPingInterval=0,
         # No HTML status page (with version) on a plain GET.
         webStatus=False,
