@@ -74,7 +74,7 @@ from pubsubclub.adapters.tep_codec import (
 from pubsubclub.counters import TEPEvent
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
-from pubsubclub.net.edge import handshake_done
+from pubsubclub.net.edge import handshake_done, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
 from pubsubclub.wamp.auth import AuthPolicy, Role
@@ -483,7 +483,7 @@ class TEPServerProtocol(WebSocketServerProtocol):
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return self._backlog.unsent() if self._backlog is not None else 0
+        return unsent_bytes(self.transport, self._backlog)
 
     def close(self, code: int, reason: str) -> None:
         """Start the closing handshake."""

@@ -496,7 +496,7 @@ class Federation:
             queued=queued,
             limit=self.queue_cap(session),
         )
-        self.hub.metrics.disconnect("psc", "queue_cap")
+        self.hub.metrics.disconnect("psc", "slow_consumer")
 
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A consumer no longer wants ``topic`` from us."""

@@ -39,7 +39,7 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
-from pubsubclub.net.edge import handshake_done
+from pubsubclub.net.edge import handshake_done, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import unfinished_input
 from pubsubclub.nodelay import set_no_delay
@@ -228,7 +228,7 @@ class _LinkProtocolBase:
         if backlog is not None:
             if self._overflowed:
                 return
-            queued = backlog.unsent()
+            queued = unsent_bytes(self.transport, backlog)  # type: ignore[attr-defined]
             federation: LinkHost = self.factory.federation
             if queued > federation.queue_cap(self.session):
                 # A frozen or overwhelmed peer: drop it rather than queue for it

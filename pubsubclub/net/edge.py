@@ -109,6 +109,17 @@ def handshake_done(transport: Any) -> None:
         transport.handshake_done()
 
 
+def unsent_bytes(transport: Any, backlog: Any) -> int:
+    """Bytes queued for a protocol's peer: its guard's count (0 once the guard closed it), else ``backlog``'s.
+
+    Front-ends check this before sending, to count the message that found a
+    client over its cap; the guard itself drops it on the write that crossed.
+    """
+    if isinstance(transport, EdgeConnection):
+        return transport.unsent()
+    return backlog.unsent() if backlog is not None else 0  # type: ignore[no-any-return]
+
+
 def http_refusal(text: str) -> bytes:
     """An HTTP 503 answer that closes the connection (WebSocket and HTTP listeners, before any upgrade)."""
     body = text.encode() + b"\n"
@@ -167,9 +178,9 @@ class EdgeConnection(ProtocolWrapper):
         self.write(b"".join(data))
 
     def unsent(self) -> int:
-        """Bytes queued for the peer and not yet taken (0 where the transport cannot tell)."""
+        """Bytes queued for the peer and not yet taken (0 where the transport cannot tell, or once closing)."""
         buffer = self._buffer
-        if buffer is None:
+        if buffer is None or self.closing:
             return 0
         return len(buffer.dataBuffer) - buffer.offset + buffer._tempDataLen  # type: ignore[no-any-return]
 

@@ -36,8 +36,9 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.nodelay import set_no_delay
-from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.transport import bounded_serializers, feed_session
 
@@ -254,7 +255,7 @@ class WampRawSocketProtocol(Protocol):
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return self._backlog.unsent() if self._backlog is not None else 0
+        return unsent_bytes(self.transport, self._backlog)
 
     def drop(self, reason: str) -> None:
         """Abort the TCP connection now."""

@@ -46,6 +46,7 @@ from twisted.web.static import File
 
 from pubsubclub import jsonbounds
 from pubsubclub.jsonbounds import JSONBounds, check
+from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
 from pubsubclub.wamp.broker import WampRouter
@@ -103,7 +104,7 @@ class WampServerProtocol(WampWebSocketServerProtocol):
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return self._backlog.unsent() if self._backlog is not None else 0
+        return unsent_bytes(self.transport, self._backlog)
 
     def drop(self, reason: str) -> None:
         """Abort the TCP connection now (a close frame would queue behind the backlog)."""
