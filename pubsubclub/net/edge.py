@@ -43,11 +43,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from twisted.internet import task
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IReactorTime, ISSLTransport
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
+from zope.interface import directlyProvidedBy, directlyProvides
 
 from pubsubclub.net.sendbuffer import write_buffer_of
 
@@ -156,6 +157,11 @@ class EdgeConnection(ProtocolWrapper):
         """Find the TCP buffer to read pending bytes from, then connect the protocol."""
         self._buffer = write_buffer_of(transport)
         super().makeConnection(transport)
+        # ProtocolWrapper claims every interface of the transport. Not ISSLTransport: Autobahn
+        # then asks for a TLS channel id, which only the TLS protocol itself can give (it is
+        # beneath us), and fails the connection; the TLS protocol still does TLS.
+        kept = [i for i in directlyProvidedBy(self).flattened() if not i.isOrExtends(ISSLTransport)]
+        directlyProvides(self, *kept)
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
         """Note that the peer spoke; pass the bytes on."""
