@@ -91,7 +91,14 @@ def run_idle_bench(args: argparse.Namespace) -> int:
     if want < count + 256:
         raise SystemExit(f"pubsubclub: error: the open-file limit ({hard}) is too low for {count} sessions")
     port = free_port()
-    node, _ = start_node("bench-idle", ["--wamp", local(port), "--psc", local(0)])
+    # One address holds every session, and the lean client never answers pings: raise the
+    # connection layer's caps to the count and turn its idle deadline off (docs/security.md).
+    cap = str(count + 64)
+    node, _ = start_node(
+        "bench-idle",
+        ["--wamp", local(port), "--psc", local(0), "--edge-max-per-address", cap, "--edge-max-connections", cap,
+         "--edge-idle-timeout", "0"],
+    )  # fmt: skip
     writers: list[Any] = []
     try:
         before = rss(node.pid)

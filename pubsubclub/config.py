@@ -343,6 +343,50 @@ class SysVSection:
 
 
 @dataclass(frozen=True)
+class EdgeSection:
+    """``[edge]``: the connection layer every listener stands on (pubsubclub/net, docs/security.md)."""
+
+    handshake_timeout: float = setting(
+        10.0,
+        "seconds a new connection on any listener has to complete its protocol's handshake"
+        " (WAMP listeners: at least twice --wamp-join-timeout); also how long a connection may hold an"
+        " unfinished message while sending nothing",
+        metavar="S",
+    )
+    idle_timeout: float = setting(
+        30.0,
+        "seconds without a byte received before a connection is closed, after its handshake, on the listeners"
+        " that ping (WAMP WebSocket and RawSocket, TEP, PSC) and the ops listener (0: never)",
+        metavar="S",
+    )
+    ping_interval: float = setting(
+        10.0,
+        "seconds of quiet after which WAMP (WebSocket and RawSocket) and TEP clients are pinged; a client that"
+        " answers is never idle (0: no pings)",
+        metavar="S",
+    )
+    nsd_idle_timeout: float = setting(
+        0.0, "idle timeout of NSD clients after their first request (NSD has no keepalive; 0: never)", metavar="S"
+    )
+    stream_idle_timeout: float = setting(
+        0.0, "idle timeout of stream clients after Connect (no keepalive in the protocol; 0: never)", metavar="S"
+    )
+    max_per_address: int = setting(
+        1000, "open connections one source address may hold on one listener; more are refused", metavar="N"
+    )
+    max_connections: int = setting(10_000, "open connections on one listener; more are refused", metavar="N")
+    max_partial_input: int = setting(
+        64 * MiB,
+        "bytes of unfinished lines, frames and headers all connections together may hold; past it the largest"
+        " holders are closed (0: no budget)",
+        metavar="BYTES",
+    )
+    log_interval: float = setting(
+        10.0, "seconds between log lines summing refused or closed connections", metavar="S", advanced=True
+    )
+
+
+@dataclass(frozen=True)
 class MetricsSection:
     """``[metrics]``: dumps and the Prometheus scrape."""
 
@@ -423,6 +467,7 @@ SECTIONS: dict[str, type] = {
     "tep": TEPSection,
     "stream": StreamSection,
     "sysv": SysVSection,
+    "edge": EdgeSection,
     "metrics": MetricsSection,
     "bridge": BridgeSection,
 }
@@ -520,6 +565,7 @@ class NodeConfig:
     tep: TEPSection = TEPSection()
     stream: StreamSection = StreamSection()
     sysv: SysVSection = SysVSection()
+    edge: EdgeSection = EdgeSection()
     metrics: MetricsSection = MetricsSection()
     bridge: BridgeSection = BridgeSection()
     #: Deprecation notes from loading (logged when the node starts).
@@ -663,6 +709,7 @@ class NodeConfig:
             _check_prefix(key, prefix)
         self._validate_stream()
         self._validate_sysv()
+        self._validate_edge()
         self._validate_bridge()
         return self
 
@@ -735,6 +782,28 @@ class NodeConfig:
         ):
             if type(value) is not int or not 1 <= value <= 100_000:
                 raise ConfigError(key, "must be an integer between 1 and 100000")
+
+    def _validate_edge(self) -> None:
+        edge = self.edge
+        for key, seconds, low in (
+            ("edge-handshake-timeout", edge.handshake_timeout, 0.1),
+            ("edge-idle-timeout", edge.idle_timeout, 0),
+            ("edge-ping-interval", edge.ping_interval, 0),
+            ("edge-nsd-idle-timeout", edge.nsd_idle_timeout, 0),
+            ("edge-stream-idle-timeout", edge.stream_idle_timeout, 0),
+            ("edge-log-interval", edge.log_interval, 0.1),
+        ):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not low <= seconds <= 86_400:
+                raise ConfigError(key, f"must be a number of seconds between {low:g} and 86400")
+        if edge.idle_timeout and edge.ping_interval and edge.ping_interval >= edge.idle_timeout:
+            raise ConfigError("edge-ping-interval", "must be shorter than edge-idle-timeout (or either 0)")
+        for key, value, high in (
+            ("edge-max-per-address", edge.max_per_address, 10_000_000),
+            ("edge-max-connections", edge.max_connections, 10_000_000),
+            ("edge-max-partial-input", edge.max_partial_input, 2**40),
+        ):
+            if type(value) is not int or not 0 <= value <= high:
+                raise ConfigError(key, f"must be an integer between 0 (no cap) and {high}")
 
     def auth_policy(self) -> AuthPolicy | None:
         """The :class:`~pubsubclub.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""

@@ -25,6 +25,7 @@ from twisted.web.static import File
 from pubsubclub.config import NodeConfig
 from pubsubclub.hub import Hub
 from pubsubclub.jsonbounds import JSONBounds
+from pubsubclub.net.edge import Edge, EdgeLimits, http_refusal
 from pubsubclub.wamp.auth import AuthPolicy
 
 log = Logger()
@@ -35,9 +36,17 @@ class Frontend:
 
     #: Short name: the key of its URL in the node's ready line and in /stats.
     name = ""
+    #: The node's connection layer; set by the node before :meth:`listen` (None: listeners unguarded).
+    edge: Edge | None = None
 
     def __init__(self) -> None:
         self._ports: list[IListeningPort] = []
+
+    def guarded(self, config: NodeConfig, listener: str, factory: Any, refusal: bytes) -> Any:
+        """``factory`` behind the node's connection layer as ``listener`` (unchanged when there is none)."""
+        if self.edge is None:
+            return factory
+        return self.edge.guard(listener, factory, edge_limits(config, listener), refusal)
 
     async def listen(self) -> dict[str, str]:
         """Start serving; return the URLs served, by name."""
@@ -66,6 +75,44 @@ def listen_url(port: IListeningPort, scheme: str, path: str) -> str:
     if address in ("0.0.0.0", "::", ""):
         address = "127.0.0.1"
     return f"{scheme}://{address}:{host.port}{path}"  # type: ignore[attr-defined]
+
+
+#: What a refused connection on an HTTP or WebSocket listener is told (before any upgrade).
+HTTP_REFUSAL = http_refusal("too many connections")
+
+
+def edge_limits(config: NodeConfig, listener: str) -> EdgeLimits:
+    """The connection layer's limits for ``listener`` (wamp, rawsocket, psc, nsd, tep, stream, ops).
+
+    WAMP listeners keep their own, politer join timeouts (ABORT ``wamp.error.timeout``), each
+    ``[wamp] join-timeout`` for the upgrade and again for WELCOME: the guard's deadline there is
+    the backstop, at least twice that. PSC links ping themselves (5 s); the ops listener's
+    handshake is its first request. NSD and stream have no keepalive: idle is off by default.
+    """
+    edge = config.edge
+    handshake = edge.handshake_timeout
+    idle, ping = edge.idle_timeout, edge.ping_interval
+    pending = config.node.max_send_buffer
+    if listener in ("wamp", "rawsocket"):
+        handshake = max(handshake, 2 * config.wamp.join_timeout)
+    elif listener == "psc":
+        ping = 0.0
+        fed = config.federation
+        pending = fed.max_link_queue + (fed.replay_buffer_bytes if fed.replay_window_seconds else 0)
+    elif listener == "ops":
+        ping = 0.0
+    elif listener == "nsd":
+        idle, ping = edge.nsd_idle_timeout, 0.0
+    elif listener == "stream":
+        idle, ping = edge.stream_idle_timeout, 0.0
+    return EdgeLimits(
+        handshake_timeout=handshake,
+        idle_timeout=idle,
+        ping_interval=ping,
+        max_per_address=edge.max_per_address,
+        max_connections=edge.max_connections,
+        max_pending_bytes=pending,
+    )
 
 
 def json_bounds(config: NodeConfig) -> JSONBounds:
@@ -122,7 +169,8 @@ class WampFrontend(Frontend):
         """Serve WAMP (and the chat page); its URLs as ``wamp`` and ``http``."""
         endpoint = self._config.wamp.listen
         tls = endpoint.startswith("ssl:")
-        port = await self.server.listen(endpoint, self._site())
+        site = self.guarded(self._config, "wamp", self._site(), HTTP_REFUSAL)
+        port = await serverFromString(self._reactor, endpoint).listen(site)
         self._ports.append(port)
         urls = {
             "wamp": listen_url(port, "wss" if tls else "ws", "/ws"),
@@ -130,9 +178,11 @@ class WampFrontend(Frontend):
         }
         raw = self._config.wamp.rawsocket
         if raw is not None:
-            from pubsubclub.wamp.rawsocket import WampRawSocketFactory
+            from pubsubclub.wamp.rawsocket import REFUSAL_MAX_CONNECTIONS, WampRawSocketFactory
 
-            raw_port = await serverFromString(self._reactor, raw).listen(WampRawSocketFactory(self.router))
+            factory = WampRawSocketFactory(self.router)
+            factory = self.guarded(self._config, "rawsocket", factory, REFUSAL_MAX_CONNECTIONS)
+            raw_port = await serverFromString(self._reactor, raw).listen(factory)
             self._ports.append(raw_port)
             urls["rawsocket"] = listen_url(raw_port, "rss" if raw.startswith("ssl:") else "rs", "")
         return urls
@@ -181,7 +231,10 @@ class NSDFrontend(Frontend):
         )
         self.service = NSDService(self._hub, store, self._reactor.seconds, settings)
         self.service.start()
-        port = await serverFromString(self._reactor, section.listen).listen(NSDFactory(self.service))
+        from pubsubclub.adapters.nsd_codec import encode_error
+
+        factory = self.guarded(config, "nsd", NSDFactory(self.service), encode_error("TOO MANY CONNECTIONS"))
+        port = await serverFromString(self._reactor, section.listen).listen(factory)
         self._ports.append(port)
         host = port.getHost()
         return {"nsd": f"tcp://{getattr(host, 'host', '127.0.0.1')}:{host.port}"}  # type: ignore[attr-defined]
@@ -233,7 +286,9 @@ class TEPFrontend(Frontend):
         root.putChild(b"tep", self.server.resource())  # type: ignore[arg-type]
         site = Site(root)
         site.noisy = False
-        port = await serverFromString(self._reactor, endpoint).listen(site)
+        port = await serverFromString(self._reactor, endpoint).listen(
+            self.guarded(self._config, "tep", site, HTTP_REFUSAL)
+        )
         self._ports.append(port)
         return {"tep": listen_url(port, "ws", "/tep")}
 

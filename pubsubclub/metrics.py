@@ -122,6 +122,8 @@ class Metrics:
         self.errors: dict[tuple[str, str], int] = {}
         #: Connections the node closed to protect itself, by (front-end or "psc", reason); cumulative.
         self.disconnects: dict[tuple[str, str], int] = {}
+        #: Connections refused at accept by a listener's caps, by (listener, reason); cumulative.
+        self.refusals: dict[tuple[str, str], int] = {}
         #: Event counters of the components (pubsubclub/counters.py), by (component, event); cumulative.
         self.events: dict[tuple[str, str], int] = {}
         #: What components held back (counted once per reactor turn or read, not per message) is added by these,
@@ -192,6 +194,11 @@ class Metrics:
         """The node closed one connection of ``frontend`` to protect itself (``reason``: slow_consumer, ...)."""
         key = (frontend, reason)
         self.disconnects[key] = self.disconnects.get(key, 0) + 1
+
+    def refusal(self, listener: str, reason: str) -> None:
+        """A listener refused one connection at accept (``reason``: address_cap, listener_cap)."""
+        key = (listener, reason)
+        self.refusals[key] = self.refusals.get(key, 0) + 1
 
     def latency(self, origin: str, seconds: float) -> None:
         """One cross-node delivery from ``origin`` that took ``seconds``."""
@@ -499,6 +506,14 @@ class PrometheusCollector:
         for (frontend, reason), n in sorted(self._metrics.disconnects.items()):
             disconnects.add_metric([frontend, reason], n)
         yield disconnects
+        refusals = CounterMetricFamily(
+            "pubsubclub_refused_connections",
+            "Connections a listener refused at accept (per-address or per-listener cap)",
+            labels=["listener", "reason"],
+        )
+        for (listener, reason), n in sorted(self._metrics.refusals.items()):
+            refusals.add_metric([listener, reason], n)
+        yield refusals
         events = CounterMetricFamily(
             "pubsubclub_events", "Component events, as in /stats", labels=["component", "event"]
         )

@@ -24,15 +24,25 @@ from twisted.internet.interfaces import IListeningPort, IReactorThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.resource import Resource
-from twisted.web.server import Site
+from twisted.web.server import Request, Site
 
 from pubsubclub.config import NodeConfig
 from pubsubclub.federation import Federation, Role
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.replay import ReplaySettings
-from pubsubclub.frontends import Frontend, NSDFrontend, TEPFrontend, WampFrontend, json_bounds, listen_url
+from pubsubclub.frontends import (
+    HTTP_REFUSAL,
+    Frontend,
+    NSDFrontend,
+    TEPFrontend,
+    WampFrontend,
+    edge_limits,
+    json_bounds,
+    listen_url,
+)
 from pubsubclub.hub import Hub
 from pubsubclub.metrics import MetricsDumper, PrometheusCollector
+from pubsubclub.net.edge import Edge, EdgeSettings, handshake_done
 from pubsubclub.ops import HealthResource, StatsResource
 from pubsubclub.psc import Limits
 
@@ -75,10 +85,20 @@ def _wildcard(port: IListeningPort) -> bool:
     return getattr(port.getHost(), "host", "") in ("0.0.0.0", "::", "")
 
 
+class _OpsRequest(Request):
+    """An ops request: once one has arrived whole, the connection layer's handshake deadline is over."""
+
+    def process(self) -> None:
+        """Tell the guard, then serve."""
+        handshake_done(self.channel.transport if self.channel is not None else None)
+        super().process()
+
+
 class _QuietSite(Site):
     """The ops listener's site: no access log line per probe (Consul and load balancers poll /health)."""
 
     noisy = False
+    requestFactory = _OpsRequest  # noqa: N815 - Twisted API
 
     def log(self, request: Any) -> None:
         """Skip the access log."""
@@ -116,6 +136,15 @@ class Node:
         self.frontends: list[Frontend] = [
             f for f in (self.wamp, self.nsd, self.tep, self.stream, self.sysv, self.router) if f is not None
         ]
+        #: The connection layer every listener stands on (pubsubclub/net): deadlines, caps, pending bytes.
+        self.edge = Edge(
+            reactor,
+            self.metrics.refusal,
+            self.metrics.disconnect,
+            EdgeSettings(max_partial_input=config.edge.max_partial_input, log_interval=config.edge.log_interval),
+        )
+        for frontend in self.frontends:
+            frontend.edge = self.edge
         self.ports: list[IListeningPort] = []
         self.urls: dict[str, str] = {}
         #: ``starting`` -> ``ready`` -> ``stopping`` -> ``stopped``.
@@ -183,6 +212,7 @@ class Node:
             "stream": None if self.stream is None else self.stream.stats(),
             "sysv": None if self.sysv is None else self.sysv.stats(),
             "bridge": None if self.router is None else self.router.stats(),
+            "edge": self.edge.stats(),
         }
 
     def _warn_about_exposure(self) -> None:
@@ -256,7 +286,8 @@ class Node:
             return
         root = Resource()
         root.putChild(b"psc", self.federation.resource())
-        port = await serverFromString(self.reactor, endpoint).listen(Site(root))
+        factory = self.edge.guard("psc", Site(root), edge_limits(self.config, "psc"), HTTP_REFUSAL)
+        port = await serverFromString(self.reactor, endpoint).listen(factory)
         self.ports.append(port)
         self.urls["psc"] = listen_url(port, "wss" if endpoint.startswith("ssl:") else "ws", "/psc")
         federation = self.federation
@@ -281,7 +312,7 @@ class Node:
             api = self.tep.operations()
             if api is not None:
                 ops.putChild(b"tep", api)
-        site = _QuietSite(ops)
+        site = self.edge.guard("ops", _QuietSite(ops), edge_limits(self.config, "ops"), HTTP_REFUSAL)
         port = await serverFromString(self.reactor, endpoint).listen(site)
         self.ports.append(port)
         self.urls["health"] = listen_url(port, "http", "/health")
@@ -346,6 +377,7 @@ class Node:
         self.stop_step = "finishing front-ends"
         for frontend in self.frontends:
             frontend.finish()
+        self.edge.stop()
         if self._dump_loop is not None and self._dump_loop.running:
             self._dump_loop.stop()
         self.stop_step = "writing the last metrics dump"

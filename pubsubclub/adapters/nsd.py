@@ -75,6 +75,7 @@ from pubsubclub.adapters.nsd_store import NSDStore
 from pubsubclub.counters import NSDEvent
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
+from pubsubclub.net.edge import handshake_done
 from pubsubclub.nodelay import set_no_delay
 from pubsubclub.wamp.auth import AuthPolicy
 
@@ -564,12 +565,18 @@ class NSDProtocol(Protocol):
                 self._service.hub.metrics.event(NSDEvent.ERRORS)
                 self.transport.write(codec.encode_error(e.error))  # type: ignore[union-attr]
                 continue
+            # A first valid request: the connection layer's handshake deadline is over (pubsubclub.net.edge).
+            handshake_done(self.transport)
             try:
                 response = self._service.handle(request)
             except Exception:  # a store failure must not kill the node; the client gets an answer
                 log.failure("NSD request failed: {request}", request=request)
                 response = codec.encode_error("INTERNAL ERROR")
             self.transport.write(response)  # type: ignore[union-attr]
+
+    def pending_input(self) -> int:
+        """Bytes of an unfinished request line held (the connection layer's hook)."""
+        return self._framer.pending
 
 
 class NSDFactory(Factory):

@@ -68,6 +68,7 @@ from pubsubclub.adapters.stream_log import (
 from pubsubclub.config import NodeConfig
 from pubsubclub.frontends import Frontend, json_bounds
 from pubsubclub.hub import Envelope, Hub
+from pubsubclub.net.edge import handshake_done
 from pubsubclub.nodelay import set_no_delay
 from pubsubclub.wamp.auth import AuthPolicy, Role
 
@@ -447,6 +448,8 @@ class StreamProtocol(Protocol):
                 self._error(codec.ErrorCode.NOT_CONNECTED, "already connected: Connect comes once, first")
                 return
             self.client_name, self.group_id = request.client_name, request.group_id
+            # Connected: the connection layer's handshake deadline is over (pubsubclub.net.edge).
+            handshake_done(self.transport)
             self._ok()
             return
         if self.client_name is None:
@@ -687,7 +690,11 @@ class StreamFrontend(Frontend):
         assert endpoint is not None
         self.service = StreamService(self._hub, self._config, self._auth, self._reactor)
         self.service.start()
-        port = await serverFromString(self._reactor, endpoint).listen(StreamFactory(self.service))
+        refusal = codec.encode(
+            codec.Status(False, code=int(codec.ErrorCode.UNAVAILABLE), message="too many connections")
+        )
+        factory = self.guarded(self._config, "stream", StreamFactory(self.service), refusal)
+        port = await serverFromString(self._reactor, endpoint).listen(factory)
         self._ports.append(port)
         host = port.getHost()
         return {"stream": f"tcp://{getattr(host, 'host', '127.0.0.1')}:{host.port}"}  # type: ignore[attr-defined]

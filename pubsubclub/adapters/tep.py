@@ -74,7 +74,9 @@ from pubsubclub.adapters.tep_codec import (
 from pubsubclub.counters import TEPEvent
 from pubsubclub.hub import Envelope, Hub
 from pubsubclub.metrics import payload_size
-from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.edge import handshake_done, unsent_bytes
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.websocket import ping_if_open, unfinished_input
 from pubsubclub.wamp.auth import AuthPolicy, Role
 from pubsubclub.wsframes import send_message
 
@@ -188,7 +190,7 @@ class TEPServer:
             maxMessagePayloadSize=limit,
             # Send the close frame (1009, 1007, ...) rather than just dropping TCP.
             failByDrop=False,
-            # Clients ping if they want to; the server stays passive.
+            # No timer per connection: the connection layer pings quiet clients (keepalive).
             autoPingInterval=0,
             # Bounds how long a server-initiated close (shutdown) waits for the client.
             closeHandshakeTimeout=1,
@@ -452,6 +454,16 @@ class TEPServerProtocol(WebSocketServerProtocol):
             return
         self._client = TEPClient(server, self, peer=str(self.peer))
         self._watch_send_buffer()
+        # Upgraded: the connection layer's handshake deadline no longer applies (pubsubclub.net.edge).
+        handshake_done(self.transport)
+
+    def keepalive(self) -> None:
+        """Quiet for a while: ping (the connection layer's hook), so a client that answers is not idle."""
+        ping_if_open(self)
+
+    def pending_input(self) -> int:
+        """Unfinished input held (the connection layer's hook)."""
+        return unfinished_input(self)
 
     def _watch_send_buffer(self) -> None:
         self._backlog = watch_send_buffer(self.transport, "TEP")
@@ -489,7 +501,7 @@ class TEPServerProtocol(WebSocketServerProtocol):
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return self._backlog.unsent() if self._backlog is not None else 0
+        return unsent_bytes(self.transport, self._backlog)
 
     def close(self, code: int, reason: str) -> None:
         """Start the closing handshake."""

@@ -577,7 +577,7 @@ class Federation:
             queued=queued,
             limit=self.queue_cap(session),
         )
-        self.hub.metrics.disconnect("psc", "queue_cap")
+        self.hub.metrics.disconnect("psc", "slow_consumer")
 
     def link_too_large(self, session: LinkSession, size: int, limit: int) -> None:
         """A message over what ``session``'s peer accepts (an older node with a smaller limit) is not sent to it."""

@@ -48,8 +48,10 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
+from pubsubclub.net.edge import handshake_done, unsent_bytes
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.websocket import unfinished_input
 from pubsubclub.nodelay import set_no_delay
-from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wsframes import receive_data, send_message
 
 
@@ -272,7 +274,7 @@ class _LinkProtocolBase:
         if backlog is not None:
             if self._overflowed:
                 return
-            queued = backlog.unsent()
+            queued = unsent_bytes(self.transport, backlog)  # type: ignore[attr-defined]
             federation: LinkHost = self.factory.federation
             if queued > federation.queue_cap(self.session):
                 # A frozen or overwhelmed peer: drop it rather than queue for it
@@ -396,6 +398,10 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
     #: Closes the connection when the proof frame is overdue.
     _proof_timer: IDelayedCall | None = None
 
+    def pending_input(self) -> int:
+        """Unfinished input held (the connection layer's hook)."""
+        return unfinished_input(self)
+
     def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
         """Learn the peer's node id, check its offer; answer with ours, the challenge and the subprotocol."""
         federation: LinkHost = self.factory.federation
@@ -418,6 +424,8 @@ class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ig
 
     def onOpen(self) -> None:
         """Start the session in the cluster's listening role, once the dialler proved the secret."""
+        # Upgraded: the connection layer's handshake deadline is over; the proof has its own.
+        handshake_done(self.transport)
         federation: LinkHost = self.factory.federation
         if self.peer_node == federation.node_id:
             self._settle_challenge()

@@ -76,6 +76,7 @@ from twisted.logger import Logger
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.metrics import payload_size
+from pubsubclub.net.edge import handshake_done
 from pubsubclub.patterns import MATCHES, PREFIX, Pattern
 from pubsubclub.wamp.auth import NOT_AUTHORIZED, Authenticator, AuthPolicy, Challenge, Deny, Role, Welcome
 from pubsubclub.wamp.codec import PUBLISH, PublishRequest, event_message
@@ -801,6 +802,8 @@ class BrokerSession:
         self._authid = authid
         self._state = _State.ESTABLISHED
         self._cancel_join_timer()
+        # Joined: the connection layer's handshake deadline no longer applies (pubsubclub.net.edge).
+        handshake_done(getattr(self._transport, "transport", None))
         self._send(
             message.Welcome(
                 session=self._session_id,

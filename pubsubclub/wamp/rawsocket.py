@@ -36,8 +36,9 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.nodelay import set_no_delay
-from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.transport import bounded_serializers, feed_session
 
@@ -54,6 +55,8 @@ FRAME_MESSAGE = 0
 FRAME_PING = 1
 FRAME_PONG = 2
 _HEADER = struct.Struct("!I")
+#: The handshake error reply a listener past its connection caps sends (pubsubclub.net.edge).
+REFUSAL_MAX_CONNECTIONS = bytes([MAGIC, ERROR_MAX_CONNECTIONS << 4, 0, 0])
 
 
 def length_exponent(max_bytes: int) -> int:
@@ -199,6 +202,17 @@ class WampRawSocketProtocol(Protocol):
     def _peer(self) -> str:
         return str(self.transport.getPeer()) if self.transport is not None else "?"
 
+    # -- the connection layer's hooks (pubsubclub.net.edge) -------------------------------------
+
+    def keepalive(self) -> None:
+        """Quiet for a while: PING, so a client that answers (PONG) is not idle."""
+        if self._open:
+            self._write(FRAME_PING, b"")
+
+    def pending_input(self) -> int:
+        """Bytes of an unfinished handshake or frame held."""
+        return len(self._buffer)
+
     # -- the broker's transport contract -----------------------------------------------------
 
     def send(self, msg: Message) -> None:
@@ -241,7 +255,7 @@ class WampRawSocketProtocol(Protocol):
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return self._backlog.unsent() if self._backlog is not None else 0
+        return unsent_bytes(self.transport, self._backlog)
 
     def drop(self, reason: str) -> None:
         """Abort the TCP connection now."""

@@ -46,7 +46,9 @@ from twisted.web.static import File
 
 from pubsubclub import jsonbounds
 from pubsubclub.jsonbounds import JSONBounds, check
-from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.websocket import ping_if_open, unfinished_input
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.codec import decode
 from pubsubclub.wsframes import receive_data, send_message
@@ -117,13 +119,21 @@ class WampServerProtocol(WampWebSocketServerProtocol):
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return self._backlog.unsent() if self._backlog is not None else 0
+        return unsent_bytes(self.transport, self._backlog)
 
     def drop(self, reason: str) -> None:
         """Abort the TCP connection now (a close frame would queue behind the backlog)."""
         self.wasClean = False
         self.wasNotCleanReason = reason
         self.dropConnection(abort=True)
+
+    def keepalive(self) -> None:
+        """Quiet for a while: ping (the connection layer's hook), so a client that answers is not idle."""
+        ping_if_open(self)
+
+    def pending_input(self) -> int:
+        """Unfinished input held (the connection layer's hook)."""
+        return unfinished_input(self)
 
 
 class SessionOwner(Protocol):
@@ -265,7 +275,8 @@ def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResour
         maxMessagePayloadSize=limit,
         # Send the close frame (1009, 1002, ...) rather than just dropping TCP.
         failByDrop=False,
-        # Clients ping if they want to; the server stays passive.
+        # No timer per connection: the connection layer pings a client once it has been quiet
+        # for [edge] ping-interval (keepalive above) and closes it after [edge] idle-timeout.
         autoPingInterval=0,
         # No HTML status page (with version) on a plain GET.
         webStatus=False,
