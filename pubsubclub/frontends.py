@@ -89,6 +89,10 @@ class WampFrontend(Frontend):
             json=json_bounds(config),
             max_send_buffer=config.node.max_send_buffer,
             join_timeout=config.wamp.join_timeout,
+            max_subscriptions_per_session=config.wamp.max_subscriptions,
+            max_registrations_per_session=config.wamp.max_registrations,
+            max_registrations=config.wamp.max_registrations_per_node,
+            max_calls=config.wamp.max_calls_per_node,
         )
         self.server = WampServer(
             hub,
