@@ -146,8 +146,8 @@ class WampFrontend(Frontend):
         self.router.shutdown(reason)
 
     def stats(self) -> dict[str, Any]:
-        """Open sessions."""
-        return {"sessions": len(self.router.sessions)}
+        """Open sessions, and the entries in the RPC dealer's tables (all 0 once the sessions have left)."""
+        return {"sessions": len(self.router.sessions), "dealer": self.router.dealer.tables()}
 
 
 class NSDFrontend(Frontend):
