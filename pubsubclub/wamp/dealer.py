@@ -82,7 +82,7 @@ class Party(Protocol):
         """Send ``msg`` if its encoding fits the session's message-size limit: None; else ``(size, limit)``, unsent."""
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Registration:
     id: int
     realm: str
@@ -92,7 +92,7 @@ class _Registration:
     interruptible: bool = False
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class _Call:
     """One CALL in flight: who asked, who answers, and the timer ending it."""
 
