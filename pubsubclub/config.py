@@ -103,6 +103,12 @@ class NodeSection:
         16 * MiB, "a WAMP or TEP client with more unread is dropped as a slow consumer", metavar="BYTES"
     )
     max_json_depth: int = setting(64, "deepest array/object nesting any client or peer may send", metavar="N")
+    max_subscribed_topics: int = setting(
+        100_000,
+        "topics with subscribers on this node at most, all front-ends together; a client's subscribe to one more"
+        " gets an error",
+        metavar="N",
+    )
     shutdown_timeout: float = setting(
         5.0,
         "longest a graceful stop (SIGINT/SIGTERM) may take before the node exits anyway, in seconds",
@@ -142,6 +148,18 @@ class WampSection:
     )
     max_pending_calls: int = setting(
         1000, "node-local RPC calls one session may have in flight; one more gets an ERROR at once", metavar="N"
+    )
+    max_calls_per_node: int = setting(
+        10_000, "node-local RPC calls in flight on the node, all sessions together; one more gets an ERROR", metavar="N"
+    )
+    max_subscriptions: int = setting(
+        1000, "subscriptions one WAMP session may hold (exact and pattern); one more gets an ERROR", metavar="N"
+    )
+    max_registrations: int = setting(
+        1000, "procedures one WAMP session may register; one more gets an ERROR", metavar="N"
+    )
+    max_registrations_per_node: int = setting(
+        50_000, "procedures registered on the node, all sessions together; one more gets an ERROR", metavar="N"
     )
     await_interest: bool = setting(
         False,
@@ -232,7 +250,8 @@ class FederationSection:
     )
     max_patterns_per_peer: int = setting(
         10_000,
-        "a peer holding more PSC 0.5 patterns is disconnected; this node announces at most this many",
+        "patterns (WAMP prefix/wildcard) this node holds at most, a SUBSCRIBE of one more gets an ERROR;"
+        " a peer announcing more is disconnected",
         flag="--max-patterns-per-peer",
         metavar="N",
     )
@@ -633,6 +652,15 @@ class NodeConfig:
             raise ConfigError("wamp-join-timeout", "must be a number of seconds between 0.1 and 3600")
         if type(wamp.max_pending_calls) is not int or not 1 <= wamp.max_pending_calls <= 1_000_000:
             raise ConfigError("wamp-max-pending-calls", "must be an integer between 1 and 1000000")
+        for key, value in (
+            ("wamp-max-calls-per-node", wamp.max_calls_per_node),
+            ("wamp-max-subscriptions", wamp.max_subscriptions),
+            ("wamp-max-registrations", wamp.max_registrations),
+            ("wamp-max-registrations-per-node", wamp.max_registrations_per_node),
+            ("max-subscribed-topics", node.max_subscribed_topics),
+        ):
+            if type(value) is not int or not 1 <= value <= 10_000_000:
+                raise ConfigError(key, "must be an integer between 1 and 10000000")
         if metrics.dump_format not in DUMP_FORMATS:
             raise ConfigError(
                 "metrics-dump-format", f"must be one of {', '.join(DUMP_FORMATS)}, not {metrics.dump_format!r}"

@@ -136,6 +136,10 @@ class WampFrontend(Frontend):
             json=json_bounds(config),
             max_send_buffer=config.node.max_send_buffer,
             join_timeout=config.wamp.join_timeout,
+            max_subscriptions_per_session=config.wamp.max_subscriptions,
+            max_registrations_per_session=config.wamp.max_registrations,
+            max_registrations=config.wamp.max_registrations_per_node,
+            max_calls=config.wamp.max_calls_per_node,
         )
         self.server = WampServer(
             hub,
@@ -192,8 +196,8 @@ class WampFrontend(Frontend):
         self.router.shutdown(reason)
 
     def stats(self) -> dict[str, Any]:
-        """Open sessions."""
-        return {"sessions": len(self.router.sessions)}
+        """Open sessions, and the entries in the RPC dealer's tables (all 0 once the sessions have left)."""
+        return {"sessions": len(self.router.sessions), "dealer": self.router.dealer.tables()}
 
 
 class NSDFrontend(Frontend):

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
+from pubsubclub.compaction import Compaction
 from pubsubclub.counters import HubEvent
 from pubsubclub.hotmessage import hot_message
 from pubsubclub.metrics import Metrics, payload_size
@@ -37,6 +38,13 @@ from pubsubclub.patterns import Pattern, PatternIndex
 #: Reserved hub topic on which the federation tells local subscribers that
 #: messages from another node were lost (PSC 0.3 gap reports, docs/protocol.md).
 GAP_TOPIC = "$cluster.gap"
+#: Topics with local subscribers a node holds at most (a client's subscribe to one more is refused).
+#: As many as one PSC103/PSC201 may carry (``psc.Limits.max_topics_per_subscribe``), so the node's
+#: whole interest always fits the links.
+DEFAULT_MAX_TOPICS = 100_000
+#: Patterns with local holders a node holds at most: as many as it may announce to a peer
+#: (``psc.Limits.max_patterns_per_peer``), so no pattern is held that other nodes never hear of.
+DEFAULT_MAX_PATTERNS = 10_000
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _PUBLISHED, _RECEIVED, _DELIVERED = HubEvent.PUBLISHED, HubEvent.RECEIVED, HubEvent.DELIVERED
@@ -64,6 +72,21 @@ class Envelope:
     #: Memoised encodings, keyed by wire format (a string, or a tuple such as
     #: WAMP's ``(serializer, subscription id)``); shared by every recipient.
     wire: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+class LimitExceeded(Exception):
+    """A client's subscribe would grow one of the node's tables past its cap; nothing was changed.
+
+    The one refusal every front-end translates into its own error (WAMP
+    ERROR, TEP ``#join``, NSD ``ErrorResponse``); ``limit`` names the setting
+    and ``value`` is its value.
+    """
+
+    def __init__(self, limit: str, value: int, text: str) -> None:
+        super().__init__(text)
+        self.limit = limit
+        self.value = value
+        self.text = text
 
 
 class Sink(Protocol):
@@ -123,13 +146,28 @@ class RemoteInterestListener(Protocol):
 class Hub:
     """Topic -> local sinks, plus the node's identity for new envelopes."""
 
-    def __init__(self, node_id: str | None = None, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        node_id: str | None = None,
+        clock: Callable[[], float] = time.time,
+        *,
+        max_topics: int = DEFAULT_MAX_TOPICS,
+        max_patterns: int = DEFAULT_MAX_PATTERNS,
+    ) -> None:
+        for name, value in (("max_topics", max_topics), ("max_patterns", max_patterns)):
+            if type(value) is not int or value <= 0:
+                raise ValueError(f"Hub {name} must be a positive int, not {value!r}")
         self.node_id = node_id or os.urandom(6).hex()
+        #: Topics (and patterns) with local subscribers that a client's subscribe may bring the node to.
+        self.max_topics = max_topics
+        self.max_patterns = max_patterns
         #: The wall clock that stamps local publishes (``published_at``); injected by tests.
         self._clock = clock
         self._sinks: dict[str, dict[Sink, None]] = {}
         #: Per topic, what :meth:`_deliver` walks; dropped whenever the topic's sinks change.
         self._snapshots: dict[str, tuple[tuple[Sink, str | None], ...]] = {}
+        #: ``_sinks`` is copied when it has emptied from a peak, so memory returns when clients leave.
+        self._sinks_compaction = Compaction()
         self._interest: list[InterestListener] = []
         self._publish: list[PublishListener] = []
         self._remote_interest: list[RemoteInterestListener] = []
@@ -245,12 +283,24 @@ class Hub:
         """Number of local sinks subscribed to ``topic``."""
         return len(self._sinks.get(topic, ()))
 
-    def subscribe(self, topic: str, sink: Sink) -> None:
-        """Add ``sink`` to ``topic``; idempotent."""
+    def subscribe(self, topic: str, sink: Sink, *, limited: bool = False) -> None:
+        """Add ``sink`` to ``topic``; idempotent.
+
+        ``limited``: a client asked for it, so a new topic past :attr:`max_topics`
+        raises :class:`LimitExceeded` (nothing changed). The node's own sinks
+        (NSD history, replication, the TEP broadcast) are not limited.
+        """
         sinks = self._sinks.get(topic)
+        if sinks is None and limited and len(self._sinks) >= self.max_topics:
+            raise LimitExceeded(
+                "max-subscribed-topics",
+                self.max_topics,
+                f"this node already has subscribers on {len(self._sinks)} topics, the limit is {self.max_topics}",
+            )
         self._snapshots.pop(topic, None)
         if sinks is None:
             self._sinks[topic] = {sink: None}
+            self._sinks_compaction.grown(len(self._sinks))
             for listener in self._interest:
                 self._isolated(listener, listener.topic_added, topic)
         else:
@@ -265,6 +315,9 @@ class Hub:
         self._snapshots.pop(topic, None)
         if not sinks:
             del self._sinks[topic]
+            if self._sinks_compaction.due(len(self._sinks)):
+                self._sinks = dict(self._sinks)
+                self._snapshots = dict(self._snapshots)
             for listener in self._interest:
                 self._isolated(listener, listener.topic_removed, topic)
 
@@ -286,8 +339,18 @@ class Hub:
         """Number of local sinks holding ``pattern``."""
         return len(self._patterns.holders(pattern))
 
-    def subscribe_pattern(self, pattern: Pattern, sink: PatternSink) -> None:
-        """Add ``sink`` to ``pattern``; idempotent."""
+    def room_for(self, topic: str) -> bool:
+        """Whether a limited :meth:`subscribe` to ``topic`` would be accepted now."""
+        return topic in self._sinks or len(self._sinks) < self.max_topics
+
+    def subscribe_pattern(self, pattern: Pattern, sink: PatternSink, *, limited: bool = False) -> None:
+        """Add ``sink`` to ``pattern``; idempotent (``limited``: as for :meth:`subscribe`, :attr:`max_patterns`)."""
+        if limited and pattern not in self._patterns and len(self._patterns) >= self.max_patterns:
+            raise LimitExceeded(
+                "federation.max-patterns-per-peer",
+                self.max_patterns,
+                f"this node already holds {len(self._patterns)} patterns, the limit is {self.max_patterns}",
+            )
         added = self._patterns.add(pattern, sink)
         self._any_patterns = len(self._patterns) > 0
         if added:

@@ -115,7 +115,12 @@ class Node:
         self.reactor = reactor
         #: WAMP principals and roles (``--auth``); None: every client anonymous, everything allowed.
         self.auth = config.auth_policy()
-        self.hub = Hub(config.node.name)
+        self.hub = Hub(
+            config.node.name,
+            max_topics=config.node.max_subscribed_topics,
+            # The node announces at most this many patterns to a peer: holding more would be silent.
+            max_patterns=config.federation.max_patterns_per_peer,
+        )
         #: One set of counters for every part of the node, kept by the hub (docs/metrics.md).
         self.metrics = self.hub.metrics
         self.federation = build_federation(self.hub, config, reactor)

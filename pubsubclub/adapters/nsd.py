@@ -251,6 +251,14 @@ class NSDService:
                 self.hub.metrics.event(NSDEvent.NOT_AUTHORIZED)
                 return self._error(codec.not_authorized(refused))
         if isinstance(request, codec.OpenRequest):
+            topic = self._topic(request.identity)
+            if not self.hub.room_for(topic) and not self.store.has_channel(request.identity):
+                # A new channel is a new hub topic (its history sink): refused past the node's topic cap.
+                self.hub.metrics.error("nsd", "too_many_topics")
+                limit = self.hub.max_topics
+                return self._error(
+                    codec.too_many_channels(f"this node has subscribers on {limit} topics (max-subscribed-topics)")
+                )
             self._ensure_channel(request.identity, announce=True)
             if role is None or role.may_subscribe(self._topic(request.identity)):
                 self._subscribe(request.identity, request.identity, True)

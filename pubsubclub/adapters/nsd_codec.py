@@ -266,6 +266,11 @@ def message_too_big(chars: int) -> str:
     return f"MESSAGE TOO BIG: {chars} characters"
 
 
+def too_many_channels(why: str) -> str:
+    """Error text for an Open of a new channel past a node limit (in the spec's ``KIND: detail`` style)."""
+    return f"TOO MANY CHANNELS: {why}"
+
+
 def not_authorized(why: str) -> str:
     """Error text for a request the auth policy refuses (in the spec's ``KIND: detail`` style)."""
     return f"NOT AUTHORIZED: {why}"

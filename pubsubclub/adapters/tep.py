@@ -62,6 +62,7 @@ from pubsubclub.adapters.tep_codec import (
     ErrorFrame,
     Event,
     Join,
+    JoinReply,
     Leave,
     ServerFrame,
     TEPDecodeError,
@@ -72,7 +73,7 @@ from pubsubclub.adapters.tep_codec import (
     encode_server,
 )
 from pubsubclub.counters import TEPEvent
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.hub import Envelope, Hub, LimitExceeded
 from pubsubclub.metrics import payload_size
 from pubsubclub.net.edge import handshake_done, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
@@ -333,9 +334,19 @@ class TEPClient:
                 role=role.name,
                 channels=reply.rejected,
             )
+        refused: LimitExceeded | None = None
         for channel in new:
-            self._hub.subscribe(self._server.hub_topic(channel), self)
+            try:
+                self._hub.subscribe(self._server.hub_topic(channel), self, limited=True)
+            except LimitExceeded as e:
+                # The node's topic table is full: the channel is refused like any other (``#join``).
+                refused = e
+                self.channels.leave([channel])
+                reply = JoinReply(tuple(c for c in reply.accepted if c != channel), (*reply.rejected, channel))
         self._send_frame(reply)
+        if refused is not None:
+            server.hub.metrics.error("tep", "too_many_topics")
+            self._send_frame(ErrorFrame(f"{refused.text} ({refused.limit})", None))
 
     def _leave(self, frame: Leave) -> None:
         reply = self.channels.leave(frame.channels)

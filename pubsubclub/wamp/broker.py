@@ -73,7 +73,8 @@ from autobahn.wamp.message import Message
 from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 from twisted.logger import Logger
 
-from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
+from pubsubclub.compaction import Compaction
+from pubsubclub.hub import GAP_TOPIC, Envelope, Hub, LimitExceeded
 from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.metrics import payload_size
 from pubsubclub.net.edge import handshake_done
@@ -113,6 +114,10 @@ PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
 _UNMEASURED = 1 << 62
 GOODBYE_AND_OUT = "wamp.close.goodbye_and_out"
 TOO_MANY_SUBSCRIPTIONS = "pubsubclub.error.too_many_subscriptions"
+#: SUBSCRIBE to a new topic past the node's ``max-subscribed-topics``.
+TOO_MANY_TOPICS = "pubsubclub.error.too_many_topics"
+#: A prefix or wildcard SUBSCRIBE of a new pattern past the node's pattern cap (``max-patterns-per-peer``).
+TOO_MANY_PATTERNS = "pubsubclub.error.too_many_patterns"
 #: The router's meta event for lost cross-node messages (docs/protocol.md, "Gap reports").
 GAP_EVENT_TOPIC = "wamp.pubsubclub.gap"
 
@@ -142,8 +147,14 @@ class WampLimits:
     max_message_size: int = 1024 * 1024
     #: Longest topic URI accepted, in characters.
     max_uri_length: int = 512
-    #: Subscriptions one session may hold at once.
+    #: Subscriptions one session may hold at once (``[wamp] max-subscriptions``).
     max_subscriptions_per_session: int = 1000
+    #: Registrations one session may hold at once (``[wamp] max-registrations``).
+    max_registrations_per_session: int = 1000
+    #: Registrations the node may hold, all sessions together (``[wamp] max-registrations-per-node``).
+    max_registrations: int = 50_000
+    #: RPC calls the node may have in flight, all callers together (``[wamp] max-calls-per-node``).
+    max_calls: int = 10_000
     #: Unsent bytes queued for one client before it is dropped as too slow.
     max_send_buffer: int = 16 * 1024 * 1024
     #: Depth, integer range, floats and strings of every message (docs/security.md).
@@ -159,6 +170,9 @@ class WampLimits:
             "max_message_size",
             "max_uri_length",
             "max_subscriptions_per_session",
+            "max_registrations_per_session",
+            "max_registrations",
+            "max_calls",
             "max_send_buffer",
         ):
             value = getattr(self, name)
@@ -381,13 +395,25 @@ class WampRouter:
         self.call_later = call_later
         #: Node-local RPC (pubsubclub/wamp/dealer.py); calls time out through ``call_later`` when given.
         self.dealer = Dealer(
-            new_id, call_later=call_later, max_call_seconds=max_call_seconds, max_pending_calls=max_pending_calls
+            new_id,
+            call_later=call_later,
+            max_call_seconds=max_call_seconds,
+            max_pending_calls=max_pending_calls,
+            max_node_calls=limits.max_calls,
+            max_registrations=limits.max_registrations_per_session,
+            max_node_registrations=limits.max_registrations,
+            refused=self.refused,
         )
         #: Hub topic (exact) or hub pattern -> its broker-wide subscription.
         self._subscriptions: dict[str | Pattern, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()
+        self._subscriptions_compaction = Compaction()
         #: Sessions with an open transport.
         self.sessions: dict[BrokerSession, None] = {}
+
+    def refused(self, reason: str) -> None:
+        """Count one request refused past a limit (``pubsubclub_errors_total{component="wamp",reason}``)."""
+        self.hub.metrics.error("wamp", reason)
 
     def shutdown(self, text: str = "node shutting down") -> int:
         """Say GOODBYE (``wamp.close.system_shutdown``) to every session and close it."""
@@ -419,6 +445,7 @@ class WampRouter:
                 sub_id = self.new_id()
             sub = self._subscriptions[topic] = _TopicSubscription(sub_id, 0)
             self._subscription_ids.add(sub_id)
+            self._subscriptions_compaction.grown(len(self._subscriptions))
         sub.sessions += 1
         return sub.id
 
@@ -431,6 +458,9 @@ class WampRouter:
         if sub.sessions <= 0:
             del self._subscriptions[topic]
             self._subscription_ids.discard(sub.id)
+            if self._subscriptions_compaction.due(len(self._subscriptions)):
+                self._subscriptions = dict(self._subscriptions)
+                self._subscription_ids = set(self._subscription_ids)
 
     def event_bytes(self, envelope: Envelope, subscription: int, serializer: Any, realm: str | None = None) -> bytes:
         """The EVENT for ``envelope`` on ``subscription`` as ``serializer`` encodes it; once per format and id.
@@ -662,8 +692,13 @@ class BrokerSession:
             return
         self._state = _State.CLOSED
         self._router.dealer.left(self)
-        self._hub.unsubscribe_all(self)
+        # Its own subscriptions only: no scan of every topic on the node per session leaving.
+        hub = self._hub
         for topic in self._subscriptions.values():
+            if isinstance(topic, str):
+                hub.unsubscribe(topic, self)
+            else:
+                hub.unsubscribe_pattern(topic, self)
             self._router.release_subscription(topic)
         self._subscriptions.clear()
         self._topics.clear()
@@ -682,6 +717,26 @@ class BrokerSession:
     def send_message(self, msg: Message) -> None:
         """Send one message to this session's client (the dealer's view of a session)."""
         self._send(msg)
+
+    def send_if_fits(self, msg: Message) -> tuple[int, int] | None:
+        """Send ``msg`` if it fits this session's message-size limit: None; else ``(size, limit)`` and nothing sent.
+
+        The limit is the node's ``max-message-size``, or less when the client
+        said it takes less (a RawSocket client's handshake); a message over it
+        would make the client (or the transport) end the session.
+        """
+        transport = self._transport
+        if transport is None or not transport.isOpen():
+            return None
+        data = transport.object_serializer.serialize(msg.marshal())
+        limit = self._limits.max_message_size
+        client = getattr(transport, "max_send_size", None)
+        if client:
+            limit = min(limit, client)
+        if len(data) > limit:
+            return len(data), limit
+        transport.send_encoded(data)
+        return None
 
     def _on_rpc(self, msg: message.Register | message.Call) -> None:
         """REGISTER or CALL: checked like a publish (URI, role), then the node's dealer."""
@@ -707,6 +762,12 @@ class BrokerSession:
 
     def _error(self, request_type: int, request: int, uri: str, text: str) -> None:
         self._send(message.Error(request_type, request, uri, args=[text]))
+
+    def _refuse(self, request_type: int, request: int, uri: str, text: str, limit: str, value: int) -> None:
+        """ERROR for a request refused past a limit: ``args`` a sentence, ``kwargs`` the limit's name and value."""
+        log.debug("WAMP session {session}: refused: {text}", session=self._session_id, text=text)
+        self._router.refused(uri.rsplit(".", 1)[-1])
+        self._send(message.Error(request_type, request, uri, args=[text], kwargs={"limit": limit, "max": value}))
 
     # -- dispatch ----------------------------------------------------------------
 
@@ -878,21 +939,25 @@ class BrokerSession:
         if subscription is None:
             limit = self._limits.max_subscriptions_per_session
             if len(self._subscriptions) >= limit:
-                self._error(
-                    request_type,
-                    msg.request,
-                    TOO_MANY_SUBSCRIPTIONS,
-                    f"a session may hold at most {limit} subscriptions",
-                )
+                text = f"this session already has {len(self._subscriptions)} subscriptions, the limit is {limit}"
+                self._refuse(request_type, msg.request, TOO_MANY_SUBSCRIPTIONS, text, "wamp.max-subscriptions", limit)
+                return
+            try:
+                # First, so a full node table refuses before anything of the session's changes.
+                if isinstance(key, str):
+                    self._hub.subscribe(key, self, limited=True)
+                else:
+                    self._hub.subscribe_pattern(key, self, limited=True)
+            except LimitExceeded as e:
+                uri = TOO_MANY_TOPICS if isinstance(key, str) else TOO_MANY_PATTERNS
+                self._refuse(request_type, msg.request, uri, e.text, e.limit, e.value)
                 return
             subscription = self._router.acquire_subscription(key)
             self._subscriptions[subscription] = key
             if isinstance(key, str):
                 self._topics[key] = subscription
-                self._hub.subscribe(key, self)
             else:
                 self._patterns[key] = subscription
-                self._hub.subscribe_pattern(key, self)
         answer = message.Subscribed(msg.request, subscription)
         if self._router.await_interest:
             self._hub.interest_settled().addCallback(lambda _: self._send(answer))

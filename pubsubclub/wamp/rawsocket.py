@@ -224,6 +224,11 @@ class WampRawSocketProtocol(Protocol):
         self.send_encoded(data)
 
     @property
+    def max_send_size(self) -> int:
+        """The largest message the client said it takes (its handshake); 0 before the handshake."""
+        return self._max_send
+
+    @property
     def object_serializer(self) -> Any:
         """This connection's object serializer (chosen in the handshake)."""
         assert self._serializer is not None
