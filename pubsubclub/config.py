@@ -293,6 +293,12 @@ class SysVSection:
     client_queue_share: int = setting(
         64, "deliveries waiting in the queue for one client before further ones are dropped", metavar="N"
     )
+    stray_grace: float = setting(
+        2.0,
+        "seconds a reply to a PID that is not logged in may wait for it; after that, and at once for PIDs the node"
+        " never answered, messages on the queue for PIDs no logged-in client has are removed (checked every second)",
+        metavar="S",
+    )
 
 
 @dataclass(frozen=True)
@@ -666,6 +672,9 @@ class NodeConfig:
         ):
             if type(value) is not int or not 1 <= value <= 100_000:
                 raise ConfigError(key, "must be an integer between 1 and 100000")
+        grace = sysv.stray_grace
+        if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not 0 <= grace <= 3600:
+            raise ConfigError("sysv-stray-grace", "must be a number of seconds between 0 and 3600")
 
     def auth_policy(self) -> AuthPolicy | None:
         """The :class:`~pubsubclub.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""
