@@ -88,3 +88,31 @@ def test_ipv6_sources_count_per_64_and_mapped_ipv4_as_ipv4() -> None:
     assert source_key("::ffff:192.0.2.7") == "192.0.2.7"
     assert source_key("192.0.2.7") == "192.0.2.7"
     assert source_key("/tmp/socket") == "/tmp/socket"
+
+
+def test_challenges_held_open_at_once_are_refused_unchecked_once_locked(clock: Clock) -> None:
+    """A guesser holding many CHALLENGEs: once its source is locked, even the right ticket gets ABORT too_many."""
+    from autobahn.wamp import message
+    from autobahn.wamp.role import RoleSubscriberFeatures
+
+    from pubsubclub.hub import Hub
+    from pubsubclub.testing import MemoryWampTransport
+    from pubsubclub.wamp.auth import parse_auth
+    from pubsubclub.wamp.broker import TOO_MANY_FAILURES, WampRouter
+
+    policy = parse_auth('[roles.w]\nsubscribe = [""]\n[[principals]]\nauthid = "alice"\nrole = "w"\nticket = "right"\n')
+    guard = throttle(clock, failures_before_delay=1, first_delay=60.0)
+    router = WampRouter(Hub(), auth=policy, login_throttle=guard)
+    transports = []
+    for _ in range(4):
+        session, transport = router.session_factory(), MemoryWampTransport()
+        session.onOpen(transport)
+        roles = {"subscriber": RoleSubscriberFeatures()}
+        session.onMessage(message.Hello("realm1", roles, authmethods=["ticket"], authid="alice"))
+        assert isinstance(transport.sent[-1], message.Challenge)
+        transports.append((session, transport))
+    for (session, _), answer in zip(transports, ["wrong", "wrong", "right", "wrong"], strict=True):
+        session.onMessage(message.Authenticate(answer))
+    reasons = [transport.sent[-1].reason for _, transport in transports]
+    assert reasons == ["wamp.error.authentication_failed"] * 2 + [TOO_MANY_FAILURES] * 2
+    assert guard.stats()["failures"] == 2
