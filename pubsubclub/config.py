@@ -33,6 +33,7 @@ from twisted.internet.endpoints import _parseServer  # type: ignore[attr-defined
 from pubsubclub.dumpfile import DUMP_FORMATS
 
 if TYPE_CHECKING:
+    from pubsubclub.loginthrottle import LoginThrottleSettings
     from pubsubclub.wamp.auth import AuthPolicy
 
 
@@ -97,6 +98,22 @@ class NodeSection:
         "WAMP principals and roles, also applied to TEP and NSD (docs/security.md)",
         metavar="FILE.toml",
         shown_default="none: every client anonymous, everything allowed",
+    )
+    auth_failures_before_delay: int = setting(
+        5,
+        "failed logins (WAMP ticket, WAMP-CRA, cryptosign; the TEP operator token) one source address may make"
+        " before it is locked out; attempts while locked out are refused unchecked",
+        metavar="N",
+    )
+    auth_failure_delay: float = setting(
+        1.0, "first lockout after those failures, in seconds; each further failure doubles it", metavar="S"
+    )
+    auth_max_delay: float = setting(60.0, "longest lockout after failed logins, in seconds", metavar="S")
+    auth_failure_memory: float = setting(
+        600.0, "a source address with no failed login for this long starts again from zero, in seconds", metavar="S"
+    )
+    auth_max_sources: int = setting(
+        10_000, "source addresses whose failed logins are remembered (IPv6 per /64); past it the oldest go", metavar="N"
     )
     max_message_size: int = setting(MiB, "largest WAMP, PSC or TEP message accepted, in bytes", metavar="BYTES")
     max_send_buffer: int = setting(
@@ -358,6 +375,12 @@ class SysVSection:
     max_blocks: int = setting(64, "blocks at most, all users together", metavar="N")
     client_queue_share: int = setting(
         64, "deliveries waiting in the queue for one client before further ones are dropped", metavar="N"
+    )
+    stray_grace: float = setting(
+        2.0,
+        "seconds a reply to a PID that is not logged in may wait for it; after that, and at once for PIDs the node"
+        " never answered, messages on the queue for PIDs no logged-in client has are removed (checked every second)",
+        metavar="S",
     )
 
 
@@ -739,7 +762,37 @@ class NodeConfig:
         self._validate_sysv()
         self._validate_edge()
         self._validate_bridge()
+        self._validate_login_throttle()
         return self
+
+    def _validate_login_throttle(self) -> None:
+        node = self.node
+        for key, count in (
+            ("auth-failures-before-delay", node.auth_failures_before_delay),
+            ("auth-max-sources", node.auth_max_sources),
+        ):
+            if type(count) is not int or not 1 <= count <= 10_000_000:
+                raise ConfigError(key, "must be an integer between 1 and 10000000")
+        for key, seconds in (
+            ("auth-failure-delay", node.auth_failure_delay),
+            ("auth-max-delay", node.auth_max_delay),
+            ("auth-failure-memory", node.auth_failure_memory),
+        ):
+            if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 <= seconds <= 86_400:
+                raise ConfigError(key, "must be a number of seconds between 0 and 86400")
+
+    def login_throttle_settings(self) -> LoginThrottleSettings:
+        """The ``[node] auth-*`` settings as the login throttle takes them."""
+        from pubsubclub.loginthrottle import LoginThrottleSettings
+
+        node = self.node
+        return LoginThrottleSettings(
+            failures_before_delay=node.auth_failures_before_delay,
+            first_delay=float(node.auth_failure_delay),
+            max_delay=float(node.auth_max_delay),
+            forget_after=float(node.auth_failure_memory),
+            max_sources=node.auth_max_sources,
+        )
 
     def _validate_bridge(self) -> None:
         bridge = self.bridge
@@ -810,6 +863,9 @@ class NodeConfig:
         ):
             if type(value) is not int or not 1 <= value <= 100_000:
                 raise ConfigError(key, "must be an integer between 1 and 100000")
+        grace = sysv.stray_grace
+        if not isinstance(grace, (int, float)) or isinstance(grace, bool) or not 0 <= grace <= 3600:
+            raise ConfigError("sysv-stray-grace", "must be a number of seconds between 0 and 3600")
 
     def _validate_edge(self) -> None:
         edge = self.edge

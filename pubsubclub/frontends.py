@@ -25,6 +25,7 @@ from twisted.web.static import File
 from pubsubclub.config import NodeConfig
 from pubsubclub.hub import Hub
 from pubsubclub.jsonbounds import JSONBounds
+from pubsubclub.loginthrottle import LoginThrottle
 from pubsubclub.net.edge import Edge, EdgeLimits, http_refusal
 from pubsubclub.wamp.auth import AuthPolicy
 
@@ -125,7 +126,14 @@ class WampFrontend(Frontend):
 
     name = "wamp"
 
-    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        config: NodeConfig,
+        auth: AuthPolicy | None,
+        reactor: Any,
+        login_throttle: LoginThrottle | None = None,
+    ) -> None:
         from pubsubclub.wamp.broker import WampLimits
         from pubsubclub.wamp.server import WampServer
 
@@ -150,6 +158,7 @@ class WampFrontend(Frontend):
             await_interest=config.wamp.await_interest,
             max_call_seconds=config.wamp.call_timeout,
             max_pending_calls=config.wamp.max_pending_calls,
+            login_throttle=login_throttle,
         )
         self.router = self.server.router
         super().__init__()
@@ -260,12 +269,20 @@ class TEPFrontend(Frontend):
 
     name = "tep"
 
-    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
+    def __init__(
+        self,
+        hub: Hub,
+        config: NodeConfig,
+        auth: AuthPolicy | None,
+        reactor: Any,
+        login_throttle: LoginThrottle | None = None,
+    ) -> None:
         from pubsubclub.adapters.tep import TEPServer
         from pubsubclub.adapters.tep_codec import TEPLimits
 
         self._config = config
         self._reactor = reactor
+        self._login_throttle = login_throttle
         section = config.tep
         self.server = TEPServer(
             hub,
@@ -304,7 +321,7 @@ class TEPFrontend(Frontend):
         if token is None:
             log.info("TEP operator API (/tep on --http) is off: no --tep-ops-token-file")
             return None
-        return TEPOperationsResource(self.server, token)
+        return TEPOperationsResource(self.server, token, self._login_throttle)
 
     def close(self, reason: str) -> defer.Deferred[Any] | None:
         """Close every TEP client with ``reason``; fires when they have all gone."""

@@ -41,6 +41,7 @@ from pubsubclub.frontends import (
     listen_url,
 )
 from pubsubclub.hub import Hub
+from pubsubclub.loginthrottle import LoginThrottle
 from pubsubclub.metrics import MetricsDumper, PrometheusCollector
 from pubsubclub.net.edge import Edge, EdgeSettings, handshake_done
 from pubsubclub.ops import HealthResource, StatsResource
@@ -125,6 +126,7 @@ class Node:
         self.metrics = self.hub.metrics
         self.federation = build_federation(self.hub, config, reactor)
         self.wamp: WampFrontend | None = None
+        self.login_throttle: LoginThrottle | None = None
         self.nsd: NSDFrontend | None = None
         self.tep: TEPFrontend | None = None
         self.stream: Frontend | None = None
@@ -180,9 +182,15 @@ class Node:
 
     def _client_frontends(self, config: NodeConfig, reactor: Any) -> None:
         """The client listeners of a plain node: WAMP always, the others when configured."""
-        self.wamp = WampFrontend(self.hub, config, self.auth, reactor)
+        #: One per node: a source locked out after failed logins is locked out everywhere it logs in.
+        self.login_throttle = LoginThrottle(config.login_throttle_settings(), reactor.seconds)
+        self.wamp = WampFrontend(self.hub, config, self.auth, reactor, self.login_throttle)
         self.nsd = NSDFrontend(self.hub, config, self.auth, reactor) if config.nsd.listen is not None else None
-        self.tep = TEPFrontend(self.hub, config, self.auth, reactor) if config.tep.listen is not None else None
+        self.tep = (
+            TEPFrontend(self.hub, config, self.auth, reactor, self.login_throttle)
+            if config.tep.listen is not None
+            else None
+        )
         if config.stream.listen is not None:
             from pubsubclub.adapters.stream import StreamFrontend
 
@@ -218,6 +226,7 @@ class Node:
             "sysv": None if self.sysv is None else self.sysv.stats(),
             "bridge": None if self.router is None else self.router.stats(),
             "edge": self.edge.stats(),
+            "logins": None if self.login_throttle is None else self.login_throttle.stats(),
         }
 
     def _warn_about_exposure(self) -> None:

@@ -204,6 +204,10 @@ Message = Union[
 
 #: Largest sequence number or count on the wire (JSON-safe integers).
 MAX_SEQ = 2**53 - 1
+#: Latest publish time (PSC301 ``t``, seconds since the epoch) taken from a peer: the year 2286.
+#: A time outside 0..this is no clock's: it would overflow what the node derives from it
+#: (NSD's microsecond ``when``, the latency histograms), so the message is dropped and counted.
+MAX_PUBLISH_TIME = 1e10
 
 
 def choose_version(offered: tuple[Version, ...], supported: tuple[Version, ...] = SUPPORTED_VERSIONS) -> Version | None:
@@ -405,6 +409,7 @@ def _publish(frame: list[Any], limits: Limits, data: bytes | str, bounded: bool)
         # anything else gets the checks one by one, which name the problem.
         if (
             type(published_at) is float
+            and 0.0 <= published_at <= MAX_PUBLISH_TIME
             and type(origin) is str
             and type(message_id) is str
             and type(wrapped) is int
@@ -412,7 +417,10 @@ def _publish(frame: list[Any], limits: Limits, data: bytes | str, bounded: bool)
             and (seq is None or (type(seq) is int and 0 < seq <= MAX_SEQ))
         ):
             return Publish(topic, frame[2], Meta(origin, published_at, message_id, wrapped == 1, seq))
-    return Publish(topic, frame[2], _meta(value))
+    meta = _meta(value)
+    if meta.published_at is not None and not 0.0 <= meta.published_at <= MAX_PUBLISH_TIME:
+        raise PSCPayloadError(topic, f"publish time {meta.published_at!r} is outside 0..{MAX_PUBLISH_TIME:.0f}")
+    return Publish(topic, frame[2], meta)
 
 
 def _meta(value: Any) -> Meta:

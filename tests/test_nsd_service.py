@@ -111,6 +111,8 @@ def test_the_issues_publish_is_wrapped_and_nsd_keeps_working(node: Node) -> None
         ({"published_at": NOW - 5.0, "message_id": "n9-b-1"}, "origin"),
         ({"published_at": 1e300, "message_id": "n9-b-2"}, "clock"),
         ({"published_at": float("inf"), "message_id": "n9-b-3"}, "clock"),
+        ({"published_at": 1e308, "message_id": "n9-b-5"}, "clock"),  # x 1e6 is inf: int() would overflow
+        ({"published_at": float("nan"), "message_id": "n9-b-6"}, "clock"),
         ({"published_at": -1.0, "message_id": "n9-b-4"}, "clock"),
         ({}, "clock"),
     ],

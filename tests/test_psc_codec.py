@@ -372,6 +372,9 @@ def test_hostile_frames_raise_decode_error_with_a_short_reason(data: bytes | str
         (b'[301,"t",[-9223372036854775809]]', "integer of 64 bits is out of range"),
         (b'[301,"t",123456789012345678901234567890]', "integer of 97 bits is out of range"),
         (b'[301,"t",1,{"o":"n","x":' + b"[" * 70 + b"]" * 70 + b"}]", "nested deeper than 64 levels"),
+        (b'[301,"t",1,{"o":"n","t":1e308,"i":"x"}]', "publish time 1e+308 is outside"),
+        (b'[301,"t",1,{"o":"n","t":-1.0,"i":"x"}]', "publish time -1.0 is outside"),
+        (b'[301,"t",1,{"t":10000000001}]', "publish time 10000000001.0 is outside"),
     ],
 )
 def test_out_of_bounds_psc301_message_raises_payload_error(data: bytes, problem: str) -> None:

@@ -399,6 +399,40 @@ def test_a_queue_removed_under_the_node_is_made_again(node: NodeProcess, key: in
     assert new_client(clients, key).ask(Signal.CONNECTION) == OK
 
 
+def test_a_queue_clogged_with_messages_to_a_stranger_pid_frees_itself(
+    node: NodeProcess, key: int, clients: list[Client]
+) -> None:
+    """The issue's clog: messages to a live PID that is no client fill the queue; the node removes those alone."""
+    owner = new_client(clients, key, b"owner")
+    stranger = new_client(clients, key)  # a live process that never logs in
+    queue = sysv_ipc.MessageQueue(key)
+    for i in range(3):  # forged, but addressed to a logged-in client: its own to read
+        queue.send(pack(1, MESSAGE_COUNT_BASE, b"news", f"own {i}".encode()), type=owner.pid)
+    sent = 0
+    for _ in range(100_000):
+        try:
+            queue.send(pack(1, MESSAGE_COUNT_BASE, b"x", b"clog"), block=False, type=stranger.pid)
+        except sysv_ipc.BusyError:
+            break
+        sent += 1
+    else:
+        raise AssertionError("the queue never filled")
+    newcomer = new_client(clients, key)
+    request = pack(newcomer.pid, Signal.LOGIN, b"newcomer")
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:  # the queue is full until the node removes the strays: poll with IPC_NOWAIT
+        try:
+            queue.send(request, block=False, type=1)
+            break
+        except sysv_ipc.BusyError:
+            assert time.monotonic() < deadline, f"the queue is still full {WAIT_SECONDS} s after {sent} strays"
+            time.sleep(0.01)
+    assert Signal(newcomer.next().type) == OK
+    wait_until(lambda: sysv_stats(node)["strays_removed"] == sent, f"all {sent} strays counted", timeout=5)
+    assert stranger.poll() is None
+    assert [m.long_text.split(b"\0")[0] for m in owner.collected()] == [b"own 0", b"own 1", b"own 2"]
+
+
 def test_two_nodes_on_one_key_are_refused(tmp_path: Path, key: int) -> None:
     """A second node on the same host and key exits with a clear error instead of sharing the queue."""
     first = sysv_node("first", tmp_path, key).start()

@@ -53,6 +53,18 @@ def test_waiting_asks_without_taking(queue: SysVQueue) -> None:
     assert queue.capacity() == queue.size_bytes() // BODY_SIZE
 
 
+def test_addressees_lists_every_receiver_and_takes_nothing(queue: SysVQueue) -> None:
+    """msgrcv(MSG_COPY) names the mtype of each message, of any size, and leaves them all on the queue."""
+    assert queue.addressees() == set()
+    raw = sysv_ipc.MessageQueue(queue.key, max_message_size=8192)
+    raw.send(b"x" * 3000, type=4243)
+    for pid in (1, 4242, 4242, 99999999):
+        queue.send(pid, pack(1, Signal.OPERATION_SUCCESS))
+    assert queue.addressees() == {1, 4242, 4243, 99999999}
+    assert queue.used() == 5
+    assert queue.purge(4242) == 2 and queue.addressees() == {1, 4243, 99999999}
+
+
 def test_an_oversized_message_does_not_block_the_ones_behind_it(queue: SysVQueue) -> None:
     """A message far bigger than the protocol's is read (to be refused), not left at the head."""
     raw = sysv_ipc.MessageQueue(queue.key, max_message_size=8192)

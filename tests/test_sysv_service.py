@@ -55,6 +55,10 @@ class FakeQueue:
         self.messages = [(p, d) for p, d in self.messages if p != pid]
         return before - len(self.messages)
 
+    def addressees(self) -> set[int] | None:
+        """The receivers of what is on the queue."""
+        return {p for p, _ in self.messages}
+
     def read(self, pid: int) -> list[RawMessage]:
         """What client ``pid`` reads now (msgrcv until ENOMSG)."""
         mine = [unpack(d) for p, d in self.messages if p == pid]
@@ -478,6 +482,30 @@ def test_sweep_logs_out_dead_clients_and_clears_their_messages(world: World) -> 
     assert not world.queue.waiting(bob)
     assert world.service.counts["clients_gone"] == 2
     assert world.hub.subscribers("news") == 0
+
+
+def test_sweep_removes_messages_for_pids_no_client_has_and_spares_clients_and_fresh_replies() -> None:
+    """Forged messages to a stranger PID go at the next sweep; a logged-in client's and a fresh reply stay."""
+    now = [100.0]
+    world = World(SysVLimits(stray_grace=2.0), clock=lambda: now[0])
+    alice = world.login(100, b"alice")
+    stranger = world.spawn(555)  # alive, never logged in
+    waiting = world.spawn(556)  # asked CONNECTION, has not read the reply yet
+    world.service.message_received(pack(waiting, Signal.CONNECTION))
+    fill = pack(1, 0)
+    for pid in (stranger, 777, alice, alice):  # 777: no process at all
+        world.queue.messages.append((pid, fill))
+    world.service.sweep()
+    assert [p for p, _ in world.queue.messages] == [waiting, alice, alice]
+    assert world.service.counts["strays_removed"] == 2
+    now[0] += 1.9
+    world.service.sweep()
+    assert world.queue.waiting(waiting)  # still within its grace
+    now[0] += 0.2
+    world.service.sweep()
+    assert [p for p, _ in world.queue.messages] == [alice, alice]
+    assert world.service.counts["strays_removed"] == 3
+    assert world.hub.metrics.errors[("sysv", "stray_removed")] == 3
 
 
 def test_state_survives_a_restart(world: World) -> None:

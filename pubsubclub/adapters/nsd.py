@@ -59,7 +59,6 @@ protocol are one front-end.
 
 from __future__ import annotations
 
-import math
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -401,10 +400,11 @@ class NSDService:
     def _foreign_when(self, envelope: Envelope) -> int:
         """The origin's publish time, the same on every node, if in range; else this node's clock."""
         published = envelope.published_at
-        if published is not None and math.isfinite(published):
-            when = int(published * 1_000_000)
-            if self.clock.valid(when):
-                return when
+        if published is not None:
+            # Compared as a float first: a huge time (or NaN) never reaches int(), which would overflow.
+            when = published * 1_000_000
+            if 1 <= when <= self.clock.horizon():
+                return int(when)
         return self.clock.tick()
 
     def _on_control(self, envelope: Envelope) -> None:

@@ -29,6 +29,7 @@ the front-end are one queue's whole life and are read together.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
 import os
@@ -133,6 +134,9 @@ class ClientQueue(Protocol):
     def purge(self, pid: int) -> int:
         """Remove every message waiting for ``pid``; how many."""
 
+    def addressees(self) -> set[int] | None:
+        """The receivers (``mtype``) of the messages on the queue, read without taking them; None if unknown."""
+
 
 @dataclass(frozen=True)
 class SysVLimits:
@@ -144,6 +148,9 @@ class SysVLimits:
     max_blocks: int = 64
     #: Messages that may wait on the queue for one client before more are dropped.
     client_queue_share: int = 64
+    #: Seconds a reply to a PID that is not logged in (CONNECTION, a refused LOGIN, LOGOUT)
+    #: is left for it; then whatever waits for that PID is a stray and is removed.
+    stray_grace: float = 2.0
 
 
 def process_start(pid: int) -> int | None:
@@ -289,6 +296,7 @@ class SysVService:
         auth: AuthPolicy | None = None,
         process_start: Callable[[int], int | None] = process_start,
         save: Callable[[dict[str, Any]], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if prefix.startswith("$"):
             raise ValueError(f"SysV prefix {prefix!r} must not start with '$' (reserved hub topics)")
@@ -303,6 +311,9 @@ class SysVService:
         self.budget = QueueBudget(limits, queue.capacity())
         self._process_start = process_start
         self._save = save
+        self._clock = clock
+        #: PID that is not logged in -> when the node last replied to it (kept for ``stray_grace``).
+        self._replied: dict[int, float] = {}
         self.users: dict[int, _User] = {}
         self._by_nick: dict[bytes, int] = {}
         #: Registered channels, in registration order.
@@ -323,7 +334,7 @@ class SysVService:
         self._logged_reasons: set[str] = set()
         #: Plain counters for /stats (message counters go to hub.metrics).
         self.counts: dict[str, int] = dict.fromkeys(
-            ("requests", "bad_requests", "replies", "deliveries", "dropped", "clients_gone"), 0
+            ("requests", "bad_requests", "replies", "deliveries", "dropped", "clients_gone", "strays_removed"), 0
         )
         self._handlers: dict[type, Callable[[Any], None]] = {
             Connect: self._connect,
@@ -560,6 +571,8 @@ class SysVService:
     def _reply(self, pid: int, signal: Signal) -> None:
         if self._send(pid, reply(signal), is_reply=True):
             self.counts["replies"] += 1
+            if pid not in self.users:
+                self._replied[pid] = self._clock()
 
     def _send(self, pid: int, data: bytes, topic: str | None = None, is_reply: bool = False) -> bool:
         """Put ``data`` on the queue for ``pid`` if its budget allows; count what does not go."""
@@ -654,6 +667,47 @@ class SysVService:
                 self.counts["clients_gone"] += 1
                 self._remove_user(pid)
             self._purge(pid)
+        self.remove_strays()
+
+    def remove_strays(self) -> int:
+        """Take off the queue what waits for a PID that is neither the server nor a logged-in client.
+
+        Anyone who may write to the queue can address messages to any PID,
+        and nobody reads those for a PID no client has: 19 of them filled a
+        16 KiB queue for good. Messages for a logged-in client are its own to
+        read and are never touched; a reply the node sent to a PID that is not
+        logged in is left ``stray_grace`` seconds for its reader. How many were removed.
+        """
+        now = self._clock()
+        grace = self.limits.stray_grace
+        for pid, when in list(self._replied.items()):
+            if now - when >= grace or pid in self.users:
+                del self._replied[pid]
+        try:
+            addressees = self.queue.addressees() if self.queue.used() else None
+        except QueueGone:
+            return 0
+        if not addressees:
+            return 0
+        removed = 0
+        for pid in addressees:
+            if pid == SERVER_ID or pid in self.users or pid in self._replied:
+                continue
+            try:
+                taken = self.queue.purge(pid)
+            except QueueGone:
+                return removed
+            self.budget.forget(pid)
+            removed += taken
+            if taken:
+                # Once at info level, then at debug: whoever writes the strays cannot flood the log.
+                emit = log.debug if "stray" in self._logged_reasons else log.info
+                self._logged_reasons.add("stray")
+                emit("SysV: removed {n} messages waiting for {pid}, which is no logged-in client", n=taken, pid=pid)
+        if removed:
+            self.counts["strays_removed"] += removed
+            self.hub.metrics.error("sysv", "stray_removed", removed)
+        return removed
 
     def save(self) -> None:
         """Hand the state to the ``save`` callback (if any); it is no longer dirty."""
@@ -774,6 +828,23 @@ def _kernel_limit(name: str, default: int) -> int:
         return default
 
 
+#: ``msgrcv`` flags that copy the message at an index and leave it: MSG_COPY | IPC_NOWAIT (Linux headers).
+_COPY_FLAGS = 0o40000 | 0o4000
+_MTYPE = ctypes.c_long
+
+
+def _message_copier(size: int) -> tuple[Any, Any, int] | None:
+    """libc's ``msgrcv`` and a buffer for one message of ``size`` bytes (struct msgbuf: mtype, mtext)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        msgrcv = libc.msgrcv
+    except (OSError, AttributeError):
+        return None
+    msgrcv.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long, ctypes.c_int)
+    msgrcv.restype = ctypes.c_ssize_t
+    return msgrcv, ctypes.create_string_buffer(ctypes.sizeof(_MTYPE) + size), size
+
+
 class SysVQueue:
     """The node's queue through ``sysv_ipc``: created if missing (mode 0600), else used as it is."""
 
@@ -798,6 +869,7 @@ class SysVQueue:
         self._reader = self._handle(self._receive_size)
         # No room at all: msgrcv fails with E2BIG, taking nothing, when a message waits.
         self._prober = self._handle(0)
+        self._copy = _message_copier(self._receive_size)
 
     def _handle(self, size: int) -> sysv_ipc.MessageQueue:
         return sysv_ipc.MessageQueue(self.key, 0, max_message_size=size)
@@ -856,6 +928,37 @@ class SysVQueue:
     def capacity(self) -> int:
         """Messages of the protocol's size the queue holds."""
         return self.size_bytes() // BODY_SIZE
+
+    def addressees(self) -> set[int] | None:
+        """The ``mtype`` of every message on the queue, copied and left there (``msgrcv`` with ``MSG_COPY``).
+
+        MSG_COPY (Linux 3.8+, ``CONFIG_CHECKPOINT_RESTORE``) reads the message
+        at an index without taking it. Without it (ENOSYS) this is None, logged
+        once, and strays stay (docs/sysv.md). The queue may change between two
+        calls; a message missed now is seen at the next sweep.
+        """
+        if self._copy is None:
+            return None
+        copy, buffer, size = self._copy
+        found: set[int] = set()
+        for index in range(self.used() + 1):
+            if copy(self.id, buffer, size, index, _COPY_FLAGS) >= 0:
+                found.add(_MTYPE.from_buffer(buffer).value)
+                continue
+            error = ctypes.get_errno()
+            if error == errno.E2BIG:
+                continue  # larger than kernel.msgmax was at start: not the protocol's, and not countable here
+            if error in (errno.ENOSYS, errno.EPERM) and not found:
+                log.warn(
+                    "SysV: msgrcv(MSG_COPY) is not available ({e}): messages to stray PIDs are not removed",
+                    e=os.strerror(error),
+                )
+                self._copy = None
+                return None
+            if error in (errno.EIDRM, errno.EINVAL):
+                raise QueueGone(os.strerror(error))
+            break  # ENOMSG: past the last message
+        return found
 
     def purge(self, pid: int) -> int:
         """Take every message waiting for ``pid``; how many."""
@@ -1045,6 +1148,7 @@ class SysVFrontend(Frontend):
             max_subscriptions=section.max_subscriptions,
             max_blocks=section.max_blocks,
             client_queue_share=section.client_queue_share,
+            stray_grace=float(section.stray_grace),
         )
         #: Where the registry survives restarts.
         self.state_path = os.path.join(config.node.data_dir, f"sysv-{key:#x}.json")

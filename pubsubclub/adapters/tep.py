@@ -43,6 +43,7 @@ Why one long module: the TEP server, its clients and its operator API are one fr
 from __future__ import annotations
 
 import hmac
+import math
 from typing import Any, Protocol
 
 import orjson
@@ -74,6 +75,7 @@ from pubsubclub.adapters.tep_codec import (
 )
 from pubsubclub.counters import TEPEvent
 from pubsubclub.hub import Envelope, Hub, LimitExceeded
+from pubsubclub.loginthrottle import LoginThrottle
 from pubsubclub.metrics import payload_size
 from pubsubclub.net.edge import handshake_done, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
@@ -534,10 +536,16 @@ class TEPOperationsResource(Resource):
     ``{"error": ...}``, or 401 without the token.
     """
 
-    def __init__(self, server: TEPServer, token: bytes) -> None:
+    def __init__(self, server: TEPServer, token: bytes, login_throttle: LoginThrottle | None = None) -> None:
         super().__init__()
-        self.putChild(b"broadcast", _OperationResource(server, "broadcast", token))
-        self.putChild(b"emit", _OperationResource(server, "emit", token))
+        self.putChild(b"broadcast", _OperationResource(server, "broadcast", token, login_throttle))
+        self.putChild(b"emit", _OperationResource(server, "emit", token, login_throttle))
+
+
+def _client_host(request: Request) -> str:
+    """The address an HTTP request came from ("?" when the transport has none)."""
+    host = getattr(request.getClientAddress(), "host", None)
+    return host if isinstance(host, str) else "?"
 
 
 class _OperationResource(Resource):
@@ -545,17 +553,28 @@ class _OperationResource(Resource):
 
     isLeaf = True
 
-    def __init__(self, server: TEPServer, operation: str, token: bytes) -> None:
+    def __init__(
+        self, server: TEPServer, operation: str, token: bytes, login_throttle: LoginThrottle | None = None
+    ) -> None:
         super().__init__()
         self._server = server
         self._operation = operation
         self._expected = b"Bearer " + token
+        self._throttle = login_throttle
 
     def render_POST(self, request: Request) -> bytes:  # noqa: N802 - Twisted Web API
         """Run the call with the JSON body's fields, for a caller holding the token."""
         request.setHeader(b"content-type", b"application/json")
         given = request.getHeader(b"authorization") or b""
+        throttle, source = self._throttle, _client_host(request)
+        left = 0.0 if throttle is None else throttle.locked(source)
+        if left > 0.0:
+            request.setResponseCode(429)
+            request.setHeader(b"retry-after", str(math.ceil(left)).encode())
+            return orjson.dumps({"error": f"too many failed logins from {source}: try again in {left:.1f} s"})
         if not hmac.compare_digest(given.strip(), self._expected):
+            if throttle is not None:
+                throttle.failed(source)
             request.setResponseCode(401)
             request.setHeader(b"www-authenticate", b'Bearer realm="pubsubclub-tep"')
             return orjson.dumps({"error": "the TEP operator API needs Authorization: Bearer <token>"})

@@ -76,10 +76,20 @@ from twisted.logger import Logger
 from pubsubclub.compaction import Compaction
 from pubsubclub.hub import GAP_TOPIC, Envelope, Hub, LimitExceeded
 from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
+from pubsubclub.loginthrottle import LoginThrottle
 from pubsubclub.metrics import payload_size
 from pubsubclub.net.edge import handshake_done
 from pubsubclub.patterns import MATCHES, PREFIX, Pattern
-from pubsubclub.wamp.auth import NOT_AUTHORIZED, Authenticator, AuthPolicy, Challenge, Deny, Role, Welcome
+from pubsubclub.wamp.auth import (
+    AUTHENTICATION_FAILED,
+    NOT_AUTHORIZED,
+    Authenticator,
+    AuthPolicy,
+    Challenge,
+    Deny,
+    Role,
+    Welcome,
+)
 from pubsubclub.wamp.codec import PUBLISH, PublishRequest, event_message
 from pubsubclub.wamp.dealer import Dealer
 
@@ -107,6 +117,8 @@ NO_SUCH_SUBSCRIPTION = "wamp.error.no_such_subscription"
 PROTOCOL_VIOLATION = "wamp.error.protocol_violation"
 #: ABORT reason for a client that does not join within ``WampLimits.join_timeout``.
 JOIN_TIMEOUT = "wamp.error.timeout"
+#: ABORT reason for a HELLO or AUTHENTICATE from a source locked out after failed logins.
+TOO_MANY_FAILURES = "pubsubclub.error.too_many_auth_failures"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 #: ERROR for a PUBLISH that could not reach other nodes for its size (docs/protocol.md, "Message sizes").
 PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
@@ -208,6 +220,13 @@ class WampTransport(Protocol):
 
     def drop(self, reason: str) -> None:
         """Abort the connection at once, logging ``reason``."""
+
+
+def _peer_host(transport: Any) -> str:
+    """The remote address of a WAMP transport (WebSocket or RawSocket protocol); "?" if it has none."""
+    get_peer = getattr(getattr(transport, "transport", None), "getPeer", None)
+    host = getattr(get_peer(), "host", None) if get_peer is not None else None
+    return host if isinstance(host, str) else "?"
 
 
 def hub_topic(realm: str, topic: str, default_realm: str) -> str:
@@ -372,6 +391,7 @@ class WampRouter:
         call_later: Callable[[float, Callable[[], None]], Any] | None = None,
         max_call_seconds: float = 0.0,
         max_pending_calls: int = 1000,
+        login_throttle: LoginThrottle | None = None,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
@@ -389,6 +409,8 @@ class WampRouter:
         #: Randomness for authentication challenges, and the clock stamping them.
         self.random_bytes = random_bytes
         self.clock = clock
+        #: Locks out a source address after failed logins (docs/security.md); None: no throttle.
+        self.login_throttle = login_throttle
         #: Hold SUBSCRIBED until the hub says every linked node has the interest (``Hub.interest_settled``).
         self.await_interest = await_interest
         #: ``call_later(seconds, fn)`` for timers (join timeout); None: no timers (sans-IO tests).
@@ -504,6 +526,8 @@ class BrokerSession:
         #: The role welcomed with; None without an auth policy (everything allowed).
         self._role: Role | None = None
         self._authenticator: Authenticator | None = None
+        #: The client's address (the login throttle counts failures per source).
+        self._source = "?"
         #: subscription id -> hub topic or pattern, and back.
         self._subscriptions: dict[int, str | Pattern] = {}
         self._topics: dict[str, int] = {}
@@ -533,6 +557,7 @@ class BrokerSession:
     def onOpen(self, transport: WampTransport) -> None:  # noqa: N802 - Autobahn API
         """The transport is up: wait for HELLO."""
         self._transport = transport
+        self._source = _peer_host(transport)
         self._router.sessions[self] = None
         if self._router.call_later is not None:
             self._join_timer = self._router.call_later(self._limits.join_timeout, self._join_timed_out)
@@ -838,11 +863,30 @@ class BrokerSession:
 
     def _on_authenticate(self, msg: message.Authenticate) -> None:
         assert self._authenticator is not None
-        self._answer(self._authenticator.authenticate(msg.signature, msg.extra))
+        if self._locked_out():
+            return  # checked again here: a guesser may hold many challenges open at once
+        outcome = self._authenticator.authenticate(msg.signature, msg.extra)
+        throttle = self._router.login_throttle
+        if throttle is not None and isinstance(outcome, Deny) and outcome.reason == AUTHENTICATION_FAILED:
+            throttle.failed(self._source)
+        self._answer(outcome)
+
+    def _locked_out(self) -> bool:
+        """ABORT if this client's address is locked out after failed logins; True if it was."""
+        throttle = self._router.login_throttle
+        left = 0.0 if throttle is None else throttle.locked(self._source)
+        if left <= 0.0:
+            return False
+        text = f"too many failed logins from {self._source}: try again in {left:.1f} s"
+        log.info("WAMP session {session} refused: {text}", session=self._session_id, text=text)
+        self.abort(TOO_MANY_FAILURES, text)
+        return True
 
     def _answer(self, outcome: Welcome | Challenge | Deny) -> None:
         """Carry out the authenticator's answer: WELCOME, CHALLENGE or ABORT."""
         if isinstance(outcome, Challenge):
+            if self._locked_out():
+                return
             self._state = _State.AWAIT_AUTHENTICATE
             self._send(message.Challenge(outcome.method, dict(outcome.extra)))
         elif isinstance(outcome, Deny):

@@ -15,6 +15,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.web.server import Site
 
 from pubsubclub.hub import Hub
+from pubsubclub.loginthrottle import LoginThrottle, LoginThrottleSettings
 from pubsubclub.wamp.auth import AuthPolicy
 from pubsubclub.wamp.broker import WampLimits, WampRouter
 from pubsubclub.wamp.transport import wamp_site
@@ -34,12 +35,16 @@ class WampServer:
         await_interest: bool = False,
         max_call_seconds: float = 0.0,
         max_pending_calls: int = 1000,
+        login_throttle: LoginThrottle | None = None,
     ) -> None:
         self.hub = hub
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
             reactor = default_reactor
+        if login_throttle is None and auth is not None:
+            # A policy with credentials is never left open to unthrottled guessing.
+            login_throttle = LoginThrottle(LoginThrottleSettings(), reactor.seconds)
         # No policy: every session is anonymous and may do everything.
         self.router = WampRouter(
             hub,
@@ -50,6 +55,7 @@ class WampServer:
             call_later=reactor.callLater,
             max_call_seconds=max_call_seconds,
             max_pending_calls=max_pending_calls,
+            login_throttle=login_throttle,
         )
         self._reactor = reactor
 

@@ -1,0 +1,131 @@
+"""Failed logins slow the guesser: per-source lockouts that grow with each failure (sans-IO).
+
+One :class:`LoginThrottle` per node is asked by every place that checks a
+credential (WAMP ticket, WAMP-CRA and cryptosign; the TEP operator API's
+bearer token). A source address may fail ``failures_before_delay`` times
+freely; each further failure locks it out for ``first_delay`` seconds,
+doubling up to ``max_delay``. While locked out, its attempts are refused at
+once without the credential being checked, so a guesser gets at most one
+checked guess per lockout, however many connections it opens. Other
+sources, the real principal's among them, are not affected.
+
+State is a timestamp pair per source, never a timer: the table holds at
+most ``max_sources`` entries (least recently failed dropped first), and a
+source that fails nothing for ``forget_after`` seconds starts afresh. IPv6
+sources count per /64, the block one host usually holds. Time comes from an
+injected clock (the reactor's ``seconds`` in a node).
+
+A successful login does not clear a source's failures: whoever holds one
+valid credential could otherwise log in between guesses at another's.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+__all__ = ["LoginThrottle", "LoginThrottleSettings", "source_key"]
+
+
+@dataclass(frozen=True)
+class LoginThrottleSettings:
+    """The throttle's limits (``[node] auth-*`` settings)."""
+
+    #: Failed logins a source may make before lockouts begin.
+    failures_before_delay: int = 5
+    #: Lockout after the first failure past that, in seconds; each further failure doubles it.
+    first_delay: float = 1.0
+    #: Longest lockout, in seconds.
+    max_delay: float = 60.0
+    #: A source with no failure for this long is forgotten (its count starts again), in seconds.
+    forget_after: float = 600.0
+    #: Sources remembered at most; past it the one that failed least recently is forgotten.
+    max_sources: int = 10_000
+
+
+def source_key(host: str) -> str:
+    """The key a source address is counted under: the address itself, or its /64 for IPv6."""
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return host
+
+
+class _Failures:
+    """One source's count and when its lockout ends."""
+
+    __slots__ = ("count", "last", "until")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.last = 0.0
+        self.until = 0.0
+
+
+class LoginThrottle:
+    """Per-source failure counts with growing lockouts; ask :meth:`locked` before checking a credential."""
+
+    def __init__(self, settings: LoginThrottleSettings, clock: Callable[[], float]) -> None:
+        self.settings = settings
+        self._clock = clock
+        self._sources: OrderedDict[str, _Failures] = OrderedDict()
+        #: Counters for /stats.
+        self.counts = {"failures": 0, "lockouts": 0, "refused": 0, "forgotten_early": 0}
+
+    def locked(self, host: str) -> float:
+        """Seconds ``host`` must still wait before a credential of its is checked; 0.0 if it may try now.
+
+        A positive answer counts as a refused attempt.
+        """
+        entry = self._sources.get(source_key(host))
+        if entry is None:
+            return 0.0
+        left = entry.until - self._clock()
+        if left <= 0.0:
+            return 0.0
+        self.counts["refused"] += 1
+        return left
+
+    def failed(self, host: str) -> float:
+        """``host`` gave a wrong credential; the lockout it starts now, in seconds (0.0: none yet)."""
+        settings = self.settings
+        now = self._clock()
+        key = source_key(host)
+        entry = self._sources.pop(key, None)
+        if entry is None or now - entry.last >= settings.forget_after:
+            entry = _Failures()
+        self._sources[key] = entry  # most recently failed last
+        sources = self._sources
+        while len(sources) > settings.max_sources:
+            sources.popitem(last=False)
+            self.counts["forgotten_early"] += 1
+        while sources:  # the oldest first: drop those quiet for forget_after
+            oldest = next(iter(sources.values()))
+            if oldest is entry or now - oldest.last < settings.forget_after:
+                break
+            sources.popitem(last=False)
+        entry.count += 1
+        entry.last = now
+        self.counts["failures"] += 1
+        over = entry.count - settings.failures_before_delay
+        if over <= 0:
+            return 0.0
+        delay = min(settings.max_delay, settings.first_delay * 2.0 ** min(over - 1, 64))
+        entry.until = now + delay
+        self.counts["lockouts"] += 1
+        return delay
+
+    def __len__(self) -> int:
+        """Sources remembered."""
+        return len(self._sources)
+
+    def stats(self) -> dict[str, int]:
+        """Sources remembered and the counters, for /stats."""
+        return {"sources": len(self._sources), **self.counts}
