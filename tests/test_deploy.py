@@ -101,7 +101,7 @@ def node_config_from(argv: list[str], tmp_path: Path) -> NodeConfig:
 
 
 def compose_config(**variables: str) -> dict[str, Any]:
-    """``docker-compose config`` of deploy/docker-compose.yml: validated, merged and interpolated (with ``variables``)."""
+    """``docker-compose config`` of deploy/docker-compose.yml, validated and interpolated with ``variables``."""
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.fail(
