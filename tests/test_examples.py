@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import sysv_ipc
-from conftest import REPO
+from conftest import REPO, WAIT_SECONDS, NodeProcess, free_port
 
 
 @pytest.fixture(scope="module")
@@ -52,3 +54,58 @@ def test_sysv_client_reaches_an_existing_queue_by_hex_key(c_client: Path) -> Non
     finally:
         queue.remove()
     assert done.stdout.startswith("ready "), done.stdout
+
+
+STREAM_CLIENT = REPO / "examples" / "stream" / "client.py"
+
+
+def stream_client(node: NodeProcess, *args: str) -> list[str]:
+    """Run examples/stream/client.py against ``node``; its stdout lines (it must exit 0)."""
+    done = subprocess.run(
+        [sys.executable, str(STREAM_CLIENT), "--server", f"127.0.0.1:{node.stream_port}", *args],
+        capture_output=True, text=True, timeout=WAIT_SECONDS,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+@pytest.fixture
+def stream_node(tmp_path: Path) -> Iterator[NodeProcess]:
+    """One node with its stream listener (and the other front-ends)."""
+    node = NodeProcess("stream1", tmp_path, frontends=True).start()
+    yield node
+    node.stop()
+
+
+def test_stream_client_publishes_subscribes_from_offsets_and_commits(stream_node: NodeProcess) -> None:
+    """The example publishes (acknowledged), reads from earliest and from a sequence, and resumes after a commit."""
+    topic = "examples.orders"
+    assert stream_client(stream_node, "publish", topic, "first", "second\nline", "third") == [f"published {topic}"] * 3
+    everything = ["0\tfirst", "1\tsecond\\nline", "2\tthird"]
+    assert stream_client(stream_node, "subscribe", topic, "--from", "earliest", "--count", "3") == everything
+    assert stream_client(stream_node, "subscribe", topic, "--from", "1", "--count", "2") == everything[1:]
+    # --commit: group "billing" processed 0 and 1, so "current" resumes at 2.
+    args = ("--group", "billing", "subscribe", topic, "--from", "current")
+    assert stream_client(stream_node, *args, "--count", "2", "--commit") == everything[:2]
+    assert stream_client(stream_node, *args, "--count", "1") == everything[2:]
+    # commit: another group skips to after 0.
+    assert stream_client(stream_node, "--group", "audit", "commit", topic, "0") == [f"committed {topic} 0"]
+    audit = stream_client(stream_node, "--group", "audit", "subscribe", topic, "--from", "current", "--count", "2")
+    assert audit == everything[1:]
+
+
+def test_stream_client_help_and_errors_say_what_to_do(stream_node: NodeProcess) -> None:
+    """--help lists the commands; a $ topic: the node's ERROR on stderr, exit 1; no listener: exit 1 naming --stream."""
+    done = subprocess.run([sys.executable, str(STREAM_CLIENT), "--help"], capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and all(c in done.stdout for c in ("publish", "subscribe", "commit"))
+    server = f"127.0.0.1:{stream_node.stream_port}"
+    bad = subprocess.run(
+        [sys.executable, str(STREAM_CLIENT), "--server", server, "publish", "$sys", "x"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert bad.returncode == 1 and bad.stderr.startswith("error 400 "), bad.stderr
+    closed = subprocess.run(
+        [sys.executable, str(STREAM_CLIENT), "--server", f"127.0.0.1:{free_port()}", "publish", "t", "x"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert closed.returncode == 1 and "is the node running with --stream?" in closed.stderr
