@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -10,6 +11,8 @@ from pathlib import Path
 import pytest
 import sysv_ipc
 from conftest import REPO, WAIT_SECONDS, NodeProcess, free_port
+
+from pubsubclub.testing import crossbar
 
 
 @pytest.fixture(scope="module")
@@ -109,3 +112,22 @@ def test_stream_client_help_and_errors_say_what_to_do(stream_node: NodeProcess) 
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert closed.returncode == 1 and "is the node running with --stream?" in closed.stderr
+
+
+def test_crossbar_example_config_is_what_the_bridge_tests_run() -> None:
+    """examples/crossbar/config.json equals the config the bridge tests give Crossbar, but for their free port."""
+    example = json.loads((REPO / "examples" / "crossbar" / "config.json").read_text())
+    assert example == crossbar.example_config()
+    # What CrossbarProcess writes for a test router on some port, with the port put back to 8080.
+    tested = crossbar.CrossbarProcess(node_dir=Path("unused"), port=18080).config
+    [web] = [t for t in tested["workers"][0]["transports"] if t["type"] == "web"]
+    assert web["endpoint"]["port"] == 18080
+    web["endpoint"]["port"] = 8080
+    assert example == tested
+
+
+def test_bridge_doc_points_to_the_example_and_drops_the_json_root_claim() -> None:
+    """docs/bridge.md names examples/crossbar/config.json and no longer says `/` serves a JSON document."""
+    text = (REPO / "docs" / "bridge.md").read_text()
+    assert "examples/crossbar/config.json" in text
+    assert "serves a small JSON document" not in text and "`/` answers 404" in text
