@@ -131,3 +131,21 @@ def test_bridge_doc_points_to_the_example_and_drops_the_json_root_claim() -> Non
     text = (REPO / "docs" / "bridge.md").read_text()
     assert "examples/crossbar/config.json" in text
     assert "serves a small JSON document" not in text and "`/` answers 404" in text
+
+
+def test_readme_quick_start_and_operator_paths() -> None:
+    """README keeps `make demo`/`make test` as the quick start and names the pip path, ports, stand-in and examples."""
+    text = (REPO / "README.md").read_text()
+    start = text.index("## Quick start")
+    block = text[text.index("```sh\n", start) + 6 : text.index("```", text.index("```sh\n", start) + 6)]
+    assert [line.split()[:2] for line in block.splitlines()] == [["make", "demo"], ["make", "test"]]
+    for needed in ("pip install .", "'.[report]'", "pubsubclub cluster --nodes 3 --wamp-base-port", "ipcrm -Q"):
+        assert needed in text, needed
+    demo = (REPO / "examples" / "demo.py").read_text()
+    for variable in ("DEMO_WAMP_PORT", "DEMO_PSC_PORT", "DEMO_NSD_PORT", "DEMO_TEP_PORT", "DEMO_STREAM_PORT",
+                     "DEMO_HTTP_PORT", "DEMO_SYSV_KEY", "DEMO_DATA_DIR"):  # fmt: skip
+        assert f'"{variable}"' in demo and f"`{variable}" in text, variable
+    assert "python -m pubsubclub.testing.consul_agent" in text
+    for path in ("examples/stream/client.py", "examples/crossbar/config.json", "examples/sysv/client.c"):
+        assert path in text or path.removesuffix(".c") in text, path
+        assert (REPO / path).is_file(), path
