@@ -14,11 +14,14 @@
    demo runs, in every open chat page (the C client says hello again every
    15 seconds).
 
-Ctrl-C stops everything. Ports (node k uses base + k - 1): WAMP 8080, PSC 9001,
-NSD 7001, TEP 7101, stream 7878, ops 8181, SysV key 0x420, or set
-DEMO_WAMP_PORT, DEMO_PSC_PORT, DEMO_NSD_PORT, DEMO_TEP_PORT, DEMO_STREAM_PORT,
-DEMO_HTTP_PORT, DEMO_SYSV_KEY; stores and metrics go to DEMO_DATA_DIR (default
-pubsubclub-data).
+Ctrl-C (or SIGTERM) stops everything and removes the SysV queues the demo
+made (a demo killed with SIGKILL leaves them: list them with ``ipcs -q``,
+remove one with ``ipcrm -Q 0x420``). Ports (node k uses base + k - 1): WAMP
+8080, PSC 9001, NSD 7001, TEP 7101, stream 7878, ops 8181, SysV key 0x420, or
+set DEMO_WAMP_PORT, DEMO_PSC_PORT, DEMO_NSD_PORT, DEMO_TEP_PORT,
+DEMO_STREAM_PORT, DEMO_HTTP_PORT, DEMO_SYSV_KEY (e.g. ``DEMO_WAMP_PORT=18080
+make demo``); a port in use is named at start with the variable that moves
+it. Stores and metrics go to DEMO_DATA_DIR (default pubsubclub-data).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import time
 import urllib.request
 from typing import Any
 
+import sysv_ipc
 import txaio
 
 txaio.use_twisted()
@@ -161,8 +165,57 @@ async def show_fan_out(nodes: list[dict[str, Any]]) -> None:
         s.leave()
 
 
+#: The environment variable that moves each kind of port, and the ClusterLayout field it sets.
+PORT_VARIABLES = (
+    ("DEMO_WAMP_PORT", "wamp_base", "WAMP"),
+    ("DEMO_PSC_PORT", "psc_base", "PSC"),
+    ("DEMO_NSD_PORT", "nsd_base", "NSD"),
+    ("DEMO_TEP_PORT", "tep_base", "TEP"),
+    ("DEMO_STREAM_PORT", "stream_base", "stream"),
+    ("DEMO_HTTP_PORT", "http_base", "ops"),
+)
+
+
+def port_in_use(layout: ClusterLayout) -> str | None:
+    """What to do about the first of the demo's ports that is taken (None: all are free)."""
+    for variable, field, what in PORT_VARIABLES:
+        base = getattr(layout, field)
+        for k in range(layout.count):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", base + k))
+                except OSError:
+                    return (
+                        f"port {base + k} (node{k + 1}'s {what} listener) is in use: move the demo's {what} ports"
+                        f" with {variable}, e.g. `{variable}={base + 10000} make demo`"
+                    )
+    return None
+
+
+def existing_queues(keys: list[int]) -> set[int]:
+    """The keys among ``keys`` that have a System V message queue now."""
+    found = set()
+    for key in keys:
+        try:
+            sysv_ipc.MessageQueue(key)
+        except sysv_ipc.ExistentialError:
+            continue
+        found.add(key)
+    return found
+
+
+def remove_queues(keys: set[int]) -> None:
+    """Remove the System V queues of ``keys`` (those the demo's nodes made)."""
+    for key in sorted(keys):
+        try:
+            sysv_ipc.MessageQueue(key).remove()
+        except (sysv_ipc.ExistentialError, sysv_ipc.PermissionsError):
+            continue
+        print(f"removed SysV queue {key:#x}")
+
+
 def main() -> int:
-    """Run the demo until Ctrl-C."""
+    """Run the demo until Ctrl-C; remove the SysV queues it made on the way out."""
     layout = ClusterLayout(
         count=NODES,
         wamp_base=int(os.environ.get("DEMO_WAMP_PORT", "8080")),
@@ -176,25 +229,35 @@ def main() -> int:
         data_dir=os.environ.get("DEMO_DATA_DIR", "pubsubclub-data"),
         log_level="warn",
     )
+    problem = port_in_use(layout)
+    if problem is not None:
+        print(f"demo: error: {problem}", file=sys.stderr)
+        return 2
+    keys = [layout.sysv_base_key + k for k in range(layout.count)]
+    made = set(keys) - existing_queues(keys)
+    try:
+        return run(layout)
+    finally:
+        # Only the queues this run made: a queue someone made before (with their own mode) stays.
+        remove_queues(made & existing_queues(keys))
+
+
+def run(layout: ClusterLayout) -> int:
+    """Start the cluster, show a message crossing it, and serve the chat pages until Ctrl-C or SIGTERM."""
+    interrupt_on_sigterm()
     procs, nodes = start_nodes(layout)
     try:
-        wait_for_mesh(nodes)
-        print_table(nodes)
-        task.react(lambda r: defer.ensureDeferred(show_fan_out(nodes)))
-    except SystemExit as e:  # task.react ends with SystemExit, 0 when all went well
-        if e.code not in (0, None):
-            stop_nodes(procs)
-            raise
-    try:
+        try:
+            wait_for_mesh(nodes)
+            print_table(nodes)
+            task.react(lambda r: defer.ensureDeferred(show_fan_out(nodes)))
+        except SystemExit as e:  # task.react ends with SystemExit, 0 when all went well
+            if e.code not in (0, None):
+                raise
         show_sysv_to_stream(nodes, layout.sysv_base_key)
-    except Exception:
-        stop_nodes(procs)
-        raise
-    # The reactor above left its own handlers installed; Ctrl-C is ours again, before we say so
-    # (a Ctrl-C right after the message would otherwise reach Twisted's handler and be lost).
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    try:
+        # The reactor above left its own handlers installed; Ctrl-C is ours again, before we say so
+        # (a Ctrl-C right after the message would otherwise reach Twisted's handler and be lost).
+        interrupt_on_sigterm()
         print(
             "\nchat: open two of the chat pages above (different nodes) and type."
             f"\nNSD (telnet/nc, JSON lines) and TEP (WebSocket /tep) are served too; stores and metrics are in"
@@ -211,6 +274,12 @@ def main() -> int:
     finally:
         stop_nodes(procs)
     return 0
+
+
+def interrupt_on_sigterm() -> None:
+    """Ctrl-C and SIGTERM raise KeyboardInterrupt, so the cleanup in ``finally`` runs for both."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from typing import Any
 
@@ -118,9 +119,28 @@ def _node_config(args: argparse.Namespace) -> Any:
     return build(file_values, flag_values(args))
 
 
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """``parse_args``, but an unknown flag is reported by its subcommand with the nearest flag it has."""
+    top = parser()
+    args, unknown = top.parse_known_args(argv)
+    if unknown:
+        [commands] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+        sub: argparse.ArgumentParser = commands.choices[args.command]
+        flags = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+        hints = []
+        for word in unknown:
+            if word.startswith("-"):
+                near = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+                if near:
+                    hints.append(f"{word.split('=', 1)[0]}: did you mean {near[0]}?")
+        message = f"unrecognized arguments: {' '.join(unknown)}"
+        sub.error(f"{message} ({'; '.join(hints)})" if hints else f"{message} (see {sub.prog} --help)")
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the ``pubsubclub`` command."""
-    args = parser().parse_args(argv)
+    args = _parse(argv)
     try:
         if args.command == "node":
             config = _node_config(args)

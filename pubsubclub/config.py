@@ -20,6 +20,7 @@ per setting, which is the point of keeping them in one place.
 from __future__ import annotations
 
 import argparse
+import difflib
 import ipaddress
 import os
 import tomllib
@@ -1059,7 +1060,8 @@ def load_toml(path: str) -> FileValues:
             for key, item in value.items():
                 found = _BY_ID.get(f"{name}.{key.replace('_', '-')}")
                 if found is None:
-                    raise ConfigError(f"{name}.{key}", f"unknown key in section [{name}] of {path}")
+                    near = _near_key(name, key)
+                    raise ConfigError(f"{name}.{key}", f"unknown key in section [{name}] of {path}{near}")
                 if found.id in values:
                     raise ConfigError(found.id, f"set twice in {path} (flat and in [{found.section}])")
                 values[found.id] = _typed(found.id, found, item)
@@ -1068,7 +1070,7 @@ def load_toml(path: str) -> FileValues:
         if found is None:
             found = _BY_LEGACY.get(name.replace("-", "_"))
             if found is None:
-                raise ConfigError(name, f"unknown key in {path}")
+                raise ConfigError(name, f"unknown key in {path}{_near_key('', name)}")
             warnings.append(
                 f"{path}: config key {name!r} is deprecated; write it as {found.toml_name()}"
                 " (flat keys will stop working in a later version)"
@@ -1077,6 +1079,21 @@ def load_toml(path: str) -> FileValues:
             raise ConfigError(name, f"set twice in {path} (flat and in [{found.section}])")
         values[found.id] = _typed(name, found, value)
     return FileValues(values, tuple(warnings))
+
+
+def _near_key(section: str, key: str) -> str:
+    """What to say after "unknown key": the nearest valid key (difflib), and the keys allowed there."""
+    keys = sorted(s.key for s in _BY_ID.values() if s.section == section)
+    near: list[str] = []
+    if not section:
+        keys += sorted(f"[{name}]" for name in SECTIONS if name)
+        # A misspelt flat key of earlier versions ("consul_tll") is nearest to a section's key.
+        legacy = difflib.get_close_matches(key.replace("-", "_"), list(_BY_LEGACY), n=1, cutoff=0.8)
+        near = [_BY_LEGACY[legacy[0]].toml_name()] if legacy else []
+    near = near or difflib.get_close_matches(key.replace("_", "-"), keys, n=1, cutoff=0.6)
+    hint = f"; did you mean {near[0]}?" if near else ""
+    where = f"[{section}]" if section else "the top level"
+    return f"{hint} (valid at {where}: {', '.join(keys)})"
 
 
 def _typed(name: str, found: Setting, value: Any) -> Any:
@@ -1127,7 +1144,29 @@ def build(file_values: FileValues | Mapping[str, Any], flag_values: Mapping[str,
             found = _resolve(key)
             merged[found.section][found.attr] = value
     sections = {section or "node": replace(cls(), **merged[section]) for section, cls in SECTIONS.items()}
-    return NodeConfig(**sections, warnings=warnings).validate()
+    config = NodeConfig(**sections, warnings=warnings).validate()
+    hints = tuple(peer_path_hint(url) for url in config.federation.peers if urlsplit(url).path != PSC_PATH)
+    return replace(config, warnings=(*warnings, *hints)) if hints else config
+
+
+#: Where every node serves PSC (its --psc listener's path).
+PSC_PATH = "/psc"
+
+
+def peer_path_hint(url: str) -> str:
+    """The warning for a --peer URL whose path is not /psc: nodes answer 404 there (or 400 on the WAMP /ws)."""
+    parts = urlsplit(url)
+    fixed = parts._replace(path=PSC_PATH, query="", fragment="").geturl()
+    if not parts.path:
+        problem = "has no path"
+    elif parts.path == "/ws":
+        problem = "points at /ws, the WAMP listener's path"
+    else:
+        problem = f"points at {parts.path}"
+    return (
+        f"--peer {url} {problem}, but a node's PSC listener (--psc) answers at {PSC_PATH} only:"
+        f" write --peer {fixed} (with the peer's --psc port), unless a proxy maps this path to {PSC_PATH}"
+    )
 
 
 # -- the command line -------------------------------------------------------------------

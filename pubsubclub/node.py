@@ -81,6 +81,14 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
     )
 
 
+def _world_readable(path: str) -> bool:
+    """Whether every user of this host may read ``path`` (False when it cannot be stat'ed)."""
+    try:
+        return bool(os.stat(path).st_mode & 0o004)
+    except OSError:
+        return False
+
+
 def _wildcard(port: IListeningPort) -> bool:
     """Whether ``port`` listens on every address (0.0.0.0 or ::)."""
     return getattr(port.getHost(), "host", "") in ("0.0.0.0", "::", "")
@@ -252,6 +260,13 @@ class Node:
                 " /stats shows peer addresses and which node wants which topic, /metrics every busy topic;"
                 " bind it to loopback or a private network",
                 endpoint=config.node.http,
+            )
+        secret_path = config.federation.cluster_secret_file
+        if secret_path is not None and _world_readable(secret_path):
+            log.warn(
+                "SECURITY WARNING: the cluster secret {path} can be read by every user of this host, and with it"
+                " anyone can join the cluster (chmod 600 it, owned by the user the node runs as)",
+                path=secret_path,
             )
         path = config.node.auth
         if self.auth is not None and self.auth.holds_secrets and path is not None:

@@ -87,7 +87,7 @@ def test_config_file_and_flags_merge(tmp_path: Path) -> None:
 
 
 def test_node_listener_in_use_exits_nonzero(tmp_path: Path) -> None:
-    """A node whose WAMP port is taken says so and exits 1 instead of hanging."""
+    """A node whose WAMP port is taken says so, naming --wamp, and exits 2 (configuration error) instead of hanging."""
     import socket
 
     with socket.socket() as s:
@@ -95,8 +95,8 @@ def test_node_listener_in_use_exits_nonzero(tmp_path: Path) -> None:
         s.listen()
         port = s.getsockname()[1]
         result = run_cli("node", "--wamp", f"tcp:{port}:interface=127.0.0.1", "--psc", f"tcp:{free_port()}")
-    assert result.returncode == 1
-    assert "cannot start node" in result.stderr
+    assert result.returncode == 2
+    assert f"--wamp tcp:{port}:interface=127.0.0.1: cannot listen on 127.0.0.1:{port}" in result.stderr
 
 
 def test_cluster_command_starts_links_and_stops_nodes(tmp_path: Path) -> None:

@@ -21,6 +21,8 @@ from conftest import REPO
 
 from pubsubclub.cli import _node_config, parser
 from pubsubclub.config import NodeConfig, build, load_toml
+from pubsubclub.discovery.consul import ConsulDiscovery
+from pubsubclub.testing import MemoryConsul
 
 DEPLOY = REPO / "deploy"
 K8S = DEPLOY / "kubernetes"
@@ -98,8 +100,8 @@ def node_config_from(argv: list[str], tmp_path: Path) -> NodeConfig:
 # --- docker-compose ---------------------------------------------------------------------------------
 
 
-def compose_config() -> dict[str, Any]:
-    """``docker-compose config`` of deploy/docker-compose.yml: validated, merged and interpolated."""
+def compose_config(**variables: str) -> dict[str, Any]:
+    """``docker-compose config`` of deploy/docker-compose.yml, validated and interpolated with ``variables``."""
     exe = shutil.which("docker-compose")
     if exe is None:
         pytest.fail(
@@ -107,6 +109,7 @@ def compose_config() -> dict[str, Any]:
             "run `make sysdeps` or `apt-get install -y docker-compose` (no Docker engine needed)"
         )
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PUBSUBCLUB_", "COMPOSE_", "DOCKER_"))}
+    env.update(variables)
     done = subprocess.run(
         [exe, "-f", "docker-compose.yml", "config"], cwd=DEPLOY, env=env, capture_output=True, text=True, timeout=60
     )
@@ -172,6 +175,29 @@ def test_compose_file_validates_with_consul_and_three_nodes(tmp_path: Path) -> N
         assert container_port == endpoint_port(flag_value(cmd, "--wamp"))
         wamp_host_ports.add(host_port)
     assert wamp_host_ports == {8080, 8081, 8082}
+
+
+def test_compose_host_ports_move_with_environment_variables() -> None:
+    """PUBSUBCLUB_NODE{1,2,3}_PORT and PUBSUBCLUB_CONSUL_PORT move the published host ports (8080-8082, 8500 taken)."""
+    services = compose_config(
+        PUBSUBCLUB_NODE1_PORT="18080",
+        PUBSUBCLUB_NODE2_PORT="18081",
+        PUBSUBCLUB_NODE3_PORT="18082",
+        PUBSUBCLUB_CONSUL_PORT="18500",
+    )["services"]
+    assert published_ports(services["consul"]) == {(18500, 8500)}
+    for i, name in enumerate(COMPOSE_NODES):
+        assert published_ports(services[name]) == {(18080 + i, 8080)}
+    comment = (DEPLOY / "docker-compose.yml").read_text()
+    assert "PUBSUBCLUB_NODE1_PORT" in comment and "PUBSUBCLUB_CONSUL_PORT" in comment
+
+
+def test_compose_comment_tells_how_the_container_user_reads_the_secret() -> None:
+    """The compose file says the nodes run as uid 10001 (the Dockerfile's USER) and how to give them the secret."""
+    user = dict(dockerfile_instructions())["USER"]
+    uid = user.split(":")[0]
+    text = (DEPLOY / "docker-compose.yml").read_text()
+    assert f"chown {uid}:{uid}" in text and "chmod 600" in text
 
 
 # --- Kubernetes -------------------------------------------------------------------------------------
@@ -339,6 +365,16 @@ def test_consul_service_definition_has_required_fields() -> None:
     assert isinstance(service["port"], int) and service["port"] == 9001
     meta = service["meta"]
     assert meta["psc_path"] == "/psc" and meta["psc_versions"]
+    advertise = f"ws://{service['address']}:{service['port']}/psc"
+    registered = ConsulDiscovery(
+        None, node_id=service["id"], advertise_url=advertise, client=MemoryConsul().client()
+    ).definition()["Meta"]
+    assert set(meta) == set(registered), "meta keys differ from what a node registers"
+    # A node reads the scheme from this meta: "wss" here makes peers dial wss://.
+    entry = {"Node": {"Address": ""}, "Service": {**raw["service"], "ID": service["id"], "Port": service["port"]}}
+    entry["Service"]["Meta"] = {**meta, "scheme": "wss"}
+    entry["Service"]["Address"] = service["address"]
+    assert ConsulDiscovery._member_url(entry)[1] == f"wss://{service['address']}:{service['port']}/psc"
     for key, value in meta.items():
         assert re.fullmatch(r"[A-Za-z0-9_-]{1,128}", key) and isinstance(value, str) and len(value) <= 512
     check = service["check"]

@@ -66,8 +66,9 @@ def wait_for_log(node: NodeProcess, text: str) -> None:
 
 
 def write(path: Path, text: str) -> Path:
-    """Write ``text`` to ``path`` and return it."""
+    """Write ``text`` to ``path``, readable by its owner only (as a secret must be), and return it."""
     path.write_text(text)
+    path.chmod(0o600)
     return path
 
 

@@ -4,6 +4,8 @@
  * Build:  gcc -std=c11 -Wall -Wextra -O2 -o examples/sysv/client examples/sysv/client.c
  *         (or: make examples/sysv/client)
  * Run:    examples/sysv/client [KEY]        KEY defaults to 0x420, as in `pubsubclub node --sysv 0x420`
+ *         (decimal, 0x hex or 0 octal; not 0, which is IPC_PRIVATE). --help prints the usage and
+ *         exits 0; a bad KEY or extra arguments print it on stderr and exit 2.
  *
  * One command per line on stdin:
  *   connect                     CONNECTION
@@ -251,9 +253,45 @@ static void command(char *line)
     request(&m);
 }
 
+static void usage(FILE *to)
+{
+    fprintf(to,
+            "usage: client [KEY]\n"
+            "  KEY  the node's queue key, as given to `pubsubclub node --sysv KEY` (default %#x);\n"
+            "       decimal, 0x hex or 0 octal, not 0 (IPC_PRIVATE)\n"
+            "Commands on stdin, one per line: connect, login NICK, logout, register CHANNEL,\n"
+            "subscribe CHANNEL [K], unsubscribe CHANNEL, send CHANNEL TEXT, block NICK,\n"
+            "unblock NICK, poll, quit. See docs/sysv.md.\n",
+            PUBSUBCLUB_SYSV_KEY);
+}
+
+/* The queue key from the command line; exits 2 (with the usage) when it is not one. */
+static long parse_key(int argc, char **argv)
+{
+    if (argc < 2)
+        return PUBSUBCLUB_SYSV_KEY;
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        exit(0);
+    }
+    char *end = NULL;
+    errno = 0;
+    long key = strtol(argv[1], &end, 0);
+    /* 0 is IPC_PRIVATE: msgget would make a new private queue instead of finding the node's. */
+    if (argc > 2 || argv[1][0] == '\0' || *end != '\0' || errno != 0 || key <= 0 || key > 0x7fffffffL) {
+        if (argc > 2)
+            fprintf(stderr, "client: one argument expected, got %d\n", argc - 1);
+        else
+            fprintf(stderr, "client: bad queue key '%s'\n", argv[1]);
+        usage(stderr);
+        exit(2);
+    }
+    return key;
+}
+
 int main(int argc, char **argv)
 {
-    long key = argc > 1 ? strtol(argv[1], NULL, 0) : PUBSUBCLUB_SYSV_KEY;
+    long key = parse_key(argc, argv);
     qid = msgget((key_t)key, 0);
     if (qid == -1) {
         printf("error no queue with key %#lx (is the node running with --sysv?): %s\n", key, strerror(errno));
