@@ -23,7 +23,7 @@ from typing import Any
 
 import orjson
 
-__all__ = ["BinaryDecodeError", "dumps", "from_json", "to_json", "wamp_default"]
+__all__ = ["BinaryDecodeError", "dumps", "from_json", "rendered", "to_json", "wamp_default"]
 
 #: What starts a binary value in WAMP JSON.
 PREFIX = "\x00"
@@ -69,6 +69,18 @@ def from_json(value: Any) -> Any:
         return [from_json(v) for v in value]
     if kind is dict:
         return {k: from_json(v) for k, v in value.items()}
+    return value
+
+
+def rendered(value: Any) -> Any:
+    """``value`` with its bytes as WAMP JSON's ``"\\0"`` + base64 strings, strings as they are (a front-end's view)."""
+    kind = type(value)
+    if kind is list or kind is tuple:
+        return [rendered(v) for v in value]
+    if kind is dict:
+        return {k: rendered(v) for k, v in value.items()}
+    if kind is bytes or kind is bytearray or kind is memoryview:
+        return PREFIX + base64.b64encode(value).decode("ascii")
     return value
 
 

@@ -86,7 +86,7 @@ def test_carrier_wire_form_is_wamp_json_and_marks_nul_strings() -> None:
     ],
 )
 def test_bad_base64_in_a_binary_psc301_drops_that_message_only(frame: bytes, problem: str) -> None:
-    """A flagged PSC301 with a NUL string that is not base64 is that message's problem (PSCPayloadError), not the link's."""
+    """A flagged PSC301 whose NUL string is not base64 is that message's problem (PSCPayloadError), not the link's."""
     with pytest.raises(psc.PSCPayloadError, match=problem):
         psc.decode(frame)
 
@@ -168,3 +168,23 @@ async def test_binary_publish_on_a_reaches_msgpack_and_json_subscribers_on_b(
         assert type(rec.events[0][0][0]) is bytes
     assert a.stats()["federation"]["dropped_not_json"] == 0
     await leave(pub, sub_msgpack, sub_json)
+
+
+# -- front-ends without a binary type render bytes as WAMP JSON does --------------------------------
+
+
+def test_tep_sysv_stream_and_nsd_render_bytes_as_wamp_json_strings() -> None:
+    """A payload holding bytes reaches TEP, SysV, stream and NSD as ``"\\u0000"`` + base64 strings, not dropped."""
+    from pubsubclub.adapters import nsd_codec, stream, sysv_codec, tep_codec
+    from pubsubclub.adapters.nsd import render_foreign
+
+    payload = {"args": [b"\x01\x02"], "kwargs": {"k": [b""]}}
+    text = b'{"args":["\\u0000AQI="],"kwargs":{"k":["\\u0000"]}}'
+    assert tep_codec.encode_server(tep_codec.Event("c", payload)) == (b'{"topic":"c","payload":%s}' % text,)
+    assert sysv_codec.delivery_text(payload) == text
+    assert stream.from_hub_payload(payload) == text
+    assert stream.from_hub_payload(b"\x01\x02") == b"\x01\x02"  # a lone bytes payload as itself
+    message = render_foreign(payload, "n1", 5, nsd_codec.NSDLimits())
+    assert message["body"] == text.decode()
+    assert message["payload"] == {"args": ["\x00AQI="], "kwargs": {"k": ["\x00"]}}
+    assert render_foreign(b"\x01\x02", "n1", 5, nsd_codec.NSDLimits())["body"] == "\x00AQI="
