@@ -15,11 +15,13 @@ from typing import Any
 import orjson
 import pytest
 import pytest_twisted
+from autobahn.exception import PayloadExceededError
 from autobahn.wamp.types import PublishOptions
 from conftest import Cluster
 from hypothesis import given
 from hypothesis import strategies as st
-from test_message_sizes import interest_reached
+from test_message_sizes import FOLLOWERS as SIZE_FOLLOWERS
+from test_message_sizes import interest_reached, publish_big_then_followers
 from twisted.internet import defer
 from wampclient import connect, leave, subscribe
 
@@ -168,6 +170,20 @@ async def test_binary_publish_on_a_reaches_msgpack_and_json_subscribers_on_b(
         assert type(rec.events[0][0][0]) is bytes
     assert a.stats()["federation"]["dropped_not_json"] == 0
     await leave(pub, sub_msgpack, sub_json)
+
+
+@pytest.mark.slow
+@pytest_twisted.ensureDeferred
+async def test_binary_publish_whose_base64_would_not_fit_the_link_is_refused_before_published(
+    cluster_factory: Callable[..., Cluster],
+) -> None:
+    """1,000,000 MessagePack bytes (under the 1 MiB limit, 1.33 MB as base64) get ERROR, never PUBLISHED; 20 follow."""
+    cluster = cluster_factory(2)
+    await cluster.linked()
+    refused, got = await publish_big_then_followers(cluster, "bin.big", "msgpack", b"\xff" * 1_000_000)
+    assert isinstance(refused, PayloadExceededError), "acknowledged, but it cannot reach the other node"
+    assert "over the link limit of 1114112 bytes" in str(refused), refused
+    assert got == list(range(SIZE_FOLLOWERS))
 
 
 # -- front-ends without a binary type render bytes as WAMP JSON does --------------------------------
