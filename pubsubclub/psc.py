@@ -16,7 +16,10 @@ answer: where the stream continues and how many messages were lost).
 Version 0.4 batches messages in a frame. Version 0.5 (0.4 plus pattern
 interest) adds PSC203/PSC204 (a consumer's WAMP prefix or wildcard pattern,
 :mod:`pubsubclub.patterns`) and a fifth PSC103 item, the consumer's whole
-pattern interest.
+pattern interest. Version 0.6 (0.5 plus binary payloads) adds ``"b": 1`` to
+the metadata of a PSC301 whose message holds binary values, written in WAMP's
+JSON convention (:mod:`pubsubclub.binaryjson`); :func:`decode` gives them back
+as ``bytes``.
 
 Every value is held to :mod:`pubsubclub.jsonbounds` (depth, 64-bit integers,
 finite floats, no lone surrogates). A PSC301 that is well formed except for
@@ -28,12 +31,13 @@ message must not cut the link); anything else is the peer's protocol error.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Union
 
 import orjson
 
-from pubsubclub import jsonbounds
+from pubsubclub import binaryjson, jsonbounds
 from pubsubclub.hotmessage import hot_message
 from pubsubclub.patterns import Pattern, pattern_problem
 
@@ -47,6 +51,8 @@ V0_3: Version = (0, 3)
 V0_4: Version = (0, 4)
 #: 0.4 plus pattern interest: PSC203/PSC204 and patterns in PSC103 (docs/protocol.md).
 V0_5: Version = (0, 5)
+#: 0.5 plus binary payloads: ``"b": 1`` in PSC301 metadata (docs/protocol.md, "Binary payloads").
+V0_6: Version = (0, 6)
 #: Separates the messages of a 0.4 batch frame; encoded messages never contain it (JSON escapes it).
 BATCH_SEPARATOR = b"\n"
 #: Versions every link speaks, lowest first (a federation with a replay buffer adds 0.3, and 0.4 to batch).
@@ -161,6 +167,8 @@ class Meta:
     wamp_wrapped: bool = False
     #: Sequence number on the producer's stream to this consumer node (0.3).
     seq: int | None = None
+    #: The message holds binary values (0.6): written as :func:`binaryjson.to_json` writes them.
+    binary: bool = False
 
 
 @hot_message
@@ -404,6 +412,8 @@ def _publish(frame: list[Any], limits: Limits, data: bytes | str, bounded: bool)
     value = frame[3]
     if type(value) is dict:
         get = value.get
+        if get("b") is not None:
+            return _binary_publish(topic, frame[2], value)
         origin, published_at, message_id, wrapped, seq = get("o"), get("t"), get("i"), get("w", 0), get("s")
         # Metadata as nodes write it, accepted in one test (once per message on a busy link);
         # anything else gets the checks one by one, which name the problem.
@@ -421,6 +431,20 @@ def _publish(frame: list[Any], limits: Limits, data: bytes | str, bounded: bool)
     if meta.published_at is not None and not 0.0 <= meta.published_at <= MAX_PUBLISH_TIME:
         raise PSCPayloadError(topic, f"publish time {meta.published_at!r} is outside 0..{MAX_PUBLISH_TIME:.0f}")
     return Publish(topic, frame[2], meta)
+
+
+def _binary_publish(topic: str, message: Any, value: dict[str, Any]) -> Publish:
+    """A 0.6 PSC301 with binary values (metadata ``"b": 1``): its message with them as ``bytes``."""
+    if value["b"] != 1 or type(value["b"]) is not int:
+        raise PSCDecodeError("PSC301 metadata 'b' must be 1")
+    meta = _meta(value)
+    if meta.published_at is not None and not 0.0 <= meta.published_at <= MAX_PUBLISH_TIME:
+        raise PSCPayloadError(topic, f"publish time {meta.published_at!r} is outside 0..{MAX_PUBLISH_TIME:.0f}")
+    try:
+        message = binaryjson.from_json(message)
+    except binaryjson.BinaryDecodeError as e:
+        raise PSCPayloadError(topic, str(e)) from None
+    return Publish(topic, message, dataclasses.replace(meta, binary=True))
 
 
 def _meta(value: Any) -> Meta:
@@ -481,7 +505,7 @@ def encode_publish(topic: str, message: Any, meta: Meta | None = None) -> bytes:
     if meta is None:
         return orjson.dumps([PUBLISH, topic, message])
     return encode_publish_meta(
-        topic, message, meta.origin, meta.published_at, meta.message_id, meta.wamp_wrapped, meta.seq
+        topic, message, meta.origin, meta.published_at, meta.message_id, meta.wamp_wrapped, meta.seq, meta.binary
     )
 
 
@@ -493,8 +517,13 @@ def encode_publish_meta(
     message_id: str | None,
     wamp_wrapped: bool = False,
     seq: int | None = None,
+    binary: bool = False,
 ) -> bytes:
-    """:func:`encode_publish` with the fields of its :class:`Meta` (none made: once per forwarded message)."""
+    """:func:`encode_publish` with the fields of its :class:`Meta` (none made: once per forwarded message).
+
+    ``binary``: write ``message``'s bytes in WAMP's JSON convention and flag it (0.6 links only);
+    without it a message holding bytes raises TypeError (orjson's "not JSON").
+    """
     fields: dict[str, Any] = {}
     if origin is not None:
         fields["o"] = origin
@@ -504,8 +533,11 @@ def encode_publish_meta(
         fields["i"] = message_id
     if wamp_wrapped:
         fields["w"] = 1
+    if binary:
+        fields["b"] = 1
+        message = binaryjson.to_json(message)
     if seq is not None:
-        fields["s"] = seq
+        fields["s"] = seq  # last: seq_head() cuts here
     return orjson.dumps([PUBLISH, topic, message, fields])
 
 

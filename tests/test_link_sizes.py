@@ -42,7 +42,7 @@ def _linked(
     a.hub.subscribe(GAP_TOPIC, gaps)
     a.add_server(psc_url(9002))
     net.answer()
-    assert [r["version"] for r in b.links()] == ["0.5"]
+    assert [r["version"] for r in b.links()] == ["0.6"]
     return b, sink, gaps
 
 

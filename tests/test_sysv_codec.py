@@ -255,13 +255,14 @@ def test_the_counter_wraps_to_the_base() -> None:
 
 
 def test_delivery_text_of_hub_payloads() -> None:
-    """A string as itself, other JSON as compact JSON, not-JSON refused."""
+    """A string as itself, other JSON as compact JSON, bytes as a WAMP JSON string, not-JSON refused."""
     assert delivery_text("zażółć") == "zażółć".encode()
     assert delivery_text({"a": [1, 2], "b": None}) == b'{"a":[1,2],"b":null}'
     assert delivery_text(42) == b"42"
     assert delivery_text({"args": [1], "kwargs": {"k": "v"}}) == b'{"args":[1],"kwargs":{"k":"v"}}'
+    assert delivery_text(b"\x01msgpack") == b'"\\u0000AW1zZ3BhY2s="'
     with pytest.raises(TypeError):
-        delivery_text(b"\x01msgpack")
+        delivery_text({1: "a MessagePack map with an integer key"})
 
 
 @pytest.mark.parametrize("char", ["a", "ł", "€", "😀"])

@@ -320,7 +320,7 @@ def test_limits_answer_server_overflow() -> None:
 
 
 def test_other_front_ends_reach_subscribers_as_text(world: World) -> None:
-    """A hub message: str as is, JSON as compact text, long ones cut on a character boundary, not-JSON dropped."""
+    """A hub message: str as is, JSON as compact text, long ones cut on a character boundary, bytes as WAMP JSON."""
     alice = world.login(100, b"alice")
     world.register(alice, b"news")
     world.ask(alice, Signal.SUBSCRIBE, b"news")
@@ -329,11 +329,13 @@ def test_other_front_ends_reach_subscribers_as_text(world: World) -> None:
     hub.publish(hub.envelope("news", {"args": [1, 2], "kwargs": {}}, wamp_wrapped=True))
     hub.publish(hub.envelope("news", "ż" * 200))
     hub.publish(hub.envelope("news", b"\x93msgpack"))
+    hub.publish(hub.envelope("news", {1: "a MessagePack map with an integer key"}))
     hub.publish(hub.envelope("elsewhere", "not subscribed"))
     texts = world.texts(alice)
     assert texts[:2] == ["plain", '{"args":[1,2],"kwargs":{}}']
     assert texts[2] == "ż" * 127 and len(texts[2].encode()) == 254
-    assert len(texts) == 3
+    assert texts[3] == '"\\u0000k21zZ3BhY2s="'
+    assert len(texts) == 4
     assert world.service.counts["dropped"] == 1
 
 

@@ -318,16 +318,18 @@ def test_server_api_emit_and_broadcast() -> None:
 
 
 def test_wrapped_wamp_payload_and_non_json_payload() -> None:
-    """A WAMP args/kwargs wrapper is sent as that object; a non-JSON payload is skipped, not raised."""
+    """A WAMP args/kwargs wrapper is sent as that object; bytes as WAMP JSON strings; a non-JSON payload is skipped."""
     hub = Hub("n1")
     server = TEPServer(hub, LIMITS)
     a, ta = client_on(server)
     a.frame_received(b'{"topic": "join", "payload": ["t"]}')
     hub.publish(hub.envelope("t", {"args": [1, 2], "kwargs": {"k": "v"}}, wamp_wrapped=True))
     hub.publish(hub.envelope("t", b"\x00bytes"))
+    hub.publish(hub.envelope("t", {1: "a MessagePack map with an integer key"}))
     hub.publish(hub.envelope("t", "after"))
     assert ta.sent[1:] == [
         {"topic": "t", "payload": {"args": [1, 2], "kwargs": {"k": "v"}}},
+        {"topic": "t", "payload": "\x00AGJ5dGVz"},
         {"topic": "t", "payload": "after"},
     ]
     assert server.stats["undeliverable"] == 1

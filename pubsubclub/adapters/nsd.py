@@ -68,7 +68,7 @@ import orjson
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
-from pubsubclub import jsonbounds
+from pubsubclub import binaryjson, jsonbounds
 from pubsubclub.adapters import nsd_codec as codec
 from pubsubclub.adapters.nsd_store import NSDStore
 from pubsubclub.counters import NSDEvent
@@ -528,8 +528,15 @@ def render_foreign(payload: Any, origin: str | None, when: int, limits: codec.NS
     sender = FOREIGN_FROM if not origin else f"{FOREIGN_FROM}@{origin[:128]}"
     message: dict[str, Any] = {"_class": codec.MESSAGE_CLASS, "from": sender, "when": when}
     try:
-        jsonbounds.check(payload, limits.json)
-        text = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
+        jsonbounds.check(payload, limits.json, binary=True)
+        if not isinstance(payload, str):
+            try:
+                text = orjson.dumps(payload).decode()
+            except TypeError:  # bytes (a WAMP binary payload): NSD keeps WAMP JSON's "\u0000" + base64 strings
+                payload = binaryjson.rendered(payload)
+                text = payload if isinstance(payload, str) else orjson.dumps(payload).decode()
+        else:
+            text = payload
     except (jsonbounds.BoundsError, TypeError) as e:
         raise ValueError(f"payload NSD cannot store: {e}") from None
     message["body"] = text

@@ -55,7 +55,7 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pubsubclub import psc
+from pubsubclub import binaryjson, psc
 from pubsubclub.adapters import stream_codec as codec
 from pubsubclub.adapters.stream_log import (
     DiskFullError,
@@ -127,7 +127,7 @@ def from_hub_payload(payload: Any) -> bytes:
         return payload.encode("utf-8", "surrogatepass")
     if isinstance(payload, (bytes, bytearray)):
         return bytes(payload)
-    return orjson.dumps(payload)
+    return binaryjson.dumps(payload)  # bytes inside as WAMP JSON's "\u0000" + base64 strings
 
 
 class _TopicSink:

@@ -31,7 +31,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Union
 
-import orjson
+from pubsubclub import binaryjson
 
 __all__ = [
     "BODY_FORMAT",
@@ -403,7 +403,7 @@ def delivery_text(payload: Any) -> bytes:
     if isinstance(payload, str):
         data = payload.encode("utf-8", "replace")  # a lone surrogate becomes "?"
     else:
-        data = orjson.dumps(payload)
+        data = binaryjson.dumps(payload)  # bytes as WAMP JSON's "\u0000" + base64 string
     if len(data) <= MAX_DELIVERY_TEXT:
         return data
     cut = MAX_DELIVERY_TEXT

@@ -22,7 +22,7 @@ from typing import Any, Union
 
 import orjson
 
-from pubsubclub import jsonbounds
+from pubsubclub import binaryjson, jsonbounds
 
 __all__ = [
     "DEFAULT_LIMITS",
@@ -379,8 +379,9 @@ def echo_of(data: bytes | str) -> str:
 
 
 def _dumps(value: dict[str, Any]) -> bytes:
-    # orjson raises TypeError for values JSON cannot carry (bytes, huge ints).
-    return orjson.dumps(value)
+    # Bytes (a WAMP binary payload) as WAMP JSON's "\u0000" + base64 string; orjson raises
+    # TypeError for anything else JSON cannot carry (huge ints, non-string keys).
+    return binaryjson.dumps(value)
 
 
 def encode_server(frame: ServerFrame) -> tuple[bytes, ...]:

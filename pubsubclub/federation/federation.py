@@ -43,7 +43,7 @@ from pubsubclub.federation.auth import (
     LinkAuth,
     Refusal,
 )
-from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused
+from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused, Stream
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
@@ -166,6 +166,8 @@ PSC_OVERHEAD_ALLOWANCE = 8 * 1024
 SEQ_ALLOWANCE = 32
 #: ``Envelope.wire`` key of a local publish's PSC301 with metadata, made once (the size check, then forwarding).
 _PSC_RICH = "psc301"
+#: ``Envelope.wire`` key of the same in the 0.6 binary form, for a message holding bytes (0.6 links only).
+_PSC_BINARY = "psc301-binary"
 
 
 class Federation:
@@ -240,6 +242,9 @@ class Federation:
                 self.versions = (*self.versions, psc.V0_4)
             if batch and patterns and psc.V0_5 not in self.versions:
                 self.versions = (*self.versions, psc.V0_5)
+            # Binary payloads (0.6) come with 0.5: a node that offers 0.5 can carry them.
+            if psc.V0_5 in self.versions and psc.V0_6 not in self.versions:
+                self.versions = (*self.versions, psc.V0_6)
         self._servers: dict[str, _Server] = {}
         #: Every live link, by its session.
         self._links: dict[LinkSession, Link] = {}
@@ -599,7 +604,10 @@ class Federation:
         try:
             rich = self._rich(envelope)
         except TypeError:
-            return None  # not JSON: never forwarded (counted as dropped, not_json); not a matter of size
+            try:
+                rich = self._rich_binary(envelope)  # bytes measured as they cross: "\0" + base64
+            except TypeError:
+                return None  # not JSON even so (non-string keys): never forwarded (dropped, not_json)
         size = len(rich) + SEQ_ALLOWANCE
         limits = self.limits
         if size <= limits.max_link_frame:
@@ -611,13 +619,32 @@ class Federation:
 
     @staticmethod
     def _rich(envelope: Envelope) -> bytes:
-        """``envelope``'s PSC301 with metadata (0.2 and later), made once per message."""
+        """``envelope``'s PSC301 with metadata (0.2 and later), made once per message.
+
+        Raises TypeError when the message is not JSON (bytes in it: see :meth:`_rich_binary`).
+        """
         wire = envelope.wire
         rich: bytes | None = wire.get(_PSC_RICH)
         if rich is None:
             rich = wire[_PSC_RICH] = psc.encode_publish_meta(
                 envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
                 envelope.wamp_wrapped,
+            )  # fmt: skip
+        return rich
+
+    @staticmethod
+    def _rich_binary(envelope: Envelope) -> bytes:
+        """``envelope``'s PSC301 in the 0.6 binary form (``"b": 1``), made once; only after :meth:`_rich` refused it.
+
+        Raises TypeError when the message is not JSON even with its bytes
+        written as ``"\0"`` + base64 (e.g. MessagePack maps with non-string keys).
+        """
+        wire = envelope.wire
+        rich: bytes | None = wire.get(_PSC_BINARY)
+        if rich is None:
+            rich = wire[_PSC_BINARY] = psc.encode_publish_meta(
+                envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+                envelope.wamp_wrapped, binary=True,
             )  # fmt: skip
         return rich
 
@@ -920,14 +947,42 @@ class Federation:
                 cell[0] += 1
                 cell[1] += len(data)
                 sent += 1
-        except TypeError as e:  # orjson: the payload is not JSON (e.g. msgpack bytes)
-            self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)
-            self.hub.metrics.count(topic, "psc", "dropped", 1, payload_size(envelope), reason="not_json")
-            log.warn(
-                "not forwarding a message on {topic}: payload is not JSON ({error})", topic=envelope.topic, error=e
-            )
+        except TypeError:  # orjson: the payload is not JSON (bytes in it); raised before anything was sent
+            self._forward_binary(envelope, sessions, streams)
             return
         self._forwarded_n += sent
+
+    def _forward_binary(
+        self, envelope: Envelope, sessions: dict[LinkSession, None] | None, streams: dict[Stream, None] | None
+    ) -> None:
+        """:meth:`local_published` for a message holding bytes: the 0.6 binary form, to 0.6 links only.
+
+        Older links (below 0.6: ``sessions`` all are, and streams whose
+        consumer did not speak 0.6) cannot carry it and are counted as
+        dropped (``not_json``), as is everyone when it is not JSON even so.
+        """
+        topic = envelope.topic
+        try:
+            binary = self._rich_binary(envelope)
+        except TypeError as e:
+            takers: dict[Stream, None] = {}
+            error = str(e)
+        else:
+            takers = {stream: None for stream in streams or () if stream.binary}
+            error = "binary values, and the link is older than PSC 0.6"
+        missed = len(sessions or ()) + len(streams or ()) - len(takers)
+        if takers:
+            assert self.outbox is not None
+            self._forwarded_n += self.outbox.forward(topic, binary, self._forwarded, takers)
+        if missed:
+            self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)
+            self.hub.metrics.count(topic, "psc", "dropped", missed, payload_size(envelope), reason="not_json")
+            log.warn(
+                "not forwarding a message on {topic} to {missed} links: payload is not JSON ({error})",
+                topic=topic,
+                missed=missed,
+                error=error,
+            )
 
     def _settle(self) -> None:
         """Add the forwards held back since the last read of the metrics (run by ``Metrics.settle``)."""

@@ -100,6 +100,8 @@ class Stream:
     link: Any = None
     #: When the stream lost its link (clock seconds); None while it has one.
     detached_at: float | None = None
+    #: The consumer's last link spoke 0.6: messages holding binary values are sent to it.
+    binary: bool = False
 
     def first_kept(self) -> int:
         """The sequence number of the oldest message still kept (``seq + 1`` when none is)."""
@@ -251,6 +253,7 @@ class Outbox:
             self.metrics.event(ReplayEvent.STREAMS_SUPERSEDED)
         stream.link = link
         stream.detached_at = None
+        stream.binary = getattr(link, "with_binary", False) is True
         self._by_link[link] = stream
         for topic in stream.topics - set(request.topics):
             self._remove_topic(stream, topic)

@@ -127,6 +127,8 @@ class LinkSession:
         self.batched = False
         #: This link carries pattern interest (0.5: PSC203/PSC204, patterns in PSC103).
         self.with_patterns = False
+        #: This link carries messages holding binary values (0.6: ``"b": 1`` in PSC301 metadata).
+        self.with_binary = False
         #: Topics the consumer at the other end asked for (producer role).
         self.topics: set[str] = set()
         #: Patterns the consumer at the other end asked for (producer role, 0.5).
@@ -150,6 +152,7 @@ class LinkSession:
         self.with_replay = version >= psc.V0_3
         self.batched = version >= psc.V0_4
         self.with_patterns = version >= psc.V0_5
+        self.with_binary = version >= psc.V0_6
 
     def start(self) -> None:
         """The transport opened: the consumer speaks first, whoever dialled."""
