@@ -427,24 +427,27 @@ def _publish(frame: list[Any], limits: Limits, data: bytes | str, bounded: bool)
             and (seq is None or (type(seq) is int and 0 < seq <= MAX_SEQ))
         ):
             return Publish(topic, frame[2], Meta(origin, published_at, message_id, wrapped == 1, seq))
-    meta = _meta(value)
-    if meta.published_at is not None and not 0.0 <= meta.published_at <= MAX_PUBLISH_TIME:
-        raise PSCPayloadError(topic, f"publish time {meta.published_at!r} is outside 0..{MAX_PUBLISH_TIME:.0f}")
-    return Publish(topic, frame[2], meta)
+    return Publish(topic, frame[2], _checked_meta(topic, value))
 
 
 def _binary_publish(topic: str, message: Any, value: dict[str, Any]) -> Publish:
     """A 0.6 PSC301 with binary values (metadata ``"b": 1``): its message with them as ``bytes``."""
     if value["b"] != 1 or type(value["b"]) is not int:
         raise PSCDecodeError("PSC301 metadata 'b' must be 1")
-    meta = _meta(value)
-    if meta.published_at is not None and not 0.0 <= meta.published_at <= MAX_PUBLISH_TIME:
-        raise PSCPayloadError(topic, f"publish time {meta.published_at!r} is outside 0..{MAX_PUBLISH_TIME:.0f}")
+    meta = _checked_meta(topic, value)
     try:
         message = binaryjson.from_json(message)
     except binaryjson.BinaryDecodeError as e:
         raise PSCPayloadError(topic, str(e)) from None
     return Publish(topic, message, dataclasses.replace(meta, binary=True))
+
+
+def _checked_meta(topic: str, value: Any) -> Meta:
+    """PSC301 metadata checked field by field, its publish time within 0..MAX_PUBLISH_TIME."""
+    meta = _meta(value)
+    if meta.published_at is not None and not 0.0 <= meta.published_at <= MAX_PUBLISH_TIME:
+        raise PSCPayloadError(topic, f"publish time {meta.published_at!r} is outside 0..{MAX_PUBLISH_TIME:.0f}")
+    return meta
 
 
 def _meta(value: Any) -> Meta:
