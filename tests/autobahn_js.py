@@ -132,9 +132,8 @@ def extract_tests(source: Path, dest: Path) -> None:
             timeout=60,
         )
         if archive.returncode != 0:
-            raise AssertionError(
-                f"{source}: cannot extract {SUITE_TEST_PATH} at {SUITE_COMMIT}: {archive.stderr.decode(errors='replace')}"
-            )
+            error = archive.stderr.decode(errors="replace")
+            raise AssertionError(f"{source}: cannot extract {SUITE_TEST_PATH} at {SUITE_COMMIT}: {error}")
         dest.mkdir(parents=True)
         prefix = SUITE_TEST_PATH + "/"
         with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
@@ -184,8 +183,11 @@ def node_env() -> dict[str, str]:
     return env
 
 
-def run_suite(root: Path, url: str, rawsocket_port: int, report: Path, verbose: bool = False) -> dict[str, FileResult]:
-    """Run the router files against ``url`` and ``rawsocket_port``; the outcome of each file."""
+def run_suite(root: Path, url: str, rawsocket_port: int, report: Path) -> dict[str, FileResult]:
+    """Run the router files against ``url`` and ``rawsocket_port``; the outcome of each file.
+
+    vitest's output (verbose reporter) goes to ``report`` with the suffix ``.log``.
+    """
     env = node_env()
     env.update(
         PUBSUBCLUB_SUITE_ROOT=str(root),
@@ -201,18 +203,19 @@ def run_suite(root: Path, url: str, rawsocket_port: int, report: Path, verbose: 
         str(CONFIG),
         "--root",
         str(root),
-        "--reporter=verbose" if verbose else "--reporter=dot",
+        "--reporter=verbose",
         "--reporter=json",
         f"--outputFile.json={report}",
         *(f"test/{name}.vitest.js" for name in ROUTER_FILES),
     ]
     proc = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True, check=False, timeout=RUN_TIMEOUT)
     report.with_suffix(".log").write_text(proc.stdout + proc.stderr)
-    if verbose:
-        print(proc.stdout[-20000:], proc.stderr[-5000:])
     if not report.exists():
-        raise AssertionError(f"vitest wrote no report (exit {proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
-    return parse_report(json.loads(report.read_text()))
+        output = proc.stdout[-3000:] + "\n" + proc.stderr[-3000:]
+        raise AssertionError(f"vitest wrote no report (exit {proc.returncode}):\n{output}")
+    results = parse_report(json.loads(report.read_text()))
+    add_testlog_mismatches(results, root.parent / "testlog")
+    return results
 
 
 def parse_report(report: dict[str, object]) -> dict[str, FileResult]:
@@ -232,8 +235,18 @@ def parse_report(report: dict[str, object]) -> dict[str, FileResult]:
             failures = [file.get("message") or f"file status {file.get('status')}"]
         passed = not failures and any(a.get("status") == "passed" for a in assertions)
         first = failures[0] if failures else ("no test passed" if not passed else "")
-        results[name] = FileResult(passed, "\n".join(first.splitlines()[:6])[:800])
+        results[name] = FileResult(passed, "\n".join(first.splitlines()[:3])[:500])
     return results
+
+
+def add_testlog_mismatches(results: dict[str, FileResult], kept: Path) -> None:
+    """Append the Testlog mismatches the setup file kept to the failures of their files."""
+    if not kept.is_dir():
+        return
+    for path in sorted(kept.iterdir()):
+        for name, result in results.items():
+            if not result.passed and path.stem.startswith(name):
+                result.failure += f"\n{path.stem}:{path.read_text()[:3000]}"
 
 
 class RoundRobinProxy:

@@ -33,3 +33,23 @@ if (!net.connect.pubsubclubRedirect) {
   net.connect = redirected;
   net.createConnection = redirected;
 }
+
+// The suite's Testlog.check() returns "Expected ... Got ..." on a mismatch, but its
+// nodeunit adapter drops assertion messages ("expected false to be truthy"). Keep
+// each mismatch in $PUBSUBCLUB_SUITE_ROOT/../testlog/<baseline name> for the report.
+const Testlog = require(path.join(root, "test", "testutil.js")).Testlog;
+if (!Testlog.prototype.check.pubsubclubKept) {
+  const fs = require("fs");
+  const check = Testlog.prototype.check;
+  const kept = function () {
+    const result = check.apply(this, arguments);
+    if (result) {
+      const dir = path.join(root, "..", "testlog");
+      fs.mkdirSync(dir, { recursive: true });
+      fs.writeFileSync(path.join(dir, path.basename(this._filename)), result);
+    }
+    return result;
+  };
+  kept.pubsubclubKept = true;
+  Testlog.prototype.check = kept;
+}
