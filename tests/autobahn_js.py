@@ -40,7 +40,7 @@ AUTOBAHN_NPM = JS / "node_modules" / "autobahn-26"
 CONFIG = REPO / "tests" / "js" / "autobahn_suite.config.mjs"
 SETUP = REPO / "tests" / "js" / "autobahn_suite.setup.js"
 
-#: Where the suite is looked for: this variable, else ``../shared/autobahn-js``.
+#: Where the suite is looked for: this variable, else ``../shared/autobahn-js``, else the fetch snapshot.
 SOURCE_ENV = "PUBSUBCLUB_AUTOBAHN_JS"
 #: Set (to anything but "" or "0") to fail instead of skipping when no copy is found.
 REQUIRED_ENV = "PUBSUBCLUB_AUTOBAHN_JS_REQUIRED"
@@ -94,8 +94,12 @@ def suite_source() -> Path | None:
     named = os.environ.get(SOURCE_ENV, "")
     if named:
         return Path(named)
-    beside = REPO.parent / "shared" / "autobahn-js"
-    return beside if beside.exists() else None
+    # A copy beside the checkout, or the snapshot a session's fetch tool leaves
+    # (github:crossbario/autobahn-js, a bare git directory).
+    for beside in (REPO.parent / "shared" / "autobahn-js", REPO.parent / ".mirror" / "crossbario+autobahn-js" / "repo"):
+        if beside.exists():
+            return beside
+    return None
 
 
 def suite_required() -> bool:
