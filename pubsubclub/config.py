@@ -31,10 +31,10 @@ from urllib.parse import urlsplit
 
 from twisted.internet.endpoints import _parseServer  # type: ignore[attr-defined]
 
-from pubsubclub.dumpfile import DUMP_FORMATS
+from pubsubclub.core.dumpfile import DUMP_FORMATS
 
 if TYPE_CHECKING:
-    from pubsubclub.loginthrottle import LoginThrottleSettings
+    from pubsubclub.core.loginthrottle import LoginThrottleSettings
     from pubsubclub.wamp.auth import AuthPolicy
 
 
@@ -784,7 +784,7 @@ class NodeConfig:
 
     def login_throttle_settings(self) -> LoginThrottleSettings:
         """The ``[node] auth-*`` settings as the login throttle takes them."""
-        from pubsubclub.loginthrottle import LoginThrottleSettings
+        from pubsubclub.core.loginthrottle import LoginThrottleSettings
 
         node = self.node
         return LoginThrottleSettings(

@@ -23,9 +23,9 @@ from twisted.web.server import Site
 from twisted.web.static import File
 
 from pubsubclub.config import NodeConfig
-from pubsubclub.hub import Hub
-from pubsubclub.jsonbounds import JSONBounds
-from pubsubclub.loginthrottle import LoginThrottle
+from pubsubclub.core.hub import Hub
+from pubsubclub.core.jsonbounds import JSONBounds
+from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.net.edge import Edge, EdgeLimits, http_refusal
 from pubsubclub.wamp.auth import AuthPolicy
 

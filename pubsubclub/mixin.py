@@ -40,8 +40,8 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.federation import Federation, Role
-from pubsubclub.hub import Envelope, Hub
 
 
 class _ServerSink:

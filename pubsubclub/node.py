@@ -1,6 +1,6 @@
 """One node, composed: the hub at the centre, the federation, discovery and every front-end around it.
 
-:class:`Node` is the composition root. It builds the :class:`~pubsubclub.hub.Hub`,
+:class:`Node` is the composition root. It builds the :class:`~pubsubclub.core.hub.Hub`,
 the :class:`~pubsubclub.federation.Federation` from ``config.federation``,
 each front-end from its own section (pubsubclub/frontends.py), the
 operations listener (pubsubclub/ops.py), metrics dumps from
@@ -27,6 +27,9 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from pubsubclub.config import NodeConfig
+from pubsubclub.core.hub import Hub
+from pubsubclub.core.loginthrottle import LoginThrottle
+from pubsubclub.core.metrics import MetricsDumper, PrometheusCollector
 from pubsubclub.federation import Federation, Role
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.replay import ReplaySettings
@@ -40,9 +43,6 @@ from pubsubclub.frontends import (
     json_bounds,
     listen_url,
 )
-from pubsubclub.hub import Hub
-from pubsubclub.loginthrottle import LoginThrottle
-from pubsubclub.metrics import MetricsDumper, PrometheusCollector
 from pubsubclub.net.edge import Edge, EdgeSettings, handshake_done
 from pubsubclub.ops import HealthResource, StatsResource
 from pubsubclub.psc import Limits

@@ -15,13 +15,13 @@ sequence number ``"s"`` to that object and two handshake messages, PSC103
 answer: where the stream continues and how many messages were lost).
 Version 0.4 batches messages in a frame. Version 0.5 (0.4 plus pattern
 interest) adds PSC203/PSC204 (a consumer's WAMP prefix or wildcard pattern,
-:mod:`pubsubclub.patterns`) and a fifth PSC103 item, the consumer's whole
+:mod:`pubsubclub.core.patterns`) and a fifth PSC103 item, the consumer's whole
 pattern interest. Version 0.6 (0.5 plus binary payloads) adds ``"b": 1`` to
 the metadata of a PSC301 whose message holds binary values, written in WAMP's
-JSON convention (:mod:`pubsubclub.binaryjson`); :func:`decode` gives them back
+JSON convention (:mod:`pubsubclub.core.binaryjson`); :func:`decode` gives them back
 as ``bytes``.
 
-Every value is held to :mod:`pubsubclub.jsonbounds` (depth, 64-bit integers,
+Every value is held to :mod:`pubsubclub.core.jsonbounds` (depth, 64-bit integers,
 finite floats, no lone surrogates). A PSC301 that is well formed except for
 its message or metadata breaking those bounds raises
 :class:`PSCPayloadError`, a :class:`PSCDecodeError` that the link answers by
@@ -37,9 +37,9 @@ from typing import Any, Union
 
 import orjson
 
-from pubsubclub import binaryjson, jsonbounds
-from pubsubclub.hotmessage import hot_message
-from pubsubclub.patterns import Pattern, pattern_problem
+from pubsubclub.core import binaryjson, jsonbounds
+from pubsubclub.core.hotmessage import hot_message
+from pubsubclub.core.patterns import Pattern, pattern_problem
 
 Version = tuple[int, int]
 

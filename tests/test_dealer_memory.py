@@ -9,7 +9,7 @@ from autobahn.wamp import message
 from autobahn.wamp.role import RoleCalleeFeatures, RoleCallerFeatures
 from twisted.internet.task import Clock
 
-from pubsubclub.hub import Hub
+from pubsubclub.core.hub import Hub
 from pubsubclub.testing import MemoryWampTransport
 from pubsubclub.wamp import WampRouter
 from pubsubclub.wamp.auth import AuthPolicy, Role

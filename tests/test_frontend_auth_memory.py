@@ -21,7 +21,7 @@ from pubsubclub.adapters.nsd import NSDProtocol, NSDService, NSDSettings
 from pubsubclub.adapters.nsd_store import NSDStore
 from pubsubclub.adapters.tep import UNAUTHORIZED_CLOSE, TEPClient, TEPServer
 from pubsubclub.adapters.tep_codec import TEPLimits
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.testing import MemoryTEPTransport, MemoryWampTransport
 from pubsubclub.wamp.auth import AuthPolicy, Cryptosign, Principal, Role, Ticket
 from pubsubclub.wamp.broker import WampRouter

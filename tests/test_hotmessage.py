@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from mypy import api as mypy_api
 
-from pubsubclub.hub import Envelope
+from pubsubclub.core.hub import Envelope
 from pubsubclub.psc import Meta, Publish
 
 HOT_TYPES = (Envelope, Meta, Publish)
@@ -46,7 +46,7 @@ def test_the_type_checker_rejects_assigning_a_field(tmp_path: Path) -> None:
     """Immutability is enforced by mypy (the project's code is checked strictly): every field assignment fails."""
     snippet = tmp_path / "assign.py"
     snippet.write_text(
-        "from pubsubclub.hub import Envelope\n"
+        "from pubsubclub.core.hub import Envelope\n"
         "from pubsubclub.psc import Meta, Publish\n"
         'Envelope("t", 1).topic = "x"\n'
         "Meta().seq = 1\n"

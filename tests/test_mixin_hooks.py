@@ -9,7 +9,7 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 
 from pubsubclub import mixin
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.mixin import PubSubClubMixin
 from pubsubclub.wamp.broker import event_arguments, wamp_envelope
 

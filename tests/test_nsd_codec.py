@@ -9,7 +9,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pubsubclub.adapters import nsd_codec as codec
-from pubsubclub.jsonbounds import check
+from pubsubclub.core.jsonbounds import check
 
 
 def test_spec_requests_decode() -> None:

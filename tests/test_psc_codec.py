@@ -11,8 +11,8 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from pubsubclub import psc
-from pubsubclub.jsonbounds import check
-from pubsubclub.patterns import Pattern
+from pubsubclub.core.jsonbounds import check
+from pubsubclub.core.patterns import Pattern
 from pubsubclub.psc import (
     PUBLISH,
     ChooseVersion,

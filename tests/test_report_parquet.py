@@ -19,8 +19,8 @@ from wampclient import connect, leave, publish_acked, subscribe
 
 from pubsubclub.cli import _node_config, parser
 from pubsubclub.config import ConfigError
-from pubsubclub.dumpfile import RECORD_COLUMNS, merge_parquet_dumps, write_dump
-from pubsubclub.metrics import Metrics, MetricsDumper
+from pubsubclub.core.dumpfile import RECORD_COLUMNS, merge_parquet_dumps, write_dump
+from pubsubclub.core.metrics import Metrics, MetricsDumper
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import ReportResult, parquet_damage, plan_files, run_report
 

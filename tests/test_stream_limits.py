@@ -27,7 +27,7 @@ from pubsubclub import psc
 from pubsubclub.adapters import stream_codec as c
 from pubsubclub.adapters.stream import StreamService, TooLargeForLinks, hub_payload_json_bytes, to_hub_payload
 from pubsubclub.config import NodeConfig, NodeSection
-from pubsubclub.hub import Hub
+from pubsubclub.core.hub import Hub
 
 E = c.Position.EARLIEST
 MiB = 1024 * 1024

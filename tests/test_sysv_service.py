@@ -17,7 +17,7 @@ from pubsubclub.adapters.sysv_codec import (
     pack,
     unpack,
 )
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.wamp.auth import AuthPolicy, Role
 
 OK = Signal.OPERATION_SUCCESS

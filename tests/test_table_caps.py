@@ -13,8 +13,8 @@ from typing import Any
 from autobahn.wamp import message
 from autobahn.wamp.role import RoleCalleeFeatures, RoleCallerFeatures, RoleSubscriberFeatures
 
-from pubsubclub.compaction import MIN_PEAK, MINIMAL_DICT, Compaction
-from pubsubclub.hub import Hub, LimitExceeded
+from pubsubclub.core.compaction import MIN_PEAK, MINIMAL_DICT, Compaction
+from pubsubclub.core.hub import Hub, LimitExceeded
 from pubsubclub.testing import MemoryWampTransport
 from pubsubclub.wamp import WampLimits, WampRouter
 

@@ -29,8 +29,8 @@ from pubsubclub.adapters.tep_codec import (
     encode_client,
     encode_server,
 )
-from pubsubclub.hub import Hub
-from pubsubclub.jsonbounds import check
+from pubsubclub.core.hub import Hub
+from pubsubclub.core.jsonbounds import check
 from pubsubclub.testing import MemoryTEPTransport
 
 LIMITS = TEPLimits(max_frame_bytes=4096, max_channel_length=32, max_channels_per_client=3, max_channels_per_request=5)

@@ -13,7 +13,7 @@ from autobahn.wamp.serializer import JsonObjectSerializer, JsonSerializer, MsgPa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubsubclub.jsonbounds import JSONBounds
+from pubsubclub.core.jsonbounds import JSONBounds
 from pubsubclub.wamp.codec import PublishRequest, decode, event_message, publish_request
 from pubsubclub.wamp.transport import _BoundedJsonObjectSerializer, bounded_serializers
 

@@ -8,8 +8,8 @@ import pytest
 from autobahn.wamp import message
 from autobahn.wamp.role import RoleSubscriberFeatures
 
-from pubsubclub.hub import Hub
-from pubsubclub.patterns import Pattern
+from pubsubclub.core.hub import Hub
+from pubsubclub.core.patterns import Pattern
 from pubsubclub.testing import MemoryWampTransport
 from pubsubclub.wamp import WampLimits, WampRouter
 from pubsubclub.wamp.auth import AuthPolicy, Role

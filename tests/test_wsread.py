@@ -30,8 +30,8 @@ from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
 from pubsubclub import wsframes
+from pubsubclub.core.hub import Hub
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol, _bind_timers
-from pubsubclub.hub import Hub
 from pubsubclub.testing import MemoryNetwork, no_logged_errors, psc_url
 from pubsubclub.wamp.broker import WampLimits, WampRouter
 from pubsubclub.wamp.transport import WampServerProtocol, wamp_resource

@@ -68,12 +68,12 @@ import orjson
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
-from pubsubclub import binaryjson, jsonbounds
 from pubsubclub.adapters import nsd_codec as codec
 from pubsubclub.adapters.nsd_store import NSDStore
-from pubsubclub.counters import NSDEvent
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.metrics import payload_size
+from pubsubclub.core import binaryjson, jsonbounds
+from pubsubclub.core.counters import NSDEvent
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.metrics import payload_size
 from pubsubclub.net.edge import handshake_done
 from pubsubclub.nodelay import set_no_delay
 from pubsubclub.wamp.auth import AuthPolicy

@@ -16,7 +16,7 @@ from typing import Any, Union
 
 import orjson
 
-from pubsubclub import jsonbounds
+from pubsubclub.core import jsonbounds
 
 #: ``_class`` of a message object.
 MESSAGE_CLASS = "Message"

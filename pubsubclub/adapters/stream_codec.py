@@ -39,8 +39,8 @@ from typing import Any
 
 import orjson
 
-from pubsubclub import jsonbounds
-from pubsubclub.jsonbounds import BoundsError, JSONBounds
+from pubsubclub.core import jsonbounds
+from pubsubclub.core.jsonbounds import BoundsError, JSONBounds
 
 __all__ = [
     "DEFAULT_LIMITS",

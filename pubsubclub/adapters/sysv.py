@@ -73,9 +73,9 @@ from pubsubclub.adapters.sysv_codec import (
     reply,
 )
 from pubsubclub.config import NodeConfig
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.metrics import payload_size
 from pubsubclub.frontends import Frontend
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.metrics import payload_size
 from pubsubclub.wamp.auth import AuthPolicy, Role
 
 __all__ = [

@@ -31,7 +31,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Union
 
-from pubsubclub import binaryjson
+from pubsubclub.core import binaryjson
 
 __all__ = [
     "BODY_FORMAT",

@@ -54,7 +54,6 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from pubsubclub import jsonbounds
 from pubsubclub.adapters.tep_codec import (
     DEFAULT_LIMITS,
     Broadcast,
@@ -73,10 +72,11 @@ from pubsubclub.adapters.tep_codec import (
     echo_of,
     encode_server,
 )
-from pubsubclub.counters import TEPEvent
-from pubsubclub.hub import Envelope, Hub, LimitExceeded
-from pubsubclub.loginthrottle import LoginThrottle
-from pubsubclub.metrics import payload_size
+from pubsubclub.core import jsonbounds
+from pubsubclub.core.counters import TEPEvent
+from pubsubclub.core.hub import Envelope, Hub, LimitExceeded
+from pubsubclub.core.loginthrottle import LoginThrottle
+from pubsubclub.core.metrics import payload_size
 from pubsubclub.net.edge import handshake_done, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input

@@ -22,7 +22,7 @@ from typing import Any, Union
 
 import orjson
 
-from pubsubclub import binaryjson, jsonbounds
+from pubsubclub.core import binaryjson, jsonbounds
 
 __all__ = [
     "DEFAULT_LIMITS",

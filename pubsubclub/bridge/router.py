@@ -62,15 +62,15 @@ from twisted.logger import Logger
 
 from pubsubclub.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
 from pubsubclub.config import NodeConfig
-from pubsubclub.counters import BridgeEvent
+from pubsubclub.core.counters import BridgeEvent
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.metrics import payload_size
+from pubsubclub.core.patterns import MATCHES, Pattern
 from pubsubclub.federation import Federation
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends import Frontend
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.metrics import payload_size
 from pubsubclub.nodelay import set_no_delay
-from pubsubclub.patterns import MATCHES, Pattern
 from pubsubclub.wamp.broker import event_arguments, wamp_envelope
 
 log = Logger()

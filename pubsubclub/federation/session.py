@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pubsubclub import psc
-from pubsubclub.patterns import Pattern
+from pubsubclub.core.patterns import Pattern
 
 
 class Role(enum.Enum):

@@ -17,7 +17,7 @@ Realms and topics
 
 Patterns
     A prefix or wildcard SUBSCRIBE becomes a hub pattern
-    (:class:`~pubsubclub.patterns.Pattern`) under the same realm mapping as
+    (:class:`~pubsubclub.core.patterns.Pattern`) under the same realm mapping as
     topics (:func:`hub_pattern`), so a pattern of one realm never matches
     another realm's topics. One subscription id per (match, pattern),
     broker-wide, like exact ones; its EVENTs carry the concrete WAMP topic in
@@ -73,13 +73,13 @@ from autobahn.wamp.message import Message
 from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 from twisted.logger import Logger
 
-from pubsubclub.compaction import Compaction
-from pubsubclub.hub import GAP_TOPIC, Envelope, Hub, LimitExceeded
-from pubsubclub.jsonbounds import DEFAULT_BOUNDS, JSONBounds
-from pubsubclub.loginthrottle import LoginThrottle
-from pubsubclub.metrics import payload_size
+from pubsubclub.core.compaction import Compaction
+from pubsubclub.core.hub import GAP_TOPIC, Envelope, Hub, LimitExceeded
+from pubsubclub.core.jsonbounds import DEFAULT_BOUNDS, JSONBounds
+from pubsubclub.core.loginthrottle import LoginThrottle
+from pubsubclub.core.metrics import payload_size
+from pubsubclub.core.patterns import MATCHES, PREFIX, Pattern
 from pubsubclub.net.edge import handshake_done
-from pubsubclub.patterns import MATCHES, PREFIX, Pattern
 from pubsubclub.wamp.auth import (
     AUTHENTICATION_FAILED,
     NOT_AUTHORIZED,

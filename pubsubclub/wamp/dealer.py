@@ -40,7 +40,7 @@ Every refusal names its limit: ERROR ``args`` hold a sentence, ``kwargs``
 ``{"limit": <setting>, "max": <value>}``, and it is counted through
 ``refused(reason)``. Everything a session made is found from the session
 (no scan of the node's tables when it leaves), and the tables are copied
-smaller once they have emptied (pubsubclub/compaction.py), so memory returns
+smaller once they have emptied (pubsubclub/core/compaction.py), so memory returns
 when sessions leave.
 
 Sans-IO apart from the injected ``call_later`` for timeouts: sessions are any
@@ -55,7 +55,7 @@ from typing import Any, Protocol
 
 from autobahn.wamp import message
 
-from pubsubclub.compaction import Compaction
+from pubsubclub.core.compaction import Compaction
 
 NO_SUCH_PROCEDURE = "wamp.error.no_such_procedure"
 PROCEDURE_ALREADY_EXISTS = "wamp.error.procedure_already_exists"

@@ -14,8 +14,8 @@ from twisted.internet.endpoints import serverFromString
 from twisted.internet.interfaces import IListeningPort
 from twisted.web.server import Site
 
-from pubsubclub.hub import Hub
-from pubsubclub.loginthrottle import LoginThrottle, LoginThrottleSettings
+from pubsubclub.core.hub import Hub
+from pubsubclub.core.loginthrottle import LoginThrottle, LoginThrottleSettings
 from pubsubclub.wamp.auth import AuthPolicy
 from pubsubclub.wamp.broker import WampLimits, WampRouter
 from pubsubclub.wamp.transport import wamp_site

@@ -13,7 +13,7 @@ module adds what a public-facing router needs on top:
 * the bytes a client has not yet taken are tracked, so the broker can drop
   a slow consumer (see :class:`SendBacklog`);
 * every decoded message, JSON or MessagePack, is held to the router's
-  :class:`~pubsubclub.jsonbounds.JSONBounds` (depth, 64-bit integers, finite
+  :class:`~pubsubclub.core.jsonbounds.JSONBounds` (depth, 64-bit integers, finite
   floats, no lone surrogates, no MessagePack extension types) before the
   broker sees it; a message beyond them is answered with ABORT
   ``wamp.error.protocol_violation`` naming the problem.
@@ -44,8 +44,8 @@ from twisted.web.resource import Resource
 from twisted.web.server import Site
 from twisted.web.static import File
 
-from pubsubclub import jsonbounds
-from pubsubclub.jsonbounds import JSONBounds, check
+from pubsubclub.core import jsonbounds
+from pubsubclub.core.jsonbounds import JSONBounds, check
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input

@@ -1,6 +1,6 @@
 """Names of every counter a node keeps: one dependency-free module for the node, /stats, /metrics and the report.
 
-:class:`pubsubclub.metrics.Metrics` is the only place counts live. Message
+:class:`pubsubclub.core.metrics.Metrics` is the only place counts live. Message
 counters are keyed by (topic, :class:`Source`, :class:`Kind`, peer, reason)
 and written to the dumps; event counters by one of the component enums below
 (``hub``, ``federation``, ``tep``, ``nsd``, ``replay``). ``/stats`` shows each

@@ -3,7 +3,7 @@
 Front-ends and the federation call :meth:`Metrics.count` (one dict lookup and
 two integer additions) and :meth:`Metrics.latency`. Every interval a
 :class:`MetricsDumper` writes the interval's counts as one file per format in
-the layout and schema of docs/metrics.md (through :mod:`pubsubclub.dumpfile`:
+the layout and schema of docs/metrics.md (through :mod:`pubsubclub.core.dumpfile`:
 a temporary name, then renamed), and folds them into the running totals that
 the Prometheus collector reports.
 """
@@ -19,8 +19,8 @@ from typing import Any
 import orjson
 from twisted.logger import Logger
 
-from pubsubclub.counters import COMPONENTS, AnyEvent
-from pubsubclub.dumpfile import formats_of, hour_folders, merge_parquet_dumps, parquet_problem, write_dump
+from pubsubclub.core.counters import COMPONENTS, AnyEvent
+from pubsubclub.core.dumpfile import formats_of, hour_folders, merge_parquet_dumps, parquet_problem, write_dump
 
 log = Logger()
 
@@ -124,7 +124,7 @@ class Metrics:
         self.disconnects: dict[tuple[str, str], int] = {}
         #: Connections refused at accept by a listener's caps, by (listener, reason); cumulative.
         self.refusals: dict[tuple[str, str], int] = {}
-        #: Event counters of the components (pubsubclub/counters.py), by (component, event); cumulative.
+        #: Event counters of the components (pubsubclub/core/counters.py), by (component, event); cumulative.
         self.events: dict[tuple[str, str], int] = {}
         #: What components held back (counted once per reactor turn or read, not per message) is added by these,
         #: run before anything reads the counters: every read sees the same totals as counting at once.

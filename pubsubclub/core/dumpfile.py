@@ -1,6 +1,6 @@
 """Metrics dump files: the record columns, one interval's records as JSON lines or Parquet, merged hours.
 
-Nodes (:class:`pubsubclub.metrics.MetricsDumper`) and the synthetic generator
+Nodes (:class:`pubsubclub.core.metrics.MetricsDumper`) and the synthetic generator
 (``pubsubclub/reports/generate.py``) both write through here, so the report
 reads the same files from both (docs/metrics.md). Every file is written under
 a hidden temporary name in its folder, then renamed: a reader never sees half

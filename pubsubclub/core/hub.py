@@ -5,7 +5,7 @@ sinks; the federation registers an :class:`InterestListener` (to hear about a
 topic's first and last local subscriber) and a :class:`PublishListener` (to
 forward local publishes to other nodes).
 
-Besides exact topics a sink may hold patterns (:mod:`pubsubclub.patterns`:
+Besides exact topics a sink may hold patterns (:mod:`pubsubclub.core.patterns`:
 WAMP prefix and wildcard matching over hub topics); it is then a
 :class:`PatternSink`, handed each matching message once per matching
 pattern, and a :class:`PatternInterestListener` (the federation) hears about
@@ -29,11 +29,11 @@ from typing import Any, Protocol
 
 from twisted.logger import Logger
 
-from pubsubclub.compaction import Compaction
-from pubsubclub.counters import HubEvent
-from pubsubclub.hotmessage import hot_message
-from pubsubclub.metrics import Metrics, payload_size
-from pubsubclub.patterns import Pattern, PatternIndex
+from pubsubclub.core.compaction import Compaction
+from pubsubclub.core.counters import HubEvent
+from pubsubclub.core.hotmessage import hot_message
+from pubsubclub.core.metrics import Metrics, payload_size
+from pubsubclub.core.patterns import Pattern, PatternIndex
 
 #: Reserved hub topic on which the federation tells local subscribers that
 #: messages from another node were lost (PSC 0.3 gap reports, docs/protocol.md).
