@@ -32,7 +32,7 @@ from typing import Any
 
 from pubsubclub.bench_lean import lean_run, lean_window
 from pubsubclub.bench_nodes import machine, node_pair, progress, stop, tree_cpu_seconds, wait_interest
-from pubsubclub.nodelay import set_no_delay
+from pubsubclub.net.nodelay import set_no_delay
 
 TOPIC = "pubsubclub.bench"
 END = "end"
@@ -83,7 +83,7 @@ def _client_main(argv: list[str]) -> int:
         parts = urlsplit(url)
         proto: Any = await TCP4ClientEndpoint(reactor, parts.hostname or "127.0.0.1", parts.port or 80).connect(factory)
         # Nagle off, as a latency-minded user does: Autobahn's client connections keep it on (its
-        # WebSocket attempt fails silently, RawSocket has none; see pubsubclub.nodelay), and a
+        # WebSocket attempt fails silently, RawSocket has none; see pubsubclub.net.nodelay), and a
         # paced message can then wait up to 40 ms for the ACK of the one before.
         set_no_delay(proto.transport)
         session = await joined.addTimeout(10, reactor)

@@ -32,6 +32,7 @@ from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.metrics import MetricsDumper, PrometheusCollector
 from pubsubclub.federation import Federation, Role
 from pubsubclub.federation.federation import endpoint_for_url
+from pubsubclub.federation.psc import Limits
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.frontends import (
     HTTP_REFUSAL,
@@ -45,7 +46,6 @@ from pubsubclub.frontends import (
 )
 from pubsubclub.net.edge import Edge, EdgeSettings, handshake_done
 from pubsubclub.ops import HealthResource, StatsResource
-from pubsubclub.psc import Limits
 
 log = Logger()
 

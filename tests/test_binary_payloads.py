@@ -25,8 +25,8 @@ from test_message_sizes import interest_reached, publish_big_then_followers
 from twisted.internet import defer
 from wampclient import connect, leave, subscribe
 
-from pubsubclub import psc
 from pubsubclub.core import binaryjson
+from pubsubclub.federation import psc
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.testing import MemoryNetwork, RecordingSink, no_logged_errors, psc_url
 

@@ -9,7 +9,7 @@ import pytest
 from mypy import api as mypy_api
 
 from pubsubclub.core.hub import Envelope
-from pubsubclub.psc import Meta, Publish
+from pubsubclub.federation.psc import Meta, Publish
 
 HOT_TYPES = (Envelope, Meta, Publish)
 
@@ -47,7 +47,7 @@ def test_the_type_checker_rejects_assigning_a_field(tmp_path: Path) -> None:
     snippet = tmp_path / "assign.py"
     snippet.write_text(
         "from pubsubclub.core.hub import Envelope\n"
-        "from pubsubclub.psc import Meta, Publish\n"
+        "from pubsubclub.federation.psc import Meta, Publish\n"
         'Envelope("t", 1).topic = "x"\n'
         "Meta().seq = 1\n"
         'Publish("t", 1).meta = None\n'

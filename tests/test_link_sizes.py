@@ -12,9 +12,8 @@ from typing import Any
 
 import pytest
 
-from pubsubclub import psc
 from pubsubclub.core.hub import GAP_TOPIC, Hub
-from pubsubclub.federation import Federation
+from pubsubclub.federation import Federation, psc
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.federation.transport import MAX_FRAME_HEADER, peer_max_frame
 from pubsubclub.testing import MemoryNetwork, RecordingSink, no_logged_errors, psc_url

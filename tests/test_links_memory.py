@@ -17,9 +17,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.python.failure import Failure
 
-from pubsubclub import psc
 from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import Federation, Role
+from pubsubclub.federation import Federation, Role, psc
 from pubsubclub.federation.auth import Refusal
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.federation.session import (

@@ -19,14 +19,13 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from twisted.logger import formatEvent, globalLogPublisher
 
-from pubsubclub import psc
 from pubsubclub.config import ConfigError, build, load_toml
 from pubsubclub.core.hub import GAP_TOPIC, Envelope
 from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import Federation, LinkError, LinkSession, Role
+from pubsubclub.federation import Federation, LinkError, LinkSession, Role, psc
+from pubsubclub.federation.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
 from pubsubclub.federation.replay import DUPLICATE, Inbox, Outbox, ReplaySettings
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, CLOSE_DUPLICATE
-from pubsubclub.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
 from pubsubclub.testing import Cut, MemoryLink, MemoryNetwork, RecordingSink, no_logged_errors, partition, psc_url
 from pubsubclub.wamp.broker import GAP_EVENT_TOPIC, hub_topic
 

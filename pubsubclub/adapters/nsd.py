@@ -75,7 +75,7 @@ from pubsubclub.core.counters import NSDEvent
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.net.edge import handshake_done
-from pubsubclub.nodelay import set_no_delay
+from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.wamp.auth import AuthPolicy
 
 log = Logger()

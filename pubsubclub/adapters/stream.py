@@ -55,7 +55,6 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pubsubclub import psc
 from pubsubclub.adapters import stream_codec as codec
 from pubsubclub.adapters.stream_log import (
     DiskFullError,
@@ -68,9 +67,10 @@ from pubsubclub.adapters.stream_log import (
 from pubsubclub.config import NodeConfig
 from pubsubclub.core import binaryjson
 from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.federation import psc
 from pubsubclub.frontends import Frontend, json_bounds
 from pubsubclub.net.edge import handshake_done
-from pubsubclub.nodelay import set_no_delay
+from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.wamp.auth import AuthPolicy, Role
 
 log = Logger()

@@ -80,8 +80,8 @@ from pubsubclub.core.metrics import payload_size
 from pubsubclub.net.edge import handshake_done, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
+from pubsubclub.net.wsframes import send_message
 from pubsubclub.wamp.auth import AuthPolicy, Role
-from pubsubclub.wsframes import send_message
 
 __all__ = [
     "BROADCAST_TOPIC",

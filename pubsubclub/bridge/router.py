@@ -70,7 +70,7 @@ from pubsubclub.federation import Federation
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends import Frontend
-from pubsubclub.nodelay import set_no_delay
+from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.wamp.broker import event_arguments, wamp_envelope
 
 log = Logger()

@@ -22,10 +22,9 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.test import iosim
 
-from pubsubclub import psc
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import Federation, Role
+from pubsubclub.federation import Federation, Role, psc
 from pubsubclub.federation.auth import PROOF_PREFIX
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol

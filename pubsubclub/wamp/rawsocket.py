@@ -37,8 +37,8 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.nodelay import set_no_delay
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.transport import bounded_serializers, feed_session
 

@@ -49,9 +49,9 @@ from pubsubclub.core.jsonbounds import JSONBounds, check
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
+from pubsubclub.net.wsframes import receive_data, send_message
 from pubsubclub.wamp.broker import WampRouter
 from pubsubclub.wamp.codec import decode
-from pubsubclub.wsframes import receive_data, send_message
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
