@@ -35,7 +35,7 @@ from pubsubclub.core.dumpfile import DUMP_FORMATS
 
 if TYPE_CHECKING:
     from pubsubclub.core.loginthrottle import LoginThrottleSettings
-    from pubsubclub.wamp.auth import AuthPolicy
+    from pubsubclub.frontends.wamp.auth import AuthPolicy
 
 
 class ConfigError(ValueError):
@@ -891,11 +891,11 @@ class NodeConfig:
                 raise ConfigError(key, f"must be an integer between 0 (no cap) and {high}")
 
     def auth_policy(self) -> AuthPolicy | None:
-        """The :class:`~pubsubclub.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""
+        """The :class:`~pubsubclub.frontends.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""
         path = self.node.auth
         if path is None:
             return None
-        from pubsubclub.wamp.auth import AuthFileError, load_auth
+        from pubsubclub.frontends.wamp.auth import AuthFileError, load_auth
 
         try:
             return load_auth(path)

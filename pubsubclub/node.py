@@ -2,7 +2,7 @@
 
 :class:`Node` is the composition root. It builds the :class:`~pubsubclub.core.hub.Hub`,
 the :class:`~pubsubclub.federation.Federation` from ``config.federation``,
-each front-end from its own section (pubsubclub/frontends.py), the
+each front-end from its own section (pubsubclub/frontends/base.py), the
 operations listener (pubsubclub/ops.py), metrics dumps from
 ``config.metrics`` and Consul discovery from ``config.consul``. None of these
 parts knows the others; they meet at the hub. Start order: listeners, then
@@ -34,7 +34,7 @@ from pubsubclub.federation import Federation, Role
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.psc import Limits
 from pubsubclub.federation.replay import ReplaySettings
-from pubsubclub.frontends import (
+from pubsubclub.frontends.base import (
     HTTP_REFUSAL,
     Frontend,
     NSDFrontend,
@@ -139,10 +139,10 @@ class Node:
         self.tep: TEPFrontend | None = None
         self.stream: Frontend | None = None
         self.sysv: Frontend | None = None
-        #: ``pubsubclub bridge``: the WAMP router it joins (pubsubclub/bridge/).
+        #: ``pubsubclub bridge``: the WAMP router it joins (pubsubclub/frontends/bridge/).
         self.router: Any = None
         if bridge:
-            from pubsubclub.bridge import RouterBridge
+            from pubsubclub.frontends.bridge import RouterBridge
 
             self.router = RouterBridge(self.hub, self.federation, config, reactor)
         else:
@@ -200,11 +200,11 @@ class Node:
             else None
         )
         if config.stream.listen is not None:
-            from pubsubclub.adapters.stream import StreamFrontend
+            from pubsubclub.frontends.stream.protocol import StreamFrontend
 
             self.stream = StreamFrontend(self.hub, config, self.auth, reactor)
         if config.sysv.key is not None:
-            from pubsubclub.adapters.sysv import SysVFrontend
+            from pubsubclub.frontends.sysv.service import SysVFrontend
 
             self.sysv = SysVFrontend(self.hub, config, self.auth, reactor)
 

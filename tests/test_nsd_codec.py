@@ -7,8 +7,8 @@ import pytest
 from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
+from pubsubclub.frontends.base.nsd import codec as codec
 
-from pubsubclub.adapters import nsd_codec as codec
 from pubsubclub.core.jsonbounds import check
 
 

@@ -26,8 +26,8 @@ from pubsubclub.federation import Federation, LinkError, LinkSession, Role, psc
 from pubsubclub.federation.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
 from pubsubclub.federation.replay import DUPLICATE, Inbox, Outbox, ReplaySettings
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, CLOSE_DUPLICATE
+from pubsubclub.frontends.wamp.broker import GAP_EVENT_TOPIC, hub_topic
 from pubsubclub.testing import Cut, MemoryLink, MemoryNetwork, RecordingSink, no_logged_errors, partition, psc_url
-from pubsubclub.wamp.broker import GAP_EVENT_TOPIC, hub_topic
 
 PING = MemoryNetwork.ping_interval
 RETRY = MemoryNetwork.retry

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 from conftest import NodeProcess, wait_until
+from pubsubclub.frontends.base.stream import codec as c
 from streamclient import OK, StreamClient, error
-
-from pubsubclub.adapters import stream_codec as c
 
 pytestmark = pytest.mark.slow
 

@@ -9,11 +9,10 @@ import pytest
 import pytest_twisted
 from conftest import Cluster, until
 from nsdclient import NSDClient
+from pubsubclub.frontends.base.stream import codec as c
 from streamclient import OK, StreamClient
 from wampclient import connect, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
-
-from pubsubclub.adapters import stream_codec as c
 
 pytestmark = pytest.mark.slow
 

@@ -19,15 +19,15 @@ import pytest_twisted
 from conftest import Cluster, NodeProcess, until, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
+from pubsubclub.frontends.base.stream import codec as c
 from streamclient import OK, StreamClient, error
 from twisted.internet.task import Clock
 from wampclient import connect, leave, publish_acked
 
-from pubsubclub.adapters import stream_codec as c
-from pubsubclub.adapters.stream import StreamService, TooLargeForLinks, hub_payload_json_bytes, to_hub_payload
 from pubsubclub.config import NodeConfig, NodeSection
 from pubsubclub.core.hub import Hub
 from pubsubclub.federation import psc
+from pubsubclub.frontends.stream.protocol import StreamService, TooLargeForLinks, hub_payload_json_bytes, to_hub_payload
 
 E = c.Position.EARLIEST
 MiB = 1024 * 1024

@@ -15,8 +15,8 @@ from autobahn.wamp.role import RoleCalleeFeatures, RoleCallerFeatures, RoleSubsc
 
 from pubsubclub.core.compaction import MIN_PEAK, MINIMAL_DICT, Compaction
 from pubsubclub.core.hub import Hub, LimitExceeded
+from pubsubclub.frontends.wamp import WampLimits, WampRouter
 from pubsubclub.testing import MemoryWampTransport
-from pubsubclub.wamp import WampLimits, WampRouter
 
 
 def joined(router: WampRouter, interruptible: bool = False) -> tuple[Any, MemoryWampTransport]:

@@ -6,7 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from pubsubclub.core.hub import Hub
-from pubsubclub.wamp.broker import URI_CACHE_SIZE, UriCheck, WampLimits, WampRouter, uri_problem
+from pubsubclub.frontends.wamp.broker import URI_CACHE_SIZE, UriCheck, WampLimits, WampRouter, uri_problem
 
 URIS = st.one_of(
     st.text(max_size=30),

@@ -31,11 +31,11 @@ from twisted.python.failure import Failure
 
 from pubsubclub.core.hub import Hub
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol, _bind_timers
+from pubsubclub.frontends.wamp.broker import WampLimits, WampRouter
+from pubsubclub.frontends.wamp.transport import WampServerProtocol, wamp_resource
 from pubsubclub.net import wsframes
 from pubsubclub.net.wsframes import reads_directly, receive_data, unmask
 from pubsubclub.testing import MemoryNetwork, no_logged_errors, psc_url
-from pubsubclub.wamp.broker import WampLimits, WampRouter
-from pubsubclub.wamp.transport import WampServerProtocol, wamp_resource
 
 TEXT, BINARY, CONTINUATION, CLOSE, PING, PONG = 1, 2, 0, 8, 9, 10
 #: Payload sizes on each side of every header-size boundary (7-bit, 16-bit, 64-bit lengths).

@@ -1,6 +1,6 @@
 """Which topics and patterns a router's clients want, from its subscription meta API (sans-IO).
 
-Why it exists: a bridge (pubsubclub/bridge/router.py) must tell the cluster
+Why it exists: a bridge (pubsubclub/frontends/bridge/router.py) must tell the cluster
 what the router's clients subscribe to, but the router only tells it facts one
 at a time (a listing, ``on_create``, ``on_subscribe``, ``on_unsubscribe``,
 ``on_delete``, a session's role), asynchronously and interleaved. This module

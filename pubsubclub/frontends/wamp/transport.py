@@ -1,7 +1,7 @@
 """WAMP over WebSocket for the broker: the Twisted protocol, resource and site.
 
 Autobahn does the WebSocket framing and the WAMP (de)serialization (PUBLISH
-in and EVENT out on the faster path of :mod:`pubsubclub.wamp.codec`); this
+in and EVENT out on the faster path of :mod:`pubsubclub.frontends.wamp.codec`); this
 module adds what a public-facing router needs on top:
 
 * malformed WAMP (bad JSON/MessagePack, not a list, unknown message type,
@@ -46,12 +46,12 @@ from twisted.web.static import File
 
 from pubsubclub.core import jsonbounds
 from pubsubclub.core.jsonbounds import JSONBounds, check
+from pubsubclub.frontends.wamp.broker import WampRouter
+from pubsubclub.frontends.wamp.codec import decode
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
 from pubsubclub.net.wsframes import receive_data, send_message
-from pubsubclub.wamp.broker import WampRouter
-from pubsubclub.wamp.codec import decode
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
@@ -149,8 +149,8 @@ def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary
     an ERROR for a refused URI (``invalid_uri``) or an unknown SUBSCRIBE match
     policy (``unparsable``). Shared by the WebSocket and RawSocket transports,
     so both treat bad input alike. A plainly valid PUBLISH arrives as a
-    :class:`~pubsubclub.wamp.codec.PublishRequest` (see
-    :func:`~pubsubclub.wamp.codec.decode`).
+    :class:`~pubsubclub.frontends.wamp.codec.PublishRequest` (see
+    :func:`~pubsubclub.frontends.wamp.codec.decode`).
     """
     session = owner._session
     if session is None:

@@ -2,7 +2,7 @@
 
 One file per node under ``--data-dir`` (``nsd.sqlite3``). Every node keeps the
 whole cluster's NSD state (it is replicated over the ``$nsd.*`` topics, see
-:mod:`pubsubclub.adapters.nsd`), so a node restart or a client moving between
+:mod:`pubsubclub.frontends.nsd.protocol`), so a node restart or a client moving between
 nodes finds the same channels, subscriptions and history. Calls are
 synchronous: SQLite in WAL mode answers these small queries in microseconds,
 well below what a thread hop would cost.

@@ -54,7 +54,12 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
-from pubsubclub.adapters.tep_codec import (
+from pubsubclub.core import jsonbounds
+from pubsubclub.core.counters import TEPEvent
+from pubsubclub.core.hub import Envelope, Hub, LimitExceeded
+from pubsubclub.core.loginthrottle import LoginThrottle
+from pubsubclub.core.metrics import payload_size
+from pubsubclub.frontends.tep.codec import (
     DEFAULT_LIMITS,
     Broadcast,
     ClientChannels,
@@ -72,16 +77,11 @@ from pubsubclub.adapters.tep_codec import (
     echo_of,
     encode_server,
 )
-from pubsubclub.core import jsonbounds
-from pubsubclub.core.counters import TEPEvent
-from pubsubclub.core.hub import Envelope, Hub, LimitExceeded
-from pubsubclub.core.loginthrottle import LoginThrottle
-from pubsubclub.core.metrics import payload_size
+from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 from pubsubclub.net.edge import handshake_done, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
 from pubsubclub.net.wsframes import send_message
-from pubsubclub.wamp.auth import AuthPolicy, Role
 
 __all__ = [
     "BROADCAST_TOPIC",

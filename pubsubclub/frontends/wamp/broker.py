@@ -6,7 +6,7 @@ SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
 ERROR, plus the Advanced Profile's pattern-based subscriptions (``match:
 "prefix"`` and ``"wildcard"``; see "Patterns" below). The session also
 hands REGISTER/UNREGISTER/CALL/YIELD to the node-local Dealer
-(pubsubclub/wamp/dealer.py): RPC stays on the node, it is never federated.
+(pubsubclub/frontends/wamp/dealer.py): RPC stays on the node, it is never federated.
 
 Realms and topics
     The router serves a fixed list of realms. The *first* realm maps WAMP
@@ -34,17 +34,17 @@ Payloads
 
 Authentication and authorization
     Without a policy every HELLO is welcomed as anonymous with full access
-    (as before ``--auth`` existed). With an :class:`~pubsubclub.wamp.auth.AuthPolicy`
-    the session runs a :class:`~pubsubclub.wamp.auth.Authenticator` (HELLO,
+    (as before ``--auth`` existed). With an :class:`~pubsubclub.frontends.wamp.auth.AuthPolicy`
+    the session runs a :class:`~pubsubclub.frontends.wamp.auth.Authenticator` (HELLO,
     maybe CHALLENGE/AUTHENTICATE, then WELCOME or ABORT) and keeps the
-    :class:`~pubsubclub.wamp.auth.Role` it was welcomed with; SUBSCRIBE and
+    :class:`~pubsubclub.frontends.wamp.auth.Role` it was welcomed with; SUBSCRIBE and
     PUBLISH on a hub topic outside the role's prefixes get ERROR
     ``wamp.error.not_authorized`` (a PUBLISH only when acknowledged, as for
     every refused publish) and nothing is delivered or forwarded.
 
 Hot path
     A plainly valid PUBLISH reaches the session as a
-    :class:`~pubsubclub.wamp.codec.PublishRequest`, without an Autobahn
+    :class:`~pubsubclub.frontends.wamp.codec.PublishRequest`, without an Autobahn
     ``Message`` (``codec.decode``). Subscription ids are broker-wide per hub
     topic (every session subscribed to a topic gets the same id), so one
     EVENT serves every recipient of an envelope: its bytes are encoded once
@@ -79,8 +79,7 @@ from pubsubclub.core.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.core.patterns import MATCHES, PREFIX, Pattern
-from pubsubclub.net.edge import handshake_done
-from pubsubclub.wamp.auth import (
+from pubsubclub.frontends.wamp.auth import (
     AUTHENTICATION_FAILED,
     NOT_AUTHORIZED,
     Authenticator,
@@ -90,8 +89,9 @@ from pubsubclub.wamp.auth import (
     Role,
     Welcome,
 )
-from pubsubclub.wamp.codec import PUBLISH, PublishRequest, event_message
-from pubsubclub.wamp.dealer import Dealer
+from pubsubclub.frontends.wamp.codec import PUBLISH, PublishRequest, event_message
+from pubsubclub.frontends.wamp.dealer import Dealer
+from pubsubclub.net.edge import handshake_done
 
 __all__ = [
     "BrokerSession",
@@ -415,7 +415,7 @@ class WampRouter:
         self.await_interest = await_interest
         #: ``call_later(seconds, fn)`` for timers (join timeout); None: no timers (sans-IO tests).
         self.call_later = call_later
-        #: Node-local RPC (pubsubclub/wamp/dealer.py); calls time out through ``call_later`` when given.
+        #: Node-local RPC (pubsubclub/frontends/wamp/dealer.py); calls time out through ``call_later`` when given.
         self.dealer = Dealer(
             new_id,
             call_later=call_later,

@@ -2,7 +2,7 @@
 
 State and how it is shared
     Channels, per-identity subscriptions and history live in an
-    :class:`~pubsubclub.adapters.nsd_store.NSDStore` on every node and are
+    :class:`~pubsubclub.frontends.nsd.store.NSDStore` on every node and are
     replicated to every NSD node, so what a client sees never depends on the
     node it talks to (a channel opened on node 1 is subscribable on node 3; a
     client that moves keeps its subscriptions and its ``after`` cursor):
@@ -68,15 +68,15 @@ import orjson
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
-from pubsubclub.adapters import nsd_codec as codec
-from pubsubclub.adapters.nsd_store import NSDStore
 from pubsubclub.core import binaryjson, jsonbounds
 from pubsubclub.core.counters import NSDEvent
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
+from pubsubclub.frontends.base.nsd import codec as codec
+from pubsubclub.frontends.nsd.store import NSDStore
+from pubsubclub.frontends.wamp.auth import AuthPolicy
 from pubsubclub.net.edge import handshake_done
 from pubsubclub.net.nodelay import set_no_delay
-from pubsubclub.wamp.auth import AuthPolicy
 
 log = Logger()
 

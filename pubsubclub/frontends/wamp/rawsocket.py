@@ -18,7 +18,7 @@ as fatal without an ABORT. What it does:
   a PONG carrying its payload. A frame longer than the server's announced
   maximum, a reserved bit, or an unknown type closes the connection.
 - **WAMP.** Each regular frame is one WAMP message for the same
-  :class:`~pubsubclub.wamp.broker.BrokerSession` the WebSocket transport
+  :class:`~pubsubclub.frontends.wamp.broker.BrokerSession` the WebSocket transport
   drives, decoded by the same bounded serializers; undecodable input gets
   ABORT like over WebSocket. A message larger than the client's announced
   maximum cannot be sent: the client is dropped and the drop counted.
@@ -36,11 +36,11 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pubsubclub.frontends.wamp.broker import WampRouter
+from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_session
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.wamp.broker import WampRouter
-from pubsubclub.wamp.transport import bounded_serializers, feed_session
 
 log = Logger()
 

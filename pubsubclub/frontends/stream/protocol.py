@@ -1,7 +1,7 @@
 """The stream front-end (specs/stream-protocol.md): Kafka-style clients on port 7878, over the node's durable log.
 
-Wire handling is :mod:`pubsubclub.adapters.stream_codec` (sans-IO); storage is
-:mod:`pubsubclub.adapters.stream_log`. This module joins them to the hub:
+Wire handling is :mod:`pubsubclub.frontends.stream.codec` (sans-IO); storage is
+:mod:`pubsubclub.frontends.stream.log`. This module joins them to the hub:
 
 - **Retained topics.** A node keeps a topic in its log from the first stream
   publish or subscription on that topic on this node, and for as long as the
@@ -55,8 +55,13 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pubsubclub.adapters import stream_codec as codec
-from pubsubclub.adapters.stream_log import (
+from pubsubclub.config import NodeConfig
+from pubsubclub.core import binaryjson
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.federation import psc
+from pubsubclub.frontends.base import Frontend, json_bounds
+from pubsubclub.frontends.base.stream import codec as codec
+from pubsubclub.frontends.stream.log import (
     DiskFullError,
     LogSettings,
     OffsetStore,
@@ -64,14 +69,9 @@ from pubsubclub.adapters.stream_log import (
     StreamLogError,
     TopicLimitError,
 )
-from pubsubclub.config import NodeConfig
-from pubsubclub.core import binaryjson
-from pubsubclub.core.hub import Envelope, Hub
-from pubsubclub.federation import psc
-from pubsubclub.frontends import Frontend, json_bounds
+from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 from pubsubclub.net.edge import handshake_done
 from pubsubclub.net.nodelay import set_no_delay
-from pubsubclub.wamp.auth import AuthPolicy, Role
 
 log = Logger()
 

@@ -16,9 +16,9 @@ from twisted.web.server import Site
 
 from pubsubclub.core.hub import Hub
 from pubsubclub.core.loginthrottle import LoginThrottle, LoginThrottleSettings
-from pubsubclub.wamp.auth import AuthPolicy
-from pubsubclub.wamp.broker import WampLimits, WampRouter
-from pubsubclub.wamp.transport import wamp_site
+from pubsubclub.frontends.wamp.auth import AuthPolicy
+from pubsubclub.frontends.wamp.broker import WampLimits, WampRouter
+from pubsubclub.frontends.wamp.transport import wamp_site
 
 
 class WampServer:

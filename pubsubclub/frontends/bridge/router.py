@@ -10,7 +10,7 @@ Two directions, each exactly once:
   router's subscription meta API (``wamp.subscription.list``/``get``/
   ``list_subscribers`` at join, then the ``on_create``/``on_subscribe``/
   ``on_unsubscribe``/``on_delete`` events), kept by :class:`RouterInterest`
-  (sans-IO, pubsubclub/bridge/interest.py). Sessions with the bridge role (``--bridge-role``, checked with
+  (sans-IO, pubsubclub/frontends/bridge/interest.py). Sessions with the bridge role (``--bridge-role``, checked with
   ``wamp.session.get``) are bridges and never count, so two bridges on one
   router cannot keep interest alive for each other. The bridge subscribes its
   hub sink to those topics and patterns (prefix, wildcard: PSC 0.5), so the
@@ -60,7 +60,6 @@ from twisted.application.internet import ClientService
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from pubsubclub.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
 from pubsubclub.config import NodeConfig
 from pubsubclub.core.counters import BridgeEvent
 from pubsubclub.core.hub import Envelope, Hub
@@ -69,9 +68,10 @@ from pubsubclub.core.patterns import MATCHES, Pattern
 from pubsubclub.federation import Federation
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.retry import RetryPolicy
-from pubsubclub.frontends import Frontend
+from pubsubclub.frontends.base import Frontend
+from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
+from pubsubclub.frontends.wamp.broker import event_arguments, wamp_envelope
 from pubsubclub.net.nodelay import set_no_delay
-from pubsubclub.wamp.broker import event_arguments, wamp_envelope
 
 log = Logger()
 

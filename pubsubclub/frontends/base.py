@@ -26,8 +26,8 @@ from pubsubclub.config import NodeConfig
 from pubsubclub.core.hub import Hub
 from pubsubclub.core.jsonbounds import JSONBounds
 from pubsubclub.core.loginthrottle import LoginThrottle
+from pubsubclub.frontends.wamp.auth import AuthPolicy
 from pubsubclub.net.edge import Edge, EdgeLimits, http_refusal
-from pubsubclub.wamp.auth import AuthPolicy
 
 log = Logger()
 
@@ -134,8 +134,8 @@ class WampFrontend(Frontend):
         reactor: Any,
         login_throttle: LoginThrottle | None = None,
     ) -> None:
-        from pubsubclub.wamp.broker import WampLimits
-        from pubsubclub.wamp.server import WampServer
+        from pubsubclub.frontends.wamp.broker import WampLimits
+        from pubsubclub.frontends.wamp.server import WampServer
 
         self._config = config
         self._reactor = reactor
@@ -164,7 +164,7 @@ class WampFrontend(Frontend):
         super().__init__()
 
     def _site(self) -> Site:
-        from pubsubclub.chatpage import STATIC_DIR, find_autobahn_js
+        from pubsubclub.frontends.wamp.chatpage import STATIC_DIR, find_autobahn_js
 
         chat = self._config.wamp.chat_page
         site = self.server.site(str(STATIC_DIR) if chat else None)
@@ -191,7 +191,7 @@ class WampFrontend(Frontend):
         }
         raw = self._config.wamp.rawsocket
         if raw is not None:
-            from pubsubclub.wamp.rawsocket import REFUSAL_MAX_CONNECTIONS, WampRawSocketFactory
+            from pubsubclub.frontends.wamp.rawsocket import REFUSAL_MAX_CONNECTIONS, WampRawSocketFactory
 
             factory = WampRawSocketFactory(self.router)
             factory = self.guarded(self._config, "rawsocket", factory, REFUSAL_MAX_CONNECTIONS)
@@ -224,9 +224,9 @@ class NSDFrontend(Frontend):
 
     async def listen(self) -> dict[str, str]:
         """Open the store, join the hub, serve NSD; its URL as ``nsd``."""
-        from pubsubclub.adapters.nsd import NSDFactory, NSDService, NSDSettings
-        from pubsubclub.adapters.nsd_codec import NSDLimits
-        from pubsubclub.adapters.nsd_store import NSDStore
+        from pubsubclub.frontends.nsd.codec import NSDLimits
+        from pubsubclub.frontends.nsd.protocol import NSDFactory, NSDService, NSDSettings
+        from pubsubclub.frontends.nsd.store import NSDStore
 
         config, section = self._config, self._config.nsd
         assert section.listen is not None
@@ -244,7 +244,7 @@ class NSDFrontend(Frontend):
         )
         self.service = NSDService(self._hub, store, self._reactor.seconds, settings)
         self.service.start()
-        from pubsubclub.adapters.nsd_codec import encode_error
+        from pubsubclub.frontends.nsd.codec import encode_error
 
         factory = self.guarded(config, "nsd", NSDFactory(self.service), encode_error("TOO MANY CONNECTIONS"))
         port = await serverFromString(self._reactor, section.listen).listen(factory)
@@ -277,8 +277,8 @@ class TEPFrontend(Frontend):
         reactor: Any,
         login_throttle: LoginThrottle | None = None,
     ) -> None:
-        from pubsubclub.adapters.tep import TEPServer
-        from pubsubclub.adapters.tep_codec import TEPLimits
+        from pubsubclub.frontends.tep.codec import TEPLimits
+        from pubsubclub.frontends.tep.protocol import TEPServer
 
         self._config = config
         self._reactor = reactor
@@ -315,7 +315,7 @@ class TEPFrontend(Frontend):
 
     def operations(self) -> Resource | None:
         """``/tep`` for the ops listener, when a token file is configured (else the API is off)."""
-        from pubsubclub.adapters.tep import TEPOperationsResource
+        from pubsubclub.frontends.tep.protocol import TEPOperationsResource
 
         token = self._config.tep_ops_token()
         if token is None:

@@ -1,7 +1,7 @@
 """The System V front-end: C programs on a message queue, on the node's hub.
 
 The protocol is specs/sysv-protocol.pl.md; the wire is
-:mod:`pubsubclub.adapters.sysv_codec`; every choice the spec leaves open is in
+:mod:`pubsubclub.frontends.sysv.codec`; every choice the spec leaves open is in
 docs/sysv.md. The parts, from the inside out:
 
 * :class:`SysVService` is the protocol (sans-IO, no Twisted): users,
@@ -44,7 +44,11 @@ import sysv_ipc
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from pubsubclub.adapters.sysv_codec import (
+from pubsubclub.config import NodeConfig
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.metrics import payload_size
+from pubsubclub.frontends.base import Frontend
+from pubsubclub.frontends.sysv.codec import (
     BODY_SIZE,
     LONG_TEXT_SIZE,
     MESSAGE_COUNT_BASE,
@@ -72,11 +76,7 @@ from pubsubclub.adapters.sysv_codec import (
     pack,
     reply,
 )
-from pubsubclub.config import NodeConfig
-from pubsubclub.core.hub import Envelope, Hub
-from pubsubclub.core.metrics import payload_size
-from pubsubclub.frontends import Frontend
-from pubsubclub.wamp.auth import AuthPolicy, Role
+from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 
 __all__ = [
     "REQUEST_RESERVE",
