@@ -1224,6 +1224,18 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
+def add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """What ``pubsubclub node`` takes: ``--config FILE.toml`` and one flag per node setting."""
+    parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags win)")
+    add_flags(parser)
+
+
+def node_config(args: argparse.Namespace) -> NodeConfig:
+    """The configuration of parsed ``pubsubclub node`` arguments: the TOML file's values, then the flags on top."""
+    file_values = load_toml(args.config) if args.config else FileValues({})
+    return build(file_values, flag_values(args))
+
+
 def reference_markdown() -> str:
     """The table of every setting (docs/configuration.md holds it verbatim; a test keeps them equal)."""
     rows = ["| TOML | flag | default | what |", "|---|---|---|---|"]

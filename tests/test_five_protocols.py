@@ -9,13 +9,13 @@ import pytest
 import pytest_twisted
 from conftest import Cluster, NodeProcess, until
 from nsdclient import NSDClient
-from pubsubclub.frontends.base.stream import codec as c
 from streamclient import OK as STREAM_OK
 from streamclient import StreamClient
 from test_sysv import Client, random_key, remove_queue
 from wampclient import connect, leave, subscribe
 from websockets.sync.client import connect as ws_connect
 
+from pubsubclub.frontends.stream import codec as c
 from pubsubclub.frontends.sysv.codec import MESSAGE_COUNT_BASE, Signal
 
 pytestmark = pytest.mark.slow

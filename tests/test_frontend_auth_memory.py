@@ -14,10 +14,10 @@ from typing import Any
 import orjson
 from autobahn.wamp import message
 from autobahn.wamp.role import RolePublisherFeatures, RoleSubscriberFeatures
-from pubsubclub.frontends.base.nsd import codec as codec
 from twisted.internet.testing import StringTransport
 
 from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.frontends.nsd import codec
 from pubsubclub.frontends.nsd.protocol import NSDProtocol, NSDService, NSDSettings
 from pubsubclub.frontends.nsd.store import NSDStore
 from pubsubclub.frontends.tep.codec import TEPLimits

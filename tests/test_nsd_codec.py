@@ -7,9 +7,9 @@ import pytest
 from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
-from pubsubclub.frontends.base.nsd import codec as codec
 
 from pubsubclub.core.jsonbounds import check
+from pubsubclub.frontends.nsd import codec
 
 
 def test_spec_requests_decode() -> None:

@@ -14,10 +14,10 @@ from typing import Any
 
 import orjson
 import pytest
-from pubsubclub.frontends.base.nsd import codec as codec
 
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.jsonbounds import JSONBounds
+from pubsubclub.frontends.nsd import codec
 from pubsubclub.frontends.nsd.protocol import CONTROL_TOPIC, LOG_TOPIC, NSDService, NSDSettings, render_foreign
 from pubsubclub.frontends.nsd.store import NSDStore
 

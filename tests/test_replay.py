@@ -810,10 +810,11 @@ def test_replay_config_defaults_flags_and_toml(tmp_path: Any) -> None:
 
 def test_replay_flags_reach_the_config() -> None:
     """--replay-buffer-bytes and --replay-window-seconds set the config; 0 turns the extension off."""
-    from pubsubclub.cli import _node_config, parser
+    from pubsubclub.cli.command import parser
+    from pubsubclub.config import node_config
 
     args = parser().parse_args(["node", "--replay-buffer-bytes", "1048576", "--replay-window-seconds", "0"])
-    config = _node_config(args)
+    config = node_config(args)
     assert (config.federation.replay_buffer_bytes, config.federation.replay_window_seconds) == (1048576, 0.0)
     node_parser = parser()._subparsers._group_actions[0].choices["node"]  # type: ignore[union-attr]
     help_text = " ".join(node_parser.format_help().split())

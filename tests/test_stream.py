@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 from conftest import NodeProcess, wait_until
-from pubsubclub.frontends.base.stream import codec as c
 from streamclient import OK, StreamClient, error
+
+from pubsubclub.frontends.stream import codec as c
 
 pytestmark = pytest.mark.slow
 

@@ -9,10 +9,11 @@ import pytest
 import pytest_twisted
 from conftest import Cluster, until
 from nsdclient import NSDClient
-from pubsubclub.frontends.base.stream import codec as c
 from streamclient import OK, StreamClient
 from wampclient import connect, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
+
+from pubsubclub.frontends.stream import codec as c
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,6 @@ import pytest_twisted
 from conftest import Cluster, NodeProcess, until, wait_until
 from hypothesis import given
 from hypothesis import strategies as st
-from pubsubclub.frontends.base.stream import codec as c
 from streamclient import OK, StreamClient, error
 from twisted.internet.task import Clock
 from wampclient import connect, leave, publish_acked
@@ -27,6 +26,7 @@ from wampclient import connect, leave, publish_acked
 from pubsubclub.config import NodeConfig, NodeSection
 from pubsubclub.core.hub import Hub
 from pubsubclub.federation import psc
+from pubsubclub.frontends.stream import codec as c
 from pubsubclub.frontends.stream.protocol import StreamService, TooLargeForLinks, hub_payload_json_bytes, to_hub_payload
 
 E = c.Position.EARLIEST

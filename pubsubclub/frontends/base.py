@@ -4,7 +4,7 @@ Each front-end is built from its own config section (``config.wamp``,
 ``config.nsd``, ``config.tep``) plus the node-wide limits, listens on its
 endpoint, and takes part in shutdown in two steps: :meth:`Frontend.close`
 says goodbye to its clients while the links are still up, :meth:`Frontend.finish`
-releases what it holds once they are down. :class:`pubsubclub.node.Node`
+releases what it holds once they are down. :class:`pubsubclub.node.node.Node`
 composes them; nothing here knows about the federation. A new protocol is
 one more class with this shape (docs/architecture.md, "Adding a front-end").
 """

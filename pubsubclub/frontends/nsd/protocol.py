@@ -72,7 +72,7 @@ from pubsubclub.core import binaryjson, jsonbounds
 from pubsubclub.core.counters import NSDEvent
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
-from pubsubclub.frontends.base.nsd import codec as codec
+from pubsubclub.frontends.nsd import codec
 from pubsubclub.frontends.nsd.store import NSDStore
 from pubsubclub.frontends.wamp.auth import AuthPolicy
 from pubsubclub.net.edge import handshake_done

@@ -60,7 +60,7 @@ from pubsubclub.core import binaryjson
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.federation import psc
 from pubsubclub.frontends.base import Frontend, json_bounds
-from pubsubclub.frontends.base.stream import codec as codec
+from pubsubclub.frontends.stream import codec
 from pubsubclub.frontends.stream.log import (
     DiskFullError,
     LogSettings,

@@ -1,7 +1,7 @@
 """Our WAMP server: the broker on a hub, served over WebSocket.
 
 It knows nothing of the federation: the node composes it with the hub and
-the federation as peers (pubsubclub/node.py). Users' own servers join a
+the federation as peers (pubsubclub/node/node.py). Users' own servers join a
 cluster through :class:`pubsubclub.mixin.PubSubClubMixin` instead.
 """
 

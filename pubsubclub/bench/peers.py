@@ -2,7 +2,7 @@
 
 For each client (Autobahn JSON over WebSocket, Autobahn MessagePack over
 RawSocket, the lean RawSocket clients) and each topology, the runs of
-:func:`pubsubclub.bench.measure` go against:
+:func:`pubsubclub.bench.wamp.measure` go against:
 
 * **single**: one pubsubclub node / one Crossbar router, publisher and
   subscriber on it;
@@ -35,8 +35,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pubsubclub.bench import Target, check_wamp_args, measure
-from pubsubclub.bench_nodes import free_port, local, machine, node_pair, progress, start_node, stop
+from pubsubclub.bench.nodes import free_port, local, machine, node_pair, progress, start_node, stop
+from pubsubclub.bench.wamp import Target, check_wamp_args, measure
 
 #: The clients compared, as ``pubsubclub bench`` settings.
 CLIENTS: dict[str, dict[str, str]] = {

@@ -10,7 +10,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 if TYPE_CHECKING:
-    from pubsubclub.node import Node
+    from pubsubclub.node.node import Node
 
 
 class StatsResource(Resource):

@@ -1,7 +1,7 @@
 """``pubsubclub bench --scenario fanout``: one publisher, ``--subscribers`` spread over 3 nodes.
 
 Three linked nodes are started. A lean asyncio client (the minimal RFC 6455
-client of :mod:`pubsubclub.bench_idle`) opens the subscribers round-robin over
+client of :mod:`pubsubclub.bench.idle`) opens the subscribers round-robin over
 the nodes and subscribes each to one topic; a lean publisher on node 1 sends
 ``--count`` messages of ``--size`` bytes as fast as the node takes them. The
 subscribers only count EVENT frames (no JSON decoding), so the rate is the
@@ -20,8 +20,8 @@ import time
 import urllib.request
 from typing import Any
 
-from pubsubclub.bench_idle import frame, joined_session, read_frame
-from pubsubclub.bench_nodes import free_port, local, machine, progress, start_node, stop, wait_interest
+from pubsubclub.bench.idle import frame, joined_session, read_frame
+from pubsubclub.bench.nodes import free_port, local, machine, progress, start_node, stop, wait_interest
 
 TOPIC = "pubsubclub.bench.fanout"
 PUBSUB_HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]).encode()

@@ -20,8 +20,8 @@ import tempfile
 import time
 from typing import Any
 
-from pubsubclub.bench_nodes import cpu_seconds, free_port, local, machine, progress, start_node, stop
-from pubsubclub.frontends.base.stream import codec as c
+from pubsubclub.bench.nodes import cpu_seconds, free_port, local, machine, progress, start_node, stop
+from pubsubclub.frontends.stream import codec as c
 
 
 class _Client:

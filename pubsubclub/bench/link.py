@@ -3,7 +3,7 @@
 What "the link alone" means here: two real nodes (the same :class:`Node` as
 ``pubsubclub node``, same flags, linked both ways with the default PSC
 version), each run by a small agent *inside* its process
-(``python -m pubsubclub.bench_link ROLE ... node <node flags>``), so no
+(``python -m pubsubclub.bench.link ROLE ... <node flags>``), so no
 client protocol is measured at either end:
 
 * on node A, the **injector** publishes on its hub exactly as a front-end
@@ -32,7 +32,7 @@ import sys
 import time
 from typing import Any
 
-from pubsubclub.bench_nodes import cpu_seconds, machine, node_pair, progress, stats, stop, wait_for, wait_interest
+from pubsubclub.bench.nodes import cpu_seconds, machine, node_pair, progress, stats, stop, wait_for, wait_interest
 
 TOPIC = "pubsubclub.bench.link"
 ACK_TOPIC = "pubsubclub.bench.link.ack"
@@ -108,12 +108,14 @@ class Injector:
 
 
 def agent_main(argv: list[str]) -> int:
-    """Run a node (``argv[4:]`` are ``pubsubclub`` arguments) with the injector or the counter inside."""
+    """Run a node (``argv[4:]`` are ``pubsubclub node`` flags) with the injector or the counter inside."""
     role, count, size, window = argv[0], int(argv[1]), int(argv[2]), int(argv[3])
-    from pubsubclub.cli import _node_config, parser
-    from pubsubclub.run import run_node
+    from pubsubclub.config import add_node_flags, node_config
+    from pubsubclub.node.run import run_node
 
-    config = _node_config(parser().parse_args(argv[4:]))
+    flags = argparse.ArgumentParser(prog="pubsubclub node")
+    add_node_flags(flags)
+    config = node_config(flags.parse_args(argv[4:]))
 
     def on_ready(node: Any) -> None:
         from twisted.internet import reactor, threads
@@ -137,7 +139,7 @@ def run_link_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"pubsubclub: error: --window must be at least {ACK_EVERY} (B acknowledges every {ACK_EVERY})")
     progress(f"settings: --scenario link --count {count} --size {size} --window {window} --max-seconds "
              f"{args.max_seconds:g} (defaults: 50000, 100, 20000, 60)")  # fmt: skip
-    me = [sys.executable, "-m", "pubsubclub.bench_link"]
+    me = [sys.executable, "-m", "pubsubclub.bench.link"]
     numbers = [str(count), str(size), str(window)]
     progress("starting node A (injector) and node B (counter) on 127.0.0.1")
     secret = getattr(args, "cluster_secret_file", None)
@@ -145,7 +147,7 @@ def run_link_bench(args: argparse.Namespace) -> int:
         progress(f"both nodes with --cluster-secret-file {secret}: proven and sealed links")
     nodes = node_pair(
         extra=("--cluster-secret-file", secret) if secret else (),
-        commands=([*me, "injector", *numbers, "node"], [*me, "counter", *numbers, "node"]),
+        commands=([*me, "injector", *numbers], [*me, "counter", *numbers]),
     )
     (pa, ready_a), (pb, ready_b) = nodes
     try:

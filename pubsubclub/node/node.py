@@ -3,7 +3,7 @@
 :class:`Node` is the composition root. It builds the :class:`~pubsubclub.core.hub.Hub`,
 the :class:`~pubsubclub.federation.Federation` from ``config.federation``,
 each front-end from its own section (pubsubclub/frontends/base.py), the
-operations listener (pubsubclub/ops.py), metrics dumps from
+operations listener (pubsubclub/node/ops.py), metrics dumps from
 ``config.metrics`` and Consul discovery from ``config.consul``. None of these
 parts knows the others; they meet at the hub. Start order: listeners, then
 peers, then discovery; stop order: discovery, listeners, clients' goodbyes,
@@ -45,7 +45,7 @@ from pubsubclub.frontends.base import (
     listen_url,
 )
 from pubsubclub.net.edge import Edge, EdgeSettings, handshake_done
-from pubsubclub.ops import HealthResource, StatsResource
+from pubsubclub.node.ops import HealthResource, StatsResource
 
 log = Logger()
 

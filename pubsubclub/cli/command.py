@@ -5,18 +5,12 @@ from __future__ import annotations
 import argparse
 import difflib
 import sys
-from typing import Any
 
 from pubsubclub import __version__
-from pubsubclub.config import ConfigError, FileValues, add_flags, bridge_setting, build, flag_values, load_toml
+from pubsubclub.config import ConfigError, add_flags, add_node_flags, bridge_setting, node_config
 from pubsubclub.reports.command import add_arguments as add_report_arguments
 
 EXIT_USAGE = 2
-
-
-def _add_node_flags(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags win)")
-    add_flags(p)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -26,7 +20,7 @@ def parser() -> argparse.ArgumentParser:
     sub = top.add_subparsers(dest="command", required=True)
 
     node = sub.add_parser("node", help="run one node")
-    _add_node_flags(node)
+    add_node_flags(node)
 
     bridge = sub.add_parser(
         "bridge",
@@ -114,11 +108,6 @@ def parser() -> argparse.ArgumentParser:
     return top
 
 
-def _node_config(args: argparse.Namespace) -> Any:
-    file_values = load_toml(args.config) if args.config else FileValues({})
-    return build(file_values, flag_values(args))
-
-
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     """``parse_args``, but an unknown flag is reported by its subcommand with the nearest flag it has."""
     top = parser()
@@ -143,21 +132,21 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse(argv)
     try:
         if args.command == "node":
-            config = _node_config(args)
-            from pubsubclub.run import run_node
+            config = node_config(args)
+            from pubsubclub.node.run import run_node
 
             return run_node(config)
         if args.command == "bridge":
-            config = _node_config(args)
+            config = node_config(args)
             if config.bridge.router is None:
                 raise ConfigError("router", "pubsubclub bridge needs --router ws://host:port/path")
-            from pubsubclub.run import run_node
+            from pubsubclub.node.run import run_node
 
             return run_node(config, bridge=True)
         if args.command == "cluster":
             if not 1 <= args.nodes <= 64:
                 raise ConfigError("nodes", "must be between 1 and 64")
-            from pubsubclub.cluster import ClusterLayout, run_cluster
+            from pubsubclub.cli.cluster import ClusterLayout, run_cluster
 
             layout = ClusterLayout(
                 count=args.nodes,
@@ -197,25 +186,25 @@ def _run_bench(args: argparse.Namespace) -> int:
     # SIGTERM unwinds like Ctrl-C, so every scenario's `finally` stops the nodes and routers it started.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     if args.scenario == "peers":
-        from pubsubclub.bench_peers import run_peers_bench
+        from pubsubclub.bench.peers import run_peers_bench
 
         return run_peers_bench(args)
     if args.scenario == "link":
-        from pubsubclub.bench_link import run_link_bench
+        from pubsubclub.bench.link import run_link_bench
 
         return run_link_bench(args)
     if args.scenario == "fanout":
-        from pubsubclub.bench_fanout import run_fanout_bench
+        from pubsubclub.bench.fanout import run_fanout_bench
 
         return run_fanout_bench(args)
     if args.scenario == "idle":
-        from pubsubclub.bench_idle import run_idle_bench
+        from pubsubclub.bench.idle import run_idle_bench
 
         return run_idle_bench(args)
     if args.scenario == "stream":
-        from pubsubclub.bench_stream import run_stream_bench
+        from pubsubclub.bench.stream import run_stream_bench
 
         return run_stream_bench(args)
-    from pubsubclub.bench import run_bench
+    from pubsubclub.bench.wamp import run_bench
 
     return run_bench(args)

@@ -1,6 +1,6 @@
 """``pubsubclub bench --client lean``: WAMP clients cheap enough that the rate is the nodes'.
 
-The Autobahn-Python clients of :mod:`pubsubclub.bench` cost more CPU per
+The Autobahn-Python clients of :mod:`pubsubclub.bench.wamp` cost more CPU per
 message than the nodes they measure, and the machine has two cores. These
 clients speak WAMP over RawSocket with orjson (JSON serializer, spec
 framing: a 4-octet header ``type << 24 | length``) on blocking sockets:
@@ -20,7 +20,7 @@ subscriber publishes its running count on :data:`ACK_TOPIC` every
 publishers) not yet acknowledged. The acks cross the link the other way
 (B to A), about one per thousand messages.
 
-Each client is its own process (``python -m pubsubclub.bench_lean ROLE ...``)
+Each client is its own process (``python -m pubsubclub.bench.lean ROLE ...``)
 so several publishers and subscribers use both cores. A publisher reports its
 first send time and count; a subscriber its count and its last event's time
 (same host clock): the rate is all events received over the time from the
@@ -41,7 +41,7 @@ from typing import Any
 
 import orjson
 
-from pubsubclub.bench_nodes import progress, tree_cpu_seconds
+from pubsubclub.bench.nodes import progress, tree_cpu_seconds
 
 TOPIC = "pubsubclub.bench.lean"
 ACK_TOPIC = "pubsubclub.bench.lean.ack"
@@ -270,7 +270,7 @@ def lean_run(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list
     """
     publishers, subscribers = args.publishers, args.subscribers or 1
     window = lean_window(args)
-    me = [sys.executable, "-m", "pubsubclub.bench_lean"]
+    me = [sys.executable, "-m", "pubsubclub.bench.lean"]
     bound = str(args.max_seconds + 20)
     subs: list[subprocess.Popen[str]] = []
     pubs: list[subprocess.Popen[str]] = []

@@ -16,7 +16,7 @@ Every run is bounded by ``--max-seconds``.
 
 ``--serializer msgpack`` and ``--transport rawsocket`` pick the Autobahn
 clients' wire (the nodes then also listen with ``--rawsocket``); ``--client
-lean`` replaces both clients with :mod:`pubsubclub.bench_lean`'s processes
+lean`` replaces both clients with :mod:`pubsubclub.bench.lean`'s processes
 (throughput only). Both nodes' CPU per delivered message comes from ``/proc``.
 """
 
@@ -30,8 +30,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pubsubclub.bench_lean import lean_run, lean_window
-from pubsubclub.bench_nodes import machine, node_pair, progress, stop, tree_cpu_seconds, wait_interest
+from pubsubclub.bench.lean import lean_run, lean_window
+from pubsubclub.bench.nodes import machine, node_pair, progress, stop, tree_cpu_seconds, wait_interest
 from pubsubclub.net.nodelay import set_no_delay
 
 TOPIC = "pubsubclub.bench"
@@ -42,7 +42,7 @@ PROBE = "probe"
 READY_TOPIC = "pubsubclub.bench.ready"
 
 
-# -- the client processes (run with ``python -m pubsubclub.bench``) --------------
+# -- the client processes (run with ``python -m pubsubclub.bench.wamp``) --------------
 
 
 def _client_main(argv: list[str]) -> int:
@@ -194,7 +194,7 @@ class Target:
 
 
 def _one_run(target: Target, args: argparse.Namespace, mode: str, count: int, rate: float) -> dict[str, Any]:
-    me = [sys.executable, "-m", "pubsubclub.bench"]
+    me = [sys.executable, "-m", "pubsubclub.bench.wamp"]
     if args.transport == "rawsocket":
         assert target.rs is not None
         url_a, url_b = target.rs

@@ -20,7 +20,7 @@ import struct
 import time
 from typing import Any
 
-from pubsubclub.bench_nodes import free_port, local, machine, progress, rss, start_node, stop
+from pubsubclub.bench.nodes import free_port, local, machine, progress, rss, start_node, stop
 
 HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}}}]).encode()
 

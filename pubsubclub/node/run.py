@@ -108,7 +108,7 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     txaio.use_twisted()
     from twisted.internet import reactor
 
-    from pubsubclub.node import Node, print_ready
+    from pubsubclub.node.node import Node, print_ready
 
     exit_code = [0]
 
