@@ -48,7 +48,7 @@ from autobahn.wamp.types import ComponentConfig, PublishOptions  # noqa: E402
 from twisted.internet import defer, reactor, task  # noqa: E402
 from twisted.internet.endpoints import TCP4ClientEndpoint  # noqa: E402
 
-from pubsubclub.cluster import ClusterLayout, print_table, start_nodes, stop_nodes  # noqa: E402
+from pubsubclub.cli.cluster import ClusterLayout, print_table, start_nodes, stop_nodes  # noqa: E402
 
 TOPIC = "pubsubclub.demo.hello"
 NODES = 3
@@ -67,7 +67,7 @@ def c_client_says(key: int, text: str) -> list[str]:
 
 def show_sysv_to_stream(nodes: list[dict[str, Any]], key: int) -> None:
     """A stream subscriber on node 2 gets what the C client sends on node 1's queue."""
-    from pubsubclub.adapters import stream_codec as c
+    from pubsubclub.frontends.stream import codec as c
 
     host, port = nodes[1]["stream"].split("//")[1].split(":")
     sock = socket.create_connection((host, int(port)), timeout=10)

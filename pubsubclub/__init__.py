@@ -1,6 +1,6 @@
 """pubsubclub: turn WAMP pub/sub servers into a cluster."""
 
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.core.hub import Envelope, Hub
 
 __all__ = ["Envelope", "Hub", "__version__"]
 

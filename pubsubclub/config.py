@@ -31,11 +31,11 @@ from urllib.parse import urlsplit
 
 from twisted.internet.endpoints import _parseServer  # type: ignore[attr-defined]
 
-from pubsubclub.dumpfile import DUMP_FORMATS
+from pubsubclub.core.dumpfile import DUMP_FORMATS
 
 if TYPE_CHECKING:
-    from pubsubclub.loginthrottle import LoginThrottleSettings
-    from pubsubclub.wamp.auth import AuthPolicy
+    from pubsubclub.core.loginthrottle import LoginThrottleSettings
+    from pubsubclub.frontends.wamp.auth import AuthPolicy
 
 
 class ConfigError(ValueError):
@@ -784,7 +784,7 @@ class NodeConfig:
 
     def login_throttle_settings(self) -> LoginThrottleSettings:
         """The ``[node] auth-*`` settings as the login throttle takes them."""
-        from pubsubclub.loginthrottle import LoginThrottleSettings
+        from pubsubclub.core.loginthrottle import LoginThrottleSettings
 
         node = self.node
         return LoginThrottleSettings(
@@ -891,11 +891,11 @@ class NodeConfig:
                 raise ConfigError(key, f"must be an integer between 0 (no cap) and {high}")
 
     def auth_policy(self) -> AuthPolicy | None:
-        """The :class:`~pubsubclub.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""
+        """The :class:`~pubsubclub.frontends.wamp.auth.AuthPolicy` of ``auth``, or None; ConfigError naming the line."""
         path = self.node.auth
         if path is None:
             return None
-        from pubsubclub.wamp.auth import AuthFileError, load_auth
+        from pubsubclub.frontends.wamp.auth import AuthFileError, load_auth
 
         try:
             return load_auth(path)
@@ -1222,6 +1222,18 @@ def flag_values(args: argparse.Namespace) -> dict[str, Any]:
             value = tuple(value)
         out[s.id] = value
     return out
+
+
+def add_node_flags(parser: argparse.ArgumentParser) -> None:
+    """What ``pubsubclub node`` takes: ``--config FILE.toml`` and one flag per node setting."""
+    parser.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags win)")
+    add_flags(parser)
+
+
+def node_config(args: argparse.Namespace) -> NodeConfig:
+    """The configuration of parsed ``pubsubclub node`` arguments: the TOML file's values, then the flags on top."""
+    file_values = load_toml(args.config) if args.config else FileValues({})
+    return build(file_values, flag_values(args))
 
 
 def reference_markdown() -> str:

@@ -25,7 +25,7 @@ once with a DeprecationWarning.
 
 Everything else - listening for links, dialling peers, the handshake, pings,
 reconnects, interest bookkeeping - is the mixin's. A server that wants the
-finer control of per-client sinks (as :class:`pubsubclub.wamp.server.WampServer`
+finer control of per-client sinks (as :class:`pubsubclub.frontends.wamp.server.WampServer`
 does) may subscribe sinks on :attr:`pubsubclub_hub` directly instead.
 """
 
@@ -40,8 +40,8 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.web.resource import Resource
 from twisted.web.server import Site
 
+from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.federation import Federation, Role
-from pubsubclub.hub import Envelope, Hub
 
 
 class _ServerSink:
@@ -51,7 +51,7 @@ class _ServerSink:
         self._server = server
 
     def deliver(self, envelope: Envelope) -> None:
-        from pubsubclub.wamp.broker import event_arguments
+        from pubsubclub.frontends.wamp.broker import event_arguments
 
         args, kwargs = event_arguments(envelope)
         self._server.pubsubclub_dispatch_event(envelope.topic, list(args), dict(kwargs or {}))
@@ -115,7 +115,7 @@ class PubSubClubMixin:
 
     def pubsubclub_published_event(self, topic: str, args: Any = (), kwargs: dict[str, Any] | None = None) -> None:
         """The server delivered a publish (WAMP ``args``, ``kwargs``) locally; send it to the rest of the cluster."""
-        from pubsubclub.wamp.broker import wamp_envelope
+        from pubsubclub.frontends.wamp.broker import wamp_envelope
 
         hub = self.pubsubclub_hub
         hub.publish(wamp_envelope(hub, topic, list(args), kwargs), exclude=self._pubsubclub_sink)

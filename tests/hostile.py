@@ -1,6 +1,6 @@
 """Hypothesis strategies for hostile input: what a client or peer can put on the wire to hurt a decoder.
 
-Values reach past every bound of :mod:`pubsubclub.jsonbounds` (deep nesting,
+Values reach past every bound of :mod:`pubsubclub.core.jsonbounds` (deep nesting,
 integers beyond 64 bits, NaN and infinities, lone surrogates in values and
 keys); :func:`json_text` writes them the way a hostile client can (Python's
 json module: ``NaN``/``Infinity`` literals, ``\\ud800`` escapes, any integer).

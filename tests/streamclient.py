@@ -5,7 +5,7 @@ from __future__ import annotations
 import socket
 import time
 
-from pubsubclub.adapters import stream_codec as c
+from pubsubclub.frontends.stream import codec as c
 
 #: Upper bound for one wait on a stream connection.
 RECV_SECONDS = 10.0

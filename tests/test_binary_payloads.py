@@ -25,7 +25,8 @@ from test_message_sizes import interest_reached, publish_big_then_followers
 from twisted.internet import defer
 from wampclient import connect, leave, subscribe
 
-from pubsubclub import binaryjson, psc
+from pubsubclub.core import binaryjson
+from pubsubclub.federation import psc
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.testing import MemoryNetwork, RecordingSink, no_logged_errors, psc_url
 
@@ -191,8 +192,11 @@ async def test_binary_publish_whose_base64_would_not_fit_the_link_is_refused_bef
 
 def test_tep_sysv_stream_and_nsd_render_bytes_as_wamp_json_strings() -> None:
     """A payload holding bytes reaches TEP, SysV, stream and NSD as ``"\\u0000"`` + base64 strings, not dropped."""
-    from pubsubclub.adapters import nsd_codec, stream, sysv_codec, tep_codec
-    from pubsubclub.adapters.nsd import render_foreign
+    from pubsubclub.frontends.nsd import codec as nsd_codec
+    from pubsubclub.frontends.nsd.protocol import render_foreign
+    from pubsubclub.frontends.stream import protocol as stream
+    from pubsubclub.frontends.sysv import codec as sysv_codec
+    from pubsubclub.frontends.tep import codec as tep_codec
 
     payload = {"args": [b"\x01\x02"], "kwargs": {"k": [b""]}}
     text = b'{"args":["\\u0000AQI="],"kwargs":{"k":["\\u0000"]}}'

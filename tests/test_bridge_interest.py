@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pubsubclub.bridge import InterestStep, RouterInterest
+from pubsubclub.frontends.bridge import InterestStep, RouterInterest
 
 ROLE = "pubsubclub-bridge"
 OWN = 1

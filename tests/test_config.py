@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pubsubclub.cli import _node_config, parser
+from pubsubclub.cli.command import parser
 from pubsubclub.config import (
     SECTIONS,
     ConfigError,
@@ -17,6 +17,7 @@ from pubsubclub.config import (
     build,
     declared,
     load_toml,
+    node_config,
     node_setting,
     reference_markdown,
 )
@@ -146,7 +147,7 @@ def test_bad_keys_and_values_name_the_key(tmp_path: Path, text: str, key: str) -
 
 def test_defaults_build_and_validate() -> None:
     """No file, no flags: the declared defaults, valid."""
-    config = _node_config(parser().parse_args(["node"]))
+    config = node_config(parser().parse_args(["node"]))
     assert config == NodeConfig()
     assert config.wamp.listen == "tcp:8080:interface=127.0.0.1" and config.federation.listen_role == "producer"
 

@@ -9,10 +9,10 @@ from autobahn.wamp import message
 from autobahn.wamp.role import RoleCalleeFeatures, RoleCallerFeatures
 from twisted.internet.task import Clock
 
-from pubsubclub.hub import Hub
+from pubsubclub.core.hub import Hub
+from pubsubclub.frontends.wamp import WampRouter
+from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 from pubsubclub.testing import MemoryWampTransport
-from pubsubclub.wamp import WampRouter
-from pubsubclub.wamp.auth import AuthPolicy, Role
 
 
 def joined(router: WampRouter, interruptible: bool = False) -> tuple[Any, MemoryWampTransport]:

@@ -19,8 +19,8 @@ import pytest
 import yaml
 from conftest import REPO
 
-from pubsubclub.cli import _node_config, parser
-from pubsubclub.config import NodeConfig, build, load_toml
+from pubsubclub.cli.command import parser
+from pubsubclub.config import NodeConfig, build, load_toml, node_config
 from pubsubclub.discovery.consul import ConsulDiscovery
 from pubsubclub.testing import MemoryConsul
 
@@ -94,7 +94,7 @@ def node_config_from(argv: list[str], tmp_path: Path) -> NodeConfig:
                 argv[i + 1] = str(stand_in)
     args = parser().parse_args(argv)
     assert args.command == "node"
-    return _node_config(args)
+    return node_config(args)
 
 
 # --- docker-compose ---------------------------------------------------------------------------------

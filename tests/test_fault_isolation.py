@@ -9,11 +9,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from twisted.logger import globalLogPublisher
 
-from pubsubclub import psc
-from pubsubclub.federation import Federation
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.metrics import PrometheusCollector
+from pubsubclub.federation import Federation, psc
 from pubsubclub.federation.session import LinkSession
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.metrics import PrometheusCollector
 from pubsubclub.testing import MemoryNetwork as Net
 from pubsubclub.testing import RecordingSink as Sink
 from pubsubclub.testing import psc_url as url

@@ -15,8 +15,8 @@ from test_sysv import Client, random_key, remove_queue
 from wampclient import connect, leave, subscribe
 from websockets.sync.client import connect as ws_connect
 
-from pubsubclub.adapters import stream_codec as c
-from pubsubclub.adapters.sysv_codec import MESSAGE_COUNT_BASE, Signal
+from pubsubclub.frontends.stream import codec as c
+from pubsubclub.frontends.sysv.codec import MESSAGE_COUNT_BASE, Signal
 
 pytestmark = pytest.mark.slow
 

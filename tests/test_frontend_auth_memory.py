@@ -16,15 +16,15 @@ from autobahn.wamp import message
 from autobahn.wamp.role import RolePublisherFeatures, RoleSubscriberFeatures
 from twisted.internet.testing import StringTransport
 
-from pubsubclub.adapters import nsd_codec as codec
-from pubsubclub.adapters.nsd import NSDProtocol, NSDService, NSDSettings
-from pubsubclub.adapters.nsd_store import NSDStore
-from pubsubclub.adapters.tep import UNAUTHORIZED_CLOSE, TEPClient, TEPServer
-from pubsubclub.adapters.tep_codec import TEPLimits
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.frontends.nsd import codec
+from pubsubclub.frontends.nsd.protocol import NSDProtocol, NSDService, NSDSettings
+from pubsubclub.frontends.nsd.store import NSDStore
+from pubsubclub.frontends.tep.codec import TEPLimits
+from pubsubclub.frontends.tep.protocol import UNAUTHORIZED_CLOSE, TEPClient, TEPServer
+from pubsubclub.frontends.wamp.auth import AuthPolicy, Cryptosign, Principal, Role, Ticket
+from pubsubclub.frontends.wamp.broker import WampRouter
 from pubsubclub.testing import MemoryTEPTransport, MemoryWampTransport
-from pubsubclub.wamp.auth import AuthPolicy, Cryptosign, Principal, Role, Ticket
-from pubsubclub.wamp.broker import WampRouter
 
 POLICY = AuthPolicy(
     roles=(

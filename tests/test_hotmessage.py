@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from mypy import api as mypy_api
 
-from pubsubclub.hub import Envelope
-from pubsubclub.psc import Meta, Publish
+from pubsubclub.core.hub import Envelope
+from pubsubclub.federation.psc import Meta, Publish
 
 HOT_TYPES = (Envelope, Meta, Publish)
 
@@ -46,8 +46,8 @@ def test_the_type_checker_rejects_assigning_a_field(tmp_path: Path) -> None:
     """Immutability is enforced by mypy (the project's code is checked strictly): every field assignment fails."""
     snippet = tmp_path / "assign.py"
     snippet.write_text(
-        "from pubsubclub.hub import Envelope\n"
-        "from pubsubclub.psc import Meta, Publish\n"
+        "from pubsubclub.core.hub import Envelope\n"
+        "from pubsubclub.federation.psc import Meta, Publish\n"
         'Envelope("t", 1).topic = "x"\n'
         "Meta().seq = 1\n"
         'Publish("t", 1).meta = None\n'

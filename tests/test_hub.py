@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.testing import RecordingSink
 
 
@@ -110,7 +110,7 @@ def test_sink_unsubscribing_during_delivery_is_safe() -> None:
 
 def test_deliveries_are_counted_once_per_message_and_front_end(monkeypatch: pytest.MonkeyPatch) -> None:
     """Three WAMP-like sinks and one that did not send: one count call, n=2 delivered, n*size bytes."""
-    from pubsubclub.hub import Hub
+    from pubsubclub.core.hub import Hub
 
     class Sent:
         counts_as = "wamp"
@@ -161,7 +161,7 @@ def test_a_remote_batch_is_delivered_in_order_and_counted_as_one_by_one() -> Non
 
 def test_a_publish_reaches_pattern_holders_and_is_counted_whatever_the_exact_sinks() -> None:
     """Local delivery is looked up only when the topic has a sink or a pattern is held; counts stay exact."""
-    from pubsubclub.patterns import Pattern
+    from pubsubclub.core.patterns import Pattern
 
     hub, listener = make()
     holder, exact = RecordingSink(), RecordingSink()

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pubsubclub import jsonbounds
-from pubsubclub.jsonbounds import BoundsError, JSONBounds, check, check_decoded, loads, text_depth
+from pubsubclub.core import jsonbounds
+from pubsubclub.core.jsonbounds import BoundsError, JSONBounds, check, check_decoded, loads, text_depth
 
 
 def nested(depth: int, leaf: Any = 0) -> Any:

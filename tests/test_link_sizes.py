@@ -12,11 +12,10 @@ from typing import Any
 
 import pytest
 
-from pubsubclub import psc
-from pubsubclub.federation import Federation
+from pubsubclub.core.hub import GAP_TOPIC, Hub
+from pubsubclub.federation import Federation, psc
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.federation.transport import MAX_FRAME_HEADER, peer_max_frame
-from pubsubclub.hub import GAP_TOPIC, Hub
 from pubsubclub.testing import MemoryNetwork, RecordingSink, no_logged_errors, psc_url
 
 REPLAY = ReplaySettings(max_bytes=1024 * 1024, window=60.0)

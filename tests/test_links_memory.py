@@ -17,8 +17,8 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.python.failure import Failure
 
-from pubsubclub import psc
-from pubsubclub.federation import Federation, Role
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.federation import Federation, Role, psc
 from pubsubclub.federation.auth import Refusal
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.federation.session import (
@@ -29,7 +29,6 @@ from pubsubclub.federation.session import (
     CLOSE_SELF,
     CLOSE_UNAUTHENTICATED,
 )
-from pubsubclub.patterns import Pattern
 from pubsubclub.testing import MemoryLink, MemoryNetwork, RecordingSink, RecordingWire, no_logged_errors, psc_url
 
 PING = MemoryNetwork.ping_interval

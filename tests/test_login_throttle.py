@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pubsubclub.loginthrottle import LoginThrottle, LoginThrottleSettings, source_key
+from pubsubclub.core.loginthrottle import LoginThrottle, LoginThrottleSettings, source_key
 
 
 class Clock:
@@ -95,10 +95,10 @@ def test_challenges_held_open_at_once_are_refused_unchecked_once_locked(clock: C
     from autobahn.wamp import message
     from autobahn.wamp.role import RoleSubscriberFeatures
 
-    from pubsubclub.hub import Hub
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp.auth import parse_auth
+    from pubsubclub.frontends.wamp.broker import TOO_MANY_FAILURES, WampRouter
     from pubsubclub.testing import MemoryWampTransport
-    from pubsubclub.wamp.auth import parse_auth
-    from pubsubclub.wamp.broker import TOO_MANY_FAILURES, WampRouter
 
     policy = parse_auth('[roles.w]\nsubscribe = [""]\n[[principals]]\nauthid = "alice"\nrole = "w"\nticket = "right"\n')
     guard = throttle(clock, failures_before_delay=1, first_delay=60.0)

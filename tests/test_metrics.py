@@ -5,8 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pubsubclub.hub import Envelope
-from pubsubclub.metrics import LATENCY_BOUNDS_MS, Metrics, MetricsDumper, PrometheusCollector, payload_size
+from pubsubclub.core.hub import Envelope
+from pubsubclub.core.metrics import LATENCY_BOUNDS_MS, Metrics, MetricsDumper, PrometheusCollector, payload_size
 
 
 def test_counters_accumulate_per_key_and_reset_per_interval() -> None:
@@ -151,9 +151,9 @@ def test_stats_views_and_the_scrape_read_the_same_counters() -> None:
     """Hub, federation, TEP, NSD and replay counters live only in Metrics: /stats views and /metrics agree."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from pubsubclub.counters import COMPONENTS, FederationEvent, HubEvent, NSDEvent, ReplayEvent, TEPEvent
+    from pubsubclub.core.counters import COMPONENTS, FederationEvent, HubEvent, NSDEvent, ReplayEvent, TEPEvent
+    from pubsubclub.core.hub import Hub
     from pubsubclub.federation import Federation
-    from pubsubclub.hub import Hub
 
     hub = Hub("n1")
     federation = Federation(hub, reactor=None)
@@ -177,7 +177,7 @@ def test_counts_held_back_by_a_component_are_seen_by_every_read() -> None:
     """A settler's held-back counts reach /stats views, totals, the interval handed over and Prometheus."""
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from pubsubclub.counters import HubEvent
+    from pubsubclub.core.counters import HubEvent
 
     m = Metrics("n1")
     held = [0]

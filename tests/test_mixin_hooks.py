@@ -9,9 +9,9 @@ import pytest
 from twisted.internet.testing import MemoryReactorClock
 
 from pubsubclub import mixin
-from pubsubclub.hub import Envelope, Hub
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.frontends.wamp.broker import event_arguments, wamp_envelope
 from pubsubclub.mixin import PubSubClubMixin
-from pubsubclub.wamp.broker import event_arguments, wamp_envelope
 
 URL = "https://example.com/x"
 

@@ -8,8 +8,8 @@ from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pubsubclub.adapters import nsd_codec as codec
-from pubsubclub.jsonbounds import check
+from pubsubclub.core.jsonbounds import check
+from pubsubclub.frontends.nsd import codec
 
 
 def test_spec_requests_decode() -> None:

@@ -15,11 +15,11 @@ from typing import Any
 import orjson
 import pytest
 
-from pubsubclub.adapters import nsd_codec as codec
-from pubsubclub.adapters.nsd import CONTROL_TOPIC, LOG_TOPIC, NSDService, NSDSettings, render_foreign
-from pubsubclub.adapters.nsd_store import NSDStore
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.jsonbounds import JSONBounds
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.jsonbounds import JSONBounds
+from pubsubclub.frontends.nsd import codec
+from pubsubclub.frontends.nsd.protocol import CONTROL_TOPIC, LOG_TOPIC, NSDService, NSDSettings, render_foreign
+from pubsubclub.frontends.nsd.store import NSDStore
 
 #: The injected clock's time, near the real time (NSD range-checks stamps against it);
 #: the hub stamps local publishes with the same injected clock.

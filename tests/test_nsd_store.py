@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from pubsubclub.adapters.nsd import HybridClock
-from pubsubclub.adapters.nsd_store import NSDStore
+from pubsubclub.frontends.nsd.protocol import HybridClock
+from pubsubclub.frontends.nsd.store import NSDStore
 
 
 def test_retention_by_count_keeps_the_newest_per_channel(tmp_path: Path) -> None:

@@ -11,8 +11,8 @@ import pytest
 from conftest import REPO, WAIT_SECONDS, NodeProcess, free_port, wait_until
 from twisted.logger import LogLevel, PredicateResult
 
-from pubsubclub import cli
-from pubsubclub.run import chatter_below
+from pubsubclub.cli import command as cli
+from pubsubclub.node.run import chatter_below
 
 
 def test_world_readable_cluster_secret_gets_a_security_warning(tmp_path: Path) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from pubsubclub.chatpage import STATIC_DIR, find_autobahn_js
+from pubsubclub.frontends.wamp.chatpage import STATIC_DIR, find_autobahn_js
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.patterns import PREFIX, WILDCARD, Pattern, PatternIndex, pattern_problem
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.patterns import PREFIX, WILDCARD, Pattern, PatternIndex, pattern_problem
 
 
 @pytest.mark.parametrize(

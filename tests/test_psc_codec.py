@@ -10,10 +10,10 @@ from hostile import hostile_values, json_text
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from pubsubclub import psc
-from pubsubclub.jsonbounds import check
-from pubsubclub.patterns import Pattern
-from pubsubclub.psc import (
+from pubsubclub.core.jsonbounds import check
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.federation import psc
+from pubsubclub.federation.psc import (
     PUBLISH,
     ChooseVersion,
     Hello,

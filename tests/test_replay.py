@@ -19,16 +19,15 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from twisted.logger import formatEvent, globalLogPublisher
 
-from pubsubclub import psc
 from pubsubclub.config import ConfigError, build, load_toml
-from pubsubclub.federation import Federation, LinkError, LinkSession, Role
+from pubsubclub.core.hub import GAP_TOPIC, Envelope
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.federation import Federation, LinkError, LinkSession, Role, psc
+from pubsubclub.federation.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
 from pubsubclub.federation.replay import DUPLICATE, Inbox, Outbox, ReplaySettings
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, CLOSE_DUPLICATE
-from pubsubclub.hub import GAP_TOPIC, Envelope
-from pubsubclub.patterns import Pattern
-from pubsubclub.psc import Meta, Position, PSCDecodeError, Publish, Resume, decode, encode
+from pubsubclub.frontends.wamp.broker import GAP_EVENT_TOPIC, hub_topic
 from pubsubclub.testing import Cut, MemoryLink, MemoryNetwork, RecordingSink, no_logged_errors, partition, psc_url
-from pubsubclub.wamp.broker import GAP_EVENT_TOPIC, hub_topic
 
 PING = MemoryNetwork.ping_interval
 RETRY = MemoryNetwork.retry
@@ -811,10 +810,11 @@ def test_replay_config_defaults_flags_and_toml(tmp_path: Any) -> None:
 
 def test_replay_flags_reach_the_config() -> None:
     """--replay-buffer-bytes and --replay-window-seconds set the config; 0 turns the extension off."""
-    from pubsubclub.cli import _node_config, parser
+    from pubsubclub.cli.command import parser
+    from pubsubclub.config import node_config
 
     args = parser().parse_args(["node", "--replay-buffer-bytes", "1048576", "--replay-window-seconds", "0"])
-    config = _node_config(args)
+    config = node_config(args)
     assert (config.federation.replay_buffer_bytes, config.federation.replay_window_seconds) == (1048576, 0.0)
     node_parser = parser()._subparsers._group_actions[0].choices["node"]  # type: ignore[union-attr]
     help_text = " ".join(node_parser.format_help().split())

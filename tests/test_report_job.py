@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql import SparkSession
 from report_spark import T0, TEST_JAVA_OPTIONS, TINY_DATA_CONF, assert_frame, conf_flags, counter, write_dump
 
-from pubsubclub import cli
+from pubsubclub.cli import command as cli
 from pubsubclub.reports.command import java_problem
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import NoRecordsError, ReportResult, run_report

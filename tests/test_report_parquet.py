@@ -17,10 +17,10 @@ from pyspark.sql import SparkSession
 from report_spark import assert_frame
 from wampclient import connect, leave, publish_acked, subscribe
 
-from pubsubclub.cli import _node_config, parser
-from pubsubclub.config import ConfigError
-from pubsubclub.dumpfile import RECORD_COLUMNS, merge_parquet_dumps, write_dump
-from pubsubclub.metrics import Metrics, MetricsDumper
+from pubsubclub.cli.command import parser
+from pubsubclub.config import ConfigError, node_config
+from pubsubclub.core.dumpfile import RECORD_COLUMNS, merge_parquet_dumps, write_dump
+from pubsubclub.core.metrics import Metrics, MetricsDumper
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import ReportResult, parquet_damage, plan_files, run_report
 
@@ -52,11 +52,11 @@ def test_dump_format_is_one_setting(tmp_path: Path) -> None:
     """``[metrics] dump-format`` comes from TOML or the flag; any other value names the key."""
     path = tmp_path / "node.toml"
     path.write_text('[metrics]\ndump-format = "parquet"\n')
-    assert _node_config(parser().parse_args(["node", "--config", str(path)])).metrics.dump_format == "parquet"
-    assert _node_config(parser().parse_args(["node", "--metrics-dump-format", "both"])).metrics.dump_format == "both"
+    assert node_config(parser().parse_args(["node", "--config", str(path)])).metrics.dump_format == "parquet"
+    assert node_config(parser().parse_args(["node", "--metrics-dump-format", "both"])).metrics.dump_format == "both"
     path.write_text('[metrics]\ndump-format = "csv"\n')
     with pytest.raises(ConfigError) as e:
-        _node_config(parser().parse_args(["node", "--config", str(path)]))
+        node_config(parser().parse_args(["node", "--config", str(path)]))
     assert e.value.key == "metrics-dump-format"
 
 

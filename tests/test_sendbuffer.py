@@ -16,7 +16,7 @@ from twisted.internet import defer, endpoints, protocol, reactor
 from twisted.internet.abstract import FileDescriptor
 from twisted.internet.testing import MemoryReactor
 
-from pubsubclub.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 
 MESSAGE = b"x" * 1000
 

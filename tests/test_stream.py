@@ -14,7 +14,7 @@ import pytest
 from conftest import NodeProcess, wait_until
 from streamclient import OK, StreamClient, error
 
-from pubsubclub.adapters import stream_codec as c
+from pubsubclub.frontends.stream import codec as c
 
 pytestmark = pytest.mark.slow
 

@@ -13,7 +13,7 @@ from streamclient import OK, StreamClient
 from wampclient import connect, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
 
-from pubsubclub.adapters import stream_codec as c
+from pubsubclub.frontends.stream import codec as c
 
 pytestmark = pytest.mark.slow
 

@@ -9,7 +9,7 @@ from hostile import hostile_values, json_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubsubclub.adapters.stream_codec import (
+from pubsubclub.frontends.stream.codec import (
     Batch,
     BatchType,
     ClientDecoder,

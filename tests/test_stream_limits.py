@@ -23,11 +23,11 @@ from streamclient import OK, StreamClient, error
 from twisted.internet.task import Clock
 from wampclient import connect, leave, publish_acked
 
-from pubsubclub import psc
-from pubsubclub.adapters import stream_codec as c
-from pubsubclub.adapters.stream import StreamService, TooLargeForLinks, hub_payload_json_bytes, to_hub_payload
 from pubsubclub.config import NodeConfig, NodeSection
-from pubsubclub.hub import Hub
+from pubsubclub.core.hub import Hub
+from pubsubclub.federation import psc
+from pubsubclub.frontends.stream import codec as c
+from pubsubclub.frontends.stream.protocol import StreamService, TooLargeForLinks, hub_payload_json_bytes, to_hub_payload
 
 E = c.Position.EARLIEST
 MiB = 1024 * 1024

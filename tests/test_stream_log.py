@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubsubclub.adapters.stream_log import (
+from pubsubclub.frontends.stream.log import (
     HEADER_BYTES,
     INDEX_INTERVAL_BYTES,
     MAX_TOPIC_BYTES,

@@ -28,7 +28,7 @@ from conftest import REPO, WAIT_SECONDS, Cluster, NodeProcess, until, wait_until
 from wampclient import connect as wamp_connect
 from wampclient import leave, publish_acked, subscribe
 
-from pubsubclub.adapters.sysv_codec import (
+from pubsubclub.frontends.sysv.codec import (
     BODY_SIZE,
     MESSAGE_COUNT_BASE,
     RawMessage,

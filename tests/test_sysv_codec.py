@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubsubclub.adapters.sysv_codec import (
+from pubsubclub.frontends.sysv.codec import (
     BODY_FORMAT,
     BODY_SIZE,
     MAX_DELIVERY_TEXT,

@@ -11,8 +11,8 @@ import sysv_ipc
 from conftest import until
 from twisted.internet import reactor
 
-from pubsubclub.adapters.sysv import QueueReceiver, SysVQueue
-from pubsubclub.adapters.sysv_codec import BODY_SIZE, Signal, pack
+from pubsubclub.frontends.sysv.codec import BODY_SIZE, Signal, pack
+from pubsubclub.frontends.sysv.service import QueueReceiver, SysVQueue
 
 
 @pytest.fixture

@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubsubclub.adapters.sysv import REQUEST_RESERVE, QueueBudget, QueueFull, SysVLimits, SysVService
-from pubsubclub.adapters.sysv_codec import (
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.frontends.sysv.codec import (
     BODY_SIZE,
     MESSAGE_COUNT_BASE,
     RawMessage,
@@ -17,8 +17,8 @@ from pubsubclub.adapters.sysv_codec import (
     pack,
     unpack,
 )
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.wamp.auth import AuthPolicy, Role
+from pubsubclub.frontends.sysv.service import REQUEST_RESERVE, QueueBudget, QueueFull, SysVLimits, SysVService
+from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 
 OK = Signal.OPERATION_SUCCESS
 

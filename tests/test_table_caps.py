@@ -13,10 +13,10 @@ from typing import Any
 from autobahn.wamp import message
 from autobahn.wamp.role import RoleCalleeFeatures, RoleCallerFeatures, RoleSubscriberFeatures
 
-from pubsubclub.compaction import MIN_PEAK, MINIMAL_DICT, Compaction
-from pubsubclub.hub import Hub, LimitExceeded
+from pubsubclub.core.compaction import MIN_PEAK, MINIMAL_DICT, Compaction
+from pubsubclub.core.hub import Hub, LimitExceeded
+from pubsubclub.frontends.wamp import WampLimits, WampRouter
 from pubsubclub.testing import MemoryWampTransport
-from pubsubclub.wamp import WampLimits, WampRouter
 
 
 def joined(router: WampRouter, interruptible: bool = False) -> tuple[Any, MemoryWampTransport]:

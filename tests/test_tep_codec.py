@@ -10,8 +10,9 @@ from hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pubsubclub.adapters.tep import BROADCAST_TOPIC, TEPClient, TEPServer
-from pubsubclub.adapters.tep_codec import (
+from pubsubclub.core.hub import Hub
+from pubsubclub.core.jsonbounds import check
+from pubsubclub.frontends.tep.codec import (
     Broadcast,
     ClientChannels,
     ClientPublish,
@@ -29,8 +30,7 @@ from pubsubclub.adapters.tep_codec import (
     encode_client,
     encode_server,
 )
-from pubsubclub.hub import Hub
-from pubsubclub.jsonbounds import check
+from pubsubclub.frontends.tep.protocol import BROADCAST_TOPIC, TEPClient, TEPServer
 from pubsubclub.testing import MemoryTEPTransport
 
 LIMITS = TEPLimits(max_frame_bytes=4096, max_channel_length=32, max_channels_per_client=3, max_channels_per_request=5)

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from pubsubclub.cli import _node_config, parser
-from pubsubclub.config import ConfigError, build, load_toml
+from pubsubclub.cli.command import parser
+from pubsubclub.config import ConfigError, build, load_toml, node_config
 
 
 def test_flags_set_every_tep_setting() -> None:
@@ -15,7 +15,7 @@ def test_flags_set_every_tep_setting() -> None:
     args = parser().parse_args(
         ["node", "--tep", "tcp:7100", "--tep-prefix", "t.", "--no-tep-client-publish", "--tep-max-channels", "5"]
     )
-    config = _node_config(args)
+    config = node_config(args)
     assert (config.tep.listen, config.tep.prefix, config.tep.client_publish, config.tep.max_channels) == (
         "tcp:7100",
         "t.",
@@ -26,7 +26,7 @@ def test_flags_set_every_tep_setting() -> None:
 
 def test_defaults_leave_tep_off() -> None:
     """Without flags TEP is off, unprefixed, open to client publishes, 100 channels per client."""
-    config = _node_config(parser().parse_args(["node"]))
+    config = node_config(parser().parse_args(["node"]))
     tep = config.tep
     assert (tep.listen, tep.prefix, tep.client_publish, tep.max_channels) == (None, "", True, 100)
 

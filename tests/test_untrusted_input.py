@@ -27,7 +27,7 @@ from wampclient import connect, leave, publish_acked, subscribe
 from websockets.sync.client import ClientConnection
 from websockets.sync.client import connect as ws_connect
 
-from pubsubclub.adapters.nsd_store import NSDStore
+from pubsubclub.frontends.nsd.store import NSDStore
 
 pytestmark = pytest.mark.slow
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from pubsubclub.hub import Hub
-from pubsubclub.wamp.broker import URI_CACHE_SIZE, UriCheck, WampLimits, WampRouter, uri_problem
+from pubsubclub.core.hub import Hub
+from pubsubclub.frontends.wamp.broker import URI_CACHE_SIZE, UriCheck, WampLimits, WampRouter, uri_problem
 
 URIS = st.one_of(
     st.text(max_size=30),

@@ -34,7 +34,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 from wampclient import TIMEOUT, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
 
-from pubsubclub import cli
+from pubsubclub.cli import command as cli
 
 pytestmark = pytest.mark.slow
 

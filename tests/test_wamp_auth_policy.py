@@ -19,7 +19,7 @@ from autobahn.wamp.auth import AuthWampCra, derive_key
 from autobahn.wamp.cryptosign import CryptosignKey
 from autobahn.wamp.types import Challenge as ClientChallenge
 
-from pubsubclub.wamp.auth import (
+from pubsubclub.frontends.wamp.auth import (
     AUTHENTICATION_FAILED,
     NOT_AUTHORIZED,
     Authenticator,

@@ -27,12 +27,12 @@ from twisted.internet import reactor as _reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.logger import ILogObserver, globalLogPublisher
 
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.jsonbounds import JSONBounds, check
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.jsonbounds import JSONBounds, check
+from pubsubclub.frontends.wamp import WampLimits, WampRouter, wamp_site
+from pubsubclub.frontends.wamp.broker import hub_topic, uri_problem
+from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_session
 from pubsubclub.testing import MemoryWampTransport
-from pubsubclub.wamp import WampLimits, WampRouter, wamp_site
-from pubsubclub.wamp.broker import hub_topic, uri_problem
-from pubsubclub.wamp.transport import bounded_serializers, feed_session
 
 reactor: Any = _reactor
 

@@ -13,9 +13,9 @@ from autobahn.wamp.serializer import JsonObjectSerializer, JsonSerializer, MsgPa
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pubsubclub.jsonbounds import JSONBounds
-from pubsubclub.wamp.codec import PublishRequest, decode, event_message, publish_request
-from pubsubclub.wamp.transport import _BoundedJsonObjectSerializer, bounded_serializers
+from pubsubclub.core.jsonbounds import JSONBounds
+from pubsubclub.frontends.wamp.codec import PublishRequest, decode, event_message, publish_request
+from pubsubclub.frontends.wamp.transport import _BoundedJsonObjectSerializer, bounded_serializers
 
 OURS = _BoundedJsonObjectSerializer(JSONBounds())
 THEIRS = JsonObjectSerializer()
@@ -99,7 +99,7 @@ def test_binary_convention_and_floats_as_autobahn(data: bytes) -> None:
     assert OURS.unserialize(data) == THEIRS.unserialize(data)
 
 
-# -- PUBLISH in, EVENT out without Autobahn Message objects (pubsubclub/wamp/codec.py) ------------------
+# -- PUBLISH in, EVENT out without Autobahn Message objects (pubsubclub/frontends/wamp/codec.py) ------------------
 
 JSON_WAMP, MSGPACK_WAMP = (
     {s.SERIALIZER_ID: s for s in bounded_serializers(JSONBounds())}[name] for name in ("json", "msgpack")

@@ -8,12 +8,12 @@ import pytest
 from autobahn.wamp import message
 from autobahn.wamp.role import RoleSubscriberFeatures
 
-from pubsubclub.hub import Hub
-from pubsubclub.patterns import Pattern
+from pubsubclub.core.hub import Hub
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.frontends.wamp import WampLimits, WampRouter
+from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
+from pubsubclub.frontends.wamp.broker import hub_pattern, pattern_problem, wamp_topic
 from pubsubclub.testing import MemoryWampTransport
-from pubsubclub.wamp import WampLimits, WampRouter
-from pubsubclub.wamp.auth import AuthPolicy, Role
-from pubsubclub.wamp.broker import hub_pattern, pattern_problem, wamp_topic
 
 REALMS = ("realm1", "realm2")
 

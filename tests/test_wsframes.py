@@ -15,7 +15,7 @@ from autobahn.twisted.websocket import (
 from autobahn.websocket.protocol import WebSocketProtocol
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
-from pubsubclub.wsframes import send_message
+from pubsubclub.net.wsframes import send_message
 
 STATS = (
     "outgoingWebSocketMessages",

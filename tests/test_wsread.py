@@ -1,7 +1,7 @@
 """The direct WebSocket receive path does exactly what Autobahn's processData does, and is taken.
 
 Two copies of one Autobahn protocol -- one reading through
-:func:`pubsubclub.wsframes.receive_data`, one through Autobahn alone -- get the
+:func:`pubsubclub.net.wsframes.receive_data`, one through Autobahn alone -- get the
 same random byte stream in the same random TCP chunks: ordinary messages of
 every header size, fragments, pings, pongs and closes between them, and
 every kind of bad frame. They must call back the same things in the same
@@ -29,13 +29,13 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
-from pubsubclub import wsframes
+from pubsubclub.core.hub import Hub
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol, _bind_timers
-from pubsubclub.hub import Hub
+from pubsubclub.frontends.wamp.broker import WampLimits, WampRouter
+from pubsubclub.frontends.wamp.transport import WampServerProtocol, wamp_resource
+from pubsubclub.net import wsframes
+from pubsubclub.net.wsframes import reads_directly, receive_data, unmask
 from pubsubclub.testing import MemoryNetwork, no_logged_errors, psc_url
-from pubsubclub.wamp.broker import WampLimits, WampRouter
-from pubsubclub.wamp.transport import WampServerProtocol, wamp_resource
-from pubsubclub.wsframes import reads_directly, receive_data, unmask
 
 TEXT, BINARY, CONTINUATION, CLOSE, PING, PONG = 1, 2, 0, 8, 9, 10
 #: Payload sizes on each side of every header-size boundary (7-bit, 16-bit, 64-bit lengths).

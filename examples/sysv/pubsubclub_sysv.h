@@ -3,7 +3,7 @@
  *
  * The wire of ../../../shared/specs/sysv-protocol.pl.md with the values the
  * project chose where the spec leaves them open (docs/sysv.md). The Python
- * side (pubsubclub/adapters/sysv_codec.py, class Signal) uses exactly these
+ * side (pubsubclub/frontends/sysv/codec.py, class Signal) uses exactly these
  * numbers; tests/test_sysv_codec.py parses this file and checks that they agree.
  *
  * Every message on the queue is one struct message, sent with

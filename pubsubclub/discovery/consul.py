@@ -39,7 +39,7 @@ from twisted.web.client import Agent, HTTPConnectionPool
 from twisted.web.iweb import UNKNOWN_LENGTH, IAgent, IBodyProducer
 from zope.interface import implementer
 
-from pubsubclub import psc
+from pubsubclub.federation import psc
 from pubsubclub.federation.retry import RetryPolicy
 
 log = Logger()

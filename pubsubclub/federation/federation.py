@@ -30,8 +30,11 @@ from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, wra
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
-from pubsubclub import psc
-from pubsubclub.counters import FederationEvent
+from pubsubclub.core.counters import FederationEvent
+from pubsubclub.core.hub import GAP_TOPIC, Envelope, Hub
+from pubsubclub.core.metrics import payload_size
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.federation import psc
 from pubsubclub.federation.auth import (
     AUTH_HEADER,
     DEFAULT_MAX_PENDING,
@@ -62,10 +65,7 @@ from pubsubclub.federation.transport import (
     PSCClientFactory,
     PSCServerFactory,
 )
-from pubsubclub.hub import GAP_TOPIC, Envelope, Hub
-from pubsubclub.metrics import payload_size
 from pubsubclub.net.ratelog import RateLimitedLog
-from pubsubclub.patterns import Pattern
 
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.

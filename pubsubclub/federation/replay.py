@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from pubsubclub import psc
-from pubsubclub.counters import ReplayEvent
-from pubsubclub.metrics import Metrics
-from pubsubclub.patterns import Pattern, PatternIndex
+from pubsubclub.core.counters import ReplayEvent
+from pubsubclub.core.metrics import Metrics
+from pubsubclub.core.patterns import Pattern, PatternIndex
+from pubsubclub.federation import psc
 
 # Counted per message once a stream's buffer is full: bound once (a member read off its enum class costs more).
 _TRIMMED = ReplayEvent.TRIMMED

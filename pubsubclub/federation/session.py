@@ -13,8 +13,8 @@ import enum
 from collections.abc import Callable
 from typing import Protocol
 
-from pubsubclub import psc
-from pubsubclub.patterns import Pattern
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.federation import psc
 
 
 class Role(enum.Enum):

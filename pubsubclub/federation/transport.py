@@ -27,7 +27,7 @@ from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pubsubclub import psc
+from pubsubclub.federation import psc
 from pubsubclub.federation.auth import (
     AUTH_HEADER,
     DIALLED_HEADER,
@@ -49,10 +49,10 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.net.edge import handshake_done, unsent_bytes
+from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import unfinished_input
-from pubsubclub.nodelay import set_no_delay
-from pubsubclub.wsframes import receive_data, send_message
+from pubsubclub.net.wsframes import receive_data, send_message
 
 
 class LinkHost(LinkOwner, Protocol):

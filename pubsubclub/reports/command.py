@@ -10,7 +10,7 @@ import sys
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
-from pubsubclub.dumpfile import DUMP_FORMATS
+from pubsubclub.core.dumpfile import DUMP_FORMATS
 from pubsubclub.reports.generate import RECORDS_PER_FILE
 
 #: Exit codes of ``pubsubclub report`` (docs/report.md).

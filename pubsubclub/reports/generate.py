@@ -1,6 +1,6 @@
 """Synthetic metrics dumps in the exact layout of docs/metrics.md, for benchmarks and tests.
 
-Plain Python, no Spark; files are written by :func:`pubsubclub.dumpfile.write_dump`,
+Plain Python, no Spark; files are written by :func:`pubsubclub.core.dumpfile.write_dump`,
 as a node writes them (JSON lines, Parquet through pyarrow, or both). File
 ``i`` is node ``i % nodes`` at interval ``i // nodes`` and is generated from
 its own seeded random stream, so the output depends only on the arguments,
@@ -19,7 +19,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pubsubclub.dumpfile import DUMP_FORMATS, formats_of, hour_folders, merge_parquet_dumps, parquet_problem, write_dump
+from pubsubclub.core.dumpfile import (
+    DUMP_FORMATS,
+    formats_of,
+    hour_folders,
+    merge_parquet_dumps,
+    parquet_problem,
+    write_dump,
+)
 
 #: Interval start of the first file: 2026-01-01T00:00:00Z.
 BASE_TIME = 1_767_225_600.0

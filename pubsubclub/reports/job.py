@@ -26,7 +26,7 @@ from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from pubsubclub.dumpfile import MERGED_PREFIX, covered_files
+from pubsubclub.core.dumpfile import MERGED_PREFIX, covered_files
 from pubsubclub.reports import page
 from pubsubclub.reports import transforms as X
 from pubsubclub.reports.schema import RECORD_SCHEMA

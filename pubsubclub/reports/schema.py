@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pyspark.sql import types as T
 
-from pubsubclub.counters import Kind, RecordType
-from pubsubclub.dumpfile import RECORD_COLUMNS
+from pubsubclub.core.counters import Kind, RecordType
+from pubsubclub.core.dumpfile import RECORD_COLUMNS
 
 #: The only record schema version this report understands.
 SCHEMA_VERSION = 1
@@ -13,7 +13,7 @@ SCHEMA_VERSION = 1
 #: Column that ``from_json`` fills with the raw line when the line does not parse against ``RECORD_SCHEMA``.
 CORRUPT_COLUMN = "_corrupt_record"
 
-#: Record types of schema v1 (pubsubclub/counters.py names them for the node too).
+#: Record types of schema v1 (pubsubclub/core/counters.py names them for the node too).
 RECORD_TYPES = tuple(t.value for t in RecordType)
 
 #: Counter kinds of schema v1.

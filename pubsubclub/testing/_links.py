@@ -22,13 +22,12 @@ from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.test import iosim
 
-from pubsubclub import psc
-from pubsubclub.federation import Federation, Role
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.federation import Federation, Role, psc
 from pubsubclub.federation.auth import PROOF_PREFIX
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol
-from pubsubclub.hub import Envelope, Hub
-from pubsubclub.patterns import Pattern
 
 # WebSocket opcodes (RFC 6455, section 5.2) that the wire's readers look for.
 _OPCODE_TEXT = 1

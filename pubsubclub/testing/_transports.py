@@ -1,6 +1,6 @@
 """In-memory transports for the front-ends' sessions: what a session sent, and how it ended.
 
-:class:`MemoryWampTransport` is a :class:`~pubsubclub.wamp.broker.WampTransport`
+:class:`MemoryWampTransport` is a :class:`~pubsubclub.frontends.wamp.broker.WampTransport`
 for driving a ``BrokerSession`` (or a session of a server built on the mixin)
 message by message: ``session.onOpen(transport)``, then ``session.onMessage(...)``
 and assertions on ``transport.sent``. :class:`MemoryTEPTransport` does the same

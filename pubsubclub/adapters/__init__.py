@@ -1,1 +1,0 @@
-"""Client front-ends beside WAMP (NSD, TEP, ...), each bridged onto the node's hub."""

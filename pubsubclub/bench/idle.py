@@ -1,0 +1,132 @@
+"""``pubsubclub bench --scenario idle``: node memory per idle WAMP session.
+
+One node is started; a lean client opens ``--sessions`` WebSocket connections
+(a minimal RFC 6455 client on asyncio: the upgrade, one masked text frame
+with HELLO, the WELCOME read back) and keeps them open, idle. The node's RSS
+(``/proc/<pid>/status``) is read before the first connection and after the
+last WELCOME; the difference divided by the count is the cost of one idle
+session (its TCP connection, WebSocket protocol and broker session).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import resource
+import struct
+import time
+from typing import Any
+
+from pubsubclub.bench.nodes import free_port, local, machine, progress, rss, start_node, stop
+
+HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}}}]).encode()
+
+
+def frame(payload: bytes) -> bytes:
+    """One masked text frame (a client must mask)."""
+    mask = os.urandom(4)
+    masked = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+    n = len(payload)
+    header = bytes([0x81, 0x80 | n]) if n < 126 else bytes([0x81, 0x80 | 126]) + struct.pack("!H", n)
+    return header + mask + masked
+
+
+async def read_frame(reader: asyncio.StreamReader) -> bytes:
+    """The payload of the next (unmasked, server-sent) WebSocket frame."""
+    head = await reader.readexactly(2)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = struct.unpack("!H", await reader.readexactly(2))[0]
+    elif length == 127:
+        length = struct.unpack("!Q", await reader.readexactly(8))[0]
+    return await reader.readexactly(length)
+
+
+async def joined_session(port: int, hello: bytes = HELLO) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WAMP session over a minimal WebSocket client: the upgrade, HELLO, WELCOME read back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    key = base64.b64encode(os.urandom(16)).decode()
+    writer.write(
+        (
+            f"GET /ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Protocol: wamp.2.json\r\n\r\n"
+        ).encode()
+    )
+    await reader.readuntil(b"\r\n\r\n")
+    writer.write(frame(hello))
+    welcome = json.loads(await read_frame(reader))
+    if welcome[0] != 2:
+        raise RuntimeError(f"no WELCOME: {welcome!r}")
+    return reader, writer
+
+
+async def _session(port: int) -> asyncio.StreamWriter:
+    return (await joined_session(port))[1]
+
+
+async def _open_all(port: int, count: int, deadline: float) -> list[asyncio.StreamWriter]:
+    writers: list[asyncio.StreamWriter] = []
+    batch = 200
+    while len(writers) < count:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{len(writers)} of {count} sessions before the time bound")
+        n = min(batch, count - len(writers))
+        writers.extend(await asyncio.gather(*(_session(port) for _ in range(n))))
+        if len(writers) % 2000 == 0:
+            progress(f"{len(writers)} sessions open")
+    return writers
+
+
+def run_idle_bench(args: argparse.Namespace) -> int:
+    """Start a node, open the sessions, print the memory per session."""
+    count = args.sessions
+    progress(f"settings: --scenario idle --sessions {count} --max-seconds {args.max_seconds:g} (defaults: 10000, 60)")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = min(hard, count * 2 + 1024)
+    if soft < want:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # the node inherits it
+    if want < count + 256:
+        raise SystemExit(f"pubsubclub: error: the open-file limit ({hard}) is too low for {count} sessions")
+    port = free_port()
+    # One address holds every session, and the lean client never answers pings: raise the
+    # connection layer's caps to the count and turn its idle deadline off (docs/security.md).
+    cap = str(count + 64)
+    node, _ = start_node(
+        "bench-idle",
+        ["--wamp", local(port), "--psc", local(0), "--edge-max-per-address", cap, "--edge-max-connections", cap,
+         "--edge-idle-timeout", "0"],
+    )  # fmt: skip
+    writers: list[Any] = []
+    try:
+        before = rss(node.pid)
+        loop = asyncio.new_event_loop()
+        started = time.perf_counter()
+        writers = loop.run_until_complete(_open_all(port, count, time.monotonic() + args.max_seconds))
+        opened = time.perf_counter() - started
+        after = rss(node.pid)
+        for writer in writers:
+            writer.transport.abort()
+        loop.close()
+    finally:
+        stop([node])
+    per_session = (after - before) / count
+    results = {
+        "machine": machine(),
+        "scenario": "idle",
+        "sessions": count,
+        "rss_before": before,
+        "rss_after": after,
+        "bytes_per_session": per_session,
+        "open_seconds": opened,
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(
+            f"{count} idle WAMP sessions: node RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MiB, "
+            f"{per_session / 1024:.1f} KiB per session (opened in {opened:.1f} s)"
+        )
+    return 0

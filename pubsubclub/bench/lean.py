@@ -1,0 +1,328 @@
+"""``pubsubclub bench --client lean``: WAMP clients cheap enough that the rate is the nodes'.
+
+The Autobahn-Python clients of :mod:`pubsubclub.bench.wamp` cost more CPU per
+message than the nodes they measure, and the machine has two cores. These
+clients speak WAMP over RawSocket with orjson (JSON serializer, spec
+framing: a 4-octet header ``type << 24 | length``) on blocking sockets:
+
+* a **publisher** encodes a block of PUBLISH frames once and sends it with one
+  ``sendall`` per block, its messages spread round-robin over one topic per
+  subscriber, so every message has exactly one recipient (one-to-one);
+* a **subscriber** subscribes to its topic and counts EVENT frames by their
+  ``[36,<subscription>,`` prefix, without decoding them; publishers' end
+  markers (``["end"]``) are told apart by their tail.
+
+Flow control is end to end, as an application would do it, so neither the
+link's queue cap nor the subscriber's send-buffer cap is ever hit: each
+subscriber publishes its running count on :data:`ACK_TOPIC` every
+``ACK_EVERY`` events, and a publisher keeps at most ``--window`` messages
+(over all publishers, estimated as its own count times the number of
+publishers) not yet acknowledged. The acks cross the link the other way
+(B to A), about one per thousand messages.
+
+Each client is its own process (``python -m pubsubclub.bench.lean ROLE ...``)
+so several publishers and subscribers use both cores. A publisher reports its
+first send time and count; a subscriber its count and its last event's time
+(same host clock): the rate is all events received over the time from the
+first publish to the last event. Every wait is bounded by ``--max-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+import orjson
+
+from pubsubclub.bench.nodes import progress, tree_cpu_seconds
+
+TOPIC = "pubsubclub.bench.lean"
+ACK_TOPIC = "pubsubclub.bench.lean.ack"
+END_TAIL = b',["end"]]'
+#: A publisher probes each topic until every subscriber acknowledged: then every route works both ways.
+PROBE_TAIL = b',["probe"]]'
+ACK_EVERY = 1000
+#: PUBLISH frames encoded once and sent with one sendall.
+BLOCK = 200
+_HEADER = struct.Struct("!I")
+#: Handshake: JSON serializer (1), and we accept messages up to 2 ** (9 + 15) bytes.
+_HANDSHAKE = bytes([0x7F, 0xF1, 0, 0])
+
+
+def topic(index: int) -> str:
+    """The topic of subscriber ``index``."""
+    return f"{TOPIC}.{index}"
+
+
+class RawSocketSession:
+    """A WAMP session over RawSocket (JSON) on a blocking socket: frames out, frames in."""
+
+    def __init__(self, host: str, port: int, realm: str, deadline: float) -> None:
+        self.sock = socket.create_connection((host, port), timeout=max(deadline - time.time(), 1))
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock.sendall(_HANDSHAKE)
+        self._buffer = bytearray()
+        reply = self._read_exactly(4, deadline)
+        if reply[0] != 0x7F or reply[1] & 0x0F != 1:
+            raise RuntimeError(f"RawSocket handshake refused: {reply.hex()}")
+        self.send(orjson.dumps([1, realm, {"roles": {"publisher": {}, "subscriber": {}}}]))
+        welcome = orjson.loads(self.next_message(deadline))
+        if welcome[0] != 2:
+            raise RuntimeError(f"no WELCOME: {welcome!r}")
+        self._request = 0
+
+    @staticmethod
+    def frame(payload: bytes) -> bytes:
+        """One WAMP message as a RawSocket frame."""
+        return _HEADER.pack(len(payload)) + payload
+
+    def send(self, payload: bytes) -> None:
+        """Send one WAMP message."""
+        self.sock.sendall(self.frame(payload))
+
+    def request(self) -> int:
+        """A new request id."""
+        self._request += 1
+        return self._request
+
+    def _read_exactly(self, n: int, deadline: float) -> bytes:
+        while len(self._buffer) < n:
+            self._fill(deadline)
+        data = bytes(self._buffer[:n])
+        del self._buffer[:n]
+        return data
+
+    def _fill(self, deadline: float) -> None:
+        timeout = deadline - time.time()
+        if timeout <= 0:
+            raise TimeoutError("the bench's time bound passed")
+        self.sock.settimeout(timeout)
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise ConnectionError("the node closed the connection")
+        self._buffer += data
+
+    def messages(self, deadline: float, wait: bool = True) -> list[bytes]:
+        """The WAMP messages of the next read (after one ``recv``; none if ``wait`` is false and nothing came)."""
+        if not wait and not select.select([self.sock], [], [], 0)[0]:
+            return []
+        self._fill(deadline)
+        buffer, out, pos = self._buffer, [], 0
+        end = len(buffer)
+        while end - pos >= 4:
+            (header,) = _HEADER.unpack_from(buffer, pos)
+            length = header & 0xFFFFFF
+            if end - pos - 4 < length:
+                break
+            if header >> 24 == 0:
+                out.append(bytes(buffer[pos + 4 : pos + 4 + length]))
+            elif header >> 24 == 1:  # PING: answer in kind
+                self.sock.sendall(_HEADER.pack((2 << 24) | length) + buffer[pos + 4 : pos + 4 + length])
+            pos += 4 + length
+        del buffer[:pos]
+        return out
+
+    def next_message(self, deadline: float) -> bytes:
+        """The next WAMP message."""
+        while True:
+            (header,) = _HEADER.unpack(self._read_exactly(4, deadline))
+            payload = self._read_exactly(header & 0xFFFFFF, deadline)
+            if header >> 24 == 0:
+                return payload
+
+    def subscribe(self, uri: str, deadline: float) -> int:
+        """Subscribe to ``uri``; the subscription id."""
+        request = self.request()
+        self.send(orjson.dumps([32, request, {}, uri]))
+        answer = orjson.loads(self.next_message(deadline))
+        if answer[:2] != [33, request]:
+            raise RuntimeError(f"no SUBSCRIBED: {answer!r}")
+        return int(answer[2])
+
+
+def _ready(**fields: Any) -> None:
+    sys.stdout.write(json.dumps({"ready": True, **fields}) + "\n")
+    sys.stdout.flush()
+
+
+def _subscriber(host: str, port: int, realm: str, index: int, publishers: int, max_seconds: float) -> dict[str, Any]:
+    deadline = time.time() + max_seconds
+    session = RawSocketSession(host, port, realm, deadline)
+    prefix = b"[36,%d," % session.subscribe(topic(index), deadline)
+    _ready()
+    received = ends = 0
+    first = last = 0.0
+    next_ack = ACK_EVERY
+    while ends < publishers:
+        batch = session.messages(deadline)
+        now = time.time()
+        probed = False
+        for m in batch:
+            if m.startswith(prefix):
+                if m.endswith(END_TAIL):
+                    ends += 1
+                elif m.endswith(PROBE_TAIL):
+                    probed = True
+                else:
+                    received += 1
+        if received and not first:
+            first = now
+        last = now
+        if received >= next_ack or probed:
+            session.send(orjson.dumps([16, session.request(), {}, ACK_TOPIC, [index, received]]))
+            next_ack = received + ACK_EVERY
+    return {"received": received, "first": first, "last": last}
+
+
+def _publisher(
+    host: str, port: int, realm: str, publishers: int, topics: int, count: int, size: int, window: int,
+    max_seconds: float,
+) -> dict[str, Any]:  # fmt: skip
+    deadline = time.time() + max_seconds
+    session = RawSocketSession(host, port, realm, deadline)
+    ack_prefix = b"[36,%d," % session.subscribe(ACK_TOPIC, deadline)
+    body = "x" * size
+    frames = [session.frame(orjson.dumps([16, n + 1, {}, topic(n % topics), [body]])) for n in range(BLOCK)]
+    block = b"".join(frames)
+    acked: dict[int, int] = {}
+
+    def read_acks(wait: bool) -> None:
+        for m in session.messages(deadline, wait):
+            if m.startswith(ack_prefix):
+                subscriber, got = orjson.loads(m)[4]
+                acked[subscriber] = max(got, acked.get(subscriber, 0))
+
+    probes = b"".join(session.frame(orjson.dumps([16, 0x10000 + t, {}, topic(t), ["probe"]])) for t in range(topics))
+    while len(acked) < topics:
+        if time.time() > deadline:
+            raise TimeoutError(f"{len(acked)} of {topics} subscribers answered the probes")
+        session.sock.sendall(probes)
+        if select.select([session.sock], [], [], 0.05)[0]:
+            read_acks(wait=True)
+    _ready()
+    if not sys.stdin.readline():  # the driver's go: every client is up
+        raise RuntimeError("no go from the driver")
+    start = time.time()
+    sent = 0
+    while sent < count:
+        read_acks(wait=False)
+        while (sent + BLOCK) * publishers - sum(acked.values()) > window:
+            read_acks(wait=True)
+        n = min(BLOCK, count - sent)
+        session.sock.sendall(block if n == BLOCK else b"".join(frames[:n]))
+        sent += n
+    # One acknowledged end marker per topic: FIFO per origin and topic puts it after our messages.
+    pending = set()
+    for t in range(topics):
+        request = session.request() + BLOCK
+        pending.add(request)
+        session.send(orjson.dumps([16, request, {"acknowledge": True}, topic(t), ["end"]]))
+    while pending:
+        for m in session.messages(deadline):
+            if m.startswith(b"[17,"):
+                pending.discard(orjson.loads(m)[1])
+    return {"sent": sent, "start": start, "end": time.time()}
+
+
+def client_main(argv: list[str]) -> int:
+    """One lean client process; prints its result as one JSON line."""
+    role, host, port, realm = argv[0], argv[1], int(argv[2]), argv[3]
+    numbers = [float(a) for a in argv[4:]]
+    if role == "subscriber":
+        index, publishers, max_seconds = numbers
+        result = _subscriber(host, port, realm, int(index), int(publishers), max_seconds)
+    else:
+        publishers, topics, count, size, window, max_seconds = numbers
+        result = _publisher(host, port, realm, int(publishers), int(topics), int(count), int(size), int(window),
+                            max_seconds)  # fmt: skip
+    sys.stdout.write(json.dumps(result) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+def _host_port(url: str) -> list[str]:
+    """``rs://HOST:PORT`` as the two client arguments."""
+    return url.split("://", 1)[1].rstrip("/").rsplit(":", 1)
+
+
+def lean_window(args: argparse.Namespace) -> int:
+    """``--window`` or its default; SystemExit when it could stall a publisher for good."""
+    # The slowest publisher can always go on when the window holds one block from each publisher
+    # plus what every subscriber may have counted without acknowledging yet.
+    least = args.publishers * BLOCK + (args.subscribers or 1) * ACK_EVERY
+    window: int = args.window or max(20_000, 2 * least)
+    if window < least:
+        raise SystemExit(f"pubsubclub: error: --window must be at least {least} with these clients")
+    return window
+
+
+def lean_run(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list[int]) -> dict[str, Any]:
+    """One throughput run: the subscribers on B, the publishers on A, as fast as the servers go.
+
+    ``server_pids``: the processes whose CPU is the servers' (with their children: a Crossbar router's workers).
+    """
+    publishers, subscribers = args.publishers, args.subscribers or 1
+    window = lean_window(args)
+    me = [sys.executable, "-m", "pubsubclub.bench.lean"]
+    bound = str(args.max_seconds + 20)
+    subs: list[subprocess.Popen[str]] = []
+    pubs: list[subprocess.Popen[str]] = []
+    try:
+        for j in range(subscribers):
+            subs.append(subprocess.Popen([*me, "subscriber", *_host_port(raw_b), args.realm, str(j), str(publishers),
+                                          bound], stdout=subprocess.PIPE, text=True))  # fmt: skip
+        for p in subs:
+            assert p.stdout is not None
+            if not p.stdout.readline():
+                raise RuntimeError("a lean subscriber did not start")
+        for _ in range(publishers):
+            numbers = [publishers, subscribers, args.count, args.size, window]
+            pubs.append(subprocess.Popen([*me, "publisher", *_host_port(raw_a), args.realm, *map(str, numbers), bound],
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))  # fmt: skip
+        for p in pubs:
+            assert p.stdout is not None
+            if not p.stdout.readline():
+                raise RuntimeError("a lean publisher did not start")
+        progress(f"lean throughput run: {publishers} publisher(s) on A x {args.count} messages of {args.size} B, "
+                 f"{subscribers} subscriber(s) on B, one-to-one, window {window}")  # fmt: skip
+        cpu_before = tree_cpu_seconds(server_pids)
+        for p in pubs:
+            assert p.stdin is not None
+            p.stdin.write("go\n")
+            p.stdin.flush()
+        outs = [json.loads(p.communicate(timeout=args.max_seconds + 40)[0].strip().splitlines()[-1])
+                for p in [*pubs, *subs]]  # fmt: skip
+        spent = tree_cpu_seconds(server_pids) - cpu_before
+    finally:
+        for p in [*pubs, *subs]:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+    pub_out, sub_out = outs[:publishers], outs[publishers:]
+    sent = sum(o["sent"] for o in pub_out)
+    received = sum(o["received"] for o in sub_out)
+    start = min(o["start"] for o in pub_out)
+    last = max(o["last"] for o in sub_out)
+    return {
+        "mode": "throughput",
+        "client": "lean",
+        "publishers": publishers,
+        "subscribers": subscribers,
+        "sent": sent,
+        "received": received,
+        "lost": sent - received,
+        "publish_rate": sent / max(max(o["end"] for o in pub_out) - start, 1e-9),
+        "delivered_rate": received / max(last - start, 1e-9),
+        "server_cpu_us_per_msg": spent / max(received, 1) * 1e6,
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(client_main(sys.argv[1:]))

@@ -1,0 +1,210 @@
+"""The ``pubsubclub`` command: ``node``, ``bridge``, ``cluster``, ``bench`` and ``report``."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import sys
+
+from pubsubclub import __version__
+from pubsubclub.config import ConfigError, add_flags, add_node_flags, bridge_setting, node_config
+from pubsubclub.reports.command import add_arguments as add_report_arguments
+
+EXIT_USAGE = 2
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command-line parser."""
+    top = argparse.ArgumentParser(prog="pubsubclub", description="Turn WAMP pub/sub servers into a cluster.")
+    top.add_argument("--version", action="version", version=f"pubsubclub {__version__}")
+    sub = top.add_subparsers(dest="command", required=True)
+
+    node = sub.add_parser("node", help="run one node")
+    add_node_flags(node)
+
+    bridge = sub.add_parser(
+        "bridge",
+        help="run a node whose local side is a WAMP router (e.g. Crossbar.io) it joins as a client (docs/bridge.md)",
+    )
+    bridge.add_argument("--config", metavar="FILE.toml", help="read settings from a TOML file (flags win)")
+    add_flags(bridge, include=bridge_setting)
+
+    cluster = sub.add_parser("cluster", help="run N local nodes with static discovery")
+    cluster.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
+    cluster.add_argument("--wamp-base-port", type=int, default=8080, help="WAMP port of node 1; node k uses base+k-1")
+    cluster.add_argument("--psc-base-port", type=int, default=9001, help="PSC port of node 1; node k uses base+k-1")
+    cluster.add_argument("--nsd-base-port", type=int, default=7001, help="NSD port of node 1")
+    cluster.add_argument("--tep-base-port", type=int, default=7101, help="TEP port of node 1")
+    cluster.add_argument("--stream-base-port", type=int, default=7878, help="stream port of node 1")
+    cluster.add_argument(
+        "--sysv-base-key", type=lambda v: int(v, 0), default=0x420, help="SysV queue key of node 1 (0: none)"
+    )
+    cluster.add_argument("--http-base-port", type=int, default=8181, help="ops (/health, /metrics) port of node 1")
+    cluster.add_argument("--data-dir", default="pubsubclub-data", help="stores and metrics folder")
+    cluster.add_argument("--metrics-interval", type=float, default=10.0, help="seconds between metrics dumps")
+    cluster.add_argument("--listen-role", choices=["producer", "consumer"], default="producer")
+    cluster.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
+
+    bench = sub.add_parser("bench", help="measure cross-node throughput and latency")
+    bench.add_argument(
+        "--target", metavar="WS_URL", nargs=2, help="WAMP URLs of nodes A and B (default: start two nodes)"
+    )
+    bench.add_argument(
+        "--target-ops",
+        metavar="HTTP_URL",
+        help="operations listener of node A (e.g. http://127.0.0.1:8181/): wait there until B's interest arrived",
+    )
+    bench.add_argument("--realm", default="realm1")
+    bench.add_argument("--count", type=int, default=50_000, help="messages in the throughput run")
+    bench.add_argument("--size", type=int, default=100, help="payload bytes")
+    bench.add_argument("--rate", type=int, default=1000, help="messages/s in the latency run")
+    bench.add_argument("--latency-count", type=int, default=5000, help="messages in the latency run")
+    bench.add_argument("--max-seconds", type=float, default=60.0, help="time bound of each run")
+    bench.add_argument("--json", action="store_true", help="print the results as JSON")
+    bench.add_argument(
+        "--scenario",
+        choices=["wamp", "link", "peers", "stream", "idle", "fanout"],
+        default="wamp",
+        help="wamp: cross-node WAMP throughput and latency (default); link: node to node with no WAMP client;"
+        " peers: the wamp runs against pubsubclub and Crossbar.io (make bench-peers); stream: durable stream publish"
+        " and catch-up; idle: node memory per idle WAMP session;"
+        " fanout: one publisher to --subscribers over 3 nodes",
+    )
+    bench.add_argument(
+        "--client",
+        choices=["autobahn", "lean"],
+        default="autobahn",
+        help="wamp: Autobahn-Python clients (default) or lean orjson/RawSocket client processes (throughput only)",
+    )
+    bench.add_argument(
+        "--serializer", choices=["json", "msgpack"], default="json", help="wamp: Autobahn clients' serializer"
+    )
+    bench.add_argument(
+        "--transport", choices=["websocket", "rawsocket"], default="websocket", help="wamp: Autobahn clients' transport"
+    )
+    bench.add_argument("--publishers", type=int, default=1, help="wamp --client lean: publisher processes (default 1)")
+    bench.add_argument(
+        "--subscribers", type=int, help="fanout: subscribers (default 1000); wamp --client lean: processes (default 1)"
+    )
+    bench.add_argument(
+        "--window", type=int, help="wamp --client lean, link: messages in flight (default 20000)"
+    )
+    bench.add_argument("--runs", type=int, default=1, help="peers: runs per figure, the median is shown (default 1)")
+    bench.add_argument(
+        "--clients", help="peers: comma-separated autobahn-json-ws, autobahn-msgpack-rs, lean (default: all)"
+    )
+    bench.add_argument(
+        "--topology", choices=["single", "pair", "both"], default="both", help="peers: one server, two linked, or both"
+    )
+    bench.add_argument("--fanout-messages", type=int, default=2000, help="fanout: messages published (default 2000)")
+    bench.add_argument("--sessions", type=int, default=10_000, help="idle: WAMP sessions to open (default 10000)")
+    bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
+    bench.add_argument("--relaxed", action="store_true", help="stream: the node acks after write(), no fsync")
+    bench.add_argument(
+        "--cluster-secret-file", metavar="FILE", help="link: both nodes prove this secret and seal their links"
+    )
+    report = sub.add_parser("report", help="PySpark report over the nodes' metrics dumps (docs/report.md)")
+    add_report_arguments(report)
+    return top
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    """``parse_args``, but an unknown flag is reported by its subcommand with the nearest flag it has."""
+    top = parser()
+    args, unknown = top.parse_known_args(argv)
+    if unknown:
+        [commands] = [a for a in top._actions if isinstance(a, argparse._SubParsersAction)]
+        sub: argparse.ArgumentParser = commands.choices[args.command]
+        flags = [o for a in sub._actions for o in a.option_strings if o.startswith("--")]
+        hints = []
+        for word in unknown:
+            if word.startswith("-"):
+                near = difflib.get_close_matches(word.split("=", 1)[0], flags, n=1, cutoff=0.6)
+                if near:
+                    hints.append(f"{word.split('=', 1)[0]}: did you mean {near[0]}?")
+        message = f"unrecognized arguments: {' '.join(unknown)}"
+        sub.error(f"{message} ({'; '.join(hints)})" if hints else f"{message} (see {sub.prog} --help)")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the ``pubsubclub`` command."""
+    args = _parse(argv)
+    try:
+        if args.command == "node":
+            config = node_config(args)
+            from pubsubclub.node.run import run_node
+
+            return run_node(config)
+        if args.command == "bridge":
+            config = node_config(args)
+            if config.bridge.router is None:
+                raise ConfigError("router", "pubsubclub bridge needs --router ws://host:port/path")
+            from pubsubclub.node.run import run_node
+
+            return run_node(config, bridge=True)
+        if args.command == "cluster":
+            if not 1 <= args.nodes <= 64:
+                raise ConfigError("nodes", "must be between 1 and 64")
+            from pubsubclub.cli.cluster import ClusterLayout, run_cluster
+
+            layout = ClusterLayout(
+                count=args.nodes,
+                wamp_base=args.wamp_base_port,
+                psc_base=args.psc_base_port,
+                nsd_base=args.nsd_base_port,
+                tep_base=args.tep_base_port,
+                stream_base=args.stream_base_port,
+                sysv_base_key=args.sysv_base_key,
+                http_base=args.http_base_port,
+                data_dir=args.data_dir,
+                listen_role=args.listen_role,
+                log_level=args.log_level,
+                metrics_interval=args.metrics_interval,
+            )
+            return run_cluster(layout)
+        if args.command == "bench":
+            try:
+                return _run_bench(args)
+            except TimeoutError as e:  # a run that exceeds --max-seconds: say so, no traceback
+                print(f"pubsubclub: bench: {e}", file=sys.stderr)
+                return 1
+        if args.command == "report":
+            from pubsubclub.reports.command import run as run_report
+
+            return run_report(args)
+    except ConfigError as e:
+        print(f"pubsubclub: error: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_USAGE
+
+
+def _run_bench(args: argparse.Namespace) -> int:
+    """``pubsubclub bench``: the scenario's runner."""
+    import signal
+
+    # SIGTERM unwinds like Ctrl-C, so every scenario's `finally` stops the nodes and routers it started.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    if args.scenario == "peers":
+        from pubsubclub.bench.peers import run_peers_bench
+
+        return run_peers_bench(args)
+    if args.scenario == "link":
+        from pubsubclub.bench.link import run_link_bench
+
+        return run_link_bench(args)
+    if args.scenario == "fanout":
+        from pubsubclub.bench.fanout import run_fanout_bench
+
+        return run_fanout_bench(args)
+    if args.scenario == "idle":
+        from pubsubclub.bench.idle import run_idle_bench
+
+        return run_idle_bench(args)
+    if args.scenario == "stream":
+        from pubsubclub.bench.stream import run_stream_bench
+
+        return run_stream_bench(args)
+    from pubsubclub.bench.wamp import run_bench
+
+    return run_bench(args)

@@ -1,0 +1,1 @@
+"""The TEP front-end (docs/tep.md): Transport Exchange Protocol clients over WebSocket."""

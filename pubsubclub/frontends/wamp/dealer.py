@@ -1,0 +1,427 @@
+"""A node-local WAMP Dealer (Basic Profile RPC) for the sessions of one node.
+
+REGISTER/UNREGISTER, CALL -> INVOCATION -> YIELD/ERROR -> RESULT/ERROR, with:
+
+- one callee per procedure and realm (exact match): a second REGISTER gets
+  ERROR ``wamp.error.procedure_already_exists``;
+- a CALL of a procedure nobody registered on this node gets ERROR
+  ``wamp.error.no_such_procedure`` (RPC is not federated: a procedure
+  registered on another node is unknown here; docs/architecture.md);
+- a callee's ERROR reaches the caller with the callee's URI, args and kwargs;
+- a callee that leaves mid-call leaves its callers ERROR ``wamp.error.canceled``,
+  never a hang; a caller that leaves has its pending calls forgotten (a late
+  YIELD or ERROR from the callee is dropped);
+- the CALL option ``timeout`` (milliseconds), and a node-wide upper bound
+  (``[wamp] call-timeout``), end a call with ERROR ``wamp.error.timeout``;
+- CANCEL (call canceling, announced in WELCOME, since Autobahn sends CANCEL
+  whenever a call's Deferred is cancelled): the caller gets ERROR
+  ``wamp.error.canceled`` at once, whatever the mode (``kill`` is served as
+  ``killnowait``: the dealer never waits for a callee); a callee that
+  announced call canceling gets INTERRUPT (mode ``killnowait``) unless the
+  caller asked ``skip``, and so does it when its call times out;
+- only exact, single registrations: REGISTER with ``match`` prefix/wildcard
+  or an ``invoke`` policy other than ``single`` gets ERROR
+  ``wamp.error.invalid_argument`` (neither feature is announced);
+- with ``--auth``, a role may REGISTER and CALL the URIs it may publish to;
+- at most ``max_pending_calls`` calls in flight per caller (``[wamp]
+  max-pending-calls``) and ``max_node_calls`` on the node (``[wamp]
+  max-calls-per-node``): one more gets ERROR ``pubsubclub.error.too_many_calls``
+  at once, so callees that never answer cannot make the node hold calls
+  without bound;
+- at most ``max_registrations`` registrations per session and
+  ``max_node_registrations`` on the node (``[wamp] max-registrations``,
+  ``max-registrations-per-node``): one more gets ERROR
+  ``pubsubclub.error.too_many_registrations``;
+- an INVOCATION, RESULT or callee ERROR whose encoding is over the receiving
+  session's message-size limit is never sent: the caller gets ERROR
+  ``wamp.error.payload_size_exceeded`` and both sessions carry on.
+
+Every refusal names its limit: ERROR ``args`` hold a sentence, ``kwargs``
+``{"limit": <setting>, "max": <value>}``, and it is counted through
+``refused(reason)``. Everything a session made is found from the session
+(no scan of the node's tables when it leaves), and the tables are copied
+smaller once they have emptied (pubsubclub/core/compaction.py), so memory returns
+when sessions leave.
+
+Sans-IO apart from the injected ``call_later`` for timeouts: sessions are any
+objects with ``send_message(msg)`` and ``send_if_fits(msg)`` (the broker's sessions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from autobahn.wamp import message
+
+from pubsubclub.core.compaction import Compaction
+
+NO_SUCH_PROCEDURE = "wamp.error.no_such_procedure"
+PROCEDURE_ALREADY_EXISTS = "wamp.error.procedure_already_exists"
+NO_SUCH_REGISTRATION = "wamp.error.no_such_registration"
+CANCELED = "wamp.error.canceled"
+TIMEOUT = "wamp.error.timeout"
+NOT_AUTHORIZED = "wamp.error.not_authorized"
+TOO_MANY_CALLS = "pubsubclub.error.too_many_calls"
+TOO_MANY_REGISTRATIONS = "pubsubclub.error.too_many_registrations"
+#: A message for one session would be over its message-size limit (Autobahn's ApplicationError name).
+PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
+INVALID_ARGUMENT = "wamp.error.invalid_argument"
+#: INTERRUPT mode: the dealer has already answered the caller and will not wait for the callee.
+KILL_NO_WAIT = "killnowait"
+
+
+class Party(Protocol):
+    """A session as the dealer sees it."""
+
+    def send_message(self, msg: message.Message) -> None:
+        """Send one WAMP message to this session's client."""
+
+    def send_if_fits(self, msg: message.Message) -> tuple[int, int] | None:
+        """Send ``msg`` if its encoding fits the session's message-size limit: None; else ``(size, limit)``, unsent."""
+
+
+@dataclass(eq=False, slots=True)
+class _Registration:
+    id: int
+    realm: str
+    procedure: str
+    callee: Party
+    #: The callee announced call canceling: it is sent INTERRUPT for calls that end without it.
+    interruptible: bool = False
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    """One CALL in flight: who asked, who answers, and the timer ending it."""
+
+    caller: Party
+    request: int
+    callee: Party
+    registration: _Registration
+    timer: Any = None
+
+
+def _limit_error(request_type: int, request: int, uri: str, text: str, limit: str, value: int) -> message.Error:
+    """ERROR naming the limit that refused a request: a sentence, and ``{"limit": ..., "max": ...}``."""
+    return message.Error(request_type, request, uri, args=[text], kwargs={"limit": limit, "max": value})
+
+
+@dataclass
+class Dealer:
+    """The RPC state of one router (all its realms)."""
+
+    new_id: Callable[[], int]
+    #: ``call_later(seconds, fn)`` -> an object with ``cancel()``; None: no timeouts.
+    call_later: Callable[[float, Callable[[], None]], Any] | None = None
+    #: Longest a call may take, in seconds (0: only the caller's own ``timeout`` option).
+    max_call_seconds: float = 0.0
+    #: Calls one caller may have in flight at once; one more gets ERROR ``TOO_MANY_CALLS``.
+    max_pending_calls: int = 1000
+    #: Calls the node may have in flight at once, all callers together; likewise.
+    max_node_calls: int = 10_000
+    #: Registrations one session may hold; one more gets ERROR ``TOO_MANY_REGISTRATIONS``.
+    max_registrations: int = 1000
+    #: Registrations the node may hold, all sessions together; likewise.
+    max_node_registrations: int = 50_000
+    #: Told the reason of every refusal past a limit (the router counts it in the node's metrics).
+    refused: Callable[[str], None] | None = None
+    _by_procedure: dict[tuple[str, str], _Registration] = field(default_factory=dict)
+    _by_id: dict[int, _Registration] = field(default_factory=dict)
+    #: Registrations per callee (only callees with at least one).
+    _by_callee: dict[Party, dict[int, _Registration]] = field(default_factory=dict)
+    #: Invocation request id -> the call it answers.
+    _calls: dict[int, _Call] = field(default_factory=dict)
+    #: Invocation ids in flight per caller (only callers with at least one).
+    _by_caller: dict[Party, dict[int, None]] = field(default_factory=dict)
+    #: Invocation ids in flight per registration (only registrations with at least one).
+    _by_registration: dict[int, dict[int, None]] = field(default_factory=dict)
+    #: (caller, CALL request id) -> invocation request id, for CANCEL.
+    _by_request: dict[tuple[Party, int], int] = field(default_factory=dict)
+    _registrations_compaction: Compaction = field(default_factory=Compaction)
+    _calls_compaction: Compaction = field(default_factory=Compaction)
+
+    def __post_init__(self) -> None:
+        for name in ("max_pending_calls", "max_node_calls", "max_registrations", "max_node_registrations"):
+            value = getattr(self, name)
+            if type(value) is not int or value <= 0:
+                raise ValueError(f"{name} must be a positive int, not {value!r}")
+
+    def _refuse(self, party: Party, reason: str, error: message.Error) -> None:
+        if self.refused is not None:
+            self.refused(reason)
+        party.send_message(error)
+
+    # -- callee side ----------------------------------------------------------------
+
+    def register(self, callee: Party, realm: str, msg: message.Register, interruptible: bool = False) -> None:
+        """REGISTER: REGISTERED, or ERROR when the procedure already has a callee or asks what is not offered.
+
+        ``interruptible``: the callee announced call canceling (it understands INTERRUPT).
+        """
+        problem = _unoffered(msg)
+        if problem is not None:
+            callee.send_message(
+                message.Error(message.Register.MESSAGE_TYPE, msg.request, INVALID_ARGUMENT, args=[problem])
+            )
+            return
+        key = (realm, msg.procedure)
+        if key in self._by_procedure:
+            callee.send_message(
+                message.Error(
+                    message.Register.MESSAGE_TYPE,
+                    msg.request,
+                    PROCEDURE_ALREADY_EXISTS,
+                    args=[f"procedure {msg.procedure!r} is already registered"],
+                )
+            )
+            return
+        own = self._by_callee.get(callee)
+        if own is not None and len(own) >= self.max_registrations:
+            text = f"this session already has {len(own)} registrations, the limit is {self.max_registrations}"
+            self._refuse_registration(callee, msg, text, "wamp.max-registrations", self.max_registrations)
+            return
+        if len(self._by_id) >= self.max_node_registrations:
+            text = f"this node already has {len(self._by_id)} registrations, the limit is {self.max_node_registrations}"
+            self._refuse_registration(callee, msg, text, "wamp.max-registrations-per-node", self.max_node_registrations)
+            return
+        registration = _Registration(self.new_id(), realm, msg.procedure, callee, interruptible)
+        self._by_procedure[key] = registration
+        self._by_id[registration.id] = registration
+        if own is None:
+            own = self._by_callee[callee] = {}
+        own[registration.id] = registration
+        self._registrations_compaction.grown(len(self._by_id))
+        callee.send_message(message.Registered(msg.request, registration.id))
+
+    def _refuse_registration(self, callee: Party, msg: message.Register, text: str, limit: str, value: int) -> None:
+        error = _limit_error(message.Register.MESSAGE_TYPE, msg.request, TOO_MANY_REGISTRATIONS, text, limit, value)
+        self._refuse(callee, "too_many_registrations", error)
+
+    def unregister(self, callee: Party, msg: message.Unregister) -> None:
+        """UNREGISTER: UNREGISTERED, or ERROR for a registration that is not this session's."""
+        registration = self._by_id.get(msg.registration)
+        if registration is None or registration.callee is not callee:
+            callee.send_message(
+                message.Error(
+                    message.Unregister.MESSAGE_TYPE,
+                    msg.request,
+                    NO_SUCH_REGISTRATION,
+                    args=[f"no registration {msg.registration} in this session"],
+                )
+            )
+            return
+        self._drop_registration(registration, "procedure unregistered by its callee")
+        callee.send_message(message.Unregistered(msg.request))
+
+    def yielded(self, callee: Party, msg: message.Yield) -> None:
+        """YIELD: the caller gets RESULT (a progressive YIELD a progressive RESULT)."""
+        call = self._calls.get(msg.request)
+        if call is None or call.callee is not callee:
+            return  # the caller left, or the call timed out: nothing to answer
+        progress = bool(msg.progress)
+        if not progress:
+            self._finish(msg.request)
+        result = message.Result(call.request, args=msg.args, kwargs=msg.kwargs, progress=progress)
+        if not self._answer(call, result, "RESULT") and progress:
+            # The caller was answered with an error: the callee's further work is for nobody.
+            self._finish(msg.request)
+            self._interrupt(msg.request, call)
+
+    def invocation_error(self, callee: Party, msg: message.Error) -> None:
+        """ERROR for an INVOCATION: the caller gets ERROR for its CALL with the callee's URI and arguments."""
+        call = self._calls.get(msg.request)
+        if call is None or call.callee is not callee:
+            return
+        self._finish(msg.request)
+        error = message.Error(message.Call.MESSAGE_TYPE, call.request, msg.error, args=msg.args, kwargs=msg.kwargs)
+        self._answer(call, error, "ERROR")
+
+    def _answer(self, call: _Call, answer: message.Result | message.Error, kind: str) -> bool:
+        """Send the caller its RESULT or ERROR; one over the caller's size limit becomes ERROR PAYLOAD_SIZE_EXCEEDED."""
+        too_big = call.caller.send_if_fits(answer)
+        if too_big is None:
+            return True
+        size, limit = too_big
+        text = f"the callee's {kind} would be a message of {size} bytes, over this session's limit of {limit}"
+        error = _limit_error(
+            message.Call.MESSAGE_TYPE, call.request, PAYLOAD_SIZE_EXCEEDED, text, "max-message-size", limit
+        )
+        self._refuse(call.caller, "payload_size_exceeded", error)
+        return False
+
+    # -- caller side ----------------------------------------------------------------------
+
+    def call(self, caller: Party, realm: str, msg: message.Call) -> None:
+        """CALL: an INVOCATION to the callee, or ERROR when there is none."""
+        registration = self._by_procedure.get((realm, msg.procedure))
+        if registration is None:
+            caller.send_message(
+                message.Error(
+                    message.Call.MESSAGE_TYPE,
+                    msg.request,
+                    NO_SUCH_PROCEDURE,
+                    args=[f"no procedure {msg.procedure!r} is registered on this node"],
+                )
+            )
+            return
+        pending = self._by_caller.get(caller)
+        if pending is not None and len(pending) >= self.max_pending_calls:
+            text = f"this session already has {len(pending)} calls in flight, the limit is {self.max_pending_calls}"
+            self._refuse_call(caller, msg, text, "wamp.max-pending-calls", self.max_pending_calls)
+            return
+        if len(self._calls) >= self.max_node_calls:
+            text = f"this node already has {len(self._calls)} calls in flight, the limit is {self.max_node_calls}"
+            self._refuse_call(caller, msg, text, "wamp.max-calls-per-node", self.max_node_calls)
+            return
+        invocation = self.new_id()
+        call = self._calls[invocation] = _Call(caller, msg.request, registration.callee, registration)
+        if pending is None:
+            pending = self._by_caller[caller] = {}
+        pending[invocation] = None
+        self._by_registration.setdefault(registration.id, {})[invocation] = None
+        self._by_request[(caller, msg.request)] = invocation
+        self._calls_compaction.grown(len(self._calls))
+        too_big = registration.callee.send_if_fits(
+            message.Invocation(
+                invocation,
+                registration.id,
+                args=msg.args,
+                kwargs=msg.kwargs,
+                timeout=msg.timeout,
+                receive_progress=msg.receive_progress,
+            )
+        )
+        if too_big is not None:
+            self._take(invocation)
+            size, limit = too_big
+            text = f"the INVOCATION would be a message of {size} bytes, over the callee's limit of {limit}"
+            error = _limit_error(
+                message.Call.MESSAGE_TYPE, msg.request, PAYLOAD_SIZE_EXCEEDED, text, "max-message-size", limit
+            )
+            self._refuse(caller, "payload_size_exceeded", error)
+            return
+        seconds = [s for s in ((msg.timeout or 0) / 1000.0, self.max_call_seconds) if s > 0]
+        if seconds and self.call_later is not None:
+            call.timer = self.call_later(min(seconds), lambda: self._time_out(invocation))
+
+    def _refuse_call(self, caller: Party, msg: message.Call, text: str, limit: str, value: int) -> None:
+        self._refuse(
+            caller,
+            "too_many_calls",
+            _limit_error(message.Call.MESSAGE_TYPE, msg.request, TOO_MANY_CALLS, text, limit, value),
+        )
+
+    def cancel(self, caller: Party, msg: message.Cancel) -> None:
+        """CANCEL: the caller's pending call ends with ERROR ``wamp.error.canceled``; a call already over is ignored."""
+        invocation = self._by_request.get((caller, msg.request))
+        if invocation is None:
+            return  # answered, timed out or never made: the spec says to ignore it
+        call = self._calls[invocation]
+        self._finish(invocation)
+        caller.send_message(
+            message.Error(
+                message.Call.MESSAGE_TYPE, call.request, CANCELED, args=["the call was canceled by its caller"]
+            )
+        )
+        if msg.mode != message.Cancel.SKIP:
+            self._interrupt(invocation, call)
+
+    def _interrupt(self, invocation: int, call: _Call) -> None:
+        """Tell an interruptible callee to stop working on a call whose caller has been answered."""
+        if call.registration.interruptible:
+            call.callee.send_message(message.Interrupt(invocation, mode=KILL_NO_WAIT))
+
+    def _time_out(self, invocation: int) -> None:
+        call = self._take(invocation)
+        if call is None:
+            return
+        call.timer = None
+        call.caller.send_message(
+            message.Error(message.Call.MESSAGE_TYPE, call.request, TIMEOUT, args=["the call took too long"])
+        )
+        self._interrupt(invocation, call)
+
+    def _take(self, invocation: int) -> _Call | None:
+        """Forget a call in flight: off its caller's, its registration's and the node's tables."""
+        call = self._calls.pop(invocation, None)
+        if call is None:
+            return None
+        key = (call.caller, call.request)
+        if self._by_request.get(key) == invocation:
+            del self._by_request[key]
+        _forget(self._by_caller, call.caller, invocation)
+        _forget(self._by_registration, call.registration.id, invocation)
+        if self._calls_compaction.due(len(self._calls)):
+            self._calls = dict(self._calls)
+            self._by_request = dict(self._by_request)
+            self._by_caller = dict(self._by_caller)
+            self._by_registration = dict(self._by_registration)
+        return call
+
+    def _finish(self, invocation: int) -> None:
+        call = self._take(invocation)
+        if call is not None and call.timer is not None:
+            call.timer.cancel()
+            call.timer = None
+
+    # -- sessions leaving ---------------------------------------------------------------------
+
+    def left(self, party: Party) -> None:
+        """A session ended: its registrations go (their callers get ERROR), its own calls are forgotten."""
+        for registration in list(self._by_callee.get(party, {}).values()):
+            self._drop_registration(registration, "the callee left during the call")
+        for invocation in list(self._by_caller.get(party, ())):
+            self._finish(invocation)
+
+    def _drop_registration(self, registration: _Registration, why: str) -> None:
+        self._by_id.pop(registration.id, None)
+        self._by_procedure.pop((registration.realm, registration.procedure), None)
+        _forget(self._by_callee, registration.callee, registration.id)
+        if self._registrations_compaction.due(len(self._by_id)):
+            self._by_id = dict(self._by_id)
+            self._by_procedure = dict(self._by_procedure)
+            self._by_callee = dict(self._by_callee)
+        for invocation in list(self._by_registration.get(registration.id, ())):
+            call = self._calls[invocation]
+            self._finish(invocation)
+            call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, CANCELED, args=[why]))
+
+    def registrations(self) -> int:
+        """Procedures registered (for /stats)."""
+        return len(self._by_id)
+
+    def calls_in_flight(self) -> int:
+        """Calls waiting for their callee's answer."""
+        return len(self._calls)
+
+    def tables(self) -> dict[str, int]:
+        """Entries in each of the dealer's tables (all 0 once every session has left)."""
+        return {
+            "registrations": len(self._by_id),
+            "procedures": len(self._by_procedure),
+            "callees": len(self._by_callee),
+            "calls": len(self._calls),
+            "callers": len(self._by_caller),
+            "requests": len(self._by_request),
+            "registrations_called": len(self._by_registration),
+        }
+
+
+def _forget(table: dict[Any, dict[int, Any]], owner: Any, key: int) -> None:
+    """Remove ``key`` from ``owner``'s entries in ``table``, and the owner once it has none."""
+    own = table.get(owner)
+    if own is not None:
+        own.pop(key, None)
+        if not own:
+            del table[owner]
+
+
+def _unoffered(msg: message.Register) -> str | None:
+    """Why a REGISTER asks for something this dealer does not offer, or None."""
+    if msg.match not in (None, message.Register.MATCH_EXACT):
+        return f"this dealer offers only exact registrations, not match {msg.match!r}"
+    if msg.invoke not in (None, message.Register.INVOKE_SINGLE):
+        return f"this dealer offers no shared registrations (invoke {msg.invoke!r}); only 'single'"
+    return None

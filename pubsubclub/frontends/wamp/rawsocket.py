@@ -1,0 +1,289 @@
+"""WAMP over RawSocket (the WAMP spec's "RawSocket Transport"), for ``--rawsocket ENDPOINT``.
+
+Written from the spec rather than on Autobahn's server protocol, because
+Autobahn's drops the connection where the spec asks for an error reply
+(an unsupported serializer, reserved bits) and treats every decoding problem
+as fatal without an ABORT. What it does:
+
+- **Handshake.** The client sends 4 octets: ``0x7F``, then ``LENGTH << 4 |
+  SERIALIZER`` (it accepts messages up to ``2 ** (9 + LENGTH)`` bytes;
+  serializer 1 is JSON, 2 MessagePack), then two reserved zero octets. The
+  server answers ``0x7F``, ``its LENGTH << 4 | SERIALIZER``, ``0``, ``0``; or
+  ``0x7F``, ``ERROR << 4``, ``0``, ``0`` and closes, with ERROR 1 for an
+  unsupported serializer and 3 for reserved bits that are set. A first octet
+  other than ``0x7F`` is not RawSocket: the connection is dropped with no
+  answer. Nothing else may be sent before the handshake completes.
+- **Frames.** A 4-octet header: 5 reserved bits (zero) and a 3-bit type (0 a
+  WAMP message, 1 PING, 2 PONG), then a 24-bit length. PING is answered with
+  a PONG carrying its payload. A frame longer than the server's announced
+  maximum, a reserved bit, or an unknown type closes the connection.
+- **WAMP.** Each regular frame is one WAMP message for the same
+  :class:`~pubsubclub.frontends.wamp.broker.BrokerSession` the WebSocket transport
+  drives, decoded by the same bounded serializers; undecodable input gets
+  ABORT like over WebSocket. A message larger than the client's announced
+  maximum cannot be sent: the client is dropped and the drop counted.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import struct
+from typing import Any
+
+from autobahn.wamp.message import Message
+from twisted.internet.protocol import Factory, Protocol, connectionDone
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from pubsubclub.frontends.wamp.broker import WampRouter
+from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_session
+from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.nodelay import set_no_delay
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
+
+log = Logger()
+
+MAGIC = 0x7F
+#: Handshake error codes (the spec's table).
+ERROR_SERIALIZER_UNSUPPORTED = 1
+ERROR_MAX_LENGTH_UNACCEPTABLE = 2
+ERROR_RESERVED_BITS = 3
+ERROR_MAX_CONNECTIONS = 4
+#: Frame types.
+FRAME_MESSAGE = 0
+FRAME_PING = 1
+FRAME_PONG = 2
+_HEADER = struct.Struct("!I")
+#: The handshake error reply a listener past its connection caps sends (pubsubclub.net.edge).
+REFUSAL_MAX_CONNECTIONS = bytes([MAGIC, ERROR_MAX_CONNECTIONS << 4, 0, 0])
+
+
+def length_exponent(max_bytes: int) -> int:
+    """The handshake's LENGTH nibble for a maximum of ``max_bytes`` (at least 512, at most 16 MiB)."""
+    return max(0, min(15, math.ceil(math.log2(max(max_bytes, 512))) - 9))
+
+
+class WampRawSocketProtocol(Protocol):
+    """One RawSocket connection driving one BrokerSession."""
+
+    def __init__(self, router: WampRouter, serializers: dict[int, Any], max_receive: int) -> None:
+        self._router = router
+        self._serializers = serializers
+        #: What we accept from the client (announced in our handshake).
+        self._max_receive = max_receive
+        #: The largest frame we take: what we announce (a power of two), worked out once, not per frame.
+        self._max_frame = 2 ** (9 + length_exponent(max_receive))
+        #: What the client accepts from us (from its handshake).
+        self._max_send = 0
+        self._buffer = bytearray()
+        self._serializer: Any | None = None
+        self._session: Any = None
+        self._backlog: SendBacklog | None = None
+        self._open = False
+        #: Closes a connection that sends no handshake within the join timeout.
+        self._handshake_timer: Any = None
+
+    # -- Twisted -------------------------------------------------------------------
+
+    def connectionMade(self) -> None:  # noqa: N802 - Twisted API
+        """No Nagle delay on replies and events; start the handshake clock (the session has its own later)."""
+        set_no_delay(self.transport)
+        call_later = self._router.call_later
+        if call_later is not None:
+            self._handshake_timer = call_later(self._router.limits.join_timeout, self._handshake_timed_out)
+
+    def _handshake_timed_out(self) -> None:
+        self._handshake_timer = None
+        if self._serializer is None and self.transport is not None:
+            log.info("RawSocket client {peer}: no handshake within {seconds:g} s, closing", peer=self._peer(),
+                     seconds=self._router.limits.join_timeout)  # fmt: skip
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+    def _stop_handshake_timer(self) -> None:
+        timer, self._handshake_timer = self._handshake_timer, None
+        if timer is not None and timer.active():
+            timer.cancel()
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+        """Handshake first, then frames."""
+        self._buffer += data
+        if self._serializer is None:
+            if len(self._buffer) < 4:
+                return
+            if not self._handshake(bytes(self._buffer[:4])):
+                return
+            del self._buffer[:4]
+        self._frames()
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:  # noqa: N802 - Twisted API
+        """Tell the session."""
+        self._stop_handshake_timer()
+        self._open = False
+        session, self._session = self._session, None
+        if session is not None:
+            session.onClose(False)
+
+    # -- handshake -------------------------------------------------------------------
+
+    def _handshake(self, octets: bytes) -> bool:
+        self._stop_handshake_timer()
+        transport = self.transport
+        assert transport is not None
+        if octets[0] != MAGIC:
+            log.info("RawSocket client {peer}: not RawSocket (first octet {octet:#x})", peer=self._peer(),
+                     octet=octets[0])  # fmt: skip
+            transport.abortConnection()  # type: ignore[attr-defined]
+            return False
+        if octets[2] or octets[3]:
+            self._refuse(ERROR_RESERVED_BITS)
+            return False
+        serializer = self._serializers.get(octets[1] & 0x0F)
+        if serializer is None:
+            self._refuse(ERROR_SERIALIZER_UNSUPPORTED)
+            return False
+        self._serializer = copy.copy(serializer)
+        self._max_send = 2 ** (9 + (octets[1] >> 4))
+        ours = length_exponent(self._max_receive)
+        transport.write(bytes([MAGIC, (ours << 4) | (octets[1] & 0x0F), 0, 0]))
+        self._open = True
+        self._backlog = watch_send_buffer(transport, "WAMP")
+        self._session = self._router.session_factory()
+        self._session.onOpen(self)
+        return True
+
+    def _refuse(self, code: int) -> None:
+        log.info("RawSocket client {peer}: handshake refused with error {code}", peer=self._peer(), code=code)
+        transport = self.transport
+        assert transport is not None
+        transport.write(bytes([MAGIC, code << 4, 0, 0]))
+        transport.loseConnection()
+
+    # -- frames ------------------------------------------------------------------------
+
+    def _frames(self) -> None:
+        buffer = self._buffer
+        while len(buffer) >= 4 and self._open:
+            (header,) = _HEADER.unpack_from(buffer)
+            kind, length = header >> 24, header & 0xFFFFFF
+            if kind & 0xF8 or kind > FRAME_PONG:
+                self._fail(f"RawSocket frame with reserved bits or unknown type {kind}")
+                return
+            if length > self._max_frame:
+                self._fail(f"RawSocket frame of {length} bytes over the announced maximum")
+                return
+            if len(buffer) < 4 + length:
+                return
+            payload = bytes(buffer[4 : 4 + length])
+            del buffer[: 4 + length]
+            if kind == FRAME_PING:
+                self._write(FRAME_PONG, payload)
+            elif kind == FRAME_MESSAGE:
+                self._message(payload)
+
+    def _message(self, payload: bytes) -> None:
+        if self._serializer is not None:
+            feed_session(self, self._serializer, payload, None)
+
+    def _fail(self, problem: str) -> None:
+        log.info("RawSocket client {peer}: {problem}; closing", peer=self._peer(), problem=problem)
+        self._open = False
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def _write(self, kind: int, payload: bytes) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        transport.write(_HEADER.pack((kind << 24) | len(payload)) + payload)
+        if self._backlog is not None:
+            self._backlog.written(len(payload) + 4)
+
+    def _peer(self) -> str:
+        return str(self.transport.getPeer()) if self.transport is not None else "?"
+
+    # -- the connection layer's hooks (pubsubclub.net.edge) -------------------------------------
+
+    def keepalive(self) -> None:
+        """Quiet for a while: PING, so a client that answers (PONG) is not idle."""
+        if self._open:
+            self._write(FRAME_PING, b"")
+
+    def pending_input(self) -> int:
+        """Bytes of an unfinished handshake or frame held."""
+        return len(self._buffer)
+
+    # -- the broker's transport contract -----------------------------------------------------
+
+    def send(self, msg: Message) -> None:
+        """Serialize ``msg`` (Autobahn caches it per message and format) and send it as one frame."""
+        serializer = self._serializer
+        if not self._open or serializer is None:
+            return
+        data, _binary = serializer.serialize(msg)
+        self.send_encoded(data)
+
+    @property
+    def max_send_size(self) -> int:
+        """The largest message the client said it takes (its handshake); 0 before the handshake."""
+        return self._max_send
+
+    @property
+    def object_serializer(self) -> Any:
+        """This connection's object serializer (chosen in the handshake)."""
+        assert self._serializer is not None
+        return self._serializer._serializer
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send one message already encoded with :attr:`object_serializer` as one frame."""
+        if not self._open:
+            return
+        if len(data) > self._max_send:
+            self._router.hub.metrics.disconnect("wamp", "message_too_large_for_client")
+            self.drop(f"a message of {len(data)} bytes is over the client's maximum of {self._max_send}")
+            return
+        self._write(FRAME_MESSAGE, data)
+
+    def isOpen(self) -> bool:  # noqa: N802 - Autobahn's ITransport name
+        """True while messages can still be sent."""
+        return self._open
+
+    def close(self) -> None:
+        """Close gracefully (after what is queued)."""
+        self._open = False
+        if self.transport is not None:
+            self.transport.loseConnection()
+
+    def abort(self) -> None:
+        """Drop the connection now."""
+        self.drop("aborted")
+
+    def unsent_bytes(self) -> int:
+        """Upper bound on bytes written but not yet taken by the client."""
+        return unsent_bytes(self.transport, self._backlog)
+
+    def drop(self, reason: str) -> None:
+        """Abort the TCP connection now."""
+        log.info("RawSocket client {peer}: dropped: {reason}", peer=self._peer(), reason=reason)
+        self._open = False
+        if self.transport is not None:
+            self.transport.abortConnection()  # type: ignore[attr-defined]
+
+
+class WampRawSocketFactory(Factory):
+    """RawSocket connections for one router, JSON and MessagePack."""
+
+    noisy = False
+
+    def __init__(self, router: WampRouter) -> None:
+        self.router = router
+        # Autobahn's Serializer classes carry RAWSOCKET_SERIALIZER_ID (1 JSON, 2 MessagePack) untyped.
+        self.serializers: dict[int, Any] = {
+            getattr(s, "RAWSOCKET_SERIALIZER_ID"): s for s in bounded_serializers(router.limits.json)  # noqa: B009
+        }
+
+    def buildProtocol(self, addr: Any) -> WampRawSocketProtocol:  # noqa: N802 - Twisted API
+        """One connection."""
+        protocol = WampRawSocketProtocol(self.router, self.serializers, self.router.limits.max_message_size)
+        protocol.factory = self
+        return protocol

@@ -1,0 +1,296 @@
+"""WAMP over WebSocket for the broker: the Twisted protocol, resource and site.
+
+Autobahn does the WebSocket framing and the WAMP (de)serialization (PUBLISH
+in and EVENT out on the faster path of :mod:`pubsubclub.frontends.wamp.codec`); this
+module adds what a public-facing router needs on top:
+
+* malformed WAMP (bad JSON/MessagePack, not a list, unknown message type,
+  wrong fields) is answered with ABORT ``wamp.error.protocol_violation``
+  naming the problem, instead of Autobahn's bare 1002 close;
+* frames and messages above ``WampLimits.max_message_size`` close with 1009
+  (Autobahn's own check; we turn off ``failByDrop`` so the close frame is
+  actually sent);
+* the bytes a client has not yet taken are tracked, so the broker can drop
+  a slow consumer (see :class:`SendBacklog`);
+* every decoded message, JSON or MessagePack, is held to the router's
+  :class:`~pubsubclub.core.jsonbounds.JSONBounds` (depth, 64-bit integers, finite
+  floats, no lone surrogates, no MessagePack extension types) before the
+  broker sees it; a message beyond them is answered with ABORT
+  ``wamp.error.protocol_violation`` naming the problem.
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any, Protocol
+
+import orjson
+from autobahn.twisted.resource import WebSocketResource
+from autobahn.twisted.websocket import (
+    WampWebSocketServerFactory,
+    WampWebSocketServerProtocol,
+)
+from autobahn.wamp.exception import InvalidUriError, ProtocolError
+from autobahn.wamp.message import Message
+from autobahn.wamp.serializer import (
+    JsonObjectSerializer,
+    JsonSerializer,
+    MsgPackObjectSerializer,
+    MsgPackSerializer,
+    Serializer,
+)
+from twisted.logger import Logger
+from twisted.web.resource import Resource
+from twisted.web.server import Site
+from twisted.web.static import File
+
+from pubsubclub.core import jsonbounds
+from pubsubclub.core.jsonbounds import JSONBounds, check
+from pubsubclub.frontends.wamp.broker import WampRouter
+from pubsubclub.frontends.wamp.codec import decode
+from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
+from pubsubclub.net.websocket import ping_if_open, unfinished_input
+from pubsubclub.net.wsframes import receive_data, send_message
+
+__all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
+
+log = Logger()
+_OPEN = WampWebSocketServerProtocol.STATE_OPEN
+
+
+class WampServerProtocol(WampWebSocketServerProtocol):
+    """A WAMP-over-WebSocket server connection driving one BrokerSession."""
+
+    _session: Any
+    _backlog: SendBacklog | None = None
+
+    def onOpen(self) -> None:  # noqa: N802 - Autobahn API
+        """Create the session, then start watching the send buffer."""
+        super().onOpen()
+        self._watch_send_buffer()
+
+    def _watch_send_buffer(self) -> None:
+        self._backlog = watch_send_buffer(self.transport, "WAMP")
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
+        receive_data(self, data)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803
+        """Decode WAMP messages; answer undecodable input with ABORT."""
+        feed_session(self, self._serializer, payload, isBinary)
+
+    def isOpen(self) -> bool:  # noqa: N802 - Autobahn's ITransport name
+        """True while the session is attached and the WebSocket open, not once a closing handshake began.
+
+        Autobahn's own answer stays True until the connection is gone, while
+        its ``sendMessage`` refuses ("Attempt to send on a closed protocol")
+        from the moment either side sent a close frame.
+        """
+        return self._session is not None and self.state == _OPEN
+
+    def send(self, msg: Message) -> None:
+        """Serialize ``msg`` (cached per message and wire format) and send it; nothing once closing."""
+        if self.state != _OPEN:
+            return
+        data, is_binary = self._serializer.serialize(msg)
+        send_message(self, data, is_binary)
+        if self._backlog is not None:
+            self._backlog.written(len(data))
+
+    @property
+    def object_serializer(self) -> Any:
+        """This connection's object serializer (negotiated at the WebSocket handshake)."""
+        return self._serializer._serializer
+
+    def send_encoded(self, data: bytes) -> None:
+        """Send one message already encoded with :attr:`object_serializer` (binary frame for MessagePack).
+
+        Nothing once a closing handshake began: the hub's delivery loop calls
+        this for every subscriber, one of which may be closing (a close frame
+        from either side) until its connection is gone.
+        """
+        if self.state != _OPEN:
+            return
+        send_message(self, data, self._serializer._serializer.BINARY)
+        if self._backlog is not None:
+            self._backlog.written(len(data))
+
+    def unsent_bytes(self) -> int:
+        """Upper bound on bytes written but not yet taken by the client."""
+        return unsent_bytes(self.transport, self._backlog)
+
+    def drop(self, reason: str) -> None:
+        """Abort the TCP connection now (a close frame would queue behind the backlog)."""
+        self.wasClean = False
+        self.wasNotCleanReason = reason
+        self.dropConnection(abort=True)
+
+    def keepalive(self) -> None:
+        """Quiet for a while: ping (the connection layer's hook), so a client that answers is not idle."""
+        ping_if_open(self)
+
+    def pending_input(self) -> int:
+        """Unfinished input held (the connection layer's hook)."""
+        return unfinished_input(self)
+
+
+class SessionOwner(Protocol):
+    """A transport connection: its current session (None before it opened and once it closed)."""
+
+    _session: Any
+
+
+def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary: bool | None) -> None:
+    """Decode one transport message and hand each WAMP message to ``owner``'s session.
+
+    Undecodable input is the peer's fault: ABORT (``protocol_violation``), or
+    an ERROR for a refused URI (``invalid_uri``) or an unknown SUBSCRIBE match
+    policy (``unparsable``). Shared by the WebSocket and RawSocket transports,
+    so both treat bad input alike. A plainly valid PUBLISH arrives as a
+    :class:`~pubsubclub.frontends.wamp.codec.PublishRequest` (see
+    :func:`~pubsubclub.frontends.wamp.codec.decode`).
+    """
+    session = owner._session
+    if session is None:
+        return
+    try:
+        messages = decode(serializer, payload, is_binary)
+    except ProtocolError as e:
+        session.unparsable(_raw_message(serializer, payload), str(e))
+        return
+    except InvalidUriError as e:
+        session.invalid_uri(_raw_message(serializer, payload), str(e))
+        return
+    except Exception as e:
+        # Any other decoder failure is still the peer's bad input.
+        log.debug("undecodable WAMP message: {error!r}", error=e)
+        session.protocol_violation(f"undecodable WAMP message: {type(e).__name__}")
+        return
+    for msg in messages:
+        if owner._session is None:
+            return
+        session.onMessage(msg)
+
+
+def _raw_message(serializer: Any, payload: bytes) -> Any:
+    """The message as a plain list, for replying to a refused URI."""
+    try:
+        # Autobahn's object serializer (JSON or MessagePack) for this
+        # connection; only the first (and only, unbatched) message.
+        return serializer._serializer.unserialize(payload)[0]
+    except Exception:
+        return None
+
+
+class _BoundedJsonObjectSerializer(JsonObjectSerializer):  # type: ignore[misc]
+    """WAMP JSON with orjson instead of Autobahn's pure-Python scanner, and the bounds check on every message.
+
+    The same wire format as Autobahn's ``JsonObjectSerializer`` (compact, UTF-8,
+    key order kept; binary values as ``"\0"`` + base64 strings both ways), which
+    ``tests/test_wamp_codec.py`` checks against Autobahn's on random messages.
+    Autobahn decodes with ``json``'s pure-Python scanner (to hook strings for
+    the binary convention); orjson reads in C and the few ``"\0"`` strings are
+    turned into bytes afterwards, within the bounded depth.
+    """
+
+    def __init__(self, bounds: JSONBounds) -> None:
+        super().__init__()
+        self._bounds = bounds
+
+    def serialize(self, obj: Any) -> bytes:
+        """One WAMP message as compact UTF-8 JSON."""
+        return orjson.dumps(obj, default=_json_default)
+
+    def unserialize(self, payload: bytes) -> list[Any]:
+        """Decode and check (Autobahn turns what we raise into a ProtocolError naming it)."""
+        try:
+            value = jsonbounds.loads(payload, self._bounds)
+        except orjson.JSONDecodeError:
+            # Not JSON to orjson (lone surrogates, NaN, ...): decode as Autobahn does, so the
+            # peer's ABORT names the problem exactly (the bounds check words it); rare, and hostile.
+            messages = super().unserialize(payload)
+            for raw in messages:
+                check(raw, self._bounds, binary=True)
+            return list(messages)
+        # A string starting with NUL can only be written "\u0000..." in JSON text: without that
+        # escape there is no binary value to convert, and the walk over the message is skipped.
+        return [_binary_values(value) if b"\\u0000" in payload else value]
+
+
+class _BoundedMsgPackObjectSerializer(MsgPackObjectSerializer):  # type: ignore[misc]
+    """Autobahn's MessagePack object serializer, then the bounds check on every message."""
+
+    def __init__(self, bounds: JSONBounds) -> None:
+        super().__init__()
+        self._bounds = bounds
+
+    def unserialize(self, payload: bytes) -> list[Any]:
+        """Decode, then check; extension types (timestamps, ...) are refused as not JSON."""
+        messages = super().unserialize(payload)
+        for raw in messages:
+            check(raw, self._bounds, binary=True)
+        return list(messages)
+
+
+def _json_default(value: Any) -> Any:
+    """What orjson cannot encode by itself: bytes, as WAMP's ``"\0"`` + base64 string."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "\x00" + base64.b64encode(bytes(value)).decode("ascii")
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
+def _binary_values(value: Any) -> Any:
+    """``value`` with every string value that starts with NUL decoded from base64 to bytes (keys untouched)."""
+    if type(value) is str:
+        return base64.b64decode(value[1:]) if value.startswith("\x00") else value
+    if type(value) is list:
+        return [_binary_values(v) for v in value]
+    if type(value) is dict:
+        return {k: _binary_values(v) for k, v in value.items()}
+    return value
+
+
+def bounded_serializers(bounds: JSONBounds) -> list[Serializer]:
+    """WAMP MessagePack and JSON serializers whose decoding holds every message to ``bounds``."""
+    msgpack, json = MsgPackSerializer(), JsonSerializer()
+    # Each connection copies its serializer (copy.copy), sharing this object serializer.
+    msgpack._serializer = _BoundedMsgPackObjectSerializer(bounds)
+    json._serializer = _BoundedJsonObjectSerializer(bounds)
+    return [msgpack, json]
+
+
+def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResource:
+    """A Twisted Web resource speaking WAMP (JSON and MessagePack) for ``router``."""
+    factory = WampWebSocketServerFactory(
+        router.session_factory,
+        url=url,
+        serializers=bounded_serializers(router.limits.json),
+    )
+    factory.protocol = WampServerProtocol
+    limit = router.limits.max_message_size
+    factory.setProtocolOptions(
+        maxFramePayloadSize=limit,
+        maxMessagePayloadSize=limit,
+        # Send the close frame (1009, 1002, ...) rather than just dropping TCP.
+        failByDrop=False,
+        # No timer per connection: the connection layer pings a client once it has been quiet
+        # for [edge] ping-interval (keepalive above) and closes it after [edge] idle-timeout.
+        autoPingInterval=0,
+        # No HTML status page (with version) on a plain GET.
+        webStatus=False,
+        # A client that never finishes the upgrade is closed (the session then has its own join timeout).
+        openHandshakeTimeout=router.limits.join_timeout,
+    )
+    return WebSocketResource(factory)
+
+
+def wamp_site(router: WampRouter, static_dir: str | None = None) -> Site:
+    """A site serving WAMP at ``/ws`` and, optionally, ``static_dir`` at ``/``."""
+    root: Resource = File(static_dir) if static_dir is not None else Resource()
+    # Autobahn declares IResource with zope, which mypy cannot see.
+    root.putChild(b"ws", wamp_resource(router))  # type: ignore[arg-type]
+    # An HTTP connection idle this long (no request yet, or between keep-alive
+    # requests) is closed; a connection upgraded to WebSocket is not timed by it.
+    return Site(root, timeout=router.limits.join_timeout)

@@ -1,0 +1,450 @@
+"""One node, composed: the hub at the centre, the federation, discovery and every front-end around it.
+
+:class:`Node` is the composition root. It builds the :class:`~pubsubclub.core.hub.Hub`,
+the :class:`~pubsubclub.federation.Federation` from ``config.federation``,
+each front-end from its own section (pubsubclub/frontends/base.py), the
+operations listener (pubsubclub/node/ops.py), metrics dumps from
+``config.metrics`` and Consul discovery from ``config.consul``. None of these
+parts knows the others; they meet at the hub. Start order: listeners, then
+peers, then discovery; stop order: discovery, listeners, clients' goodbyes,
+links, stores, the last metrics dump.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from typing import Any
+
+from twisted.internet import defer, task, threads
+from twisted.internet.endpoints import serverFromString
+from twisted.internet.interfaces import IListeningPort, IReactorThreads
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+from twisted.web.resource import Resource
+from twisted.web.server import Request, Site
+
+from pubsubclub.config import NodeConfig
+from pubsubclub.core.hub import Hub
+from pubsubclub.core.loginthrottle import LoginThrottle
+from pubsubclub.core.metrics import MetricsDumper, PrometheusCollector
+from pubsubclub.federation import Federation, Role
+from pubsubclub.federation.federation import endpoint_for_url
+from pubsubclub.federation.psc import Limits
+from pubsubclub.federation.replay import ReplaySettings
+from pubsubclub.frontends.base import (
+    HTTP_REFUSAL,
+    Frontend,
+    NSDFrontend,
+    TEPFrontend,
+    WampFrontend,
+    edge_limits,
+    json_bounds,
+    listen_url,
+)
+from pubsubclub.net.edge import Edge, EdgeSettings, handshake_done
+from pubsubclub.node.ops import HealthResource, StatsResource
+
+log = Logger()
+
+
+def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
+    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``."""
+    section = config.federation
+    return Federation(
+        hub,
+        listen_role=Role(section.listen_role),
+        reactor=reactor,
+        limits=Limits(
+            max_message_size=config.node.max_message_size,
+            link_headroom=section.link_headroom,
+            json=json_bounds(config),
+            max_patterns_per_peer=section.max_patterns_per_peer,
+        ),
+        advertise_url=section.advertise,
+        secret=config.cluster_secret(),
+        proof_timeout=section.proof_timeout,
+        max_pending_proofs=section.max_pending_proofs,
+        max_pending_proofs_per_source=section.max_pending_proofs_per_address,
+        endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
+        max_link_queue=section.max_link_queue,
+        # With Consul, its health-checked list is the membership: learning from
+        # peers would redial nodes Consul has dropped as unhealthy.
+        learn_peers=section.learn_peers and config.consul.url is None,
+        batch=section.batch,
+        patterns=section.patterns,
+        replay=None
+        if not section.replay_window_seconds
+        else ReplaySettings(max_bytes=section.replay_buffer_bytes, window=section.replay_window_seconds),
+    )
+
+
+def _world_readable(path: str) -> bool:
+    """Whether every user of this host may read ``path`` (False when it cannot be stat'ed)."""
+    try:
+        return bool(os.stat(path).st_mode & 0o004)
+    except OSError:
+        return False
+
+
+def _wildcard(port: IListeningPort) -> bool:
+    """Whether ``port`` listens on every address (0.0.0.0 or ::)."""
+    return getattr(port.getHost(), "host", "") in ("0.0.0.0", "::", "")
+
+
+class _OpsRequest(Request):
+    """An ops request: once one has arrived whole, the connection layer's handshake deadline is over."""
+
+    def process(self) -> None:
+        """Tell the guard, then serve."""
+        handshake_done(self.channel.transport if self.channel is not None else None)
+        super().process()
+
+
+class _QuietSite(Site):
+    """The ops listener's site: no access log line per probe (Consul and load balancers poll /health)."""
+
+    noisy = False
+    requestFactory = _OpsRequest  # noqa: N815 - Twisted API
+
+    def log(self, request: Any) -> None:
+        """Skip the access log."""
+
+
+class Node:
+    """A running ``pubsubclub node``."""
+
+    def __init__(self, config: NodeConfig, reactor: Any = None, bridge: bool = False) -> None:
+        """A node; with ``bridge``, a bridge node: its only front-end is the router of ``config.bridge``."""
+        if reactor is None:
+            from twisted.internet import reactor
+        self.config = config
+        self.reactor = reactor
+        #: WAMP principals and roles (``--auth``); None: every client anonymous, everything allowed.
+        self.auth = config.auth_policy()
+        self.hub = Hub(
+            config.node.name,
+            max_topics=config.node.max_subscribed_topics,
+            # The node announces at most this many patterns to a peer: holding more would be silent.
+            max_patterns=config.federation.max_patterns_per_peer,
+        )
+        #: One set of counters for every part of the node, kept by the hub (docs/metrics.md).
+        self.metrics = self.hub.metrics
+        self.federation = build_federation(self.hub, config, reactor)
+        self.wamp: WampFrontend | None = None
+        self.login_throttle: LoginThrottle | None = None
+        self.nsd: NSDFrontend | None = None
+        self.tep: TEPFrontend | None = None
+        self.stream: Frontend | None = None
+        self.sysv: Frontend | None = None
+        #: ``pubsubclub bridge``: the WAMP router it joins (pubsubclub/frontends/bridge/).
+        self.router: Any = None
+        if bridge:
+            from pubsubclub.frontends.bridge import RouterBridge
+
+            self.router = RouterBridge(self.hub, self.federation, config, reactor)
+        else:
+            self._client_frontends(config, reactor)
+        #: Every client front-end, in start order.
+        self.frontends: list[Frontend] = [
+            f for f in (self.wamp, self.nsd, self.tep, self.stream, self.sysv, self.router) if f is not None
+        ]
+        #: The connection layer every listener stands on (pubsubclub/net): deadlines, caps, pending bytes.
+        self.edge = Edge(
+            reactor,
+            self.metrics.refusal,
+            self.metrics.disconnect,
+            EdgeSettings(max_partial_input=config.edge.max_partial_input, log_interval=config.edge.log_interval),
+        )
+        for frontend in self.frontends:
+            frontend.edge = self.edge
+        self.ports: list[IListeningPort] = []
+        self.urls: dict[str, str] = {}
+        #: ``starting`` -> ``ready`` -> ``stopping`` -> ``stopped``.
+        self.state = "starting"
+        #: What :meth:`stop` is doing now (named in the shutdown-timeout warning).
+        self.stop_step = "not stopping"
+        self.dumper: MetricsDumper | None = None
+        if config.metrics.dir is not None:
+            self.dumper = MetricsDumper(
+                self.metrics,
+                config.metrics.dir,
+                self.subscriber_gauges,
+                self.federation.links,
+                dump_format=config.metrics.dump_format,
+                merge_hours=config.metrics.merge_hours,
+                # Merging an hour's dumps takes a moment: off the reactor thread when there are threads.
+                run_merge=(
+                    (lambda merge: threads.deferToThreadPool(reactor, reactor.getThreadPool(), merge))
+                    if IReactorThreads.providedBy(reactor)
+                    else None
+                ),
+            )
+        self._dump_loop: task.LoopingCall | None = None
+        #: Things to stop first on shutdown (discovery deregisters here).
+        self.before_stop: list[Any] = []
+        #: Consul discovery, when ``config.consul.url`` is set (started in :meth:`start`).
+        self.discovery: Any = None
+
+    def _client_frontends(self, config: NodeConfig, reactor: Any) -> None:
+        """The client listeners of a plain node: WAMP always, the others when configured."""
+        #: One per node: a source locked out after failed logins is locked out everywhere it logs in.
+        self.login_throttle = LoginThrottle(config.login_throttle_settings(), reactor.seconds)
+        self.wamp = WampFrontend(self.hub, config, self.auth, reactor, self.login_throttle)
+        self.nsd = NSDFrontend(self.hub, config, self.auth, reactor) if config.nsd.listen is not None else None
+        self.tep = (
+            TEPFrontend(self.hub, config, self.auth, reactor, self.login_throttle)
+            if config.tep.listen is not None
+            else None
+        )
+        if config.stream.listen is not None:
+            from pubsubclub.frontends.stream.protocol import StreamFrontend
+
+            self.stream = StreamFrontend(self.hub, config, self.auth, reactor)
+        if config.sysv.key is not None:
+            from pubsubclub.frontends.sysv.service import SysVFrontend
+
+            self.sysv = SysVFrontend(self.hub, config, self.auth, reactor)
+
+    def subscriber_gauges(self) -> dict[str, int]:
+        """Local subscribers per topic (internal ``$`` topics left out)."""
+        return {topic: self.hub.subscribers(topic) for topic in self.hub.topics() if not topic.startswith("$")}
+
+    def stats(self) -> dict[str, Any]:
+        """Counters and link states (``/stats``)."""
+        return {
+            "node": self.hub.node_id,
+            "hub": dict(self.hub.stats),
+            "errors": {f"{c}.{r}": n for (c, r), n in sorted(self.metrics.errors.items())},
+            "sink_errors": dict(self.metrics.sink_errors),
+            "topics": len(self.hub.topics()),
+            "federation": dict(self.federation.stats),
+            "replay": None if self.federation.outbox is None else self.federation.outbox.summary(),
+            "links": self.federation.links(),
+            "servers": self.federation.servers(),
+            "remote_interest": self.federation.remote_interest(),
+            "remote_patterns": self.federation.remote_patterns(),
+            "discovery": None if self.discovery is None else self.discovery.status(),
+            "wamp": None if self.wamp is None else self.wamp.stats(),
+            "nsd": None if self.nsd is None else self.nsd.stats(),
+            "tep": None if self.tep is None else self.tep.stats(),
+            "stream": None if self.stream is None else self.stream.stats(),
+            "sysv": None if self.sysv is None else self.sysv.stats(),
+            "bridge": None if self.router is None else self.router.stats(),
+            "edge": self.edge.stats(),
+            "logins": None if self.login_throttle is None else self.login_throttle.stats(),
+        }
+
+    def _warn_about_exposure(self) -> None:
+        config = self.config
+        public = config.public_listeners()
+        if public and config.federation.cluster_secret_file is None:
+            log.warn(
+                "SECURITY WARNING: listeners {keys} accept connections beyond this host and there is no"
+                " --cluster-secret-file: any host that reaches the PSC listener can join the cluster,"
+                " read every message and publish into it",
+                keys=", ".join(public),
+            )
+        open_frontends = [key for key in public if key in ("wamp", "rawsocket", "tep", "nsd", "stream")]
+        if open_frontends and self.auth is None:
+            log.warn(
+                "SECURITY WARNING: client listeners {keys} accept connections beyond this host and there is no"
+                " --auth: every client is welcomed anonymously and may publish and subscribe to every topic",
+                keys=", ".join(open_frontends),
+            )
+        if "http" in public:
+            log.warn(
+                "SECURITY WARNING: the operations listener {endpoint} accepts connections beyond this host:"
+                " /stats shows peer addresses and which node wants which topic, /metrics every busy topic;"
+                " bind it to loopback or a private network",
+                endpoint=config.node.http,
+            )
+        secret_path = config.federation.cluster_secret_file
+        if secret_path is not None and _world_readable(secret_path):
+            log.warn(
+                "SECURITY WARNING: the cluster secret {path} can be read by every user of this host, and with it"
+                " anyone can join the cluster (chmod 600 it, owned by the user the node runs as)",
+                path=secret_path,
+            )
+        path = config.node.auth
+        if self.auth is not None and self.auth.holds_secrets and path is not None:
+            try:
+                mode = os.stat(path).st_mode
+            except OSError:
+                mode = 0
+            if mode & 0o004:
+                log.warn(
+                    "SECURITY WARNING: {path} holds tickets or WAMP-CRA secrets and every user of this host"
+                    " can read it (chmod 600 it)",
+                    path=path,
+                )
+
+    async def start(self) -> dict[str, str]:
+        """Listen, link to the configured peers, and return the node's URLs."""
+        for warning in self.config.warnings:
+            log.warn("{warning}", warning=warning)
+        self._warn_about_exposure()
+        if self.wamp is not None:
+            self.urls.update(await self.wamp.listen())
+            self.ports.extend(self.wamp.ports())
+        await self._listen_psc()
+        await self._listen_ops()
+        for frontend in self.frontends:
+            if frontend is not self.wamp:
+                self.urls.update(await frontend.listen())
+                self.ports.extend(frontend.ports())
+        for url in self.config.federation.peers:
+            self.federation.add_server(url)
+        if self.dumper is not None:
+            if self.dumper.problem:
+                log.warn("metrics dumps in JSON lines only: {problem}", problem=self.dumper.problem)
+            self._dump_loop = task.LoopingCall(self.dumper.safe_dump)
+            self._dump_loop.clock = self.reactor
+            self._dump_loop.start(self.config.metrics.interval, now=False)
+        self.state = "ready"
+        if self.config.consul.url is not None:
+            self._start_discovery()
+        log.info("node {name} ready: {urls}", name=self.hub.node_id, urls=self.urls)
+        return self.urls
+
+    async def _listen_psc(self) -> None:
+        endpoint = self.config.federation.listen
+        if endpoint is None:
+            return
+        root = Resource()
+        root.putChild(b"psc", self.federation.resource())
+        factory = self.edge.guard("psc", Site(root), edge_limits(self.config, "psc"), HTTP_REFUSAL)
+        port = await serverFromString(self.reactor, endpoint).listen(factory)
+        self.ports.append(port)
+        self.urls["psc"] = listen_url(port, "wss" if endpoint.startswith("ssl:") else "ws", "/psc")
+        federation = self.federation
+        if federation.advertise_url is None:
+            federation.advertise_url = self.urls["psc"]
+        # Told to peers only when others can dial it: configured, or a listener
+        # bound to one address (a wildcard bind's 127.0.0.1 means nothing elsewhere).
+        if self.config.federation.advertise is None and _wildcard(port):
+            federation.announce_url = None
+        else:
+            federation.announce_url = federation.advertise_url
+
+    async def _listen_ops(self) -> None:
+        endpoint = self.config.node.http
+        if endpoint is None:
+            return
+        ops = Resource()
+        ops.putChild(b"health", HealthResource(self))
+        ops.putChild(b"stats", StatsResource(self.stats))
+        ops.putChild(b"metrics", self._prometheus_resource())
+        if self.tep is not None:
+            api = self.tep.operations()
+            if api is not None:
+                ops.putChild(b"tep", api)
+        site = self.edge.guard("ops", _QuietSite(ops), edge_limits(self.config, "ops"), HTTP_REFUSAL)
+        port = await serverFromString(self.reactor, endpoint).listen(site)
+        self.ports.append(port)
+        self.urls["health"] = listen_url(port, "http", "/health")
+        self.urls["ops"] = listen_url(port, "http", "/")
+
+    def _start_discovery(self) -> None:
+        """Register in Consul and follow the service's healthy instances (after the listeners are up)."""
+        from pubsubclub.discovery.consul import ConsulDiscovery
+
+        section = self.config.consul
+        assert section.url is not None
+        self.discovery = ConsulDiscovery(
+            self.federation,
+            consul_url=section.url,
+            service=section.service,
+            node_id=self.hub.node_id,
+            advertise_url=self.config.federation.advertise or self.urls.get("psc"),
+            token=section.token,
+            dc=section.dc,
+            check=section.check,
+            health_url=self.urls.get("health"),
+            ttl=section.ttl,
+            debounce=section.debounce,
+            reactor=self.reactor,
+        )
+        self.discovery.start()
+        self.before_stop.append(self.discovery.stop)
+
+    def _prometheus_resource(self) -> Any:
+        """``GET /metrics`` in the Prometheus text format (same counters as the dumps)."""
+        from prometheus_client import CollectorRegistry
+        from prometheus_client.twisted import MetricsResource
+
+        registry = CollectorRegistry()
+        registry.register(
+            PrometheusCollector(
+                self.metrics, self.subscriber_gauges, self.federation.links, self.config.metrics.max_topics
+            )
+        )
+        return MetricsResource(registry)
+
+    async def stop(self) -> None:
+        """Graceful shutdown: leave discovery, stop accepting, say goodbye to clients, close links."""
+        if self.state in ("stopping", "stopped"):
+            return
+        self.state = "stopping"
+        log.info("node {name} shutting down", name=self.hub.node_id)
+        self.stop_step = "leaving discovery"
+        for hook in self.before_stop:
+            try:
+                await defer.maybeDeferred(hook)
+            except Exception:  # shutdown goes on; the failure is logged
+                log.failure("shutdown step failed")
+        self.stop_step = "closing listeners"
+        await defer.gatherResults([defer.maybeDeferred(p.stopListening) for p in self.ports])
+        goodbyes = [d for d in (f.close("node shutting down") for f in self.frontends) if d is not None]
+        self.stop_step = "closing links"
+        await self.federation.stop()
+        self.stop_step = "saying goodbye to clients"
+        for goodbye in goodbyes:
+            await goodbye
+        self.stop_step = "finishing front-ends"
+        for frontend in self.frontends:
+            frontend.finish()
+        self.edge.stop()
+        if self._dump_loop is not None and self._dump_loop.running:
+            self._dump_loop.stop()
+        self.stop_step = "writing the last metrics dump"
+        if self.dumper is not None:
+            self.dumper.safe_dump()  # the last partial interval, so totals are complete
+        self.stop_step = "stopped"
+        self.state = "stopped"
+
+    def stop_within(self, seconds: float) -> defer.Deferred[None]:
+        """:meth:`stop`, but give up after ``seconds`` (``shutdown-timeout``): the process then exits anyway.
+
+        A peer or client that never completes its close must not keep a node
+        from stopping; the warning names the step that was still running.
+        """
+        done: defer.Deferred[None] = defer.Deferred()
+
+        def give_up() -> None:
+            log.warn(
+                "graceful stop unfinished after {seconds} s (step: {step}); exiting anyway",
+                seconds=seconds,
+                step=self.stop_step,
+            )
+            done.callback(None)
+
+        timer = self.reactor.callLater(seconds, give_up)
+
+        def finished(result: object) -> None:
+            if timer.active():
+                timer.cancel()
+                done.callback(None)
+            if isinstance(result, Failure):
+                log.failure("graceful stop failed", result)
+
+        defer.ensureDeferred(self.stop()).addBoth(finished)
+        return done
+
+
+def print_ready(node: Node, urls: dict[str, str]) -> None:
+    """One JSON line on stdout that scripts and tests wait for."""
+    sys.stdout.write(json.dumps({"event": "ready", "name": node.hub.node_id, **urls}) + "\n")
+    sys.stdout.flush()

@@ -1,0 +1,60 @@
+"""The operations listener's resources: ``/health`` and ``/stats`` (``/metrics`` is prometheus-client's)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from twisted.web.resource import Resource
+from twisted.web.server import Request
+
+if TYPE_CHECKING:
+    from pubsubclub.node.node import Node
+
+
+class StatsResource(Resource):
+    """``GET /stats``: counters and links as JSON, for operators and tests (on ``--http`` only)."""
+
+    isLeaf = True
+
+    def __init__(self, stats: Callable[[], dict[str, Any]]) -> None:
+        super().__init__()
+        self._stats = stats
+
+    def render_GET(self, request: Request) -> bytes:  # noqa: N802 - Twisted Web API
+        """The node's counters and links."""
+        request.setHeader(b"content-type", b"application/json")
+        return json.dumps(self._stats()).encode()
+
+
+class HealthResource(Resource):
+    """``GET /health``: 200 once every listener is up, 503 while starting or stopping.
+
+    The body lists the node's links and their states, for Consul's HTTP
+    check, load balancers and operators.
+    """
+
+    isLeaf = True
+
+    def __init__(self, node: Node) -> None:
+        super().__init__()
+        self._node = node
+
+    def render_GET(self, request: Request) -> bytes:  # noqa: N802 - Twisted Web API
+        """Readiness and links as JSON."""
+        node = self._node
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"cache-control", b"no-store")
+        if node.state != "ready":
+            request.setResponseCode(503)
+        body = {
+            "status": node.state,
+            "node": node.hub.node_id,
+            "links": node.federation.links(),
+            "open_links": node.federation.open_links(),
+            "wamp_sessions": 0 if node.wamp is None else len(node.wamp.router.sessions),
+        }
+        if node.router is not None:
+            body["router_joined"] = node.router.session is not None
+        return json.dumps(body).encode()
