@@ -734,42 +734,15 @@ class Federation:
         self.hub.metrics.error("psc", "handler_error")
 
     def link_received(self, session: LinkSession, message: psc.Publish) -> None:
-        """A producer sent a message: deliver it here, never forward it."""
-        meta = message.meta
-        if session.with_replay and self.inbox is not None and meta is not None and meta.seq is not None:
-            skipped = self.inbox.accept(session.peer_node or session.peer, meta.seq)
-            if skipped:
-                if skipped == DUPLICATE:
-                    self.hub.metrics.event(FederationEvent.DUPLICATES_DROPPED)
-                    self.hub.metrics.link_count(session.peer_node or session.peer, "duplicates", 1)
-                    return
-                self._report_gap(Gap(session.peer_node or session.peer, skipped, "sequence"))
-        size = session.last_size
-        if meta is None:
-            envelope = Envelope(message.topic, message.message, session.peer_node, size=size)
-        else:
-            envelope = Envelope(
-                message.topic,
-                message.message,
-                meta.origin or session.peer_node,
-                meta.published_at,
-                meta.message_id,
-                meta.wamp_wrapped,
-                size,
-            )
-        metrics = self.hub.metrics
-        metrics.event(_RECEIVED)
-        metrics.count(message.topic, "psc", "received", 1, size, peer=session.peer_node or session.peer)
-        if envelope.published_at is not None and envelope.origin is not None:
-            metrics.latency(envelope.origin, self._reactor.seconds() - envelope.published_at)
-        self.hub.deliver_remote(envelope)
+        """A producer sent a message: deliver it here, never forward it (a batch of one)."""
+        self.link_received_batch(session, [message], [session.last_size])
 
     def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
-        """A producer sent PSC301s in one frame: deliver them here in order, counting once for the run.
+        """A producer sent PSC301s (one frame's, or one): deliver them here in order, never forward them.
 
-        What :meth:`link_received` does per message, with the counters added
-        up over the run (the same totals) and one clock reading for its
-        latencies (the frame arrived at once).
+        The one remote-receive path: the counters are added up over the run
+        and counted once, with one clock reading for its latencies (the frame
+        arrived at once).
         """
         hub = self.hub
         metrics = hub.metrics
@@ -930,7 +903,7 @@ class Federation:
             if streams:
                 assert outbox is not None
                 rich = self._rich(envelope)
-                sent = outbox.forward(topic, rich, forwarded, streams)
+                sent = self._send(topic, outbox.forward(psc.seq_template(rich), streams))
             for session in sessions or ():
                 if session.with_metadata:
                     if rich is None:
@@ -951,6 +924,18 @@ class Federation:
             self._forward_binary(envelope, sessions, streams)
             return
         self._forwarded_n += sent
+
+    def _send(self, topic: str, sends: list[tuple[Any, bytes]]) -> int:
+        """Send what the outbox numbered for its streams' links; add each to :attr:`_forwarded`; how many were sent."""
+        forwarded = self._forwarded
+        for link, data in sends:
+            link.send_raw(data)
+            cell = forwarded.get((topic, link))
+            if cell is None:
+                cell = forwarded[(topic, link)] = [0, 0]
+            cell[0] += 1
+            cell[1] += len(data)
+        return len(sends)
 
     def _forward_binary(
         self, envelope: Envelope, sessions: dict[LinkSession, None] | None, streams: dict[Stream, None] | None
@@ -973,7 +958,7 @@ class Federation:
         missed = len(sessions or ()) + len(streams or ()) - len(takers)
         if takers:
             assert self.outbox is not None
-            self._forwarded_n += self.outbox.forward(topic, binary, self._forwarded, takers)
+            self._forwarded_n += self._send(topic, self.outbox.forward(psc.seq_template(binary), takers))
         if missed:
             self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)
             self.hub.metrics.count(topic, "psc", "dropped", missed, payload_size(envelope), reason="not_json")
