@@ -154,7 +154,8 @@ class Model:
         """The producer publishes the next number on ``t``."""
         self._n += 1
         self.published.append(self._n)
-        self.outbox.publish("t", psc.encode_publish("t", self._n, Meta(origin="producer")))
+        for link, data in self.outbox.publish("t", psc.encode_publish("t", self._n, Meta(origin="producer"))):
+            link.send_raw(data)
 
     def read(self, k: int) -> None:
         """The consumer reads up to ``k`` messages from the current link."""
@@ -296,7 +297,8 @@ def test_anonymous_consumer_stream_ends_with_its_link() -> None:
     outbox = Outbox(REPLAY, lambda: 0.0, boot="p")
     pipe = Pipe(peer_node=None)
     outbox.resume(pipe, None, Resume(None, 0, ("t",)))
-    assert outbox.publish("t", psc.encode_publish("t", 1, Meta())) == [(pipe, len(pipe.inflight[0]))]
+    one = psc.encode_publish("t", 1, Meta())
+    assert outbox.publish("t", one) == [(pipe, psc.with_seq(one, 1))]
     outbox.detach(pipe)
     assert outbox.summary()["streams"] == 0 and not outbox.wants("t")
 

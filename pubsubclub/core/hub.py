@@ -396,9 +396,8 @@ class Hub:
         return delivered
 
     def deliver_remote(self, envelope: Envelope) -> int:
-        """Deliver a message received from another node, locally only."""
-        self.metrics.event(_RECEIVED)
-        return self._deliver(envelope, None)
+        """Deliver a message received from another node, locally only (a batch of one)."""
+        return self.deliver_remote_batch((envelope,))
 
     def deliver_remote_batch(self, envelopes: Iterable[Envelope]) -> int:
         """Deliver messages received from another node (one frame's), locally only, in order.

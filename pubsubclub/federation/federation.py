@@ -7,32 +7,29 @@ forwards local publishes to the consumers that asked for their topic.
 Messages received from a producer are delivered locally only, never forwarded
 again: one hop over a full mesh, so no loops and no duplicates.
 
-Why one long module: it is the federation's one state (servers, links,
-interest, forwarding, replay hooks); the link protocol and transport live
-apart.
+The federation is one state (servers, links, interest, forwarding, replay
+hooks) split by job into parts, one module each: ``servers`` (dialling,
+retries, peer learning), ``interest`` (ours to producers, consumers' to us),
+``forwarding`` (local publishes out) and ``receiving`` (remote publishes in);
+this module builds it and runs the links' lifecycle. The link protocol
+(``session``) and transport (``transport``) live apart.
 """
 
 from __future__ import annotations
 
 import os
 import random
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
-from twisted.application.internet import ClientService
 from twisted.internet import defer
-from twisted.internet.abstract import isIPAddress
-from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub.core.counters import FederationEvent
-from pubsubclub.core.hub import GAP_TOPIC, Envelope, Hub
-from pubsubclub.core.metrics import payload_size
+from pubsubclub.core.hub import GAP_TOPIC, Hub
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
 from pubsubclub.federation.auth import (
@@ -46,131 +43,47 @@ from pubsubclub.federation.auth import (
     LinkAuth,
     Refusal,
 )
-from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused, Stream
+from pubsubclub.federation.forwarding import (  # noqa: F401 (re-exported: the federation's limits, by their old path)
+    MAX_HELD_COUNTS,
+    MAX_REENCODING_GROWTH,
+    PSC_OVERHEAD_ALLOWANCE,
+    SEQ_ALLOWANCE,
+    Forwarding,
+)
+from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # noqa: F401 (re-exported)
+from pubsubclub.federation.receiving import Receiving
+from pubsubclub.federation.replay import Inbox, Outbox, ReplaySettings
 from pubsubclub.federation.retry import RetryPolicy
+from pubsubclub.federation.servers import (  # noqa: F401 (re-exported)
+    LEARNED_FORGET_AFTER,
+    MAX_LEARNED_PER_LINK,
+    MAX_LEARNED_SERVERS,
+    MAX_LEARNED_URL_LENGTH,
+    Dialling,
+    Link,
+    _Server,
+    endpoint_for_url,
+)
 from pubsubclub.federation.session import (
-    CLOSE_BAD_MESSAGE,
     CLOSE_DUPLICATE,
-    CLOSE_REMOVED,
-    LinkError,
     LinkSession,
     LinkState,
     Role,
 )
-from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
 from pubsubclub.federation.transport import (
-    ADVERTISE_HEADER,
     NODE_HEADER,
-    PEERS_HEADER,
-    PSCClientFactory,
     PSCServerFactory,
 )
 from pubsubclub.net.ratelog import RateLimitedLog
 
 log = Logger()
-# Counted per message: bound once, as reading a member off its enum class costs more than the count.
-_RECEIVED, _FORWARDED = FederationEvent.RECEIVED, FederationEvent.FORWARDED
 
-#: Longest wait for the linked nodes to confirm our interest (``interest_settled``), in seconds.
-INTEREST_SETTLE_TIMEOUT = 5.0
-
-
-@dataclass
-class _Server:
-    """One configured server we dial: its retry state and its current link."""
-
-    url: str
-    service: ClientService
-    #: Reconnect delays taken since this server's last PSC handshake.
-    failures: int = 0
-    #: Learned from another node's handshake (not configured): forgotten when it stays unreachable.
-    learned: bool = False
-    #: When its link last went down (or the server was added); None while linked.
-    down_since: float | None = None
-    #: The link dialled for it, from transport start to close; None between attempts.
-    link: Link | None = None
-
-
-@dataclass(eq=False)
-class Link:
-    """One PSC link: its protocol session, the transport carrying it, and the server it was dialled for."""
-
-    session: LinkSession
-    #: The Autobahn protocol (``close_link``, ``heard``, ``accepted``).
-    transport: Any
-    #: The server record it was dialled for; None when the peer dialled us.
-    server: _Server | None = None
-
-    @property
-    def direction(self) -> str:
-        """``out`` when we dialled, ``in`` when the peer did."""
-        return "in" if self.server is None else "out"
-
-    def close(self, code: int, reason: str) -> None:
-        """Close with a reason the peer can read."""
-        self.transport.close_link(code, reason)
-
-
-def _dialable(url: str) -> bool:
-    """Whether ``url`` is a ws:// or wss:// URL with a host and a port."""
-    try:
-        parts = urlsplit(url)
-        return parts.scheme in ("ws", "wss") and bool(parts.hostname) and parts.port is not None
-    except ValueError:
-        return False
-
-
-def endpoint_for_url(reactor: Any, url: str, trust_root: IOpenSSLTrustRoot | None = None) -> IStreamClientEndpoint:
-    """A client endpoint for a ``ws://`` or ``wss://host:port/path`` URL.
-
-    ``wss://`` verifies the peer's certificate chain against ``trust_root``
-    (the platform's CAs when None) and its name or IP address against the URL's host.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("ws", "wss") or not parts.hostname:
-        raise ValueError(f"not a ws:// or wss:// URL: {url!r}")
-    secure = parts.scheme == "wss"
-    port = parts.port or (443 if secure else 80)
-    endpoint: IStreamClientEndpoint
-    if isIPAddress(parts.hostname):
-        endpoint = TCP4ClientEndpoint(reactor, parts.hostname, port, timeout=5)
-    else:
-        endpoint = HostnameEndpoint(reactor, parts.hostname.encode("idna"), port, timeout=5)
-    if secure:
-        endpoint = wrapClientTLS(client_tls(parts.hostname, trust_root), endpoint)
-    return endpoint
-
-
-#: Most URLs taken from one handshake's X-PubSubClub-Peers; more are ignored.
-MAX_LEARNED_PER_LINK = 256
-#: Longest URL taken from a handshake; longer ones are ignored.
-MAX_LEARNED_URL_LENGTH = 512
-#: Most learned servers held at once; past it, nothing more is learned.
-MAX_LEARNED_SERVERS = 1024
-#: Seconds a learned server may stay unreachable before it is forgotten.
-LEARNED_FORGET_AFTER = 60.0
-
-#: Most (topic, link) forward counts held back between reads of the metrics; past it they are added at once.
-MAX_HELD_COUNTS = 1024
 
 #: Default cap on the bytes queued for one peer's link (docs/security.md, "Silent and slow peers").
 DEFAULT_MAX_LINK_QUEUE = 16 * 1024 * 1024
 
-#: How many times larger a message's JSON may be than the client's bytes for it: MessagePack's
-#: one-byte ``false`` or control character is six bytes of JSON (``false,``, ``\u0001``); JSON's
-#: ``1e15`` becomes ``1000000000000000.0``. Below the bound a publish needs no check (``unchecked_below``).
-MAX_REENCODING_GROWTH = 6
-#: Bytes a PSC301 may add around the re-encoded message: topic, origin, time, message id, JSON.
-PSC_OVERHEAD_ALLOWANCE = 8 * 1024
-#: Room for the sequence number a 0.3 stream adds to a PSC301's metadata (``,"s":<integer>``).
-SEQ_ALLOWANCE = 32
-#: ``Envelope.wire`` key of a local publish's PSC301 with metadata, made once (the size check, then forwarding).
-_PSC_RICH = "psc301"
-#: ``Envelope.wire`` key of the same in the 0.6 binary form, for a message holding bytes (0.6 links only).
-_PSC_BINARY = "psc301-binary"
 
-
-class Federation:
+class Federation(Dialling, Interest, Forwarding, Receiving):
     """All PSC links of one node (both roles), driven by the hub and discovery."""
 
     def __init__(
@@ -341,98 +254,6 @@ class Federation:
             reason=refusal.value,
         )
 
-    def client_headers(self, url: str) -> dict[str, str]:
-        """Extra handshake headers sent when dialling ``url`` (asked again on every attempt)."""
-        return self.peer_headers()
-
-    def peer_headers(self) -> dict[str, str]:
-        """Handshake headers telling a peer where to reach us and whom we dial (both directions)."""
-        if not self.learn_peers:
-            return {}
-        headers = {PEERS_HEADER: " ".join(list(self._servers)[:MAX_LEARNED_PER_LINK])}
-        if self.announce_url is not None:
-            headers[ADVERTISE_HEADER] = self.announce_url
-        return headers
-
-    def _learn(self, heard: tuple[str | None, str | None]) -> None:
-        """Dial the nodes a peer told us about in its handshake that we do not dial yet."""
-        advertised, peers = heard
-        urls = ([advertised] if advertised else []) + (peers.split()[:MAX_LEARNED_PER_LINK] if peers else [])
-        for url in urls:
-            if url in self._servers or url == self.announce_url or url == self.advertise_url:
-                continue
-            if sum(1 for s in self._servers.values() if s.learned) >= MAX_LEARNED_SERVERS:
-                self.hub.metrics.error("psc", "learned_servers_full")
-                return
-            if len(url) > MAX_LEARNED_URL_LENGTH or not _dialable(url):
-                self.hub.metrics.error("psc", "bad_learned_url")
-                continue
-            log.info("learned of {url} from a peer", url=url)
-            self.add_server(url, learned=True)
-
-    # -- servers (driven by discovery) -------------------------------------
-
-    def servers(self) -> list[str]:
-        """URLs currently configured to dial."""
-        return list(self._servers)
-
-    def add_server(self, url: str, *, learned: bool = False) -> None:
-        """Start linking to ``url`` now and keep the link up until removed.
-
-        ``learned``: told by a peer, not configured; forgotten after
-        :data:`LEARNED_FORGET_AFTER` seconds unreachable. Adding a learned URL
-        again as configured makes it configured.
-        """
-        existing = self._servers.get(url)
-        if existing is not None:
-            existing.learned = existing.learned and learned
-            return
-        if self.advertise_url is not None and url == self.advertise_url:
-            log.info("not linking to {url}: it is this node", url=url)
-            return
-        endpoint = self._endpoint_factory(self._reactor, url)
-        factory = PSCClientFactory(self, url, self._reactor, self._ping_interval)
-
-        # The backoff is counted here, not by ClientService: its count resets at
-        # every TCP connect, and a PSC handshake can still fail after that. It
-        # cannot wait for the handshake either (prepareConnection): a connection
-        # lost while being prepared has no transition in its state machine.
-        def retry_delay(attempt: int) -> float:
-            server.failures += 1
-            down = server.down_since
-            if server.learned and down is not None and self._reactor.seconds() - down > LEARNED_FORGET_AFTER:
-                log.info(
-                    "forgetting learned server {url}: unreachable since {seconds:.0f} s",
-                    url=url,
-                    seconds=self._reactor.seconds() - down,
-                )
-                self._reactor.callLater(0, self._forget_learned, server)
-            return self._retry.delay(server.failures, self._rand)
-
-        service = ClientService(endpoint, factory, retryPolicy=retry_delay, clock=self._reactor)
-        server = self._servers[url] = _Server(url, service, learned=learned, down_since=self._reactor.seconds())
-        log.info("linking to {url}", url=url)
-        service.startService()
-
-    def remove_server(self, url: str) -> defer.Deferred[None]:
-        """Close the link to ``url`` and stop retrying it."""
-        server = self._servers.pop(url, None)
-        if server is None:
-            return defer.succeed(None)
-        log.info("unlinking from {url}", url=url)
-        if server.link is not None:
-            server.link.close(CLOSE_REMOVED, "server removed from this node's list")
-        return defer.maybeDeferred(server.service.stopService)
-
-    def _forget_learned(self, server: _Server) -> None:
-        """Remove a learned server, unless it was configured or replaced meanwhile."""
-        if self._servers.get(server.url) is server and server.learned:
-            self.remove_server(server.url)
-
-    def found_self(self, url: str) -> None:
-        """``url`` turned out to be this node: forget it."""
-        self._reactor.callLater(0, self.remove_server, url)
-
     def stop(self) -> defer.Deferred[Any]:
         """Close every link with a reason and stop dialling."""
         self.refusal_log.flush()
@@ -595,59 +416,6 @@ class Federation:
         )
         self.hub.metrics.event(FederationEvent.DROPPED_TOO_LARGE)
 
-    def forward_problem(self, envelope: Envelope) -> str | None:
-        """Why a local publish cannot cross the links (its PSC301 is over the link frame limit), or None.
-
-        Front-ends ask (through :meth:`Hub.refusal`) before they acknowledge.
-        The PSC301 made here is kept on the envelope and sent as it is.
-        """
-        try:
-            rich = self._rich(envelope)
-        except TypeError:
-            try:
-                rich = self._rich_binary(envelope)  # bytes measured as they cross: "\0" + base64
-            except TypeError:
-                return None  # not JSON even so (non-string keys): never forwarded (dropped, not_json)
-        size = len(rich) + SEQ_ALLOWANCE
-        limits = self.limits
-        if size <= limits.max_link_frame:
-            return None
-        return (
-            f"message is {size} bytes as a PSC301, over the link limit of {limits.max_link_frame} bytes"
-            f" (max-message-size {limits.max_message_size} + link-headroom {limits.link_headroom})"
-        )
-
-    @staticmethod
-    def _rich(envelope: Envelope) -> bytes:
-        """``envelope``'s PSC301 with metadata (0.2 and later), made once per message.
-
-        Raises TypeError when the message is not JSON (bytes in it: see :meth:`_rich_binary`).
-        """
-        wire = envelope.wire
-        rich: bytes | None = wire.get(_PSC_RICH)
-        if rich is None:
-            rich = wire[_PSC_RICH] = psc.encode_publish_meta(
-                envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
-                envelope.wamp_wrapped,
-            )  # fmt: skip
-        return rich
-
-    @staticmethod
-    def _rich_binary(envelope: Envelope) -> bytes:
-        """``envelope``'s PSC301 in the 0.6 binary form (``"b": 1``), made once; only after :meth:`_rich` refused it.
-
-        Raises TypeError when the message is not JSON even with its bytes
-        written as ``"\0"`` + base64 (e.g. MessagePack maps with non-string keys).
-        """
-        wire = envelope.wire
-        rich: bytes | None = wire.get(_PSC_BINARY)
-        if rich is None:
-            rich = wire[_PSC_BINARY] = psc.encode_publish_meta(
-                envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
-                envelope.wamp_wrapped, binary=True,
-            )  # fmt: skip
-        return rich
-
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A consumer no longer wants ``topic`` from us."""
         if session.with_replay and self.outbox is not None:
@@ -668,358 +436,6 @@ class Federation:
         else:
             self.outbox.unsubscribe_pattern(session, pattern)
         self._remote_topics_changed()
-
-    def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
-        """0.3: a consumer resumes its stream; answer PSC104, resend what it missed, then go live."""
-        assert self.outbox is not None  # 0.3 is offered only with an outbox
-        try:
-            plan = self.outbox.resume(session, session.peer_node, message)
-        except ResumeRefused as e:
-            raise LinkError(CLOSE_BAD_MESSAGE, e.reason) from None
-        session.send(plan.position)
-        for data in plan.replay:
-            session.send_raw(data)
-        peer = session.peer_node or session.peer
-        log.info(
-            "PSC stream to {peer}: epoch {epoch}, resumed after {seq}, {replayed} resent, {lost} lost",
-            peer=peer,
-            epoch=plan.position.epoch,
-            seq=plan.position.seq,
-            replayed=len(plan.replay),
-            lost=plan.position.lost,
-        )
-        if plan.replay:
-            self.hub.metrics.link_count(peer, "replayed", len(plan.replay))
-        old = self._links.get(plan.superseded)
-        if old is not None:
-            old.close(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
-        for topic in message.topics:
-            self.hub.remote_subscribed(topic, peer)
-        self._remote_topics_changed()
-
-    def link_position(self, session: LinkSession, message: psc.Position) -> None:
-        """0.3: the producer said where its stream continues; report a gap it announces."""
-        assert self.inbox is not None
-        gap = self.inbox.positioned(session.peer_node or session.peer, message)
-        if gap is not None:
-            self._report_gap(gap)
-
-    def _report_gap(self, gap: Gap) -> None:
-        """Log, count and tell local subscribers of GAP_TOPIC that messages from a producer are lost."""
-        self.hub.metrics.event(FederationEvent.GAPS)
-        self.hub.metrics.event(FederationEvent.GAP_MESSAGES, gap.lost or 0)
-        self.hub.metrics.link_count(gap.producer, "gaps", 1)
-        if gap.lost:
-            self.hub.metrics.link_count(gap.producer, "lost", gap.lost)
-        log.warn(
-            "gap in the stream from {peer}: {lost} messages lost ({reason})",
-            peer=gap.producer,
-            lost="an unknown number of" if gap.lost is None else gap.lost,
-            reason=gap.reason,
-        )
-        now = self._reactor.seconds()
-        payload = {"origin": gap.producer, "lost": gap.lost, "reason": gap.reason}
-        self.hub.deliver_remote(Envelope(GAP_TOPIC, payload, origin=self.node_id, published_at=now))
-
-    def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
-        """A producer sent a PSC301 whose message breaks the JSON bounds: count it, keep the link."""
-        peer = session.peer_node or session.peer
-        self.hub.metrics.event(FederationEvent.DROPPED_BOUNDS)
-        self.hub.metrics.count(error.topic, "psc", "dropped", 1, session.last_size, peer=peer, reason="bounds")
-        log.warn("dropped a PSC301 from {peer}: {problem}", peer=peer, problem=str(error))
-
-    def link_error(self, session: LinkSession) -> None:
-        """Handling a message from ``session`` raised (logged by the transport); the link stays."""
-        self.hub.metrics.event(FederationEvent.HANDLER_ERRORS)
-        self.hub.metrics.error("psc", "handler_error")
-
-    def link_received(self, session: LinkSession, message: psc.Publish) -> None:
-        """A producer sent a message: deliver it here, never forward it."""
-        meta = message.meta
-        if session.with_replay and self.inbox is not None and meta is not None and meta.seq is not None:
-            skipped = self.inbox.accept(session.peer_node or session.peer, meta.seq)
-            if skipped:
-                if skipped == DUPLICATE:
-                    self.hub.metrics.event(FederationEvent.DUPLICATES_DROPPED)
-                    self.hub.metrics.link_count(session.peer_node or session.peer, "duplicates", 1)
-                    return
-                self._report_gap(Gap(session.peer_node or session.peer, skipped, "sequence"))
-        size = session.last_size
-        if meta is None:
-            envelope = Envelope(message.topic, message.message, session.peer_node, size=size)
-        else:
-            envelope = Envelope(
-                message.topic,
-                message.message,
-                meta.origin or session.peer_node,
-                meta.published_at,
-                meta.message_id,
-                meta.wamp_wrapped,
-                size,
-            )
-        metrics = self.hub.metrics
-        metrics.event(_RECEIVED)
-        metrics.count(message.topic, "psc", "received", 1, size, peer=session.peer_node or session.peer)
-        if envelope.published_at is not None and envelope.origin is not None:
-            metrics.latency(envelope.origin, self._reactor.seconds() - envelope.published_at)
-        self.hub.deliver_remote(envelope)
-
-    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
-        """A producer sent PSC301s in one frame: deliver them here in order, counting once for the run.
-
-        What :meth:`link_received` does per message, with the counters added
-        up over the run (the same totals) and one clock reading for its
-        latencies (the frame arrived at once).
-        """
-        hub = self.hub
-        metrics = hub.metrics
-        received: dict[str, list[int]] = {}
-        latencies: dict[str, list[float]] = {}
-        try:
-            hub.deliver_remote_batch(self._envelopes(session, messages, sizes, received, latencies))
-        finally:
-            n = 0
-            peer = session.peer_node or session.peer
-            for topic, (count, nbytes) in received.items():
-                n += count
-                metrics.count(topic, "psc", "received", count, nbytes, peer=peer)
-            if n:
-                metrics.event(_RECEIVED, n)
-            for origin, seconds in latencies.items():
-                metrics.latencies(origin, seconds)
-
-    def _envelopes(
-        self,
-        session: LinkSession,
-        messages: list[psc.Publish],
-        sizes: list[int],
-        received: dict[str, list[int]],
-        latencies: dict[str, list[float]],
-    ) -> Iterator[Envelope]:
-        """:meth:`link_received_batch`'s envelopes, one at a time; stops when the session closes.
-
-        Adds each to ``received`` (topic -> [messages, bytes]) and its latency to ``latencies`` (by origin).
-        """
-        peer_node = session.peer_node
-        peer = peer_node or session.peer
-        inbox = self.inbox if session.with_replay else None
-        now = self._reactor.seconds()
-        closed = LinkState.CLOSED
-        for message, size in zip(messages, sizes, strict=True):
-            if session.state is closed:
-                return
-            meta = message.meta
-            if meta is None:
-                envelope = Envelope(message.topic, message.message, peer_node, size=size)
-            else:
-                if inbox is not None and meta.seq is not None:
-                    skipped = inbox.accept(peer, meta.seq)
-                    if skipped:
-                        if skipped == DUPLICATE:
-                            self.hub.metrics.event(FederationEvent.DUPLICATES_DROPPED)
-                            self.hub.metrics.link_count(peer, "duplicates", 1)
-                            continue
-                        self._report_gap(Gap(peer, skipped, "sequence"))
-                origin = meta.origin or peer_node
-                published_at = meta.published_at
-                envelope = Envelope(
-                    message.topic, message.message, origin, published_at, meta.message_id, meta.wamp_wrapped, size
-                )
-                if published_at is not None and origin is not None:
-                    waits = latencies.get(origin)
-                    if waits is None:
-                        waits = latencies[origin] = []
-                    waits.append(now - published_at)
-            cell = received.get(message.topic)
-            if cell is None:
-                received[message.topic] = [1, size]
-            else:
-                cell[0] += 1
-                cell[1] += size
-            yield envelope
-
-    # -- hub listeners -----------------------------------------------------
-
-    def topic_added(self, topic: str) -> None:
-        """First local subscriber: ask every producer for the topic."""
-        if self._producers and topic != GAP_TOPIC:
-            data = psc.encode(psc.Subscribe((topic,)))
-            for session in self._producers:
-                session.send_raw(data)
-
-    def interest_settled(self, timeout: float = INTEREST_SETTLE_TIMEOUT) -> defer.Deferred[None]:
-        """Fires once every producer we are linked to has handled all we sent it so far (our interest).
-
-        One WebSocket round trip per open consumer link; a link that closes
-        meanwhile counts as settled (it will send its interest again when it
-        comes back), and after ``timeout`` seconds it fires anyway.
-        """
-        waits = []
-        for session in list(self._producers):
-            link = self._links.get(session)
-            if link is not None and session.state is LinkState.OPEN:
-                waits.append(link.transport.round_trip())
-        settled: defer.Deferred[None] = defer.gatherResults(waits, consumeErrors=True).addCallback(lambda _: None)
-        if waits:
-            settled.addTimeout(timeout, self._reactor, onTimeoutCancel=lambda *_: None)
-        return settled
-
-    def topic_removed(self, topic: str) -> None:
-        """Last local subscriber gone: tell every producer."""
-        if self._producers and topic != GAP_TOPIC:
-            data = psc.encode(psc.Unsubscribe(topic))
-            for session in self._producers:
-                session.send_raw(data)
-
-    def pattern_added(self, pattern: Pattern) -> None:
-        """A pattern's first local holder: PSC203 to every 0.5 producer (within the per-peer limit)."""
-        if len(self._announced) >= self.limits.max_patterns_per_peer:
-            self._held[pattern] = None
-            self.hub.metrics.error("psc", "patterns_over_limit")
-            log.warn(
-                "not announcing pattern {pattern!r} to peers: {limit} patterns already announced"
-                " (max-patterns-per-peer); its subscribers get only what this node publishes",
-                pattern=pattern.pattern,
-                limit=self.limits.max_patterns_per_peer,
-            )
-            return
-        self._announce(pattern, psc.SubscribePattern(pattern))
-
-    def pattern_removed(self, pattern: Pattern) -> None:
-        """A pattern's last local holder went: PSC204 to every 0.5 producer; announce one held back."""
-        if pattern in self._held:
-            del self._held[pattern]
-            return
-        if pattern not in self._announced:
-            return
-        del self._announced[pattern]
-        self._send_to_pattern_producers(psc.encode(psc.UnsubscribePattern(pattern)))
-        if self._held:
-            waiting = next(iter(self._held))
-            del self._held[waiting]
-            self._announce(waiting, psc.SubscribePattern(waiting))
-
-    def _announce(self, pattern: Pattern, message: psc.SubscribePattern) -> None:
-        self._announced[pattern] = None
-        self._send_to_pattern_producers(psc.encode(message))
-
-    def _send_to_pattern_producers(self, data: bytes) -> None:
-        for session in self._producers:
-            if session.with_patterns:
-                session.send_raw(data)
-
-    def local_published(self, envelope: Envelope) -> None:
-        """Forward a local publish to each consumer that asked for its topic.
-
-        Counted as forwarded in :attr:`_forwarded`, added to the metrics before
-        any read of them (:meth:`_settle`): the same totals, no per-message call.
-        """
-        topic = envelope.topic
-        sessions = self._by_topic.get(topic)
-        outbox = self.outbox
-        streams = None if outbox is None else outbox.streams_for(topic)
-        if not sessions and not streams:
-            return
-        plain: bytes | None = None
-        rich: bytes | None = None
-        forwarded = self._forwarded
-        if len(forwarded) >= MAX_HELD_COUNTS:
-            self._settle()  # bounded: publishing on ever new topics must not grow the node
-        sent = 0
-        try:
-            if streams:
-                assert outbox is not None
-                rich = self._rich(envelope)
-                sent = outbox.forward(topic, rich, forwarded, streams)
-            for session in sessions or ():
-                if session.with_metadata:
-                    if rich is None:
-                        rich = self._rich(envelope)
-                    data = rich
-                else:
-                    if plain is None:
-                        plain = psc.encode_publish(topic, envelope.payload)
-                    data = plain
-                session.send_raw(data)
-                cell = forwarded.get((topic, session))
-                if cell is None:
-                    cell = forwarded[(topic, session)] = [0, 0]
-                cell[0] += 1
-                cell[1] += len(data)
-                sent += 1
-        except TypeError:  # orjson: the payload is not JSON (bytes in it); raised before anything was sent
-            self._forward_binary(envelope, sessions, streams)
-            return
-        self._forwarded_n += sent
-
-    def _forward_binary(
-        self, envelope: Envelope, sessions: dict[LinkSession, None] | None, streams: dict[Stream, None] | None
-    ) -> None:
-        """:meth:`local_published` for a message holding bytes: the 0.6 binary form, to 0.6 links only.
-
-        Older links (below 0.6: ``sessions`` all are, and streams whose
-        consumer did not speak 0.6) cannot carry it and are counted as
-        dropped (``not_json``), as is everyone when it is not JSON even so.
-        """
-        topic = envelope.topic
-        try:
-            binary = self._rich_binary(envelope)
-        except TypeError as e:
-            takers: dict[Stream, None] = {}
-            error = str(e)
-        else:
-            takers = {stream: None for stream in streams or () if stream.binary}
-            error = "binary values, and the link is older than PSC 0.6"
-        missed = len(sessions or ()) + len(streams or ()) - len(takers)
-        if takers:
-            assert self.outbox is not None
-            self._forwarded_n += self.outbox.forward(topic, binary, self._forwarded, takers)
-        if missed:
-            self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)
-            self.hub.metrics.count(topic, "psc", "dropped", missed, payload_size(envelope), reason="not_json")
-            log.warn(
-                "not forwarding a message on {topic} to {missed} links: payload is not JSON ({error})",
-                topic=topic,
-                missed=missed,
-                error=error,
-            )
-
-    def _settle(self) -> None:
-        """Add the forwards held back since the last read of the metrics (run by ``Metrics.settle``)."""
-        metrics = self.hub.metrics
-        n = self._forwarded_n
-        if n:
-            self._forwarded_n = 0
-            metrics.event(_FORWARDED, n)
-        forwarded = self._forwarded
-        if forwarded:
-            for (topic, session), (count, nbytes) in forwarded.items():
-                metrics.count(topic, "psc", "forwarded", count, nbytes, peer=session.peer_node or session.peer)
-            forwarded.clear()  # in place: a read in the middle of local_published leaves its reference valid
-
-    # -- other nodes' interest ---------------------------------------------
-
-    def add_remote_topics_listener(self, listener: Callable[[], None]) -> None:
-        """Call ``listener()`` whenever :meth:`remote_topics` or :meth:`remote_pattern_set` may have changed."""
-        self._remote_topics_listeners.append(listener)
-
-    def remote_topics(self) -> set[str]:
-        """Every topic some other node asked us for (PSC201/PSC103), on live links or kept replay streams."""
-        topics = set(self._by_topic)
-        if self.outbox is not None:
-            topics |= self.outbox.topics()
-        return topics
-
-    def remote_pattern_set(self) -> set[Pattern]:
-        """Every pattern some other node asked us for (PSC 0.5; see :meth:`remote_patterns` for /stats)."""
-        return set() if self.outbox is None else set(self.outbox.pattern_interest())
-
-    def _remote_topics_changed(self) -> None:
-        for listener in self._remote_topics_listeners:
-            try:
-                listener()
-            except Exception:
-                log.failure("remote topics listener {listener!r} raised; isolated", listener=listener)
 
     # -- introspection -----------------------------------------------------
 
@@ -1058,22 +474,6 @@ class Federation:
                     }
                 )
         return rows
-
-    def remote_interest(self) -> dict[str, list[str]]:
-        """topic -> the peers (node ids, else URLs) that asked us for it."""
-        interest = {
-            topic: sorted(s.peer_node or s.peer for s in sessions) for topic, sessions in self._by_topic.items()
-        }
-        if self.outbox is not None:
-            for topic, consumers in self.outbox.interest().items():
-                interest[topic] = sorted(interest.get(topic, []) + consumers)
-        return interest
-
-    def remote_patterns(self) -> dict[str, list[str]]:
-        """``"<match>:<pattern>"`` -> the peers that asked us for it (0.5)."""
-        if self.outbox is None:
-            return {}
-        return {f"{p.match}:{p.pattern}": peers for p, peers in self.outbox.pattern_interest().items()}
 
     def open_links(self) -> int:
         """Number of links past their handshake."""

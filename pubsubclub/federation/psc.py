@@ -560,3 +560,11 @@ def seq_head(publish_02: bytes) -> bytes:
     """
     head = publish_02[:-2]  # drop the closing "}]"
     return head + (b',"s":' if head[-1:] != b"{" else b'"s":')
+
+
+def seq_template(publish_02: bytes) -> bytes:
+    """:func:`seq_head` as a template: ``template % seq`` is :func:`with_seq` (``%`` in the message escaped).
+
+    Made once per message; what the replay outbox numbers without knowing the PSC301 format.
+    """
+    return seq_head(publish_02).replace(b"%", b"%%") + b"%d}]"

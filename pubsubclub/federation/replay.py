@@ -15,8 +15,9 @@ consumer side (:class:`Inbox`) remembers positions per producer node, drops
 any duplicate by sequence number and reports gaps.
 
 No I/O and no Twisted here: time comes from an injected clock, the epoch
-prefix from the caller, and a stream writes through the ``send_raw`` of the
-link it is attached to (a :class:`~pubsubclub.federation.session.LinkSession`).
+prefix from the caller. The outbox holds bytes and sequence numbers only: it
+answers what to send on which link (the link a stream is attached to, an
+opaque key), and the federation sends and counts.
 See docs/protocol.md, "Extension: version 0.3".
 """
 
@@ -26,7 +27,7 @@ import itertools
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from pubsubclub.core.counters import ReplayEvent
 from pubsubclub.core.metrics import Metrics
@@ -70,13 +71,6 @@ class ResumeRefused(Exception):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
-
-
-class Attachment(Protocol):
-    """What a stream writes to: an open link (a LinkSession)."""
-
-    def send_raw(self, data: bytes) -> None:
-        """Send already-encoded bytes on the link."""
 
 
 @dataclass(eq=False, slots=True)
@@ -282,40 +276,29 @@ class Outbox:
 
     # -- publishing -------------------------------------------------------------
 
-    def publish(self, topic: str, publish_02: bytes) -> list[tuple[Any, int]]:
-        """Number, keep and send one PSC301 to every stream that takes ``topic``.
+    def publish(self, topic: str, publish_02: bytes) -> list[tuple[Any, bytes]]:
+        """:meth:`forward` of one PSC301 to every stream that takes ``topic``: what to send, on which link.
 
-        ``publish_02`` is the message's 0.2 encoding, made once; each stream
-        sends it with its own sequence number. Returns the links it was sent
-        on, with the bytes sent (streams without a link only keep it).
+        ``publish_02`` is the message's 0.2 encoding (:func:`psc.encode_publish`).
         """
-        sent: dict[tuple[str, Any], list[int]] = {}
-        self.forward(topic, publish_02, sent)
-        return [(link, size) for (_, link), (_, size) in sent.items()]
+        return self.forward(psc.seq_template(publish_02), self.streams_for(topic))
 
-    def forward(
-        self,
-        topic: str,
-        publish_02: bytes,
-        sent: dict[tuple[str, Any], list[int]],
-        streams: dict[Stream, None] | None = None,
-    ) -> int:
-        """:meth:`publish`, adding each send to ``sent`` ((topic, link) -> [messages, bytes]); how many were sent.
+    def forward(self, template: bytes, streams: dict[Stream, None] | None) -> list[tuple[Any, bytes]]:
+        """Number and keep one message in each of ``streams``; the ``(link, bytes)`` to send, for those with a link.
 
-        The federation's forward counts, added up over many messages and
-        counted once per read of the metrics (Federation._settle).
-        ``streams``: :meth:`streams_for` of ``topic`` just before, if the caller has it.
+        ``template`` is the message's bytes with a ``%d`` where its sequence
+        number goes, made once (:func:`psc.seq_template`): each stream's copy
+        differs only by its number. ``streams``: :meth:`streams_for` its topic.
+        Nothing is sent here: the caller sends and counts (streams without a
+        link only keep it).
         """
-        if streams is None:
-            streams = self.streams_for(topic)
+        sends: list[tuple[Any, bytes]] = []
         if not streams:
-            return 0
+            return sends
         now = self._clock()
         settings = self.settings
         window = settings.window
         limit, oldest = settings.max_bytes, now - window
-        head = psc.seq_head(publish_02)
-        count = 0
         expired: list[Stream] | None = None
         trimmed = 0
         for stream in streams:
@@ -324,12 +307,11 @@ class Outbox:
                 expired = [*(expired or ()), stream]
                 continue
             seq = stream.seq = stream.seq + 1
-            data = b"%s%d}]" % (head, seq)  # psc.with_seq, with the head made once per message
-            size = len(data)
+            data = template % seq
             # Keep it; past the byte limit or the window the oldest go (every message, once the buffer is full).
             buffer = stream.buffer
             buffer.append((seq, now, data))
-            nbytes = stream.nbytes + size
+            nbytes = stream.nbytes + len(data)
             while nbytes > limit or buffer[0][1] < oldest:
                 nbytes -= len(buffer.popleft()[2])
                 trimmed += 1
@@ -338,18 +320,12 @@ class Outbox:
             stream.nbytes = nbytes
             link = stream.link
             if link is not None:
-                link.send_raw(data)
-                count += 1
-                cell = sent.get((topic, link))
-                if cell is None:
-                    cell = sent[(topic, link)] = [0, 0]
-                cell[0] += 1
-                cell[1] += size
+                sends.append((link, data))
         self._trimmed += trimmed
         for stream in expired or ():
             self._drop(stream)
             self.metrics.event(ReplayEvent.STREAMS_EXPIRED)
-        return count
+        return sends
 
     def summary(self) -> dict[str, int]:
         """Streams, kept messages and bytes, and the counters (for /stats)."""

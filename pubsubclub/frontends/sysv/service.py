@@ -4,50 +4,44 @@ The protocol is specs/sysv-protocol.pl.md; the wire is
 :mod:`pubsubclub.frontends.sysv.codec`; every choice the spec leaves open is in
 docs/sysv.md. The parts, from the inside out:
 
-* :class:`SysVService` is the protocol (sans-IO, no Twisted): users,
+* :class:`SysVService` (this module) is the protocol (sans-IO, no Twisted): users,
   channels, subscriptions and blocks; one request in, the replies out through
-  a :class:`ClientQueue`; hub sinks for channels with subscribers. It is
-  tested in memory with a fake queue.
-* :class:`QueueBudget` decides whether one more message for a client may go
-  on the queue: the queue is shared by every client and small (16 KiB by
-  default), so a client that stops reading must not fill it for the others.
-* :class:`SysVQueue` is the real queue (``sysv_ipc``): non-blocking sends,
-  a blocking receive for the receiving thread, and the probes the budget uses.
-* :class:`QueueReceiver` is the receiving thread: the queue has no file
-  descriptor, so a thread blocks in ``msgrcv(type=1)`` and hands each message
-  to the reactor with ``callFromThread``.
-* :class:`SysVFrontend` composes them for the node.
+  a :class:`~pubsubclub.frontends.sysv.budget.ClientQueue`; hub sinks for
+  channels with subscribers. It is tested in memory with a fake queue.
+* :mod:`~pubsubclub.frontends.sysv.budget`: whether one more message for a
+  client may go on the small shared queue.
+* :mod:`~pubsubclub.frontends.sysv.queue`: the real queue (``sysv_ipc``) and
+  the thread that receives from it.
+* :mod:`~pubsubclub.frontends.sysv.frontend`: :class:`SysVFrontend` composes them for the node.
 
 Channels and hub topics
     SysV channel ``c`` is hub topic ``prefix + c`` (``--sysv-prefix``). The
     channel registry is this node's (the queue is): a channel exists for the
     node's SysV clients once one of them registered it (MSGREG).
 
-Why one long module: the service, the queue's budget, the receive thread and
-the front-end are one queue's whole life and are read together.
+The old names (``QueueBudget``, ``SysVQueue``, ``SysVFrontend``...) stay importable from here.
 """
 
 from __future__ import annotations
 
-import ctypes
-import errno
-import json
-import os
-import socket
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
-import sysv_ipc
-from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from pubsubclub.config import NodeConfig
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
-from pubsubclub.frontends.base import Frontend
+from pubsubclub.frontends.sysv.budget import (
+    REQUEST_RESERVE,
+    ClientQueue,
+    QueueBudget,
+    QueueFull,
+    QueueGone,
+    SysVLimits,
+    process_start,
+)
 from pubsubclub.frontends.sysv.codec import (
     BODY_SIZE,
     LONG_TEXT_SIZE,
@@ -73,9 +67,9 @@ from pubsubclub.frontends.sysv.codec import (
     new_channel,
     next_count,
     nick_name,
-    pack,
     reply,
 )
+from pubsubclub.frontends.sysv.queue import QueueReceiver, SysVQueue
 from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 
 __all__ = [
@@ -85,7 +79,6 @@ __all__ = [
     "QueueFull",
     "QueueGone",
     "QueueReceiver",
-    "SysVFrontend",
     "SysVLimits",
     "SysVQueue",
     "SysVService",
@@ -94,173 +87,10 @@ __all__ = [
 
 log = Logger()
 
-#: Messages of room the budget keeps free for requests to the server and the replies to them.
-REQUEST_RESERVE = 8
 #: Delivery counters reserved (and saved) ahead, so a crash never reuses one.
 COUNT_RESERVE_STEP = 10_000
-#: Messages the receiving thread may hand to the reactor before it waits for them to be handled.
-MAX_PENDING = 256
-#: Seconds between checks that logged-in clients are alive.
-SWEEP_SECONDS = 1.0
-#: Seconds :meth:`QueueReceiver.stop` waits for the thread.
-STOP_SECONDS = 2.0
 #: Version of the saved state file.
 STATE_VERSION = 1
-
-
-class QueueFull(Exception):
-    """The queue has no room for the message (it was not sent)."""
-
-
-class QueueGone(Exception):
-    """The queue was removed (``ipcrm``) under the node."""
-
-
-class ClientQueue(Protocol):
-    """What :class:`SysVService` needs of the queue (a real :class:`SysVQueue`, or a fake in tests)."""
-
-    def send(self, pid: int, data: bytes) -> None:
-        """Put ``data`` on the queue for ``pid`` without waiting; QueueFull or QueueGone if not."""
-
-    def waiting(self, pid: int) -> bool:
-        """True if at least one message for ``pid`` is on the queue."""
-
-    def used(self) -> int:
-        """Messages on the queue, for anyone."""
-
-    def capacity(self) -> int:
-        """Messages of :data:`BODY_SIZE` bytes the queue holds."""
-
-    def purge(self, pid: int) -> int:
-        """Remove every message waiting for ``pid``; how many."""
-
-    def addressees(self) -> set[int] | None:
-        """The receivers (``mtype``) of the messages on the queue, read without taking them; None if unknown."""
-
-
-@dataclass(frozen=True)
-class SysVLimits:
-    """The spec's limits (flags may raise them) and each client's share of the queue."""
-
-    max_users: int = 16
-    max_channels: int = 16
-    max_subscriptions: int = 64
-    max_blocks: int = 64
-    #: Messages that may wait on the queue for one client before more are dropped.
-    client_queue_share: int = 64
-    #: Seconds a reply to a PID that is not logged in (CONNECTION, a refused LOGIN, LOGOUT)
-    #: is left for it; then whatever waits for that PID is a stray and is removed.
-    stray_grace: float = 2.0
-
-
-def process_start(pid: int) -> int | None:
-    """Start time of process ``pid`` (clock ticks after boot); None if it is gone or a zombie.
-
-    Two processes with one PID have different start times, so a PID reused
-    after a client died is not taken for that client. Without ``/proc`` the
-    start time is 0 for every live process.
-    """
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    except PermissionError:
-        pass  # another user's process: alive
-    except OverflowError:
-        return None
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except FileNotFoundError:
-        return None if os.path.isdir("/proc/self") else 0
-    except OSError:
-        return 0
-    # The command name may hold spaces and parentheses: the fields follow the last ")".
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
-        return None
-    return int(fields[19])
-
-
-class QueueBudget:
-    """How many messages may wait on the shared queue for each client.
-
-    Every client is guaranteed :attr:`guaranteed` waiting messages: the queue's
-    capacity less :data:`REQUEST_RESERVE`, split among ``max_users``. Beyond
-    that a client may borrow free room up to ``client_queue_share``, as long as
-    every other logged-in client keeps its guaranteed part and the reserve
-    stays free. With a queue big enough for every user's full share (see
-    :meth:`wanted_bytes`), the guarantee is the share itself.
-
-    What waits for a client is not visible per client, so the budget keeps an
-    upper bound: messages sent since the client was last seen with nothing
-    waiting, never more than the queue holds in all. When the bound reaches the
-    guarantee, the queue is asked (``msgrcv`` with no room, which fails with
-    E2BIG and takes nothing when a message waits) whether the client has read
-    everything; if it has, the bound starts again from zero. And a request
-    from a client shows it read the replies to its earlier requests (the
-    spec's clients wait for each reply), so those leave the bound then: a
-    client that reads only its replies, leaving deliveries for later, still
-    gets its replies.
-    """
-
-    def __init__(self, limits: SysVLimits, capacity: int) -> None:
-        self.share = limits.client_queue_share
-        self.max_users = limits.max_users
-        self.capacity = capacity
-        room = max(0, capacity - REQUEST_RESERVE)
-        #: Messages every client may have waiting, whatever the others do.
-        self.guaranteed = max(1, min(self.share, room // self.max_users))
-        self._unread: dict[int, int] = {}
-        #: Replies sent to each client since its last request.
-        self._replies: dict[int, int] = {}
-
-    @staticmethod
-    def wanted_bytes(limits: SysVLimits) -> int:
-        """Queue size (``msg_qbytes``) that gives every user its whole share."""
-        return (limits.max_users * limits.client_queue_share + REQUEST_RESERVE) * BODY_SIZE
-
-    def admit(self, pid: int, queue: ClientQueue, logged_in: int) -> bool:
-        """True if one more message for ``pid`` may go on the queue now."""
-        unread = self._unread.get(pid, 0)
-        if unread < self.guaranteed:
-            return True
-        used = queue.used()
-        unread = min(unread, used)
-        if unread >= self.guaranteed and not queue.waiting(pid):
-            unread = 0
-        self._unread[pid] = unread
-        if unread < self.guaranteed:
-            return True
-        if unread >= self.share:
-            return False
-        others = max(0, logged_in - 1) * self.guaranteed
-        return self.capacity - used > REQUEST_RESERVE + others
-
-    def sent(self, pid: int, is_reply: bool = False) -> None:
-        """One message for ``pid`` went on the queue (``is_reply``: the answer to a request)."""
-        self._unread[pid] = self._unread.get(pid, 0) + 1
-        if is_reply:
-            self._replies[pid] = self._replies.get(pid, 0) + 1
-
-    def request_from(self, pid: int) -> None:
-        """``pid`` sent a request: it has read the replies to its earlier ones."""
-        replies = self._replies.pop(pid, 0)
-        if replies:
-            self._unread[pid] = max(0, self._unread.get(pid, 0) - replies)
-
-    def unread(self, pid: int) -> int:
-        """The bound on messages waiting for ``pid``."""
-        return self._unread.get(pid, 0)
-
-    def forget(self, pid: int) -> None:
-        """``pid`` is gone and its messages purged."""
-        self._unread.pop(pid, None)
-        self._replies.pop(pid, None)
-
-    def pids(self) -> list[int]:
-        """Every client the node has sent something (until it is forgotten)."""
-        return list(self._unread)
 
 
 @dataclass(slots=True)
@@ -816,494 +646,10 @@ def _show(nick: bytes) -> str:
     return nick.decode("utf-8", "replace")
 
 
-# -- the real queue --------------------------------------------------------------------------
+def __getattr__(name: str) -> Any:
+    """``SysVFrontend`` by its old path (frontend.py imports this module, so it is looked up when asked)."""
+    if name == "SysVFrontend":
+        from pubsubclub.frontends.sysv.frontend import SysVFrontend
 
-
-def _kernel_limit(name: str, default: int) -> int:
-    """``/proc/sys/kernel/<name>`` as an int (``default`` where there is none)."""
-    try:
-        with open(f"/proc/sys/kernel/{name}") as f:
-            return int(f.read())
-    except (OSError, ValueError):
-        return default
-
-
-#: ``msgrcv`` flags that copy the message at an index and leave it: MSG_COPY | IPC_NOWAIT (Linux headers).
-_COPY_FLAGS = 0o40000 | 0o4000
-_MTYPE = ctypes.c_long
-
-
-def _message_copier(size: int) -> tuple[Any, Any, int] | None:
-    """libc's ``msgrcv`` and a buffer for one message of ``size`` bytes (struct msgbuf: mtype, mtext)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        msgrcv = libc.msgrcv
-    except (OSError, AttributeError):
-        return None
-    msgrcv.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long, ctypes.c_int)
-    msgrcv.restype = ctypes.c_ssize_t
-    return msgrcv, ctypes.create_string_buffer(ctypes.sizeof(_MTYPE) + size), size
-
-
-class SysVQueue:
-    """The node's queue through ``sysv_ipc``: created if missing (mode 0600), else used as it is."""
-
-    #: Access mode of a queue the node creates: the node's user (and root) only.
-    MODE = 0o600
-    #: Largest receive buffer the reading handle grows to (a message is at most kernel.msgmax).
-    MAX_RECEIVE = 1 << 26
-
-    def __init__(self, key: int) -> None:
-        self.key = key
-        try:
-            self._queue = sysv_ipc.MessageQueue(key, sysv_ipc.IPC_CREX, self.MODE, max_message_size=BODY_SIZE)
-            #: True if this node created the queue; False if it was there already.
-            self.created = True
-        except sysv_ipc.ExistentialError:
-            self._queue = sysv_ipc.MessageQueue(key, 0, max_message_size=BODY_SIZE)
-            self.created = False
-        self.id: int = self._queue.id
-        # msgrcv without MSG_NOERROR leaves a message bigger than the buffer on the
-        # queue (E2BIG), where it would block every later one: read with room for the largest.
-        self._receive_size = max(BODY_SIZE, _kernel_limit("msgmax", 8192))
-        self._reader = self._handle(self._receive_size)
-        # No room at all: msgrcv fails with E2BIG, taking nothing, when a message waits.
-        self._prober = self._handle(0)
-        self._copy = _message_copier(self._receive_size)
-
-    def _handle(self, size: int) -> sysv_ipc.MessageQueue:
-        return sysv_ipc.MessageQueue(self.key, 0, max_message_size=size)
-
-    def size_bytes(self) -> int:
-        """The queue's ``msg_qbytes``."""
-        return int(self._queue.max_size)
-
-    def grow(self, wanted: int) -> bool:
-        """Raise ``msg_qbytes`` to ``wanted`` (past kernel.msgmnb only with CAP_SYS_RESOURCE); True if it is."""
-        if self.size_bytes() >= wanted:
-            return True
-        for size in (wanted, _kernel_limit("msgmnb", 0)):
-            if size <= self.size_bytes():
-                continue
-            try:
-                self._queue.max_size = size
-            except (sysv_ipc.Error, OSError):
-                continue
-        return self.size_bytes() >= wanted
-
-    # -- ClientQueue -----------------------------------------------------------------------
-
-    def send(self, pid: int, data: bytes) -> None:
-        """``msgsnd`` with IPC_NOWAIT to ``pid``."""
-        try:
-            self._queue.send(data, block=False, type=pid)
-        except sysv_ipc.BusyError:
-            raise QueueFull from None
-        except (sysv_ipc.Error, OSError) as e:
-            raise QueueGone(str(e)) from None
-
-    def waiting(self, pid: int) -> bool:
-        """True if something waits for ``pid`` (taken from nothing: a message that waits does not fit no room)."""
-        for _ in range(4):
-            try:
-                self._prober.receive(block=False, type=pid)
-            except OSError as e:
-                if e.errno == errno.E2BIG:
-                    return True
-                raise
-            except sysv_ipc.BusyError:
-                return False
-            except sysv_ipc.ExistentialError:
-                return False
-            # An empty message for pid was taken (never ours): ask again.
-        return True
-
-    def used(self) -> int:
-        """Messages on the queue."""
-        try:
-            return int(self._queue.current_messages)
-        except sysv_ipc.ExistentialError:
-            return 0
-
-    def capacity(self) -> int:
-        """Messages of the protocol's size the queue holds."""
-        return self.size_bytes() // BODY_SIZE
-
-    def addressees(self) -> set[int] | None:
-        """The ``mtype`` of every message on the queue, copied and left there (``msgrcv`` with ``MSG_COPY``).
-
-        MSG_COPY (Linux 3.8+, ``CONFIG_CHECKPOINT_RESTORE``) reads the message
-        at an index without taking it. Without it (ENOSYS) this is None, logged
-        once, and strays stay (docs/sysv.md). The queue may change between two
-        calls; a message missed now is seen at the next sweep.
-        """
-        if self._copy is None:
-            return None
-        copy, buffer, size = self._copy
-        found: set[int] = set()
-        for index in range(self.used() + 1):
-            if copy(self.id, buffer, size, index, _COPY_FLAGS) >= 0:
-                found.add(_MTYPE.from_buffer(buffer).value)
-                continue
-            error = ctypes.get_errno()
-            if error == errno.E2BIG:
-                continue  # larger than kernel.msgmax was at start: not the protocol's, and not countable here
-            if error in (errno.ENOSYS, errno.EPERM) and not found:
-                log.warn(
-                    "SysV: msgrcv(MSG_COPY) is not available ({e}): messages to stray PIDs are not removed",
-                    e=os.strerror(error),
-                )
-                self._copy = None
-                return None
-            if error in (errno.EIDRM, errno.EINVAL):
-                raise QueueGone(os.strerror(error))
-            break  # ENOMSG: past the last message
-        return found
-
-    def purge(self, pid: int) -> int:
-        """Take every message waiting for ``pid``; how many."""
-        taken = 0
-        for _ in range(self.capacity() + 64):
-            try:
-                self._reader.receive(block=False, type=pid)
-            except sysv_ipc.BusyError:
-                break
-            except sysv_ipc.ExistentialError:
-                raise QueueGone from None
-            taken += 1
-        return taken
-
-    # -- the receiving thread ----------------------------------------------------------------
-
-    def receive(self) -> bytes:
-        """Wait for the next message to the server (blocking: call it from a thread); QueueGone if removed."""
-        while True:
-            try:
-                data, _ = self._reader.receive(block=True, type=SERVER_ID)
-                return bytes(data)
-            except sysv_ipc.ExistentialError:
-                raise QueueGone(f"queue {self.key:#x} was removed") from None
-            except OSError as e:
-                if e.errno != errno.E2BIG or self._receive_size >= self.MAX_RECEIVE:
-                    raise
-                # kernel.msgmax was raised after the start: a bigger message is possible now.
-                self._receive_size = min(self.MAX_RECEIVE, max(self._receive_size * 2, _kernel_limit("msgmax", 0)))
-                self._reader = self._handle(self._receive_size)
-            except sysv_ipc.Error as e:
-                if type(e) is not sysv_ipc.Error:
-                    raise
-                # EINTR: a signal reached this thread; wait again.
-
-    def wake(self) -> bool:
-        """Send the server a message no client sends (sender 1), so the receiving thread returns; True if sent."""
-        try:
-            self._queue.send(pack(SERVER_ID, 0), block=False, type=SERVER_ID)
-        except (sysv_ipc.Error, OSError):
-            return False
-        return True
-
-    def remove(self) -> None:
-        """Remove the queue from the system (``ipcrm -q``)."""
-        self._queue.remove()
-
-
-class QueueReceiver:
-    """The thread that waits in ``msgrcv(type=1)`` and hands each message to the reactor.
-
-    At most :data:`MAX_PENDING` messages are handed over and not yet handled:
-    past that the thread waits, and further requests wait on the queue (where
-    the kernel bounds them), not in the reactor's memory.
-    """
-
-    def __init__(
-        self,
-        queue: SysVQueue,
-        handle: Callable[[bytes], None],
-        reactor: Any,
-        lost: Callable[[Exception], None],
-    ) -> None:
-        self._queue = queue
-        self._handle = handle
-        self._reactor = reactor
-        self._lost = lost
-        self._pending = threading.BoundedSemaphore(MAX_PENDING)
-        self._stopping = False
-        self._thread: threading.Thread | None = None
-        self._done: defer.Deferred[None] = defer.Deferred()
-        #: Milliseconds the last :meth:`stop` took, once it is done.
-        self.stop_ms: float | None = None
-
-    @property
-    def running(self) -> bool:
-        """The thread is receiving."""
-        return self._thread is not None and not self._done.called
-
-    def start(self) -> None:
-        """Start the thread."""
-        self._thread = threading.Thread(target=self._run, name=f"sysv-receiver-{self._queue.key:#x}", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        failure: Exception | None = None
-        while not self._stopping:
-            self._pending.acquire()
-            try:
-                data = self._queue.receive()
-            except Exception as e:  # QueueGone, or the queue became unusable (permissions)
-                self._pending.release()
-                failure = e
-                break
-            if self._stopping:
-                self._pending.release()
-                break
-            self._reactor.callFromThread(self._deliver, data)
-        self._reactor.callFromThread(self._exited, failure)
-
-    def _deliver(self, data: bytes) -> None:
-        try:
-            self._handle(data)
-        finally:
-            self._pending.release()
-
-    def _exited(self, failure: Exception | None) -> None:
-        if not self._done.called:
-            self._done.callback(None)
-        if failure is not None and not self._stopping:
-            self._lost(failure)
-
-    def stop(self) -> defer.Deferred[None]:
-        """Stop receiving: wake the thread with a message of its own; fires when it has exited.
-
-        If it cannot be woken (queue full or gone) within :data:`STOP_SECONDS`,
-        fires anyway: the thread is a daemon and ends with the process.
-        """
-        if self._thread is None or self._done.called:
-            return defer.succeed(None)
-        self._stopping = True
-        started = time.perf_counter()
-        done: defer.Deferred[None] = defer.Deferred()
-        wakes: list[Any] = []
-
-        def wake() -> None:
-            if not self._done.called and not self._queue.wake():
-                wakes.append(self._reactor.callLater(0.1, wake))  # full: try again soon
-
-        def exited(_: object) -> None:
-            self.stop_ms = (time.perf_counter() - started) * 1000
-            log.info("SysV receiving thread stopped in {ms:.2f} ms", ms=self.stop_ms)
-            finish()
-
-        def give_up() -> None:
-            log.warn("SysV receiving thread did not stop within {s} s; left to end with the process", s=STOP_SECONDS)
-            finish()
-
-        def finish() -> None:
-            for call in (*wakes, timeout):
-                if call.active():
-                    call.cancel()
-            if not done.called:
-                done.callback(None)
-
-        timeout = self._reactor.callLater(STOP_SECONDS, give_up)
-        self._done.addCallback(exited)
-        wake()
-        return done
-
-
-# -- the front-end ---------------------------------------------------------------------------
-
-
-def _host_lock(key: int) -> socket.socket | None:
-    """Hold the host-wide name of ``key`` (an abstract Unix socket), so two nodes never share a queue."""
-    lock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        lock.bind(f"\0pubsubclub-sysv-{key:#x}")
-    except OSError as e:
-        lock.close()
-        if e.errno == errno.EADDRINUSE:
-            raise RuntimeError(f"another pubsubclub node on this host serves SysV key {key:#x}") from None
-        return None  # no abstract sockets (not Linux): nothing to hold
-    return lock
-
-
-class SysVFrontend(Frontend):
-    """The System V message-queue front-end (``--sysv KEY``), composed for the node."""
-
-    name = "sysv"
-
-    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
-        super().__init__()
-        key = config.sysv_key()
-        if key is None:
-            raise ValueError("the SysV front-end needs --sysv KEY")
-        self.key = key
-        self._hub = hub
-        self._config = config
-        self._auth = auth
-        self._reactor = reactor
-        section = config.sysv
-        self.limits = SysVLimits(
-            max_users=section.max_users,
-            max_channels=section.max_channels,
-            max_subscriptions=section.max_subscriptions,
-            max_blocks=section.max_blocks,
-            client_queue_share=section.client_queue_share,
-            stray_grace=float(section.stray_grace),
-        )
-        #: Where the registry survives restarts.
-        self.state_path = os.path.join(config.node.data_dir, f"sysv-{key:#x}.json")
-        self.queue: SysVQueue | None = None
-        self.service: SysVService | None = None
-        self.receiver: QueueReceiver | None = None
-        self._sweeper: task.LoopingCall | None = None
-        self._lock: socket.socket | None = None
-        self._reopen = False
-
-    async def listen(self) -> dict[str, str]:
-        """Open (or create) the queue, restore the registry, start receiving; ``sysv`` -> ``sysv:0x420``."""
-        self._lock = _host_lock(self.key)
-        try:
-            self.queue = self._open_queue()
-        except (sysv_ipc.Error, OSError) as e:
-            if self._lock is not None:
-                self._lock.close()
-            raise RuntimeError(f"cannot open SysV queue {self.key:#x}: {e}") from e
-        self.service = SysVService(
-            self._hub,
-            self.queue,
-            self.limits,
-            prefix=self._config.sysv.prefix,
-            auth=self._auth,
-            save=self._write_state,
-        )
-        self._read_state()
-        self._start_receiving()
-        self._sweeper = task.LoopingCall(self._tick)
-        self._sweeper.clock = self._reactor
-        self._sweeper.start(SWEEP_SECONDS, now=True)
-        return {"sysv": f"sysv:{self.key:#x}"}
-
-    def _open_queue(self) -> SysVQueue:
-        queue = SysVQueue(self.key)
-        wanted = QueueBudget.wanted_bytes(self.limits)
-        if not queue.grow(wanted):
-            budget = QueueBudget(self.limits, queue.capacity())
-            log.warn(
-                "SysV queue {key} holds {size} bytes ({n} messages), not the {wanted} that give each of {users}"
-                " users {share} waiting messages: each is guaranteed {guaranteed} (raise kernel.msgmnb to"
-                " {wanted}, or run the node with CAP_SYS_RESOURCE; docs/sysv.md)",
-                key=f"{self.key:#x}",
-                size=queue.size_bytes(),
-                n=queue.capacity(),
-                wanted=wanted,
-                users=self.limits.max_users,
-                share=self.limits.client_queue_share,
-                guaranteed=budget.guaranteed,
-            )
-        log.info(
-            "SysV queue {key} (id {id}) {how}, {used} messages waiting",
-            key=f"{self.key:#x}",
-            id=queue.id,
-            how="created" if queue.created else "already there: used as it is",
-            used=queue.used(),
-        )
-        return queue
-
-    def _start_receiving(self) -> None:
-        assert self.queue is not None and self.service is not None
-        self.receiver = QueueReceiver(self.queue, self.service.message_received, self._reactor, self._queue_lost)
-        self.receiver.start()
-
-    def _queue_lost(self, failure: Exception) -> None:
-        log.error("SysV queue {key} is unusable ({failure}); making it again", key=f"{self.key:#x}", failure=failure)
-        self._reopen = True
-        self._tick()
-
-    def _tick(self) -> None:
-        """Every second: re-make a lost queue, log out dead clients, save the registry if it changed."""
-        service = self.service
-        if service is None:
-            return
-        if self._reopen:
-            try:
-                self.queue = self._open_queue()
-            except (sysv_ipc.Error, OSError) as e:
-                log.error("SysV queue {key} cannot be made: {e}; trying again", key=f"{self.key:#x}", e=str(e))
-                return
-            self._reopen = False
-            service.queue = self.queue
-            service.budget = QueueBudget(self.limits, self.queue.capacity())
-            self._start_receiving()
-        try:
-            service.sweep()
-            if service.dirty:
-                service.save()
-        except Exception:
-            log.failure("SysV housekeeping failed")
-
-    def _read_state(self) -> None:
-        assert self.service is not None
-        try:
-            with open(self.state_path, "rb") as f:
-                state = json.loads(f.read(1 << 20))
-            self.service.restore(state)
-        except FileNotFoundError:
-            return
-        except (ValueError, OSError) as e:
-            bad = f"{self.state_path}.bad"
-            log.warn(
-                "SysV state {path} unusable ({e}); starting empty, kept as {bad}", path=self.state_path, e=e, bad=bad
-            )
-            try:
-                os.replace(self.state_path, bad)
-            except OSError:
-                pass
-            return
-        service = self.service
-        log.info(
-            "SysV state restored: {users} users, {channels} channels, {subs} subscriptions, {blocks} blocks",
-            users=len(service.users),
-            channels=len(service.channels),
-            subs=service.stats()["subscriptions"],
-            blocks=service.stats()["blocks"],
-        )
-
-    def _write_state(self, state: dict[str, Any]) -> None:
-        temporary = f"{self.state_path}.tmp"
-        try:
-            os.makedirs(os.path.dirname(self.state_path) or ".", exist_ok=True)
-            with open(temporary, "w") as f:
-                json.dump(state, f)
-            os.replace(temporary, self.state_path)
-        except OSError:
-            log.failure("SysV state could not be saved to {path}", path=self.state_path)
-
-    def close(self, reason: str) -> defer.Deferred[Any] | None:
-        """Stop receiving (the thread is woken and exits); the registry is kept for the next start."""
-        if self.receiver is None:
-            return None
-        return self.receiver.stop()
-
-    def finish(self) -> None:
-        """Stop the sweeps, leave the hub, save the registry, release the key. The queue stays."""
-        if self._sweeper is not None and self._sweeper.running:
-            self._sweeper.stop()
-        if self.service is not None:
-            self.service.close()
-            self.service.save()
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
-    def stats(self) -> dict[str, Any]:
-        """The queue, the registry's sizes and the counters."""
-        if self.service is None or self.queue is None:
-            return {}
-        return {
-            "key": f"{self.key:#x}",
-            "queue_id": self.queue.id,
-            "waiting": self.queue.used(),
-            "receiving": self.receiver is not None and self.receiver.running,
-            "receiver_stop_ms": None if self.receiver is None else self.receiver.stop_ms,
-            **self.service.stats(),
-        }
+        return SysVFrontend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

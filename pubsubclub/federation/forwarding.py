@@ -1,0 +1,240 @@
+"""The federation's forwarding: a local publish to every consumer that asked for its topic.
+
+Part of :class:`~pubsubclub.federation.federation.Federation`: each
+message's PSC301 is made once (``Envelope.wire``), measured against the link
+limit before the front-end acknowledges it, sent on 0.1/0.2 links and
+numbered by the replay :class:`~pubsubclub.federation.replay.Outbox` for 0.3
+streams; sent here and counted once per read of the metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.logger import Logger
+
+from pubsubclub.core.counters import FederationEvent
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.metrics import payload_size
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.federation import psc
+from pubsubclub.federation.replay import Inbox, Outbox, Stream
+from pubsubclub.federation.retry import RetryPolicy
+from pubsubclub.federation.servers import Link, _Server
+from pubsubclub.federation.session import (
+    LinkSession,
+)
+
+log = Logger()
+# Counted per message: bound once, as reading a member off its enum class costs more than the count.
+_FORWARDED = FederationEvent.FORWARDED
+
+
+#: Most (topic, link) forward counts held back between reads of the metrics; past it they are added at once.
+MAX_HELD_COUNTS = 1024
+
+
+#: How many times larger a message's JSON may be than the client's bytes for it: MessagePack's
+#: one-byte ``false`` or control character is six bytes of JSON (``false,``, ``\u0001``); JSON's
+#: ``1e15`` becomes ``1000000000000000.0``. Below the bound a publish needs no check (``unchecked_below``).
+MAX_REENCODING_GROWTH = 6
+
+
+#: Bytes a PSC301 may add around the re-encoded message: topic, origin, time, message id, JSON.
+PSC_OVERHEAD_ALLOWANCE = 8 * 1024
+
+
+#: Room for the sequence number a 0.3 stream adds to a PSC301's metadata (``,"s":<integer>``).
+SEQ_ALLOWANCE = 32
+
+
+#: ``Envelope.wire`` key of a local publish's PSC301 with metadata, made once (the size check, then forwarding).
+_PSC_RICH = "psc301"
+
+
+#: ``Envelope.wire`` key of the same in the 0.6 binary form, for a message holding bytes (0.6 links only).
+_PSC_BINARY = "psc301-binary"
+
+
+class Forwarding:
+    """Forwarding local publishes over the links (a part of :class:`Federation`)."""
+
+    # The federation's state this part reads and writes (set by Federation.__init__).
+    hub: Hub
+    node_id: str
+    limits: psc.Limits
+    advertise_url: str | None
+    announce_url: str | None
+    learn_peers: bool
+    outbox: Outbox | None
+    inbox: Inbox | None
+    _reactor: Any
+    _ping_interval: float
+    _retry: RetryPolicy
+    _rand: Callable[[], float]
+    _endpoint_factory: Callable[[Any, str], IStreamClientEndpoint]
+    _servers: dict[str, _Server]
+    _links: dict[LinkSession, Link]
+    _producers: dict[LinkSession, None]
+    _by_topic: dict[str, dict[LinkSession, None]]
+    _remote_topics_listeners: list[Callable[[], None]]
+    _announced: dict[Pattern, None]
+    _held: dict[Pattern, None]
+    _forwarded: dict[tuple[str, Any], list[int]]
+    _forwarded_n: int
+
+    def forward_problem(self, envelope: Envelope) -> str | None:
+        """Why a local publish cannot cross the links (its PSC301 is over the link frame limit), or None.
+
+        Front-ends ask (through :meth:`Hub.refusal`) before they acknowledge.
+        The PSC301 made here is kept on the envelope and sent as it is.
+        """
+        try:
+            rich = self._rich(envelope)
+        except TypeError:
+            try:
+                rich = self._rich_binary(envelope)  # bytes measured as they cross: "\0" + base64
+            except TypeError:
+                return None  # not JSON even so (non-string keys): never forwarded (dropped, not_json)
+        size = len(rich) + SEQ_ALLOWANCE
+        limits = self.limits
+        if size <= limits.max_link_frame:
+            return None
+        return (
+            f"message is {size} bytes as a PSC301, over the link limit of {limits.max_link_frame} bytes"
+            f" (max-message-size {limits.max_message_size} + link-headroom {limits.link_headroom})"
+        )
+
+    @staticmethod
+    def _rich(envelope: Envelope) -> bytes:
+        """``envelope``'s PSC301 with metadata (0.2 and later), made once per message.
+
+        Raises TypeError when the message is not JSON (bytes in it: see :meth:`_rich_binary`).
+        """
+        wire = envelope.wire
+        rich: bytes | None = wire.get(_PSC_RICH)
+        if rich is None:
+            rich = wire[_PSC_RICH] = psc.encode_publish_meta(
+                envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+                envelope.wamp_wrapped,
+            )  # fmt: skip
+        return rich
+
+    @staticmethod
+    def _rich_binary(envelope: Envelope) -> bytes:
+        """``envelope``'s PSC301 in the 0.6 binary form (``"b": 1``), made once; only after :meth:`_rich` refused it.
+
+        Raises TypeError when the message is not JSON even with its bytes
+        written as ``"\0"`` + base64 (e.g. MessagePack maps with non-string keys).
+        """
+        wire = envelope.wire
+        rich: bytes | None = wire.get(_PSC_BINARY)
+        if rich is None:
+            rich = wire[_PSC_BINARY] = psc.encode_publish_meta(
+                envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+                envelope.wamp_wrapped, binary=True,
+            )  # fmt: skip
+        return rich
+
+    def local_published(self, envelope: Envelope) -> None:
+        """Forward a local publish to each consumer that asked for its topic.
+
+        Counted as forwarded in :attr:`_forwarded`, added to the metrics before
+        any read of them (:meth:`_settle`): the same totals, no per-message call.
+        """
+        topic = envelope.topic
+        sessions = self._by_topic.get(topic)
+        outbox = self.outbox
+        streams = None if outbox is None else outbox.streams_for(topic)
+        if not sessions and not streams:
+            return
+        plain: bytes | None = None
+        rich: bytes | None = None
+        forwarded = self._forwarded
+        if len(forwarded) >= MAX_HELD_COUNTS:
+            self._settle()  # bounded: publishing on ever new topics must not grow the node
+        sent = 0
+        try:
+            if streams:
+                assert outbox is not None
+                rich = self._rich(envelope)
+                sent = self._send(topic, outbox.forward(psc.seq_template(rich), streams))
+            for session in sessions or ():
+                if session.with_metadata:
+                    if rich is None:
+                        rich = self._rich(envelope)
+                    data = rich
+                else:
+                    if plain is None:
+                        plain = psc.encode_publish(topic, envelope.payload)
+                    data = plain
+                session.send_raw(data)
+                cell = forwarded.get((topic, session))
+                if cell is None:
+                    cell = forwarded[(topic, session)] = [0, 0]
+                cell[0] += 1
+                cell[1] += len(data)
+                sent += 1
+        except TypeError:  # orjson: the payload is not JSON (bytes in it); raised before anything was sent
+            self._forward_binary(envelope, sessions, streams)
+            return
+        self._forwarded_n += sent
+
+    def _send(self, topic: str, sends: list[tuple[Any, bytes]]) -> int:
+        """Send what the outbox numbered for its streams' links; add each to :attr:`_forwarded`; how many were sent."""
+        forwarded = self._forwarded
+        for link, data in sends:
+            link.send_raw(data)
+            cell = forwarded.get((topic, link))
+            if cell is None:
+                cell = forwarded[(topic, link)] = [0, 0]
+            cell[0] += 1
+            cell[1] += len(data)
+        return len(sends)
+
+    def _forward_binary(
+        self, envelope: Envelope, sessions: dict[LinkSession, None] | None, streams: dict[Stream, None] | None
+    ) -> None:
+        """:meth:`local_published` for a message holding bytes: the 0.6 binary form, to 0.6 links only.
+
+        Older links (below 0.6: ``sessions`` all are, and streams whose
+        consumer did not speak 0.6) cannot carry it and are counted as
+        dropped (``not_json``), as is everyone when it is not JSON even so.
+        """
+        topic = envelope.topic
+        try:
+            binary = self._rich_binary(envelope)
+        except TypeError as e:
+            takers: dict[Stream, None] = {}
+            error = str(e)
+        else:
+            takers = {stream: None for stream in streams or () if stream.binary}
+            error = "binary values, and the link is older than PSC 0.6"
+        missed = len(sessions or ()) + len(streams or ()) - len(takers)
+        if takers:
+            assert self.outbox is not None
+            self._forwarded_n += self._send(topic, self.outbox.forward(psc.seq_template(binary), takers))
+        if missed:
+            self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)
+            self.hub.metrics.count(topic, "psc", "dropped", missed, payload_size(envelope), reason="not_json")
+            log.warn(
+                "not forwarding a message on {topic} to {missed} links: payload is not JSON ({error})",
+                topic=topic,
+                missed=missed,
+                error=error,
+            )
+
+    def _settle(self) -> None:
+        """Add the forwards held back since the last read of the metrics (run by ``Metrics.settle``)."""
+        metrics = self.hub.metrics
+        n = self._forwarded_n
+        if n:
+            self._forwarded_n = 0
+            metrics.event(_FORWARDED, n)
+        forwarded = self._forwarded
+        if forwarded:
+            for (topic, session), (count, nbytes) in forwarded.items():
+                metrics.count(topic, "psc", "forwarded", count, nbytes, peer=session.peer_node or session.peer)
+            forwarded.clear()  # in place: a read in the middle of local_published leaves its reference valid

@@ -1,0 +1,208 @@
+"""The federation's receiving: what producers send us, delivered here and never forwarded again.
+
+Part of :class:`~pubsubclub.federation.federation.Federation`: one path for
+PSC301s (a single message is a batch of one), replay positions and gaps
+(PSC103/PSC104), and messages dropped for their bounds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.logger import Logger
+
+from pubsubclub.core.counters import FederationEvent
+from pubsubclub.core.hub import GAP_TOPIC, Envelope, Hub
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.federation import psc
+from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ResumeRefused
+from pubsubclub.federation.retry import RetryPolicy
+from pubsubclub.federation.servers import Link, _Server
+from pubsubclub.federation.session import (
+    CLOSE_BAD_MESSAGE,
+    CLOSE_DUPLICATE,
+    LinkError,
+    LinkSession,
+    LinkState,
+)
+
+log = Logger()
+# Counted per message: bound once, as reading a member off its enum class costs more than the count.
+_RECEIVED = FederationEvent.RECEIVED
+
+
+class Receiving:
+    """Receiving from producers (a part of :class:`Federation`)."""
+
+    # The federation's state this part reads and writes (set by Federation.__init__).
+    hub: Hub
+    node_id: str
+    limits: psc.Limits
+    advertise_url: str | None
+    announce_url: str | None
+    learn_peers: bool
+    outbox: Outbox | None
+    inbox: Inbox | None
+    _reactor: Any
+    _ping_interval: float
+    _retry: RetryPolicy
+    _rand: Callable[[], float]
+    _endpoint_factory: Callable[[Any, str], IStreamClientEndpoint]
+    _servers: dict[str, _Server]
+    _links: dict[LinkSession, Link]
+    _producers: dict[LinkSession, None]
+    _by_topic: dict[str, dict[LinkSession, None]]
+    _remote_topics_listeners: list[Callable[[], None]]
+    _announced: dict[Pattern, None]
+    _held: dict[Pattern, None]
+    _forwarded: dict[tuple[str, Any], list[int]]
+    _forwarded_n: int
+
+    if TYPE_CHECKING:
+
+        def _remote_topics_changed(self) -> None:
+            """Tell the remote-topics listeners (:class:`~pubsubclub.federation.interest.Interest`)."""
+
+    def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
+        """0.3: a consumer resumes its stream; answer PSC104, resend what it missed, then go live."""
+        assert self.outbox is not None  # 0.3 is offered only with an outbox
+        try:
+            plan = self.outbox.resume(session, session.peer_node, message)
+        except ResumeRefused as e:
+            raise LinkError(CLOSE_BAD_MESSAGE, e.reason) from None
+        session.send(plan.position)
+        for data in plan.replay:
+            session.send_raw(data)
+        peer = session.peer_node or session.peer
+        log.info(
+            "PSC stream to {peer}: epoch {epoch}, resumed after {seq}, {replayed} resent, {lost} lost",
+            peer=peer,
+            epoch=plan.position.epoch,
+            seq=plan.position.seq,
+            replayed=len(plan.replay),
+            lost=plan.position.lost,
+        )
+        if plan.replay:
+            self.hub.metrics.link_count(peer, "replayed", len(plan.replay))
+        old = self._links.get(plan.superseded)
+        if old is not None:
+            old.close(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
+        for topic in message.topics:
+            self.hub.remote_subscribed(topic, peer)
+        self._remote_topics_changed()
+
+    def link_position(self, session: LinkSession, message: psc.Position) -> None:
+        """0.3: the producer said where its stream continues; report a gap it announces."""
+        assert self.inbox is not None
+        gap = self.inbox.positioned(session.peer_node or session.peer, message)
+        if gap is not None:
+            self._report_gap(gap)
+
+    def _report_gap(self, gap: Gap) -> None:
+        """Log, count and tell local subscribers of GAP_TOPIC that messages from a producer are lost."""
+        self.hub.metrics.event(FederationEvent.GAPS)
+        self.hub.metrics.event(FederationEvent.GAP_MESSAGES, gap.lost or 0)
+        self.hub.metrics.link_count(gap.producer, "gaps", 1)
+        if gap.lost:
+            self.hub.metrics.link_count(gap.producer, "lost", gap.lost)
+        log.warn(
+            "gap in the stream from {peer}: {lost} messages lost ({reason})",
+            peer=gap.producer,
+            lost="an unknown number of" if gap.lost is None else gap.lost,
+            reason=gap.reason,
+        )
+        now = self._reactor.seconds()
+        payload = {"origin": gap.producer, "lost": gap.lost, "reason": gap.reason}
+        self.hub.deliver_remote(Envelope(GAP_TOPIC, payload, origin=self.node_id, published_at=now))
+
+    def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
+        """A producer sent a PSC301 whose message breaks the JSON bounds: count it, keep the link."""
+        peer = session.peer_node or session.peer
+        self.hub.metrics.event(FederationEvent.DROPPED_BOUNDS)
+        self.hub.metrics.count(error.topic, "psc", "dropped", 1, session.last_size, peer=peer, reason="bounds")
+        log.warn("dropped a PSC301 from {peer}: {problem}", peer=peer, problem=str(error))
+
+    def link_error(self, session: LinkSession) -> None:
+        """Handling a message from ``session`` raised (logged by the transport); the link stays."""
+        self.hub.metrics.event(FederationEvent.HANDLER_ERRORS)
+        self.hub.metrics.error("psc", "handler_error")
+
+    def link_received(self, session: LinkSession, message: psc.Publish) -> None:
+        """A producer sent a message: deliver it here, never forward it (a batch of one)."""
+        self.link_received_batch(session, [message], [session.last_size])
+
+    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
+        """A producer sent PSC301s (one frame's, or one): deliver them here in order, never forward them.
+
+        The one remote-receive path: the counters are added up over the run
+        and counted once, with one clock reading for its latencies (the frame
+        arrived at once).
+        """
+        hub = self.hub
+        metrics = hub.metrics
+        received: dict[str, list[int]] = {}
+        latencies: dict[str, list[float]] = {}
+        try:
+            hub.deliver_remote_batch(self._envelopes(session, messages, sizes, received, latencies))
+        finally:
+            n = 0
+            peer = session.peer_node or session.peer
+            for topic, (count, nbytes) in received.items():
+                n += count
+                metrics.count(topic, "psc", "received", count, nbytes, peer=peer)
+            if n:
+                metrics.event(_RECEIVED, n)
+            for origin, seconds in latencies.items():
+                metrics.latencies(origin, seconds)
+
+    def _envelopes(
+        self,
+        session: LinkSession,
+        messages: list[psc.Publish],
+        sizes: list[int],
+        received: dict[str, list[int]],
+        latencies: dict[str, list[float]],
+    ) -> Iterator[Envelope]:
+        """:meth:`link_received_batch`'s envelopes, one at a time; stops when the session closes.
+
+        Adds each to ``received`` (topic -> [messages, bytes]) and its latency to ``latencies`` (by origin).
+        """
+        peer_node = session.peer_node
+        peer = peer_node or session.peer
+        inbox = self.inbox if session.with_replay else None
+        now = self._reactor.seconds()
+        closed = LinkState.CLOSED
+        for message, size in zip(messages, sizes, strict=True):
+            if session.state is closed:
+                return
+            meta = message.meta
+            if meta is None:
+                envelope = Envelope(message.topic, message.message, peer_node, size=size)
+            else:
+                if inbox is not None and meta.seq is not None:
+                    skipped = inbox.accept(peer, meta.seq)
+                    if skipped:
+                        if skipped == DUPLICATE:
+                            self.hub.metrics.event(FederationEvent.DUPLICATES_DROPPED)
+                            self.hub.metrics.link_count(peer, "duplicates", 1)
+                            continue
+                        self._report_gap(Gap(peer, skipped, "sequence"))
+                origin = meta.origin or peer_node
+                published_at = meta.published_at
+                envelope = Envelope(
+                    message.topic, message.message, origin, published_at, meta.message_id, meta.wamp_wrapped, size
+                )
+                if published_at is not None and origin is not None:
+                    waits = latencies.get(origin)
+                    if waits is None:
+                        waits = latencies[origin] = []
+                    waits.append(now - published_at)
+            cell = received.get(message.topic)
+            if cell is None:
+                received[message.topic] = [1, size]
+            else:
+                cell[0] += 1
+                cell[1] += size
+            yield envelope
