@@ -48,6 +48,7 @@ from pubsubclub.federation.auth import (
 )
 from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused, Stream
 from pubsubclub.federation.retry import RetryPolicy
+from pubsubclub.federation.rpc import ClusterRPC
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_DUPLICATE,
@@ -245,6 +246,11 @@ class Federation:
             # Binary payloads (0.6) come with 0.5: a node that offers 0.5 can carry them.
             if psc.V0_5 in self.versions and psc.V0_6 not in self.versions:
                 self.versions = (*self.versions, psc.V0_6)
+            # RPC across the cluster (0.7, federation/rpc.py) comes with 0.6.
+            if psc.V0_6 in self.versions and psc.V0_7 not in self.versions:
+                self.versions = (*self.versions, psc.V0_7)
+        #: RPC over 0.7 links (federation/rpc.py); the node attaches its WAMP dealer.
+        self.rpc = ClusterRPC(self.node_id, limits)
         self._servers: dict[str, _Server] = {}
         #: Every live link, by its session.
         self._links: dict[LinkSession, Link] = {}
@@ -496,6 +502,8 @@ class Federation:
                 link.server.failures = 0
                 link.server.down_since = None
             self._learn(link.transport.heard)
+        if session.with_rpc:
+            self.rpc.link_open(session)
         self.hub.metrics.event(FederationEvent.LINKS_OPENED)
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
@@ -514,6 +522,7 @@ class Federation:
             if server.down_since is None:
                 server.down_since = self._reactor.seconds()
         self._producers.pop(session, None)
+        self.rpc.link_closed(session)
         if self.outbox is not None:
             self.outbox.detach(session)
         for topic in session.topics:
@@ -720,6 +729,10 @@ class Federation:
         now = self._reactor.seconds()
         payload = {"origin": gap.producer, "lost": gap.lost, "reason": gap.reason}
         self.hub.deliver_remote(Envelope(GAP_TOPIC, payload, origin=self.node_id, published_at=now))
+
+    def link_rpc(self, session: LinkSession, message: psc.ExtensionMessage) -> None:
+        """A 0.7 RPC message (federation/rpc.py)."""
+        self.rpc.receive(session, message)
 
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         """A producer sent a PSC301 whose message breaks the JSON bounds: count it, keep the link."""
