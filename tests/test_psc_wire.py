@@ -336,7 +336,7 @@ def test_oversize_frame_closes_with_1009(node: NodeProcess) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_dialling_node_is_a_consumer(raw_server: RawPSCServer, spawn: Callable[..., NodeProcess]) -> None:
-    """A node dialling a producer offers 0.1 to 0.6, sends its interest, delivers PSC301 and pings."""
+    """A node dialling a producer offers 0.1 to 0.7, sends its interest, delivers PSC301 and pings."""
     dialer = spawn("dialer", peers=(raw_server.url,))
     link = raw_server.accept()
     assert recv_json(link) == [101, [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [0, 7]]
