@@ -5,8 +5,8 @@ Broker role of the WAMP Basic Profile: HELLO/WELCOME/ABORT/GOODBYE,
 SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
 ERROR, plus the Advanced Profile's pattern-based subscriptions (``match:
 "prefix"`` and ``"wildcard"``; see "Patterns" below). The session also
-hands REGISTER/UNREGISTER/CALL/YIELD to the node-local Dealer
-(pubsubclub/frontends/wamp/dealer.py): RPC stays on the node, it is never federated.
+hands REGISTER/UNREGISTER/CALL/YIELD to the Dealer
+(pubsubclub/frontends/wamp/dealer.py), which reaches callees on other nodes over PSC 0.7.
 
 Realms and topics
     The router serves a fixed list of realms. The *first* realm maps WAMP
