@@ -28,10 +28,8 @@ PASS_ONE_NODE = frozenset(ROUTER_FILES) - {
     "test_pubsub_exclude",  # publish option exclude is ignored
     "test_serialization_cbor",  # no wamp.2.cbor
 }
-PASS_TWO_NODES = PASS_ONE_NODE - {
-    "test_rpc_routing",  # a call on node B to a procedure on node A: no_such_procedure
-    "test_error_handling",  # "error in invocation handler": the callee is on the other node
-}
+#: RPC crosses nodes since PSC 0.7: test_rpc_routing and test_error_handling pass across two nodes too.
+PASS_TWO_NODES = PASS_ONE_NODE
 
 
 @pytest.fixture

@@ -134,30 +134,63 @@ def test_a_timed_out_call_interrupts_its_callee() -> None:
     assert clock.getDelayedCalls() == []
 
 
-@pytest.mark.parametrize("match", ["prefix", "wildcard"])
-def test_pattern_based_registration_is_refused(match: str) -> None:
-    """The dealer offers exact registrations only: a prefix or wildcard REGISTER gets a clear ERROR, not an
-    exact registration of the pattern's text."""
+def test_pattern_registrations_exact_then_longest_prefix_then_wildcard() -> None:
+    """A CALL goes to the exact registration, else the longest matching prefix, else a matching wildcard; a
+    pattern's INVOCATION names the procedure called (details.procedure)."""
     router = WampRouter(Hub())
+    caller, caller_t = joined(router)
     callee, callee_t = joined(router)
-    callee.onMessage(message.Register(4, "com.example", match=match))  # also a valid exact URI
-    answer = callee_t.sent[-1]
-    assert isinstance(answer, message.Error) and answer.request_type == message.Register.MESSAGE_TYPE
-    assert answer.error == "wamp.error.invalid_argument"
-    assert "only exact" in answer.args[0]
-    assert router.dealer.registrations() == 0
+    regs = {}
+    for request, (uri, match) in enumerate(
+        [("com.app.add", None), ("com.app.", "prefix"), ("com.", "prefix"), ("com..add", "wildcard")], 1
+    ):
+        callee.onMessage(message.Register(request, uri, match=match))
+        answer = callee_t.sent.pop()
+        assert isinstance(answer, message.Registered)
+        regs[uri] = answer.registration
+    got = []
+    for request, uri in enumerate(["com.app.add", "com.app.sub", "com.x.y", "org.x.add"], 10):
+        caller.onMessage(message.Call(request, uri))
+        if uri == "org.x.add":
+            assert [m.error for m in caller_t.sent] == ["wamp.error.no_such_procedure"]
+            continue
+        invocation = callee_t.sent.pop()
+        got.append((uri, invocation.registration, invocation.procedure))
+    assert got == [
+        ("com.app.add", regs["com.app.add"], None),
+        ("com.app.sub", regs["com.app."], "com.app.sub"),
+        ("com.x.y", regs["com."], "com.x.y"),
+    ]
+    callee.onMessage(message.Unregister(20, regs["com."]))
+    caller.onMessage(message.Call(21, "com.x.add"))
+    assert callee_t.sent[-1].registration == regs["com..add"]
 
 
-def test_shared_registration_policies_are_refused() -> None:
-    """REGISTER with an invoke policy other than single gets a clear ERROR (shared registration is not offered)."""
+@pytest.mark.parametrize(
+    ("invoke", "order"),
+    [("roundrobin", [0, 1, 2, 0]), ("first", [0, 0, 0, 0]), ("last", [2, 2, 2, 2])],
+)
+def test_shared_registration_policies(invoke: str, order: list[int]) -> None:
+    """Shared registrations of one policy spread calls as the policy says; another policy, or single, is
+    refused with procedure_already_exists."""
+    ticks = iter(range(100))
     router = WampRouter(Hub())
-    callee, callee_t = joined(router)
-    callee.onMessage(message.Register(4, "com.example.add", invoke="roundrobin"))
-    answer = callee_t.sent[-1]
-    assert isinstance(answer, message.Error) and answer.error == "wamp.error.invalid_argument"
-    assert "roundrobin" in answer.args[0]
-    callee.onMessage(message.Register(5, "com.example.add", invoke="single"))
-    assert isinstance(callee_t.sent[-1], message.Registered)
+    router.dealer.clock = lambda: float(next(ticks))
+    caller, caller_t = joined(router)
+    callees = [joined(router) for _ in range(3)]
+    for session, transport in callees:
+        session.onMessage(message.Register(4, "com.example.add", invoke=invoke))
+        assert isinstance(transport.sent.pop(), message.Registered)
+    other, other_t = joined(router)
+    for policy in ("single", "random" if invoke != "random" else "first"):
+        other.onMessage(message.Register(5, "com.example.add", invoke=policy))
+        answer = other_t.sent.pop()
+        assert isinstance(answer, message.Error) and answer.error == "wamp.error.procedure_already_exists"
+    got = []
+    for request in range(4):
+        caller.onMessage(message.Call(10 + request, "com.example.add"))
+        got.append(next(i for i, (_, t) in enumerate(callees) if t.sent and t.sent.pop()))
+    assert got == order
 
 
 def test_yield_from_a_session_that_was_not_invoked_is_dropped() -> None:

@@ -54,6 +54,7 @@ from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # 
 from pubsubclub.federation.receiving import Receiving
 from pubsubclub.federation.replay import Inbox, Outbox, ReplaySettings
 from pubsubclub.federation.retry import RetryPolicy
+from pubsubclub.federation.rpc import ClusterRPC
 from pubsubclub.federation.servers import (  # noqa: F401 (re-exported)
     LEARNED_FORGET_AFTER,
     MAX_LEARNED_PER_LINK,
@@ -158,6 +159,11 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             # Binary payloads (0.6) come with 0.5: a node that offers 0.5 can carry them.
             if psc.V0_5 in self.versions and psc.V0_6 not in self.versions:
                 self.versions = (*self.versions, psc.V0_6)
+            # RPC across the cluster (0.7, federation/rpc.py) comes with 0.6.
+            if psc.V0_6 in self.versions and psc.V0_7 not in self.versions:
+                self.versions = (*self.versions, psc.V0_7)
+        #: RPC over 0.7 links (federation/rpc.py); the node attaches its WAMP dealer.
+        self.rpc = ClusterRPC(self.node_id, limits)
         self._servers: dict[str, _Server] = {}
         #: Every live link, by its session.
         self._links: dict[LinkSession, Link] = {}
@@ -317,6 +323,8 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
                 link.server.failures = 0
                 link.server.down_since = None
             self._learn(link.transport.heard)
+        if session.with_rpc:
+            self.rpc.link_open(session)
         self.hub.metrics.event(FederationEvent.LINKS_OPENED)
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
@@ -335,6 +343,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             if server.down_since is None:
                 server.down_since = self._reactor.seconds()
         self._producers.pop(session, None)
+        self.rpc.link_closed(session)
         if self.outbox is not None:
             self.outbox.detach(session)
         for topic in session.topics:
@@ -436,6 +445,10 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         else:
             self.outbox.unsubscribe_pattern(session, pattern)
         self._remote_topics_changed()
+
+    def link_rpc(self, session: LinkSession, message: psc.ExtensionMessage) -> None:
+        """A 0.7 RPC message (federation/rpc.py)."""
+        self.rpc.receive(session, message)
 
     # -- introspection -----------------------------------------------------
 

@@ -53,6 +53,8 @@ V0_4: Version = (0, 4)
 V0_5: Version = (0, 5)
 #: 0.5 plus binary payloads: ``"b": 1`` in PSC301 metadata (docs/protocol.md, "Binary payloads").
 V0_6: Version = (0, 6)
+#: 0.6 plus RPC across the cluster: PSC401-PSC406 (federation/psc_rpc.py, docs/protocol.md).
+V0_7: Version = (0, 7)
 #: Separates the messages of a 0.4 batch frame; encoded messages never contain it (JSON escapes it).
 BATCH_SEPARATOR = b"\n"
 #: Versions every link speaks, lowest first (a federation with a replay buffer adds 0.3, and 0.4 to batch).
@@ -206,8 +208,31 @@ class Position:
     lost: int | None
 
 
+class ExtensionMessage:
+    """A message of an extension codec (federation/psc_rpc.py): it encodes itself, and registers its decoder."""
+
+    __slots__ = ()
+
+    def encode(self) -> bytes:
+        """The bytes of this message."""
+        raise NotImplementedError
+
+
+#: Message type -> the decoder of an extension codec: ``decoder(params, limits, data)``.
+EXTENSION_DECODERS: dict[int, Any] = {}
+
+
 Message = Union[
-    Hello, ChooseVersion, Subscribe, Unsubscribe, SubscribePattern, UnsubscribePattern, Publish, Resume, Position
+    Hello,
+    ChooseVersion,
+    Subscribe,
+    Unsubscribe,
+    SubscribePattern,
+    UnsubscribePattern,
+    Publish,
+    Resume,
+    Position,
+    ExtensionMessage,
 ]
 
 #: Largest sequence number or count on the wire (JSON-safe integers).
@@ -284,6 +309,9 @@ def decode(data: bytes | str, limits: Limits = DEFAULT_LIMITS, bounded: bool = F
             _count("PSC104 sequence number", params[1]),
             None if lost is None else _count("PSC104 lost count", lost),
         )
+    extension = EXTENSION_DECODERS.get(kind)
+    if extension is not None:
+        return extension(params, limits, data)  # type: ignore[no-any-return]
     raise PSCDecodeError(f"unknown message type {kind}")
 
 
@@ -500,6 +528,8 @@ def encode(message: Message) -> bytes:
         return orjson.dumps(fields)
     if isinstance(message, Position):
         return orjson.dumps([POSITION, message.epoch, message.seq, message.lost])
+    if isinstance(message, ExtensionMessage):
+        return message.encode()
     raise TypeError(f"not a PSC message: {message!r}")
 
 

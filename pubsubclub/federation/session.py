@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import psc
+from pubsubclub.federation import psc, psc_rpc
 
 
 class Role(enum.Enum):
@@ -92,6 +92,9 @@ class LinkOwner(Protocol):
     def link_position(self, session: LinkSession, message: psc.Position) -> None:
         """A 0.3 consumer link's producer said where its stream continues (PSC104)."""
 
+    def link_rpc(self, session: LinkSession, message: psc.ExtensionMessage) -> None:
+        """A 0.7 link received an RPC message (federation/psc_rpc.py) its peer's role may send."""
+
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         """A consumer link received a PSC301 whose message breaks the JSON bounds; it was dropped."""
 
@@ -129,6 +132,8 @@ class LinkSession:
         self.with_patterns = False
         #: This link carries messages holding binary values (0.6: ``"b": 1`` in PSC301 metadata).
         self.with_binary = False
+        #: This link carries RPC (0.7: PSC401-PSC406, federation/psc_rpc.py).
+        self.with_rpc = False
         #: Topics the consumer at the other end asked for (producer role).
         self.topics: set[str] = set()
         #: Patterns the consumer at the other end asked for (producer role, 0.5).
@@ -153,6 +158,7 @@ class LinkSession:
         self.batched = version >= psc.V0_4
         self.with_patterns = version >= psc.V0_5
         self.with_binary = version >= psc.V0_6
+        self.with_rpc = version >= psc.V0_7
 
     def start(self) -> None:
         """The transport opened: the consumer speaks first, whoever dialled."""
@@ -246,7 +252,12 @@ class LinkSession:
             raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
         except psc.PSCDecodeError as e:
             raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
-        if self.state is LinkState.HANDSHAKING:
+        if isinstance(message, psc.ExtensionMessage):
+            allowed = psc_rpc.FROM_CONSUMER if self.role is Role.PRODUCER else psc_rpc.FROM_PRODUCER
+            if not (self.with_rpc and self.state is LinkState.OPEN and isinstance(message, allowed)):
+                raise self._unexpected(message)
+            self._owner.link_rpc(self, message)
+        elif self.state is LinkState.HANDSHAKING:
             self._handshake(message)
         elif self.with_replay and self._replay_step(message):
             return

@@ -193,6 +193,7 @@ class Node:
         #: One per node: a source locked out after failed logins is locked out everywhere it logs in.
         self.login_throttle = LoginThrottle(config.login_throttle_settings(), reactor.seconds)
         self.wamp = WampFrontend(self.hub, config, self.auth, reactor, self.login_throttle)
+        self.federation.rpc.attach(self.wamp.router.dealer)  # RPC across the cluster (federation/rpc.py)
         self.nsd = NSDFrontend(self.hub, config, self.auth, reactor) if config.nsd.listen is not None else None
         self.tep = (
             TEPFrontend(self.hub, config, self.auth, reactor, self.login_throttle)

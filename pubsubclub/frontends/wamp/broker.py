@@ -5,8 +5,8 @@ Broker role of the WAMP Basic Profile: HELLO/WELCOME/ABORT/GOODBYE,
 SUBSCRIBE/SUBSCRIBED, UNSUBSCRIBE/UNSUBSCRIBED, PUBLISH/PUBLISHED, EVENT and
 ERROR, plus the Advanced Profile's pattern-based subscriptions (``match:
 "prefix"`` and ``"wildcard"``; see "Patterns" below). The session also
-hands REGISTER/UNREGISTER/CALL/YIELD to the node-local Dealer
-(pubsubclub/frontends/wamp/dealer.py): RPC stays on the node, it is never federated.
+hands REGISTER/UNREGISTER/CALL/YIELD to the Dealer
+(pubsubclub/frontends/wamp/dealer.py), which reaches callees on other nodes over PSC 0.7.
 
 Realms and topics
     The router serves a fixed list of realms. The *first* realm maps WAMP
@@ -766,7 +766,12 @@ class BrokerSession:
     def _on_rpc(self, msg: message.Register | message.Call) -> None:
         """REGISTER or CALL: checked like a publish (URI, role), then the node's dealer."""
         request_type = msg.MESSAGE_TYPE
-        problem = self._topic_problem(msg.procedure)
+        match = msg.match if isinstance(msg, message.Register) and msg.match in MATCHES else None
+        problem = (
+            self._topic_problem(msg.procedure)
+            if match is None
+            else pattern_problem(match, msg.procedure, self._limits.max_uri_length)
+        )
         if problem is None and msg.procedure.startswith("wamp.") and isinstance(msg, message.Register):
             problem = "procedures starting with 'wamp.' are reserved"
         if problem is not None:
@@ -775,7 +780,13 @@ class BrokerSession:
         assert self._realm is not None
         role = self._role
         # Checked on the hub topic, as PUBLISH is: in a further realm that is ``$realm.<realm>#<uri>``.
-        if role is not None and not role.may_publish(self._router.hub_topic(self._realm, msg.procedure)):
+        # A pattern registration: checked on the head every procedure it can match starts with.
+        hub_uri = (
+            self._router.hub_topic(self._realm, msg.procedure)
+            if match is None
+            else self._router.hub_pattern(self._realm, match, msg.procedure).head
+        )
+        if role is not None and not role.may_publish(hub_uri):
             verb = "register" if isinstance(msg, message.Register) else "call"
             text = f"role {role.name!r} may not {verb} {msg.procedure!r}"
             self._error(request_type, msg.request, NOT_AUTHORIZED, text)
@@ -914,7 +925,13 @@ class BrokerSession:
                 session=self._session_id,
                 roles={
                     "broker": RoleBrokerFeatures(publisher_exclusion=True, pattern_based_subscription=True),
-                    "dealer": RoleDealerFeatures(call_timeout=True, progressive_call_results=True, call_canceling=True),
+                    "dealer": RoleDealerFeatures(
+                        call_timeout=True,
+                        progressive_call_results=True,
+                        call_canceling=True,
+                        shared_registration=True,
+                        pattern_based_registration=True,
+                    ),
                 },
                 realm=self._realm,
                 authid=authid,

@@ -2,11 +2,21 @@
 
 REGISTER/UNREGISTER, CALL -> INVOCATION -> YIELD/ERROR -> RESULT/ERROR, with:
 
-- one callee per procedure and realm (exact match): a second REGISTER gets
-  ERROR ``wamp.error.procedure_already_exists``;
-- a CALL of a procedure nobody registered on this node gets ERROR
-  ``wamp.error.no_such_procedure`` (RPC is not federated: a procedure
-  registered on another node is unknown here; docs/architecture.md);
+- registrations per realm and procedure, ``match`` exact, prefix or wildcard:
+  a single one (``invoke: single``), or shared ones with one ``invoke`` policy
+  (roundrobin, random, first, last); a second single REGISTER, or a shared one
+  of another policy, gets ERROR ``wamp.error.procedure_already_exists``; a CALL
+  goes to the exact registration, else the longest matching prefix, else a
+  matching wildcard, with ``details.procedure`` for a pattern;
+- across the cluster (PSC 0.7, pubsubclub/federation/rpc.py): the other
+  nodes' registrations are held here too, their callee a stand-in for the
+  link (``remote_registered``), so one table answers ``already_exists`` and
+  picks among callees on every node; two single registrations made at once on
+  two nodes are settled by the earlier ``(created, node id)``, the later one
+  revoked on its own node (UNREGISTERED with reason
+  ``wamp.error.procedure_already_exists``);
+- a CALL of a procedure nobody registered gets ERROR
+  ``wamp.error.no_such_procedure``;
 - a callee's ERROR reaches the caller with the callee's URI, args and kwargs;
 - a callee that leaves mid-call leaves its callers ERROR ``wamp.error.canceled``,
   never a hang; a caller that leaves has its pending calls forgotten (a late
@@ -19,9 +29,6 @@ REGISTER/UNREGISTER, CALL -> INVOCATION -> YIELD/ERROR -> RESULT/ERROR, with:
   ``killnowait``: the dealer never waits for a callee); a callee that
   announced call canceling gets INTERRUPT (mode ``killnowait``) unless the
   caller asked ``skip``, and so does it when its call times out;
-- only exact, single registrations: REGISTER with ``match`` prefix/wildcard
-  or an ``invoke`` policy other than ``single`` gets ERROR
-  ``wamp.error.invalid_argument`` (neither feature is announced);
 - with ``--auth``, a role may REGISTER and CALL the URIs it may publish to;
 - at most ``max_pending_calls`` calls in flight per caller (``[wamp]
   max-pending-calls``) and ``max_node_calls`` on the node (``[wamp]
@@ -49,7 +56,10 @@ objects with ``send_message(msg)`` and ``send_if_fits(msg)`` (the broker's sessi
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import bisect
+import random
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -68,6 +78,10 @@ TOO_MANY_REGISTRATIONS = "pubsubclub.error.too_many_registrations"
 #: A message for one session would be over its message-size limit (Autobahn's ApplicationError name).
 PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
+#: A call's callee was on a node that became unreachable (its link dropped) before it answered.
+NODE_UNREACHABLE = "pubsubclub.error.node_unreachable"
+MATCHES = ("exact", "prefix", "wildcard")
+INVOKES = ("single", "roundrobin", "random", "first", "last")
 #: INTERRUPT mode: the dealer has already answered the caller and will not wait for the callee.
 KILL_NO_WAIT = "killnowait"
 
@@ -82,6 +96,16 @@ class Party(Protocol):
         """Send ``msg`` if its encoding fits the session's message-size limit: None; else ``(size, limit)``, unsent."""
 
 
+class ClusterListener(Protocol):
+    """Told of this node's own registrations (federation/rpc.py announces them to the other nodes)."""
+
+    def registered(self, registration: _Registration) -> None:
+        """A local registration was made."""
+
+    def unregistered(self, registration: _Registration) -> None:
+        """A local registration is gone."""
+
+
 @dataclass(eq=False, slots=True)
 class _Registration:
     id: int
@@ -90,6 +114,18 @@ class _Registration:
     callee: Party
     #: The callee announced call canceling: it is sent INTERRUPT for calls that end without it.
     interruptible: bool = False
+    match: str = "exact"
+    invoke: str = "single"
+    #: When it was made (its node's clock) and on which node: the cluster-wide order of registrations.
+    created: float = 0.0
+    node: str = ""
+    #: Its id on its own node, for a registration of another node (``callee`` is then the link's stand-in).
+    remote_id: int | None = None
+
+    @property
+    def order(self) -> tuple[float, str, int]:
+        """Earlier first, the same on every node: wins a single procedure, ``first`` of a shared one."""
+        return (self.created, self.node, self.id if self.remote_id is None else self.remote_id)
 
 
 @dataclass(eq=False, slots=True)
@@ -127,7 +163,22 @@ class Dealer:
     max_node_registrations: int = 50_000
     #: Told the reason of every refusal past a limit (the router counts it in the node's metrics).
     refused: Callable[[str], None] | None = None
-    _by_procedure: dict[tuple[str, str], _Registration] = field(default_factory=dict)
+    #: This node's id and clock: a registration's place in the cluster-wide order.
+    node_id: str = ""
+    clock: Callable[[], float] = time.time
+    #: Picks a callee of an ``invoke: random`` registration.
+    choose: Callable[[Sequence[Any]], Any] = random.choice
+    #: Told of local registrations (the cluster's RPC, federation/rpc.py); None: a single router.
+    cluster: ClusterListener | None = None
+    #: (realm, match, procedure) -> its registrations on every node, in their cluster-wide order.
+    _by_procedure: dict[tuple[str, str, str], list[_Registration]] = field(default_factory=dict)
+    #: The keys of ``_by_procedure`` with a prefix or wildcard match (searched when no exact one matches).
+    _patterns: dict[tuple[str, str, str], None] = field(default_factory=dict)
+    #: Round-robin position per shared procedure.
+    _turns: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    #: Other nodes' registrations per link stand-in: remote id -> registration.
+    _remote: dict[Party, dict[int, _Registration]] = field(default_factory=dict)
+    _remote_ids: int = 0
     _by_id: dict[int, _Registration] = field(default_factory=dict)
     #: Registrations per callee (only callees with at least one).
     _by_callee: dict[Party, dict[int, _Registration]] = field(default_factory=dict)
@@ -166,17 +217,23 @@ class Dealer:
                 message.Error(message.Register.MESSAGE_TYPE, msg.request, INVALID_ARGUMENT, args=[problem])
             )
             return
-        key = (realm, msg.procedure)
-        if key in self._by_procedure:
-            callee.send_message(
-                message.Error(
-                    message.Register.MESSAGE_TYPE,
-                    msg.request,
-                    PROCEDURE_ALREADY_EXISTS,
-                    args=[f"procedure {msg.procedure!r} is already registered"],
+        match, invoke = msg.match or "exact", msg.invoke or "single"
+        key = (realm, match, msg.procedure)
+        group = self._by_procedure.get(key)
+        if group:
+            head = group[0]
+            if head.invoke == "single" or head.invoke != invoke:
+                where = "" if head.remote_id is None else f" on node {head.node}"
+                how = "" if head.invoke == "single" else f" with invoke {head.invoke!r}"
+                callee.send_message(
+                    message.Error(
+                        message.Register.MESSAGE_TYPE,
+                        msg.request,
+                        PROCEDURE_ALREADY_EXISTS,
+                        args=[f"procedure {msg.procedure!r} is already registered{how}{where}"],
+                    )
                 )
-            )
-            return
+                return
         own = self._by_callee.get(callee)
         if own is not None and len(own) >= self.max_registrations:
             text = f"this session already has {len(own)} registrations, the limit is {self.max_registrations}"
@@ -186,14 +243,112 @@ class Dealer:
             text = f"this node already has {len(self._by_id)} registrations, the limit is {self.max_node_registrations}"
             self._refuse_registration(callee, msg, text, "wamp.max-registrations-per-node", self.max_node_registrations)
             return
-        registration = _Registration(self.new_id(), realm, msg.procedure, callee, interruptible)
-        self._by_procedure[key] = registration
+        registration = _Registration(
+            self.new_id(), realm, msg.procedure, callee, interruptible, match, invoke, self.clock(), self.node_id
+        )
+        self._insert(key, registration)
         self._by_id[registration.id] = registration
         if own is None:
             own = self._by_callee[callee] = {}
         own[registration.id] = registration
         self._registrations_compaction.grown(len(self._by_id))
         callee.send_message(message.Registered(msg.request, registration.id))
+        if self.cluster is not None:
+            self.cluster.registered(registration)
+
+    def _insert(self, key: tuple[str, str, str], registration: _Registration) -> None:
+        group = self._by_procedure.get(key)
+        if group is None:
+            group = self._by_procedure[key] = []
+            if key[1] != "exact":
+                self._patterns[key] = None
+        orders = [r.order for r in group]
+        group.insert(bisect.bisect(orders, registration.order), registration)
+
+    def local_registrations(self) -> list[_Registration]:
+        """This node's own registrations (announced to a node whose link comes up)."""
+        return list(self._by_id.values())
+
+    # -- other nodes' registrations (federation/rpc.py) ------------------------------------------
+
+    def remote_registered(
+        self,
+        link: Party,
+        remote_id: int,
+        realm: str,
+        procedure: str,
+        match: str,
+        invoke: str,
+        created: float,
+        node: str,
+    ) -> None:
+        """A registration of the node behind ``link`` (its stand-in); a local one it beats is revoked.
+
+        Raises ValueError past ``max_node_registrations`` from one link (the link is closed: that
+        node holds more than any node may).
+        """
+        own = self._remote.get(link)
+        if own is not None and remote_id in own:
+            self._drop_registration(own[remote_id], "re-announced by its node", CANCELED)
+            own = self._remote.get(link)
+        if own is not None and len(own) >= self.max_node_registrations:
+            raise ValueError(f"over {self.max_node_registrations} registrations from one node")
+        self._remote_ids += 1
+        registration = _Registration(
+            -self._remote_ids, realm, procedure, link, True, match, invoke, created, node, remote_id
+        )
+        if own is None:
+            own = self._remote[link] = {}
+        own[remote_id] = registration
+        key = (realm, match, procedure)
+        self._insert(key, registration)
+        group = self._by_procedure[key]
+        head = group[0]
+        for other in list(group):
+            loses = head.invoke == "single" or other.invoke != head.invoke
+            if other.remote_id is None and other is not head and loses:
+                # Made at the same time as an earlier one on another node: the earlier one wins everywhere.
+                other.callee.send_message(
+                    message.Unregistered(0, registration=other.id, reason=PROCEDURE_ALREADY_EXISTS)
+                )
+                self._drop_registration(other, f"procedure {procedure!r} was registered earlier on node {head.node}")
+
+    def remote_unregistered(self, link: Party, remote_id: int) -> None:
+        """The node behind ``link`` dropped a registration: its calls in flight there end as that node says."""
+        registration = self._remote.get(link, {}).get(remote_id)
+        if registration is not None:
+            self._drop_registration(registration, "procedure unregistered by its callee", CANCELED)
+
+    def remote_left(self, link: Party, why: str) -> None:
+        """The link to a node is gone: its registrations go, and its calls in flight end with ERROR ``why``."""
+        for registration in list(self._remote.get(link, {}).values()):
+            self._drop_registration(registration, why, NODE_UNREACHABLE)
+        self.left(link)
+
+    def remote_call(
+        self,
+        link: Party,
+        request: int,
+        registration_id: int,
+        msg: message.Call,
+        caller: tuple[int | None, str | None, str | None] = (None, None, None),
+    ) -> None:
+        """A call from another node (``link``: its stand-in) for a registration of this node, picked there."""
+        registration = self._by_id.get(registration_id)
+        if registration is None:
+            link.send_message(
+                message.Error(
+                    message.Call.MESSAGE_TYPE,
+                    request,
+                    NO_SUCH_PROCEDURE,
+                    args=[f"procedure {msg.procedure!r} is no longer registered on node {self.node_id}"],
+                )
+            )
+            return
+        # The calls from one node together are held to the node's cap (the caller's node holds each caller to its own).
+        if self._over_caps(link, msg, self.max_node_calls):
+            return
+        self._invoke(link, msg, registration, caller)
 
     def _refuse_registration(self, callee: Party, msg: message.Register, text: str, limit: str, value: int) -> None:
         error = _limit_error(message.Register.MESSAGE_TYPE, msg.request, TOO_MANY_REGISTRATIONS, text, limit, value)
@@ -254,49 +409,108 @@ class Dealer:
     # -- caller side ----------------------------------------------------------------------
 
     def call(self, caller: Party, realm: str, msg: message.Call) -> None:
-        """CALL: an INVOCATION to the callee, or ERROR when there is none."""
-        registration = self._by_procedure.get((realm, msg.procedure))
+        """CALL: an INVOCATION to the callee (on this node or, over its link, another), or ERROR if there is none."""
+        registration = self._lookup(realm, msg.procedure)
         if registration is None:
             caller.send_message(
                 message.Error(
                     message.Call.MESSAGE_TYPE,
                     msg.request,
                     NO_SUCH_PROCEDURE,
-                    args=[f"no procedure {msg.procedure!r} is registered on this node"],
+                    args=[f"no procedure {msg.procedure!r} is registered"],
                 )
             )
             return
-        pending = self._by_caller.get(caller)
-        if pending is not None and len(pending) >= self.max_pending_calls:
-            text = f"this session already has {len(pending)} calls in flight, the limit is {self.max_pending_calls}"
-            self._refuse_call(caller, msg, text, "wamp.max-pending-calls", self.max_pending_calls)
+        if self._over_caps(caller, msg, self.max_pending_calls):
             return
+        self._invoke(caller, msg, registration, (None, None, None))
+
+    def _lookup(self, realm: str, procedure: str) -> _Registration | None:
+        """The callee for ``procedure``: exact, else the longest matching prefix, else a matching wildcard."""
+        key = (realm, "exact", procedure)
+        group = self._by_procedure.get(key)
+        if group is None and self._patterns:
+            best: tuple[int, int, str] | None = None
+            for k in self._patterns:
+                if k[0] != realm:
+                    continue
+                pattern = k[2]
+                rank: tuple[int, int, str] | None = None
+                if k[1] == "prefix":
+                    if procedure.startswith(pattern):
+                        rank = (1, len(pattern), pattern)
+                elif _wildcard(pattern, procedure):
+                    rank = (0, sum(1 for part in pattern.split(".") if part), pattern)
+                if rank is not None and (best is None or rank > best):
+                    best, key = rank, k
+            if best is not None:
+                group = self._by_procedure[key]
+        if not group:
+            return None
+        head = group[0]
+        if head.invoke == "single":
+            return head
+        callees = [r for r in group if r.invoke == head.invoke]
+        if head.invoke == "first":
+            return callees[0]
+        if head.invoke == "last":
+            return callees[-1]
+        if head.invoke == "random":
+            return self.choose(callees)  # type: ignore[no-any-return]
+        turn = self._turns.get(key, 0)
+        self._turns[key] = turn + 1
+        return callees[turn % len(callees)]
+
+    def _over_caps(self, caller: Party, msg: message.Call, per_caller: int) -> bool:
+        pending = self._by_caller.get(caller)
+        if pending is not None and len(pending) >= per_caller:
+            text = f"this session already has {len(pending)} calls in flight, the limit is {per_caller}"
+            limit = "wamp.max-pending-calls" if per_caller == self.max_pending_calls else "wamp.max-calls-per-node"
+            self._refuse_call(caller, msg, text, limit, per_caller)
+            return True
         if len(self._calls) >= self.max_node_calls:
             text = f"this node already has {len(self._calls)} calls in flight, the limit is {self.max_node_calls}"
             self._refuse_call(caller, msg, text, "wamp.max-calls-per-node", self.max_node_calls)
-            return
+            return True
+        return False
+
+    def _invoke(
+        self,
+        caller: Party,
+        msg: message.Call,
+        registration: _Registration,
+        disclosed: tuple[int | None, str | None, str | None],
+    ) -> None:
         invocation = self.new_id()
         call = self._calls[invocation] = _Call(caller, msg.request, registration.callee, registration)
+        pending = self._by_caller.get(caller)
         if pending is None:
             pending = self._by_caller[caller] = {}
         pending[invocation] = None
         self._by_registration.setdefault(registration.id, {})[invocation] = None
         self._by_request[(caller, msg.request)] = invocation
         self._calls_compaction.grown(len(self._calls))
+        remote = registration.remote_id is not None
         too_big = registration.callee.send_if_fits(
             message.Invocation(
                 invocation,
-                registration.id,
+                registration.remote_id if remote else registration.id,
                 args=msg.args,
                 kwargs=msg.kwargs,
                 timeout=msg.timeout,
                 receive_progress=msg.receive_progress,
+                caller=disclosed[0],
+                caller_authid=disclosed[1],
+                caller_authrole=disclosed[2],
+                # A pattern's callee learns what was called; another node's always does (it picks its own way).
+                procedure=msg.procedure if remote or registration.match != "exact" else None,
             )
         )
         if too_big is not None:
             self._take(invocation)
             size, limit = too_big
-            text = f"the INVOCATION would be a message of {size} bytes, over the callee's limit of {limit}"
+            where = "the link to the callee's node" if remote else "the callee"
+            text = f"the INVOCATION would be a message of {size} bytes, over the limit of {limit} of {where}"
             error = _limit_error(
                 message.Call.MESSAGE_TYPE, msg.request, PAYLOAD_SIZE_EXCEEDED, text, "max-message-size", limit
             )
@@ -373,12 +587,28 @@ class Dealer:
         for registration in list(self._by_callee.get(party, {}).values()):
             self._drop_registration(registration, "the callee left during the call")
         for invocation in list(self._by_caller.get(party, ())):
+            call = self._calls[invocation]
             self._finish(invocation)
+            self._interrupt(invocation, call)
 
-    def _drop_registration(self, registration: _Registration, why: str) -> None:
-        self._by_id.pop(registration.id, None)
-        self._by_procedure.pop((registration.realm, registration.procedure), None)
-        _forget(self._by_callee, registration.callee, registration.id)
+    def _drop_registration(self, registration: _Registration, why: str, uri: str = CANCELED) -> None:
+        key = (registration.realm, registration.match, registration.procedure)
+        group = self._by_procedure.get(key)
+        if group is not None and registration in group:
+            group.remove(registration)
+            if not group:
+                del self._by_procedure[key]
+                self._patterns.pop(key, None)
+                self._turns.pop(key, None)
+        if registration.remote_id is None:
+            self._by_id.pop(registration.id, None)
+            _forget(self._by_callee, registration.callee, registration.id)
+            if self.cluster is not None:
+                self.cluster.unregistered(registration)
+        else:
+            own = self._remote.get(registration.callee)
+            if own is not None and own.get(registration.remote_id) is registration:
+                _forget(self._remote, registration.callee, registration.remote_id)
         if self._registrations_compaction.due(len(self._by_id)):
             self._by_id = dict(self._by_id)
             self._by_procedure = dict(self._by_procedure)
@@ -386,7 +616,7 @@ class Dealer:
         for invocation in list(self._by_registration.get(registration.id, ())):
             call = self._calls[invocation]
             self._finish(invocation)
-            call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, CANCELED, args=[why]))
+            call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, uri, args=[why]))
 
     def registrations(self) -> int:
         """Procedures registered (for /stats)."""
@@ -406,6 +636,10 @@ class Dealer:
             "callers": len(self._by_caller),
             "requests": len(self._by_request),
             "registrations_called": len(self._by_registration),
+            "remote_links": len(self._remote),
+            "remote_registrations": sum(len(own) for own in self._remote.values()),
+            "turns": len(self._turns),
+            "patterns": len(self._patterns),
         }
 
 
@@ -420,8 +654,17 @@ def _forget(table: dict[Any, dict[int, Any]], owner: Any, key: int) -> None:
 
 def _unoffered(msg: message.Register) -> str | None:
     """Why a REGISTER asks for something this dealer does not offer, or None."""
-    if msg.match not in (None, message.Register.MATCH_EXACT):
-        return f"this dealer offers only exact registrations, not match {msg.match!r}"
-    if msg.invoke not in (None, message.Register.INVOKE_SINGLE):
-        return f"this dealer offers no shared registrations (invoke {msg.invoke!r}); only 'single'"
+    if msg.match not in (None, *MATCHES):
+        return f"this dealer offers match {', '.join(MATCHES)}, not {msg.match!r}"
+    if msg.invoke not in (None, *INVOKES):
+        return f"this dealer offers invoke {', '.join(INVOKES)}, not {msg.invoke!r}"
     return None
+
+
+def _wildcard(pattern: str, procedure: str) -> bool:
+    """WAMP wildcard matching: as many ``.``-separated parts, each non-empty pattern part equal."""
+    parts = pattern.split(".")
+    called = procedure.split(".")
+    if len(parts) != len(called):
+        return False
+    return all(not p or p == c for p, c in zip(parts, called, strict=True))

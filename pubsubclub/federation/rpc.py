@@ -1,0 +1,235 @@
+"""RPC across the cluster over PSC 0.7 links (docs/protocol.md, "Extension: version 0.7, RPC").
+
+The node's WAMP dealer (pubsubclub/frontends/wamp/dealer.py) holds every
+registration of the cluster in one table: its own, and each other node's
+with a *stand-in* for that node's callees as the callee. A stand-in is a
+dealer party like a WAMP session, so the dealer routes, times out, cancels
+and bounds a call to another node exactly as one to a local callee; the
+stand-ins turn the dealer's messages into PSC messages and back:
+
+- on a link where this node is the **consumer**, a :class:`_CalleeLink`
+  stands for the callees of the producer node: it receives PSC401/PSC402
+  (their registrations), sends an INVOCATION as PSC403 and an INTERRUPT as
+  PSC406, and hands PSC404/PSC405 to the dealer as YIELD/ERROR;
+- on a link where this node is the **producer**, a :class:`_CallerLink`
+  stands for the callers of the consumer node: this node's registrations go
+  out as PSC401/PSC402, a PSC403 becomes a call of the registration it
+  names, and the dealer's RESULT/ERROR for it go back as PSC404/PSC405.
+
+So each pair of nodes carries the calls from A to B's callees on the link
+where B is the producer, and those from B to A's on the other one. A link
+that closes ends the calls in flight over it at once: on the caller's node
+with ERROR ``pubsubclub.error.node_unreachable`` to each caller (and the
+node's registrations leave the table until the link is back), on the
+callee's node the calls are forgotten and interruptible callees get INTERRUPT.
+
+Sans-IO: links are :class:`~pubsubclub.federation.session.LinkSession`
+objects (``send_raw``), the dealer is injected with :meth:`ClusterRPC.attach`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from autobahn.wamp import message
+
+from pubsubclub.federation import psc, psc_rpc
+from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, LinkError, LinkSession, Role
+
+if TYPE_CHECKING:
+    from pubsubclub.frontends.wamp.dealer import Dealer, _Registration
+
+
+class _CalleeLink:
+    """The callees of the node at the other end of a consumer link, as one dealer party."""
+
+    __slots__ = ("limit", "session")
+
+    def __init__(self, session: LinkSession, limit: int) -> None:
+        self.session = session
+        self.limit = limit
+
+    def send_message(self, msg: message.Message) -> None:
+        """An INTERRUPT: the caller has been answered; tell the callee's node (PSC406)."""
+        if isinstance(msg, message.Interrupt):
+            self.session.send_raw(psc_rpc.Cancel(msg.request, msg.mode or "killnowait").encode())
+
+    def send_if_fits(self, msg: message.Message) -> tuple[int, int] | None:
+        """An INVOCATION as PSC403, unless it would be over the link's frame limit."""
+        assert isinstance(msg, message.Invocation)
+        data = psc_rpc.Call(
+            msg.request,
+            msg.registration,
+            msg.procedure,
+            msg.args,
+            msg.kwargs,
+            msg.timeout or None,
+            bool(msg.receive_progress),
+            msg.caller,
+            msg.caller_authid,
+            msg.caller_authrole,
+        ).encode()
+        if len(data) > self.limit:
+            return len(data), self.limit
+        self.session.send_raw(data)
+        return None
+
+
+class _CallerLink:
+    """The callers of the node at the other end of a producer link, as one dealer party."""
+
+    __slots__ = ("limit", "session")
+
+    def __init__(self, session: LinkSession, limit: int) -> None:
+        self.session = session
+        self.limit = limit
+
+    def _encode(self, msg: message.Message) -> bytes | None:
+        if isinstance(msg, message.Result):
+            return psc_rpc.Result(msg.request, msg.args, msg.kwargs, bool(msg.progress)).encode()
+        if isinstance(msg, message.Error):
+            return psc_rpc.Error(msg.request, msg.error, msg.args, msg.kwargs).encode()
+        return None
+
+    def send_message(self, msg: message.Message) -> None:
+        """The dealer's ERROR (or RESULT) for a call from that node."""
+        data = self._encode(msg)
+        if data is not None:
+            self.session.send_raw(data)
+
+    def send_if_fits(self, msg: message.Message) -> tuple[int, int] | None:
+        """A RESULT or the callee's ERROR, unless it would be over the link's frame limit."""
+        data = self._encode(msg)
+        if data is None:
+            return None
+        if len(data) > self.limit:
+            return len(data), self.limit
+        self.session.send_raw(data)
+        return None
+
+
+class ClusterRPC:
+    """This node's side of RPC on all its 0.7 links; see the module's docstring."""
+
+    def __init__(self, node_id: str, limits: psc.Limits = psc.DEFAULT_LIMITS) -> None:
+        self.node_id = node_id
+        self.limit = limits.max_link_frame
+        self.dealer: Dealer | None = None
+        #: Open 0.7 links where we are the producer: our registrations go there, calls come from there.
+        self._callers: dict[LinkSession, _CallerLink] = {}
+        #: Open 0.7 links where we are the consumer: the other node's registrations come from there.
+        self._callees: dict[LinkSession, _CalleeLink] = {}
+
+    def attach(self, dealer: Dealer) -> None:
+        """Serve ``dealer``'s registrations to the cluster and route its calls to other nodes."""
+        self.dealer = dealer
+        dealer.cluster = self
+        dealer.node_id = self.node_id
+        for session in self._callers:
+            self._announce_all(session)
+
+    def stats(self) -> dict[str, int]:
+        """Open links carrying RPC, by direction."""
+        return {"rpc_caller_links": len(self._callers), "rpc_callee_links": len(self._callees)}
+
+    # -- links (called by the federation) ---------------------------------------------
+
+    def link_open(self, session: LinkSession) -> None:
+        """A 0.7 link is open: a producer announces all its registrations on it."""
+        if session.role is Role.PRODUCER:
+            self._callers[session] = _CallerLink(session, self.limit)
+            self._announce_all(session)
+        else:
+            self._callees[session] = _CalleeLink(session, self.limit)
+
+    def _announce_all(self, session: LinkSession) -> None:
+        if self.dealer is not None:
+            for registration in self.dealer.local_registrations():
+                session.send_raw(_announcement(registration))
+
+    def link_closed(self, session: LinkSession) -> None:
+        """A link closed: the calls in flight over it end, the other node's registrations leave the table."""
+        caller = self._callers.pop(session, None)
+        if caller is not None and self.dealer is not None:
+            self.dealer.left(caller)
+        callee = self._callees.pop(session, None)
+        if callee is not None and self.dealer is not None:
+            node = session.peer_node or session.peer
+            self.dealer.remote_left(callee, f"the link to node {node}, where the callee is, was lost")
+
+    def receive(self, session: LinkSession, msg: psc.ExtensionMessage) -> None:
+        """A PSC401-PSC406 from ``session`` (the session checked its direction)."""
+        dealer = self.dealer
+        callee = self._callees.get(session)
+        if callee is not None:
+            if dealer is None:
+                return  # no WAMP here: nobody can call, so other nodes' registrations are not kept
+            if isinstance(msg, psc_rpc.Result):
+                dealer.yielded(callee, message.Yield(msg.call, args=msg.args, kwargs=msg.kwargs, progress=msg.progress))
+            elif isinstance(msg, psc_rpc.Error):
+                error = message.Error(
+                    message.Invocation.MESSAGE_TYPE, msg.call, msg.error, args=msg.args, kwargs=msg.kwargs
+                )
+                dealer.invocation_error(callee, error)
+            elif isinstance(msg, psc_rpc.Register):
+                node = session.peer_node or session.peer
+                try:
+                    dealer.remote_registered(
+                        callee, msg.registration, msg.realm, msg.procedure, msg.match, msg.invoke, msg.created, node
+                    )
+                except ValueError as e:
+                    raise LinkError(CLOSE_BAD_MESSAGE, f"PSC401 {e}") from None
+            elif isinstance(msg, psc_rpc.Unregister):
+                dealer.remote_unregistered(callee, msg.registration)
+            return
+        caller = self._callers.get(session)
+        if caller is None:
+            return
+        if isinstance(msg, psc_rpc.Call):
+            if dealer is None:
+                caller.send_message(
+                    message.Error(
+                        message.Call.MESSAGE_TYPE,
+                        msg.call,
+                        "wamp.error.no_such_procedure",
+                        args=[f"node {self.node_id} has no WAMP dealer"],
+                    )
+                )
+                return
+            call = message.Call(
+                msg.call,
+                msg.procedure,
+                args=msg.args,
+                kwargs=msg.kwargs,
+                timeout=msg.timeout,
+                receive_progress=msg.receive_progress or None,
+            )
+            disclosed = (msg.caller, msg.caller_authid, msg.caller_authrole)
+            dealer.remote_call(caller, msg.call, msg.registration, call, disclosed)
+        elif isinstance(msg, psc_rpc.Cancel) and dealer is not None:
+            dealer.cancel(caller, message.Cancel(msg.call, mode=msg.mode))
+
+    # -- the dealer's own registrations (ClusterListener) ------------------------------------
+
+    def registered(self, registration: _Registration) -> None:
+        """A local registration: PSC401 to every node."""
+        data = _announcement(registration)
+        for session in self._callers:
+            session.send_raw(data)
+
+    def unregistered(self, registration: _Registration) -> None:
+        """A local registration went: PSC402 to every node."""
+        data = psc_rpc.Unregister(registration.id).encode()
+        for session in self._callers:
+            session.send_raw(data)
+
+
+def _announcement(registration: Any) -> bytes:
+    return psc_rpc.Register(
+        registration.id,
+        registration.realm,
+        registration.procedure,
+        registration.match,
+        registration.invoke,
+        registration.created,
+    ).encode()
