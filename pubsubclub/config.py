@@ -815,17 +815,7 @@ class NodeConfig:
 
     def bridge_credentials(self) -> tuple[str | None, str | None]:
         """The bridge's router ticket and WAMP-CRA secret (files first, then the environment), each or None."""
-        bridge = self.bridge
-        found: list[str | None] = []
-        for key, path, env in (
-            ("ticket-file", bridge.ticket_file, BRIDGE_TICKET_ENV),
-            ("cra-secret-file", bridge.cra_secret_file, BRIDGE_CRA_SECRET_ENV),
-        ):
-            if path is not None:
-                found.append(read_cluster_secret(path, key=key, min_length=1).decode("utf-8", "replace"))
-            else:
-                found.append(os.environ.get(env) or None)
-        return found[0], found[1]
+        return bridge_credentials(self.bridge)
 
     def _validate_stream(self) -> None:
         stream = self.stream
@@ -948,7 +938,21 @@ class NodeConfig:
 
     def public_listeners(self) -> list[str]:
         """Flag names of the TCP/TLS listeners not bound to a loopback address (no interface: every address)."""
-        return [key for key, value in self.listeners().items() if _binds_beyond_loopback(value)]
+        return [key for key, value in self.listeners().items() if binds_beyond_loopback(value)]
+
+
+def bridge_credentials(bridge: BridgeSection) -> tuple[str | None, str | None]:
+    """The bridge's router ticket and WAMP-CRA secret (files first, then the environment), each or None."""
+    found: list[str | None] = []
+    for key, path, env in (
+        ("ticket-file", bridge.ticket_file, BRIDGE_TICKET_ENV),
+        ("cra-secret-file", bridge.cra_secret_file, BRIDGE_CRA_SECRET_ENV),
+    ):
+        if path is not None:
+            found.append(read_cluster_secret(path, key=key, min_length=1).decode("utf-8", "replace"))
+        else:
+            found.append(os.environ.get(env) or None)
+    return found[0], found[1]
 
 
 #: Largest cluster secret file read, in bytes (a secret is a line, not a document).
@@ -976,7 +980,8 @@ def read_cluster_secret(path: str, key: str = "cluster-secret-file", min_length:
     return secret
 
 
-def _binds_beyond_loopback(endpoint: str) -> bool:
+def binds_beyond_loopback(endpoint: str) -> bool:
+    """Whether a TCP/TLS listener endpoint accepts connections from beyond this host (no interface: it does)."""
     try:
         kind, _args, kwargs = _parseServer(endpoint, None)
     except Exception:  # validate() reports bad strings; nothing to warn about here
