@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,16 +37,13 @@ from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
 from pubsubclub.federation.auth import (
     AUTH_HEADER,
-    DEFAULT_MAX_PENDING,
-    DEFAULT_MAX_PENDING_PER_SOURCE,
-    DEFAULT_PROOF_TIMEOUT,
     DIALLED_HEADER,
     AuthRefused,
     Challenge,
     LinkAuth,
     Refusal,
 )
-from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ReplaySettings, ResumeRefused, Stream
+from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ResumeRefused, Stream
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
@@ -57,6 +54,7 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
+from pubsubclub.federation.settings import FederationSettings
 from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
 from pubsubclub.federation.transport import (
     ADVERTISE_HEADER,
@@ -153,9 +151,6 @@ LEARNED_FORGET_AFTER = 60.0
 #: Most (topic, link) forward counts held back between reads of the metrics; past it they are added at once.
 MAX_HELD_COUNTS = 1024
 
-#: Default cap on the bytes queued for one peer's link (docs/security.md, "Silent and slow peers").
-DEFAULT_MAX_LINK_QUEUE = 16 * 1024 * 1024
-
 #: How many times larger a message's JSON may be than the client's bytes for it: MessagePack's
 #: one-byte ``false`` or control character is six bytes of JSON (``false,``, ``\u0001``); JSON's
 #: ``1e15`` becomes ``1000000000000000.0``. Below the bound a publish needs no check (``unchecked_below``).
@@ -176,26 +171,31 @@ class Federation:
     def __init__(
         self,
         hub: Hub,
+        settings: FederationSettings | None = None,
         *,
-        listen_role: Role = Role.PRODUCER,
         reactor: Any = None,
-        ping_interval: float = 5.0,
         retry: RetryPolicy = RetryPolicy(),
         rand: Callable[[], float] = random.random,
-        versions: tuple[psc.Version, ...] = psc.SUPPORTED_VERSIONS,
-        limits: psc.Limits = psc.DEFAULT_LIMITS,
-        advertise_url: str | None = None,
         endpoint_factory: Callable[[Any, str], IStreamClientEndpoint] = endpoint_for_url,
-        secret: bytes | None = None,
-        proof_timeout: float = DEFAULT_PROOF_TIMEOUT,
-        max_pending_proofs: int = DEFAULT_MAX_PENDING,
-        max_pending_proofs_per_source: int = DEFAULT_MAX_PENDING_PER_SOURCE,
-        replay: ReplaySettings | None = None,
-        max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
-        learn_peers: bool = True,
-        batch: bool = True,
-        patterns: bool = True,
+        **options: Any,
     ) -> None:
+        """A federation around ``hub``: ``settings``, with any of its fields overridden by ``options``."""
+        settings = replace(settings or FederationSettings(), **options)
+        #: What this federation was configured with.
+        self.settings = settings
+        listen_role, ping_interval, versions, limits = (
+            settings.listen_role,
+            settings.ping_interval,
+            settings.versions,
+            settings.limits,
+        )
+        advertise_url, secret, replay, max_link_queue = (
+            settings.advertise_url,
+            settings.secret,
+            settings.replay,
+            settings.max_link_queue,
+        )
+        learn_peers, batch, patterns = settings.learn_peers, settings.batch, settings.patterns
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
@@ -223,9 +223,9 @@ class Federation:
             if secret is None
             else LinkAuth(
                 secret,
-                proof_timeout=proof_timeout,
-                max_pending=max_pending_proofs,
-                max_pending_per_source=max_pending_proofs_per_source,
+                proof_timeout=settings.proof_timeout,
+                max_pending=settings.max_pending_proofs,
+                max_pending_per_source=settings.max_pending_proofs_per_source,
             )
         )
         #: Refused link attempts are logged a few per kind and interval, the rest counted (a flood is one line).

@@ -32,7 +32,7 @@ from pubsubclub.core.hub import Hub
 from pubsubclub.core.jsonbounds import JSONBounds
 from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.metrics import MetricsDumper, PrometheusCollector
-from pubsubclub.federation import Federation, Role
+from pubsubclub.federation import Federation, FederationSettings, Role
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.psc import Limits
 from pubsubclub.federation.replay import ReplaySettings
@@ -100,13 +100,11 @@ def frontend_context(config: NodeConfig, reactor: Any, **parts: Any) -> Frontend
     )
 
 
-def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
-    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``."""
+def federation_settings(config: NodeConfig) -> FederationSettings:
+    """The federation's settings: its ``[federation]`` section plus the node-wide limits, secret and discovery."""
     section = config.federation
-    return Federation(
-        hub,
+    return FederationSettings(
         listen_role=Role(section.listen_role),
-        reactor=reactor,
         limits=Limits(
             max_message_size=config.node.max_message_size,
             link_headroom=section.link_headroom,
@@ -118,7 +116,6 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         proof_timeout=section.proof_timeout,
         max_pending_proofs=section.max_pending_proofs,
         max_pending_proofs_per_source=section.max_pending_proofs_per_address,
-        endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
         max_link_queue=section.max_link_queue,
         # With Consul, its health-checked list is the membership: learning from
         # peers would redial nodes Consul has dropped as unhealthy.
@@ -128,6 +125,16 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         replay=None
         if not section.replay_window_seconds
         else ReplaySettings(max_bytes=section.replay_buffer_bytes, window=section.replay_window_seconds),
+    )
+
+
+def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
+    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``."""
+    return Federation(
+        hub,
+        federation_settings(config),
+        reactor=reactor,
+        endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
     )
 
 
