@@ -28,6 +28,7 @@ from pubsubclub.core.hub import Hub
 from pubsubclub.federation import psc
 from pubsubclub.frontends.stream import codec as c
 from pubsubclub.frontends.stream.protocol import StreamService, TooLargeForLinks, hub_payload_json_bytes, to_hub_payload
+from pubsubclub.node.node import frontend_context
 
 E = c.Position.EARLIEST
 MiB = 1024 * 1024
@@ -267,7 +268,7 @@ def test_the_link_check_agrees_with_the_psc301_the_federation_writes(tmp_path: P
     """Around max-message-size, a payload passes the check exactly when its PSC301 (longest metadata) fits."""
     config = NodeConfig(node=replace(NodeSection(), data_dir=str(tmp_path), max_message_size=4096))
     hub = Hub("node-with-a-long-name")
-    service = StreamService(hub, config, None, Clock())
+    service = StreamService(hub, config.stream, frontend_context(config, Clock()))
     try:
         for payload in [b"t" * n for n in range(3900, 4100)] + [b"\x00" * n for n in range(2950, 3100, 7)]:
             hub_payload = to_hub_payload(payload)

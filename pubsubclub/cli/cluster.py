@@ -8,6 +8,7 @@ writes metrics dumps to ``<data-dir>/metrics`` and serves ``/health`` and
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -17,6 +18,8 @@ import time
 import urllib.request
 from dataclasses import dataclass
 from typing import Any
+
+from pubsubclub.config import LISTEN_ROLES, LOG_LEVELS, FederationSection, MetricsSection, NodeSection
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,59 @@ class ClusterLayout:
     #: Hub topic prefix of the nodes' SysV channels (a channel name has at most 16 characters).
     sysv_prefix: str = ""
     http_base: int = 8181
-    data_dir: str = "pubsubclub-data"
-    listen_role: str = "producer"
-    log_level: str = "info"
-    metrics_interval: float = 10.0
+    data_dir: str = NodeSection().data_dir
+    listen_role: str = FederationSection().listen_role
+    log_level: str = NodeSection().log_level
+    metrics_interval: float = MetricsSection().interval
+
+
+#: The one set of cluster defaults: ``pubsubclub cluster``'s flags show and use these.
+DEFAULTS = ClusterLayout()
+
+
+def add_cluster_arguments(cluster: argparse.ArgumentParser) -> None:
+    """The flags of ``pubsubclub cluster``, their defaults those of :class:`ClusterLayout`."""
+    d = DEFAULTS
+    cluster.add_argument("--nodes", type=int, default=d.count, help=f"how many nodes (default {d.count})")
+    cluster.add_argument(
+        "--wamp-base-port", type=int, default=d.wamp_base, help="WAMP port of node 1; node k uses base+k-1"
+    )
+    cluster.add_argument(
+        "--psc-base-port", type=int, default=d.psc_base, help="PSC port of node 1; node k uses base+k-1"
+    )
+    cluster.add_argument("--nsd-base-port", type=int, default=d.nsd_base, help="NSD port of node 1")
+    cluster.add_argument("--tep-base-port", type=int, default=d.tep_base, help="TEP port of node 1")
+    cluster.add_argument("--stream-base-port", type=int, default=d.stream_base, help="stream port of node 1")
+    cluster.add_argument(
+        "--sysv-base-key", type=lambda v: int(v, 0), default=d.sysv_base_key, help="SysV queue key of node 1 (0: none)"
+    )
+    cluster.add_argument(
+        "--http-base-port", type=int, default=d.http_base, help="ops (/health, /metrics) port of node 1"
+    )
+    cluster.add_argument("--data-dir", default=d.data_dir, help="stores and metrics folder")
+    cluster.add_argument(
+        "--metrics-interval", type=float, default=d.metrics_interval, help="seconds between metrics dumps"
+    )
+    cluster.add_argument("--listen-role", choices=list(LISTEN_ROLES), default=d.listen_role)
+    cluster.add_argument("--log-level", default=d.log_level, choices=list(LOG_LEVELS))
+
+
+def cluster_layout(args: argparse.Namespace) -> ClusterLayout:
+    """The layout of parsed ``pubsubclub cluster`` arguments."""
+    return ClusterLayout(
+        count=args.nodes,
+        wamp_base=args.wamp_base_port,
+        psc_base=args.psc_base_port,
+        nsd_base=args.nsd_base_port,
+        tep_base=args.tep_base_port,
+        stream_base=args.stream_base_port,
+        sysv_base_key=args.sysv_base_key,
+        http_base=args.http_base_port,
+        data_dir=args.data_dir,
+        listen_role=args.listen_role,
+        log_level=args.log_level,
+        metrics_interval=args.metrics_interval,
+    )
 
 
 def node_command(layout: ClusterLayout, index: int) -> list[str]:

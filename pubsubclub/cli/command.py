@@ -7,6 +7,7 @@ import difflib
 import sys
 
 from pubsubclub import __version__
+from pubsubclub.cli.cluster import add_cluster_arguments, cluster_layout
 from pubsubclub.config import ConfigError, add_flags, add_node_flags, bridge_setting, node_config
 from pubsubclub.reports.command import add_arguments as add_report_arguments
 
@@ -30,20 +31,7 @@ def parser() -> argparse.ArgumentParser:
     add_flags(bridge, include=bridge_setting)
 
     cluster = sub.add_parser("cluster", help="run N local nodes with static discovery")
-    cluster.add_argument("--nodes", type=int, default=3, help="how many nodes (default 3)")
-    cluster.add_argument("--wamp-base-port", type=int, default=8080, help="WAMP port of node 1; node k uses base+k-1")
-    cluster.add_argument("--psc-base-port", type=int, default=9001, help="PSC port of node 1; node k uses base+k-1")
-    cluster.add_argument("--nsd-base-port", type=int, default=7001, help="NSD port of node 1")
-    cluster.add_argument("--tep-base-port", type=int, default=7101, help="TEP port of node 1")
-    cluster.add_argument("--stream-base-port", type=int, default=7878, help="stream port of node 1")
-    cluster.add_argument(
-        "--sysv-base-key", type=lambda v: int(v, 0), default=0x420, help="SysV queue key of node 1 (0: none)"
-    )
-    cluster.add_argument("--http-base-port", type=int, default=8181, help="ops (/health, /metrics) port of node 1")
-    cluster.add_argument("--data-dir", default="pubsubclub-data", help="stores and metrics folder")
-    cluster.add_argument("--metrics-interval", type=float, default=10.0, help="seconds between metrics dumps")
-    cluster.add_argument("--listen-role", choices=["producer", "consumer"], default="producer")
-    cluster.add_argument("--log-level", default="info", choices=["debug", "info", "warn", "error"])
+    add_cluster_arguments(cluster)
 
     bench = sub.add_parser("bench", help="measure cross-node throughput and latency")
     bench.add_argument(
@@ -86,9 +74,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--subscribers", type=int, help="fanout: subscribers (default 1000); wamp --client lean: processes (default 1)"
     )
-    bench.add_argument(
-        "--window", type=int, help="wamp --client lean, link: messages in flight (default 20000)"
-    )
+    bench.add_argument("--window", type=int, help="wamp --client lean, link: messages in flight (default 20000)")
     bench.add_argument("--runs", type=int, default=1, help="peers: runs per figure, the median is shown (default 1)")
     bench.add_argument(
         "--clients", help="peers: comma-separated autobahn-json-ws, autobahn-msgpack-rs, lean (default: all)"
@@ -146,23 +132,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "cluster":
             if not 1 <= args.nodes <= 64:
                 raise ConfigError("nodes", "must be between 1 and 64")
-            from pubsubclub.cli.cluster import ClusterLayout, run_cluster
+            from pubsubclub.cli.cluster import run_cluster
 
-            layout = ClusterLayout(
-                count=args.nodes,
-                wamp_base=args.wamp_base_port,
-                psc_base=args.psc_base_port,
-                nsd_base=args.nsd_base_port,
-                tep_base=args.tep_base_port,
-                stream_base=args.stream_base_port,
-                sysv_base_key=args.sysv_base_key,
-                http_base=args.http_base_port,
-                data_dir=args.data_dir,
-                listen_role=args.listen_role,
-                log_level=args.log_level,
-                metrics_interval=args.metrics_interval,
-            )
-            return run_cluster(layout)
+            return run_cluster(cluster_layout(args))
         if args.command == "bench":
             try:
                 return _run_bench(args)

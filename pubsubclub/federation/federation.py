@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 import random
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from autobahn.twisted.resource import WebSocketResource
@@ -34,9 +35,6 @@ from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
 from pubsubclub.federation.auth import (
     AUTH_HEADER,
-    DEFAULT_MAX_PENDING,
-    DEFAULT_MAX_PENDING_PER_SOURCE,
-    DEFAULT_PROOF_TIMEOUT,
     DIALLED_HEADER,
     AuthRefused,
     Challenge,
@@ -52,7 +50,7 @@ from pubsubclub.federation.forwarding import (  # noqa: F401 (re-exported: the f
 )
 from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # noqa: F401 (re-exported)
 from pubsubclub.federation.receiving import Receiving
-from pubsubclub.federation.replay import Inbox, Outbox, ReplaySettings
+from pubsubclub.federation.replay import Inbox, Outbox
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.rpc import ClusterRPC
 from pubsubclub.federation.servers import (  # noqa: F401 (re-exported)
@@ -71,6 +69,7 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
+from pubsubclub.federation.settings import FederationSettings
 from pubsubclub.federation.transport import (
     NODE_HEADER,
     PSCServerFactory,
@@ -80,36 +79,37 @@ from pubsubclub.net.ratelog import RateLimitedLog
 log = Logger()
 
 
-#: Default cap on the bytes queued for one peer's link (docs/security.md, "Silent and slow peers").
-DEFAULT_MAX_LINK_QUEUE = 16 * 1024 * 1024
-
-
 class Federation(Dialling, Interest, Forwarding, Receiving):
     """All PSC links of one node (both roles), driven by the hub and discovery."""
 
     def __init__(
         self,
         hub: Hub,
+        settings: FederationSettings | None = None,
         *,
-        listen_role: Role = Role.PRODUCER,
         reactor: Any = None,
-        ping_interval: float = 5.0,
         retry: RetryPolicy = RetryPolicy(),
         rand: Callable[[], float] = random.random,
-        versions: tuple[psc.Version, ...] = psc.SUPPORTED_VERSIONS,
-        limits: psc.Limits = psc.DEFAULT_LIMITS,
-        advertise_url: str | None = None,
         endpoint_factory: Callable[[Any, str], IStreamClientEndpoint] = endpoint_for_url,
-        secret: bytes | None = None,
-        proof_timeout: float = DEFAULT_PROOF_TIMEOUT,
-        max_pending_proofs: int = DEFAULT_MAX_PENDING,
-        max_pending_proofs_per_source: int = DEFAULT_MAX_PENDING_PER_SOURCE,
-        replay: ReplaySettings | None = None,
-        max_link_queue: int = DEFAULT_MAX_LINK_QUEUE,
-        learn_peers: bool = True,
-        batch: bool = True,
-        patterns: bool = True,
+        **options: Any,
     ) -> None:
+        """A federation around ``hub``: ``settings``, with any of its fields overridden by ``options``."""
+        settings = replace(settings or FederationSettings(), **options)
+        #: What this federation was configured with.
+        self.settings = settings
+        listen_role, ping_interval, versions, limits = (
+            settings.listen_role,
+            settings.ping_interval,
+            settings.versions,
+            settings.limits,
+        )
+        advertise_url, secret, replay, max_link_queue = (
+            settings.advertise_url,
+            settings.secret,
+            settings.replay,
+            settings.max_link_queue,
+        )
+        learn_peers, batch, patterns = settings.learn_peers, settings.batch, settings.patterns
         if reactor is None:
             from twisted.internet import reactor as default_reactor
 
@@ -137,9 +137,9 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             if secret is None
             else LinkAuth(
                 secret,
-                proof_timeout=proof_timeout,
-                max_pending=max_pending_proofs,
-                max_pending_per_source=max_pending_proofs_per_source,
+                proof_timeout=settings.proof_timeout,
+                max_pending=settings.max_pending_proofs,
+                max_pending_per_source=settings.max_pending_proofs_per_source,
             )
         )
         #: Refused link attempts are logged a few per kind and interval, the rest counted (a flood is one line).

@@ -16,6 +16,7 @@ import functools
 import json
 import os
 import sys
+from dataclasses import fields, replace
 from typing import Any
 
 from twisted.internet import defer, task, threads
@@ -26,37 +27,84 @@ from twisted.python.failure import Failure
 from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
-from pubsubclub.config import NodeConfig
+from pubsubclub.config import NodeConfig, binds_beyond_loopback
 from pubsubclub.core.hub import Hub
+from pubsubclub.core.jsonbounds import JSONBounds
 from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.metrics import MetricsDumper, PrometheusCollector
-from pubsubclub.federation import Federation, Role
+from pubsubclub.federation import Federation, FederationSettings, Role
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.psc import Limits
 from pubsubclub.federation.replay import ReplaySettings
-from pubsubclub.frontends.base import (
-    HTTP_REFUSAL,
-    Frontend,
-    NSDFrontend,
-    TEPFrontend,
-    WampFrontend,
-    edge_limits,
-    json_bounds,
-    listen_url,
-)
-from pubsubclub.net.edge import Edge, EdgeSettings, handshake_done
+from pubsubclub.frontends import registry
+from pubsubclub.frontends.base import HTTP_REFUSAL, Frontend, listen_url
+from pubsubclub.frontends.registry import FrontendContext, FrontendSpec
+from pubsubclub.net.edge import Edge, EdgeLimits, EdgeSettings, handshake_done
 from pubsubclub.node.ops import HealthResource, StatsResource
 
 log = Logger()
 
 
-def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
-    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``."""
-    section = config.federation
-    return Federation(
-        hub,
-        listen_role=Role(section.listen_role),
+def edge_limits(config: NodeConfig, listener: str) -> EdgeLimits:
+    """The connection layer's limits for ``listener`` (wamp, rawsocket, psc, nsd, tep, stream, ops, ...).
+
+    WAMP listeners keep their own, politer join timeouts (ABORT ``wamp.error.timeout``), each
+    ``[wamp] join-timeout`` for the upgrade and again for WELCOME: the guard's deadline there is
+    the backstop, at least twice that. PSC links ping themselves (5 s); the ops listener's
+    handshake is its first request. NSD and stream have no keepalive: idle is off by default.
+    """
+    edge = config.edge
+    handshake = edge.handshake_timeout
+    idle, ping = edge.idle_timeout, edge.ping_interval
+    pending = config.node.max_send_buffer
+    if listener in ("wamp", "rawsocket"):
+        handshake = max(handshake, 2 * config.wamp.join_timeout)
+    elif listener == "psc":
+        ping = 0.0
+        fed = config.federation
+        pending = fed.max_link_queue + (fed.replay_buffer_bytes if fed.replay_window_seconds else 0)
+    elif listener == "ops":
+        ping = 0.0
+    elif listener == "nsd":
+        idle, ping = edge.nsd_idle_timeout, 0.0
+    elif listener == "stream":
+        idle, ping = edge.stream_idle_timeout, 0.0
+    return EdgeLimits(
+        handshake_timeout=handshake,
+        idle_timeout=idle,
+        ping_interval=ping,
+        max_per_address=edge.max_per_address,
+        max_connections=edge.max_connections,
+        max_pending_bytes=pending,
+    )
+
+
+def json_bounds(config: NodeConfig) -> JSONBounds:
+    """The node-wide bounds on decoded JSON."""
+    return JSONBounds(max_depth=config.node.max_json_depth)
+
+
+def frontend_context(config: NodeConfig, reactor: Any, **parts: Any) -> FrontendContext:
+    """What the node hands every front-end besides its section; ``parts`` adds auth, edge, federation, ..."""
+    sections = {f.name: getattr(config, f.name) for f in fields(config) if f.name != "warnings"}
+    return FrontendContext(
         reactor=reactor,
+        node_name=config.node.name or "",
+        data_dir=config.node.data_dir,
+        max_message_size=config.node.max_message_size,
+        max_send_buffer=config.node.max_send_buffer,
+        json=json_bounds(config),
+        edge_limits=functools.partial(edge_limits, config),
+        sections=sections,
+        **parts,
+    )
+
+
+def federation_settings(config: NodeConfig) -> FederationSettings:
+    """The federation's settings: its ``[federation]`` section plus the node-wide limits, secret and discovery."""
+    section = config.federation
+    return FederationSettings(
+        listen_role=Role(section.listen_role),
         limits=Limits(
             max_message_size=config.node.max_message_size,
             link_headroom=section.link_headroom,
@@ -68,7 +116,6 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         proof_timeout=section.proof_timeout,
         max_pending_proofs=section.max_pending_proofs,
         max_pending_proofs_per_source=section.max_pending_proofs_per_address,
-        endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
         max_link_queue=section.max_link_queue,
         # With Consul, its health-checked list is the membership: learning from
         # peers would redial nodes Consul has dropped as unhealthy.
@@ -78,6 +125,16 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
         replay=None
         if not section.replay_window_seconds
         else ReplaySettings(max_bytes=section.replay_buffer_bytes, window=section.replay_window_seconds),
+    )
+
+
+def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
+    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``."""
+    return Federation(
+        hub,
+        federation_settings(config),
+        reactor=reactor,
+        endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
     )
 
 
@@ -133,24 +190,6 @@ class Node:
         #: One set of counters for every part of the node, kept by the hub (docs/metrics.md).
         self.metrics = self.hub.metrics
         self.federation = build_federation(self.hub, config, reactor)
-        self.wamp: WampFrontend | None = None
-        self.login_throttle: LoginThrottle | None = None
-        self.nsd: NSDFrontend | None = None
-        self.tep: TEPFrontend | None = None
-        self.stream: Frontend | None = None
-        self.sysv: Frontend | None = None
-        #: ``pubsubclub bridge``: the WAMP router it joins (pubsubclub/frontends/bridge/).
-        self.router: Any = None
-        if bridge:
-            from pubsubclub.frontends.bridge import RouterBridge
-
-            self.router = RouterBridge(self.hub, self.federation, config, reactor)
-        else:
-            self._client_frontends(config, reactor)
-        #: Every client front-end, in start order.
-        self.frontends: list[Frontend] = [
-            f for f in (self.wamp, self.nsd, self.tep, self.stream, self.sysv, self.router) if f is not None
-        ]
         #: The connection layer every listener stands on (pubsubclub/net): deadlines, caps, pending bytes.
         self.edge = Edge(
             reactor,
@@ -158,8 +197,37 @@ class Node:
             self.metrics.disconnect,
             EdgeSettings(max_partial_input=config.edge.max_partial_input, log_interval=config.edge.log_interval),
         )
-        for frontend in self.frontends:
-            frontend.edge = self.edge
+        #: One per node (a plain node): a source locked out after failed logins is locked out everywhere.
+        self.login_throttle: LoginThrottle | None = (
+            None if bridge else LoginThrottle(config.login_throttle_settings(), reactor.seconds)
+        )
+        context = frontend_context(
+            config,
+            reactor,
+            auth=self.auth,
+            login_throttle=self.login_throttle,
+            edge=self.edge,
+            trust_root=config.trust_root(),
+            federation=self.federation,
+        )
+        context = replace(context, node_name=self.hub.node_id)
+        #: The registered front-ends this node runs (``pubsubclub bridge``: the bridge's alone), by name.
+        self.frontends_by_name: dict[str, Frontend] = {}
+        #: Every front-end that may appear in /stats, built or not.
+        mode = "bridge" if bridge else "node"
+        self.frontend_specs: list[FrontendSpec] = [s for s in registry.specs() if s.mode == mode]
+        for spec in self.frontend_specs:
+            section = self.section_of(spec)
+            if spec.enabled(section):
+                frontend = spec.build(self.hub, section, context)
+                frontend.edge = self.edge
+                self.frontends_by_name[spec.name] = frontend
+        #: Every client front-end, in start order (the early ones first).
+        self.frontends: list[Frontend] = [
+            self.frontends_by_name[s.name]
+            for s in sorted(self.frontend_specs, key=lambda s: not s.early)
+            if s.name in self.frontends_by_name
+        ]
         self.ports: list[IListeningPort] = []
         self.urls: dict[str, str] = {}
         #: ``starting`` -> ``ready`` -> ``stopping`` -> ``stopped``.
@@ -188,26 +256,24 @@ class Node:
         #: Consul discovery, when ``config.consul.url`` is set (started in :meth:`start`).
         self.discovery: Any = None
 
-    def _client_frontends(self, config: NodeConfig, reactor: Any) -> None:
-        """The client listeners of a plain node: WAMP always, the others when configured."""
-        #: One per node: a source locked out after failed logins is locked out everywhere it logs in.
-        self.login_throttle = LoginThrottle(config.login_throttle_settings(), reactor.seconds)
-        self.wamp = WampFrontend(self.hub, config, self.auth, reactor, self.login_throttle)
-        self.federation.rpc.attach(self.wamp.router.dealer)  # RPC across the cluster (federation/rpc.py)
-        self.nsd = NSDFrontend(self.hub, config, self.auth, reactor) if config.nsd.listen is not None else None
-        self.tep = (
-            TEPFrontend(self.hub, config, self.auth, reactor, self.login_throttle)
-            if config.tep.listen is not None
-            else None
-        )
-        if config.stream.listen is not None:
-            from pubsubclub.frontends.stream.protocol import StreamFrontend
+    def section_of(self, spec: FrontendSpec) -> Any:
+        """The config section of a registered front-end (its dataclass's defaults when the config has none)."""
+        section = getattr(self.config, spec.config_key, None)
+        return spec.section() if section is None else section
 
-            self.stream = StreamFrontend(self.hub, config, self.auth, reactor)
-        if config.sysv.key is not None:
-            from pubsubclub.frontends.sysv.service import SysVFrontend
+    def frontend(self, name: str) -> Any:
+        """The running front-end registered as ``name``, or None."""
+        return self.frontends_by_name.get(name)
 
-            self.sysv = SysVFrontend(self.hub, config, self.auth, reactor)
+    @property
+    def wamp(self) -> Any:
+        """The WAMP front-end, or None (a bridge)."""
+        return self.frontend("wamp")
+
+    @property
+    def router(self) -> Any:
+        """``pubsubclub bridge``: the WAMP router it joins (pubsubclub/frontends/bridge/), else None."""
+        return self.frontend("bridge")
 
     def subscriber_gauges(self) -> dict[str, int]:
         """Local subscribers per topic (internal ``$`` topics left out)."""
@@ -228,19 +294,27 @@ class Node:
             "remote_interest": self.federation.remote_interest(),
             "remote_patterns": self.federation.remote_patterns(),
             "discovery": None if self.discovery is None else self.discovery.status(),
-            "wamp": None if self.wamp is None else self.wamp.stats(),
-            "nsd": None if self.nsd is None else self.nsd.stats(),
-            "tep": None if self.tep is None else self.tep.stats(),
-            "stream": None if self.stream is None else self.stream.stats(),
-            "sysv": None if self.sysv is None else self.sysv.stats(),
-            "bridge": None if self.router is None else self.router.stats(),
+            **self._frontend_stats(),
             "edge": self.edge.stats(),
             "logins": None if self.login_throttle is None else self.login_throttle.stats(),
         }
 
+    def _frontend_stats(self) -> dict[str, Any]:
+        """Each registered front-end's stats by name (None when off); a bridge lists the node's too, all None."""
+        running = self.frontends_by_name
+        return {s.name: running[s.name].stats() if s.name in running else None for s in registry.specs()}
+
+    def listeners(self) -> dict[str, str]:
+        """Every configured listener endpoint by flag name: psc, http, and each running front-end's."""
+        found: dict[str, str | None] = {"psc": self.config.federation.listen, "http": self.config.node.http}
+        for spec in self.frontend_specs:
+            if spec.name in self.frontends_by_name:
+                found.update(spec.endpoints(self.section_of(spec)))
+        return {key: value for key, value in found.items() if value is not None}
+
     def _warn_about_exposure(self) -> None:
         config = self.config
-        public = config.public_listeners()
+        public = [key for key, value in self.listeners().items() if binds_beyond_loopback(value)]
         if public and config.federation.cluster_secret_file is None:
             log.warn(
                 "SECURITY WARNING: listeners {keys} accept connections beyond this host and there is no"
@@ -248,7 +322,7 @@ class Node:
                 " read every message and publish into it",
                 keys=", ".join(public),
             )
-        open_frontends = [key for key in public if key in ("wamp", "rawsocket", "tep", "nsd", "stream")]
+        open_frontends = [key for key in public if key not in ("psc", "http")]
         if open_frontends and self.auth is None:
             log.warn(
                 "SECURITY WARNING: client listeners {keys} accept connections beyond this host and there is no"
@@ -287,15 +361,15 @@ class Node:
         for warning in self.config.warnings:
             log.warn("{warning}", warning=warning)
         self._warn_about_exposure()
-        if self.wamp is not None:
-            self.urls.update(await self.wamp.listen())
-            self.ports.extend(self.wamp.ports())
+        early = {s.name for s in self.frontend_specs if s.early}
+        for name, frontend in self.frontends_by_name.items():
+            if name in early:
+                await self._listen_frontend(frontend)
         await self._listen_psc()
         await self._listen_ops()
-        for frontend in self.frontends:
-            if frontend is not self.wamp:
-                self.urls.update(await frontend.listen())
-                self.ports.extend(frontend.ports())
+        for name, frontend in self.frontends_by_name.items():
+            if name not in early:
+                await self._listen_frontend(frontend)
         for url in self.config.federation.peers:
             self.federation.add_server(url)
         if self.dumper is not None:
@@ -309,6 +383,10 @@ class Node:
             self._start_discovery()
         log.info("node {name} ready: {urls}", name=self.hub.node_id, urls=self.urls)
         return self.urls
+
+    async def _listen_frontend(self, frontend: Frontend) -> None:
+        self.urls.update(await frontend.listen())
+        self.ports.extend(frontend.ports())
 
     async def _listen_psc(self) -> None:
         endpoint = self.config.federation.listen
@@ -338,10 +416,9 @@ class Node:
         ops.putChild(b"health", HealthResource(self))
         ops.putChild(b"stats", StatsResource(self.stats))
         ops.putChild(b"metrics", self._prometheus_resource())
-        if self.tep is not None:
-            api = self.tep.operations()
-            if api is not None:
-                ops.putChild(b"tep", api)
+        for frontend in self.frontends:
+            for path, resource in frontend.operations().items():
+                ops.putChild(path, resource)
         site = self.edge.guard("ops", _QuietSite(ops), edge_limits(self.config, "ops"), HTTP_REFUSAL)
         port = await serverFromString(self.reactor, endpoint).listen(site)
         self.ports.append(port)

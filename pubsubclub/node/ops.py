@@ -44,6 +44,7 @@ class HealthResource(Resource):
     def render_GET(self, request: Request) -> bytes:  # noqa: N802 - Twisted Web API
         """Readiness and links as JSON."""
         node = self._node
+        wamp, bridge = node.frontend("wamp"), node.frontend("bridge")
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
         if node.state != "ready":
@@ -53,8 +54,8 @@ class HealthResource(Resource):
             "node": node.hub.node_id,
             "links": node.federation.links(),
             "open_links": node.federation.open_links(),
-            "wamp_sessions": 0 if node.wamp is None else len(node.wamp.router.sessions),
+            "wamp_sessions": 0 if wamp is None else len(wamp.router.sessions),
         }
-        if node.router is not None:
-            body["router_joined"] = node.router.session is not None
+        if bridge is not None:
+            body["router_joined"] = bridge.session is not None
         return json.dumps(body).encode()

@@ -60,7 +60,7 @@ from twisted.application.internet import ClientService
 from twisted.internet import defer
 from twisted.logger import Logger
 
-from pubsubclub.config import NodeConfig
+from pubsubclub.config import BridgeSection, bridge_credentials
 from pubsubclub.core.counters import BridgeEvent
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
@@ -68,7 +68,7 @@ from pubsubclub.core.patterns import MATCHES, Pattern
 from pubsubclub.federation import Federation
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.retry import RetryPolicy
-from pubsubclub.frontends.base import Frontend
+from pubsubclub.frontends.base import FrontendBase
 from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
 from pubsubclub.frontends.wamp.broker import event_arguments, wamp_envelope
 from pubsubclub.net.nodelay import set_no_delay
@@ -145,7 +145,7 @@ class _BridgeSession(ApplicationSession):  # type: ignore[misc]
         self._bridge.left(self, None)
 
 
-class RouterBridge(Frontend):
+class RouterBridge(FrontendBase):
     """The router as the bridge node's only front-end: one WAMP client session, kept joined."""
 
     name = "router"
@@ -154,26 +154,28 @@ class RouterBridge(Frontend):
         self,
         hub: Hub,
         federation: Federation,
-        config: NodeConfig,
+        section: BridgeSection,
         reactor: Any,
+        *,
+        realm: str,
+        trust_root: Any = None,
         retry: RetryPolicy = RetryPolicy(),
         rand: Any = random.random,
     ) -> None:
         super().__init__()
-        section = config.bridge
         assert section.router is not None, "a bridge needs --router"
         self.url = section.router
-        self.realm = config.wamp.realm
+        self.realm = realm
         self.role = section.role
         self.lock = section.lock
         self.authid = section.authid
-        self.ticket, self.cra_secret = config.bridge_credentials()
+        self.ticket, self.cra_secret = bridge_credentials(section)
         self._hub = hub
         self._federation = federation
         self._reactor = reactor
         self._retry = retry
         self._rand = rand
-        self._trust_root = config.trust_root()
+        self._trust_root = trust_root
         self._sink = _RouterSink(self)
         self._metrics = hub.metrics
         #: The joined router session, or None.

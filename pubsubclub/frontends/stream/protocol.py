@@ -55,11 +55,12 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
-from pubsubclub.config import NodeConfig
+from pubsubclub.config import StreamSection
 from pubsubclub.core import binaryjson
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.federation import psc
-from pubsubclub.frontends.base import Frontend, json_bounds
+from pubsubclub.frontends.base import FrontendBase, tcp_url
+from pubsubclub.frontends.registry import FrontendContext
 from pubsubclub.frontends.stream import codec
 from pubsubclub.frontends.stream.log import (
     DiskFullError,
@@ -69,7 +70,7 @@ from pubsubclub.frontends.stream.log import (
     StreamLogError,
     TopicLimitError,
 )
-from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
+from pubsubclub.frontends.wamp.auth import Role
 from pubsubclub.net.edge import handshake_done
 from pubsubclub.net.nodelay import set_no_delay
 
@@ -153,22 +154,22 @@ class _Cursor:
 class StreamService:
     """The node's stream state: the log, committed offsets, topic sinks, group commit, connections."""
 
-    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
-        section = config.stream
+    def __init__(self, hub: Hub, section: StreamSection, context: FrontendContext) -> None:
+        reactor = context.reactor
         self.hub = hub
         self.reactor = reactor
         self.prefix = section.prefix
         #: The largest PSC frame a link carries; every stream publish must fit one as a PSC301.
-        self.link_limit = config.node.max_message_size
+        self.link_limit = context.max_message_size
         self.limits = codec.Limits(
             max_header_bytes=section.max_header_bytes,
             # A payload of more bytes than a link frame can never fit one: refused at its header.
             max_payload_bytes=min(section.max_payload_bytes, self.link_limit),
             # A topic is a log folder name too: 256 characters stay within the log's 1024 bytes.
             max_topic_length=256,
-            json=json_bounds(config),
+            json=context.json,
         )
-        directory = os.path.join(config.node.data_dir, "stream")
+        directory = os.path.join(context.data_dir, "stream")
         os.makedirs(directory, exist_ok=True)
         self.log = StreamLog(
             directory,
@@ -200,6 +201,7 @@ class StreamService:
             log.warn("stream log: cut {n} bytes of torn tail on open", n=self.log.recovered_bytes)
         self.offsets = OffsetStore(os.path.join(directory, "offsets.sqlite3"))
         #: The role of every stream client (no credentials in the protocol); None: no policy, all allowed.
+        auth = context.auth
         self.role: Role | None = None if auth is None else auth.anonymous_role
         self.refuse_clients = auth is not None and self.role is None
         self._sinks: dict[str, _TopicSink] = {}
@@ -675,30 +677,29 @@ class StreamFactory(Factory):
         return protocol
 
 
-class StreamFrontend(Frontend):
+class StreamFrontend(FrontendBase):
     """``--stream ENDPOINT``: the stream protocol over TCP, backed by the node's log under data-dir/stream."""
 
     name = SOURCE
 
-    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
-        super().__init__()
-        self._hub, self._config, self._auth, self._reactor = hub, config, auth, reactor
+    def __init__(self, hub: Hub, section: StreamSection, context: FrontendContext) -> None:
+        super().__init__(context)
+        self._hub, self.section, self._reactor = hub, section, context.reactor
         self.service: StreamService | None = None
 
     async def listen(self) -> dict[str, str]:
         """Open the log, serve the stream protocol; its URL as ``stream``."""
-        endpoint = self._config.stream.listen
-        assert endpoint is not None
-        self.service = StreamService(self._hub, self._config, self._auth, self._reactor)
+        endpoint = self.section.listen
+        assert endpoint is not None and self.context is not None
+        self.service = StreamService(self._hub, self.section, self.context)
         self.service.start()
         refusal = codec.encode(
             codec.Status(False, code=int(codec.ErrorCode.UNAVAILABLE), message="too many connections")
         )
-        factory = self.guarded(self._config, "stream", StreamFactory(self.service), refusal)
+        factory = self.guarded("stream", StreamFactory(self.service), refusal)
         port = await serverFromString(self._reactor, endpoint).listen(factory)
         self._ports.append(port)
-        host = port.getHost()
-        return {"stream": f"tcp://{getattr(host, 'host', '127.0.0.1')}:{host.port}"}  # type: ignore[attr-defined]
+        return {"stream": tcp_url(port)}
 
     def close(self, reason: str) -> None:
         """Close every client connection (after the answers already queued)."""

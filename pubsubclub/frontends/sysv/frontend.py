@@ -12,9 +12,10 @@ import sysv_ipc
 from twisted.internet import defer, task
 from twisted.logger import Logger
 
-from pubsubclub.config import NodeConfig
+from pubsubclub.config import SysVSection
 from pubsubclub.core.hub import Hub
-from pubsubclub.frontends.base import Frontend
+from pubsubclub.frontends.base import Frontend, FrontendBase
+from pubsubclub.frontends.registry import FrontendContext, FrontendSpec, register
 from pubsubclub.frontends.sysv.budget import QueueBudget, SysVLimits
 from pubsubclub.frontends.sysv.queue import QueueReceiver, SysVQueue
 from pubsubclub.frontends.sysv.service import SysVService
@@ -42,22 +43,21 @@ def _host_lock(key: int) -> socket.socket | None:
     return lock
 
 
-class SysVFrontend(Frontend):
+class SysVFrontend(FrontendBase):
     """The System V message-queue front-end (``--sysv KEY``), composed for the node."""
 
     name = "sysv"
 
-    def __init__(self, hub: Hub, config: NodeConfig, auth: AuthPolicy | None, reactor: Any) -> None:
-        super().__init__()
-        key = config.sysv_key()
-        if key is None:
+    def __init__(self, hub: Hub, section: SysVSection, context: FrontendContext) -> None:
+        super().__init__(context)
+        if section.key is None:
             raise ValueError("the SysV front-end needs --sysv KEY")
+        key = int(section.key, 0)
         self.key = key
         self._hub = hub
-        self._config = config
-        self._auth = auth
-        self._reactor = reactor
-        section = config.sysv
+        self.section = section
+        self._auth: AuthPolicy | None = context.auth
+        self._reactor = context.reactor
         self.limits = SysVLimits(
             max_users=section.max_users,
             max_channels=section.max_channels,
@@ -67,7 +67,7 @@ class SysVFrontend(Frontend):
             stray_grace=float(section.stray_grace),
         )
         #: Where the registry survives restarts.
-        self.state_path = os.path.join(config.node.data_dir, f"sysv-{key:#x}.json")
+        self.state_path = os.path.join(context.data_dir, f"sysv-{key:#x}.json")
         self.queue: SysVQueue | None = None
         self.service: SysVService | None = None
         self.receiver: QueueReceiver | None = None
@@ -88,7 +88,7 @@ class SysVFrontend(Frontend):
             self._hub,
             self.queue,
             self.limits,
-            prefix=self._config.sysv.prefix,
+            prefix=self.section.prefix,
             auth=self._auth,
             save=self._write_state,
         )
@@ -223,3 +223,19 @@ class SysVFrontend(Frontend):
             "receiver_stop_ms": None if self.receiver is None else self.receiver.stop_ms,
             **self.service.stats(),
         }
+
+
+def build(hub: Hub, section: Any, context: FrontendContext) -> Frontend:
+    """The SysV front-end of ``section`` (its queue opens at listen)."""
+    return SysVFrontend(hub, section, context)
+
+
+register(
+    FrontendSpec(
+        name="sysv",
+        section=SysVSection,
+        build=build,
+        enabled=lambda section: section.key is not None,
+        counters=("sysv",),
+    )
+)

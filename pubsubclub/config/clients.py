@@ -1,0 +1,291 @@
+"""The client front-ends' config sections: ``[wamp]``, ``[nsd]``, ``[tep]``, ``[stream]``, ``[sysv]``, ``[bridge]``.
+
+Each section is handed whole to the component it configures (``[nsd]`` to the
+NSD front-end, ``[federation]`` to the federation, ...); see
+docs/configuration.md. A value's bounds, choices and per-value rule are part
+of its declaration.
+
+Why one long module: most of its length is the declarations themselves, one
+per setting, which is the point of keeping them in one place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pubsubclub.config.declare import (
+    MiB,
+    check_endpoint,
+    check_prefix,
+    check_sysv_key,
+    check_text,
+    check_uri,
+    check_ws_url,
+    setting,
+)
+
+LISTEN_ROLES = ("producer", "consumer")
+CONSUL_CHECKS = ("ttl", "http")
+LOG_LEVELS = ("debug", "info", "warn", "error")
+
+
+@dataclass(frozen=True)
+class WampSection:
+    """``[wamp]``: the WAMP front-end."""
+
+    listen: str = setting(
+        "tcp:8080:interface=127.0.0.1",
+        "WAMP listener, a Twisted endpoint (WebSocket at /ws, chat page at /)",
+        flag="--wamp",
+        metavar="ENDPOINT",
+        check=check_endpoint,
+    )
+    realm: str = setting(
+        "realm1",
+        "WAMP realm served (pubsubclub bridge: the router's realm it joins)",
+        flag="--realm",
+        metavar="REALM",
+        check=check_text(1, 255),
+    )
+    rawsocket: str | None = setting(
+        None,
+        "WAMP over RawSocket (JSON and MessagePack; Autobahn's rs:// URLs), e.g. tcp:8090",
+        flag="--rawsocket",
+        metavar="ENDPOINT",
+        shown_default="off",
+        check=check_endpoint,
+    )
+    chat_page: bool = setting(True, "serve the browser chat page at /", flag="--no-chat-page")
+    join_timeout: float = setting(
+        10.0,
+        "seconds a WAMP client may take to open its WebSocket or RawSocket connection, and again to be WELCOMEd,"
+        " before it is closed",
+        metavar="S",
+        min=0.1,
+        max=3600,
+    )
+    call_timeout: float = setting(
+        0.0, "longest a node-local RPC call may take, in seconds (0: only the caller's own timeout option)", metavar="S"
+    )
+    max_pending_calls: int = setting(
+        1000,
+        "node-local RPC calls one session may have in flight; one more gets an ERROR at once",
+        metavar="N",
+        min=1,
+        max=1_000_000,
+    )
+    max_calls_per_node: int = setting(
+        10_000,
+        "node-local RPC calls in flight on the node, all sessions together; one more gets an ERROR",
+        metavar="N",
+        min=1,
+        max=10_000_000,
+    )
+    max_subscriptions: int = setting(
+        1000,
+        "subscriptions one WAMP session may hold (exact and pattern); one more gets an ERROR",
+        metavar="N",
+        min=1,
+        max=10_000_000,
+    )
+    max_registrations: int = setting(
+        1000, "procedures one WAMP session may register; one more gets an ERROR", metavar="N", min=1, max=10_000_000
+    )
+    max_registrations_per_node: int = setting(
+        50_000,
+        "procedures registered on the node, all sessions together; one more gets an ERROR",
+        metavar="N",
+        min=1,
+        max=10_000_000,
+    )
+    await_interest: bool = setting(
+        False,
+        "hold SUBSCRIBED until every linked node has the new interest, so a publish made after it on any node"
+        " arrives (one round trip per link)",
+    )
+
+
+@dataclass(frozen=True)
+class NSDSection:
+    """``[nsd]``: the NSD front-end (TCP, JSON lines)."""
+
+    listen: str | None = setting(
+        None, "NSD listener, e.g. tcp:7000", flag="--nsd", metavar="ENDPOINT", shown_default="off", check=check_endpoint
+    )
+    prefix: str = setting(
+        "", "hub topic prefix of NSD channels", metavar="PREFIX", shown_default="none", check=check_prefix
+    )
+    max_message_chars: int = setting(65_536, "largest NSD message, in characters", metavar="N", min=1)
+    retention_count: int = setting(10_000, "NSD messages kept per channel (0: all)", metavar="N", min=0)
+    retention_seconds: float = setting(0.0, "NSD history age limit in seconds (0: none)", metavar="S", min=0)
+    max_clock_skew: float = setting(
+        3600.0,
+        "seconds an NSD when/stamp from another node may be ahead of this clock",
+        metavar="S",
+        min=1,
+        max=366 * 86_400,
+    )
+
+
+@dataclass(frozen=True)
+class TEPSection:
+    """``[tep]``: the TEP front-end (WebSocket at /tep)."""
+
+    listen: str | None = setting(
+        None, "TEP listener, e.g. tcp:7100", flag="--tep", metavar="ENDPOINT", shown_default="off", check=check_endpoint
+    )
+    prefix: str = setting(
+        "", "hub topic prefix of TEP channels", metavar="PREFIX", shown_default="none", check=check_prefix
+    )
+    client_publish: bool = setting(True, "TEP clients may publish (else they get #error)")
+    max_channels: int = setting(100, "channels one TEP client may join", metavar="N", min=1, max=100_000)
+    ops_token_file: str | None = setting(
+        None,
+        "bearer token of the TEP operator API (/tep on --http)",
+        metavar="FILE",
+        shown_default="none: the API is off",
+    )
+
+
+@dataclass(frozen=True)
+class StreamSection:
+    """``[stream]``: the stream front-end (TCP, Kafka-style, docs/stream.md), its durable log under data-dir."""
+
+    listen: str | None = setting(
+        None,
+        "stream listener, e.g. tcp:7878:interface=127.0.0.1",
+        flag="--stream",
+        metavar="ENDPOINT",
+        shown_default="off",
+        check=check_endpoint,
+    )
+    prefix: str = setting(
+        "", "hub topic prefix of stream topics", metavar="PREFIX", shown_default="none", check=check_prefix
+    )
+    fsync: bool = setting(True, "Status OK only after fsync (one per reactor turn); off: after write() only")
+    segment_bytes: int = setting(64 * MiB, "log segment size", metavar="BYTES", min=4096, max=2**40)
+    retention_bytes: int = setting(1024 * MiB, "log kept per topic (0: unlimited)", metavar="BYTES", min=0, max=2**50)
+    retention_seconds: float = setting(7 * 86400.0, "log age kept (0: unlimited)", metavar="S", min=0)
+    max_header_bytes: int = setting(
+        8192, "largest JSON header a client may send", metavar="BYTES", min=256, max=16 * MiB
+    )
+    max_payload_bytes: int = setting(
+        16 * MiB,
+        "largest payload a client may publish (also at most what fits a PSC link: max-message-size)",
+        metavar="BYTES",
+        min=1,
+        max=1024 * MiB,
+    )
+    max_pending_bytes: int = setting(
+        64 * MiB,
+        "half-received headers and payloads of all stream connections together; past it ERROR 503 and close",
+        metavar="BYTES",
+        min=1024,
+        max=2**40,
+    )
+    max_open_files: int = setting(
+        128, "log segment files open at once, all topics together (an LRU)", metavar="N", min=1, max=1_000_000
+    )
+    max_topics: int = setting(
+        10_000,
+        "topics the stream log keeps at most; a new one past it gets ERROR 429",
+        metavar="N",
+        min=1,
+        max=100_000_000,
+    )
+    max_disk_bytes: int = setting(
+        10 * 1024 * MiB,
+        "stream log on disk, all topics; oldest segments go first, then publishes get ERROR 507 (0: unlimited)",
+        metavar="BYTES",
+        min=0,
+        max=2**60,
+    )
+
+
+@dataclass(frozen=True)
+class SysVSection:
+    """``[sysv]``: the System V message-queue front-end (docs/sysv.md)."""
+
+    key: str | None = setting(
+        None, "System V queue key, e.g. 0x420", flag="--sysv", metavar="KEY", shown_default="off", check=check_sysv_key
+    )
+    prefix: str = setting(
+        "", "hub topic prefix of SysV channels", metavar="PREFIX", shown_default="none", check=check_prefix
+    )
+    max_users: int = setting(16, "logged-in users at most", metavar="N", min=1, max=100_000)
+    max_channels: int = setting(16, "channels at most", metavar="N", min=1, max=100_000)
+    max_subscriptions: int = setting(64, "subscriptions at most, all users together", metavar="N", min=1, max=100_000)
+    max_blocks: int = setting(64, "blocks at most, all users together", metavar="N", min=1, max=100_000)
+    client_queue_share: int = setting(
+        64,
+        "deliveries waiting in the queue for one client before further ones are dropped",
+        metavar="N",
+        min=1,
+        max=100_000,
+    )
+    stray_grace: float = setting(
+        2.0,
+        "seconds a reply to a PID that is not logged in may wait for it; after that, and at once for PIDs the node"
+        " never answered, messages on the queue for PIDs no logged-in client has are removed (checked every second)",
+        metavar="S",
+        min=0,
+        max=3600,
+    )
+
+
+#: The authrole every bridge session must have on its router (docs/bridge.md).
+BRIDGE_ROLE = "pubsubclub-bridge"
+#: Environment variables that may hold a bridge's router credentials instead of files.
+BRIDGE_TICKET_ENV = "PUBSUBCLUB_BRIDGE_TICKET"
+BRIDGE_CRA_SECRET_ENV = "PUBSUBCLUB_BRIDGE_CRA_SECRET"
+
+
+@dataclass(frozen=True)
+class BridgeSection:
+    """``[bridge]``: ``pubsubclub bridge``, a node whose local side is a WAMP router it joins (docs/bridge.md)."""
+
+    router: str | None = setting(
+        None,
+        "WebSocket URL of the WAMP router a bridge joins, e.g. ws://127.0.0.1:8080/ws",
+        flag="--router",
+        metavar="URL",
+        shown_default="none (required by pubsubclub bridge)",
+        check=check_ws_url,
+    )
+    authid: str | None = setting(
+        None,
+        "authid the bridge authenticates as (with a ticket or WAMP-CRA secret)",
+        flag="--authid",
+        metavar="ID",
+        shown_default="none: anonymous",
+        check=check_text(1, 255),
+    )
+    ticket_file: str | None = setting(
+        None,
+        f"file holding the bridge's WAMP ticket (or ${BRIDGE_TICKET_ENV})",
+        flag="--ticket-file",
+        metavar="FILE",
+        shown_default="none",
+    )
+    cra_secret_file: str | None = setting(
+        None,
+        f"file holding the bridge's WAMP-CRA secret (or ${BRIDGE_CRA_SECRET_ENV})",
+        flag="--cra-secret-file",
+        metavar="FILE",
+        shown_default="none",
+    )
+    role: str = setting(
+        BRIDGE_ROLE,
+        "authrole the router gives bridges: sessions with it are bridges (their subscriptions are no interest)",
+        flag="--bridge-role",
+        metavar="ROLE",
+        check=check_uri,
+    )
+    lock: str = setting(
+        "pubsubclub.bridge.active",
+        "procedure the active bridge of a router registers (one bridge per router is active)",
+        flag="--bridge-lock",
+        metavar="URI",
+        advanced=True,
+        check=check_uri,
+    )
