@@ -1,9 +1,12 @@
 """Names of every counter a node keeps: one dependency-free module for the node, /stats, /metrics and the report.
 
 :class:`pubsubclub.core.metrics.Metrics` is the only place counts live. Message
-counters are keyed by (topic, :class:`Source`, :class:`Kind`, peer, reason)
-and written to the dumps; event counters by one of the component enums below
-(``hub``, ``federation``, ``tep``, ``nsd``, ``replay``). ``/stats`` shows each
+counters are keyed by (topic, :class:`Source`, :class:`Kind`, peer,
+:class:`DropReason`) and written to the dumps; event counters by one of the
+component enums below (``hub``, ``federation``, ``tep``, ``nsd``, ``replay``,
+``bridge``, ``sysv``). Call sites pass these enums, never strings: ``Metrics``'
+parameters are typed with them (mypy refuses a ``str``) and
+tests/test_metrics_vocabulary.py refuses a string literal where one belongs. ``/stats`` shows each
 component's events as a dict (:meth:`Metrics.view`), ``/metrics`` as
 ``pubsubclub_events_total{component, event}``, so the two cannot disagree.
 The report's schema (pubsubclub/reports/schema.py) takes its record types
@@ -51,6 +54,45 @@ class Source(enum.StrEnum):
     SYSV = "sysv"
     #: A bridge's WAMP router (``pubsubclub bridge``).
     BRIDGE = "bridge"
+
+
+class DropReason(enum.StrEnum):
+    """Why a ``dropped`` message counter's messages were not delivered (its ``reason``)."""
+
+    #: A PSC301 beyond the JSON bounds (from a peer node).
+    BOUNDS = "bounds"
+    #: A payload that is not JSON (MessagePack bytes) for a JSON-only recipient.
+    NOT_JSON = "not_json"
+    #: A publish bigger than some link accepts: refused before it was acknowledged.
+    TOO_LARGE_FOR_LINKS = "too_large_for_links"
+    #: The recipient did not read fast enough.
+    SLOW_CONSUMER = "slow_consumer"
+    #: SysV: the queue was full, or gone.
+    QUEUE_FULL = "queue_full"
+    QUEUE_GONE = "queue_gone"
+    #: A bridge with no router session.
+    NO_ROUTER = "no_router"
+    #: Stream: the log's disk cap, or an I/O error.
+    DISK_FULL = "disk_full"
+    LOG_ERROR = "log_error"
+    #: Stream: a publish before Connect, a bad checksum, any other rejected frame.
+    NOT_CONNECTED = "not_connected"
+    CHECKSUM = "checksum"
+    REJECTED = "rejected"
+    #: The client's role may not publish there.
+    NOT_AUTHORIZED = "not_authorized"
+    #: Stream: over the links' limit; past the node's topic cap.
+    TOO_LARGE = "too_large"
+    TOPIC_LIMIT = "topic_limit"
+
+
+class LinkCount(enum.StrEnum):
+    """Per-link replay counters (PSC 0.3): the kinds of ``Metrics.link_count``."""
+
+    GAPS = "gaps"
+    LOST = "lost"
+    REPLAYED = "replayed"
+    DUPLICATES = "duplicates"
 
 
 class HubEvent(enum.StrEnum):
@@ -131,6 +173,18 @@ class BridgeEvent(enum.StrEnum):
     LOOPS_DROPPED = "loops_dropped"
 
 
+class SysVEvent(enum.StrEnum):
+    """The SysV front-end (its /stats counters, as ``pubsubclub_events_total{component="sysv"}`` too)."""
+
+    REQUESTS = "requests"
+    BAD_REQUESTS = "bad_requests"
+    REPLIES = "replies"
+    DELIVERIES = "deliveries"
+    DROPPED = "dropped"
+    CLIENTS_GONE = "clients_gone"
+    STRAYS_REMOVED = "strays_removed"
+
+
 #: Component name -> its event enum (the ``component`` label, and the /stats key).
 COMPONENTS: dict[str, type[enum.StrEnum]] = {
     "hub": HubEvent,
@@ -139,10 +193,11 @@ COMPONENTS: dict[str, type[enum.StrEnum]] = {
     "tep": TEPEvent,
     "nsd": NSDEvent,
     "bridge": BridgeEvent,
+    "sysv": SysVEvent,
 }
 
 #: Enum class -> component name.
 COMPONENT_OF: dict[type[enum.StrEnum], str] = {cls: name for name, cls in COMPONENTS.items()}
 
 #: Every event counter, as (component, event) pairs.
-AnyEvent = HubEvent | FederationEvent | ReplayEvent | TEPEvent | NSDEvent | BridgeEvent
+AnyEvent = HubEvent | FederationEvent | ReplayEvent | TEPEvent | NSDEvent | BridgeEvent | SysVEvent

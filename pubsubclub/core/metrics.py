@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from twisted.logger import Logger
 
-from pubsubclub.core.counters import COMPONENTS, AnyEvent
+from pubsubclub.core.counters import COMPONENTS, AnyEvent, DropReason, Kind, LinkCount, Source
 from pubsubclub.core.dumpfile import formats_of, hour_folders, merge_parquet_dumps, parquet_problem, write_dump
 
 log = Logger()
@@ -30,11 +30,11 @@ SCHEMA_VERSION = 1
 LATENCY_BOUNDS_MS: tuple[float, ...] = (0.25, 0.5, 1, 2, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
 
 #: Per-link counters of the replay extension: kind -> (Prometheus family, help).
-LINK_COUNTS = {
-    "gaps": ("pubsubclub_link_gaps", "Gaps reported in the stream from a producer node (PSC 0.3)"),
-    "lost": ("pubsubclub_link_lost_messages", "Messages from a producer node known lost in gaps (PSC 0.3)"),
-    "replayed": ("pubsubclub_link_replayed_messages", "Messages resent to a consumer node on resume (PSC 0.3)"),
-    "duplicates": ("pubsubclub_link_duplicates_dropped", "Duplicate messages dropped by sequence (PSC 0.3)"),
+LINK_COUNTS: dict[LinkCount, tuple[str, str]] = {
+    LinkCount.GAPS: ("pubsubclub_link_gaps", "Gaps reported in the stream from a producer node (PSC 0.3)"),
+    LinkCount.LOST: ("pubsubclub_link_lost_messages", "Messages from a producer node known lost in gaps (PSC 0.3)"),
+    LinkCount.REPLAYED: ("pubsubclub_link_replayed_messages", "Messages resent to a consumer node on resume (PSC 0.3)"),
+    LinkCount.DUPLICATES: ("pubsubclub_link_duplicates_dropped", "Duplicate messages dropped by sequence (PSC 0.3)"),
 }
 
 #: (topic, frontend, kind, peer, reason)
@@ -101,7 +101,12 @@ class _Histogram:
 
 
 class Metrics:
-    """Counters and latency histograms of one node."""
+    """Counters and latency histograms of one node.
+
+    The node makes one (``node/node.py``) and hands it to the hub, the
+    federation and every front-end. Every name passed in is one of the enums
+    of :mod:`pubsubclub.core.counters` (typed so: mypy refuses a ``str``).
+    """
 
     def __init__(self, node_id: str, max_keys: int = DEFAULT_MAX_KEYS) -> None:
         self.node_id = node_id
@@ -115,7 +120,7 @@ class Metrics:
         self._total_latency: dict[str, _Histogram] = {}
         self.interval_start = time.time()
         #: Cumulative per-link replay counts (PSC 0.3): (peer, kind) -> n; kinds in LINK_COUNTS.
-        self.link_counts: dict[tuple[str, str], int] = {}
+        self.link_counts: dict[tuple[str, LinkCount], int] = {}
         #: Hub sinks (and listeners) that raised, by class name; cumulative (docs/security.md).
         self.sink_errors: dict[str, int] = {}
         #: Faults handled without closing anything, by (component, reason); cumulative.
@@ -142,12 +147,12 @@ class Metrics:
     def count(
         self,
         topic: str,
-        frontend: str,
-        kind: str,
+        frontend: Source,
+        kind: Kind,
         n: int = 1,
         nbytes: int = 0,
         peer: str | None = None,
-        reason: str | None = None,
+        reason: DropReason | None = None,
     ) -> None:
         """Add ``n`` messages (``nbytes`` bytes) to a counter."""
         key = (topic, frontend, kind, peer, reason)
@@ -176,7 +181,7 @@ class Metrics:
         self.settle()
         return {e.value: self.events.get((component, e.value), 0) for e in COMPONENTS[component]}
 
-    def link_count(self, peer: str, kind: str, n: int = 1) -> None:
+    def link_count(self, peer: str, kind: LinkCount, n: int = 1) -> None:
         """Add ``n`` to a per-link replay counter (``kind`` is a key of LINK_COUNTS)."""
         key = (peer, kind)
         self.link_counts[key] = self.link_counts.get(key, 0) + n
@@ -185,7 +190,7 @@ class Metrics:
         """A hub sink or listener of class ``sink`` raised; it was logged and skipped."""
         self.sink_errors[sink] = self.sink_errors.get(sink, 0) + 1
 
-    def error(self, component: str, reason: str, n: int = 1) -> None:
+    def error(self, component: Source, reason: str, n: int = 1) -> None:
         """``n`` faults of ``component`` handled without closing anything (skipped records, handler errors)."""
         key = (component, reason)
         self.errors[key] = self.errors.get(key, 0) + n
