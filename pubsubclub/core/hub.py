@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from twisted.logger import Logger
 
 from pubsubclub.core.compaction import Compaction
-from pubsubclub.core.counters import HubEvent
+from pubsubclub.core.counters import HubEvent, Kind
 from pubsubclub.core.hotmessage import hot_message
 from pubsubclub.core.metrics import Metrics, payload_size
 from pubsubclub.core.patterns import Pattern, PatternIndex
@@ -423,7 +423,7 @@ class Hub:
             if delivered:
                 metrics.event(_DELIVERED, delivered)
             for (topic, source), (n, nbytes) in tally.items():
-                metrics.count(topic, source, "delivered", n, nbytes)
+                metrics.count(topic, source, Kind.DELIVERED, n, nbytes)
         return delivered
 
     def _targets(self, topic: str) -> tuple[tuple[Sink, str | None], ...]:
@@ -454,7 +454,7 @@ class Hub:
         if tally:
             # Once per message and front-end, however many recipients (docs/metrics.md).
             for (topic, source), (n, nbytes) in tally.items():
-                self.metrics.count(topic, source, "delivered", n, nbytes)
+                self.metrics.count(topic, source, Kind.DELIVERED, n, nbytes)
         return count
 
     def _deliver_to(

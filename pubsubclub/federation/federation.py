@@ -29,7 +29,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
-from pubsubclub.core.counters import FederationEvent
+from pubsubclub.core.counters import FederationEvent, Source
 from pubsubclub.core.hub import GAP_TOPIC, Hub
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
@@ -191,7 +191,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
     @property
     def stats(self) -> dict[str, int]:
         """The federation's event counters (a view of the hub's metrics)."""
-        return self.hub.metrics.view("federation")
+        return self.metrics.view("federation")
 
     # -- listening ---------------------------------------------------------
 
@@ -242,7 +242,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         (:class:`~pubsubclub.net.ratelog.RateLimitedLog`): a flood of
         never-proving connections is a handful of lines, not one each.
         """
-        self.hub.metrics.event(FederationEvent.AUTH_REFUSED)
+        self.metrics.event(FederationEvent.AUTH_REFUSED)
         if refusal is Refusal.GONE:
             self.refusal_log.info(
                 "PSC links ended before proving the cluster secret",
@@ -294,14 +294,14 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
                     peer=session.peer,
                     other=existing.peer,
                 )
-                self.hub.metrics.disconnect("psc", "superseded")
+                self.metrics.disconnect(Source.PSC, "superseded")
                 self._links[existing].close(CLOSE_DUPLICATE, "superseded by a direct link to the same node")
                 existing = None
             if existing is not None:
                 log.warn(
                     "duplicate link to node {node} via {peer}; closing it", node=session.peer_node, peer=session.peer
                 )
-                self.hub.metrics.event(FederationEvent.LINKS_REFUSED)
+                self.metrics.event(FederationEvent.LINKS_REFUSED)
                 duplicate = self._links[session]
                 duplicate.close(CLOSE_DUPLICATE, f"already linked to node {session.peer_node}")
                 server = duplicate.server
@@ -325,7 +325,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             self._learn(link.transport.heard)
         if session.with_rpc:
             self.rpc.link_open(session)
-        self.hub.metrics.event(FederationEvent.LINKS_OPENED)
+        self.metrics.event(FederationEvent.LINKS_OPENED)
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
             role=session.role.value,
@@ -390,7 +390,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
                 and other_link.server is None
             ):
                 log.info("closing the older link from node {node}: it dialled again", node=session.peer_node)
-                self.hub.metrics.disconnect("psc", "superseded")
+                self.metrics.disconnect(Source.PSC, "superseded")
                 other_link.close(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
 
     def queue_cap(self, session: LinkSession | None) -> int:
@@ -412,7 +412,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             queued=queued,
             limit=self.queue_cap(session),
         )
-        self.hub.metrics.disconnect("psc", "slow_consumer")
+        self.metrics.disconnect(Source.PSC, "slow_consumer")
 
     def link_too_large(self, session: LinkSession, size: int, limit: int) -> None:
         """A message over what ``session``'s peer accepts (an older node with a smaller limit) is not sent to it."""
@@ -423,7 +423,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             peer=peer,
             limit=limit,
         )
-        self.hub.metrics.event(FederationEvent.DROPPED_TOO_LARGE)
+        self.metrics.event(FederationEvent.DROPPED_TOO_LARGE)
 
     def link_unsubscribed(self, session: LinkSession, topic: str) -> None:
         """A consumer no longer wants ``topic`` from us."""

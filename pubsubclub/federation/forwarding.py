@@ -15,7 +15,7 @@ from typing import Any
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
-from pubsubclub.core.counters import FederationEvent
+from pubsubclub.core.counters import DropReason, FederationEvent, Kind, Source
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.core.patterns import Pattern
@@ -218,7 +218,9 @@ class Forwarding:
             self._forwarded_n += self._send(topic, self.outbox.forward(psc.seq_template(binary), takers))
         if missed:
             self.hub.metrics.event(FederationEvent.DROPPED_NOT_JSON)
-            self.hub.metrics.count(topic, "psc", "dropped", missed, payload_size(envelope), reason="not_json")
+            self.hub.metrics.count(
+                topic, Source.PSC, Kind.DROPPED, missed, payload_size(envelope), reason=DropReason.NOT_JSON
+            )
             log.warn(
                 "not forwarding a message on {topic} to {missed} links: payload is not JSON ({error})",
                 topic=topic,
@@ -236,5 +238,5 @@ class Forwarding:
         forwarded = self._forwarded
         if forwarded:
             for (topic, session), (count, nbytes) in forwarded.items():
-                metrics.count(topic, "psc", "forwarded", count, nbytes, peer=session.peer_node or session.peer)
+                metrics.count(topic, Source.PSC, Kind.FORWARDED, count, nbytes, peer=session.peer_node or session.peer)
             forwarded.clear()  # in place: a read in the middle of local_published leaves its reference valid

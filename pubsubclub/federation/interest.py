@@ -14,6 +14,7 @@ from twisted.internet import defer
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
+from pubsubclub.core.counters import Source
 from pubsubclub.core.hub import GAP_TOPIC, Hub
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
@@ -94,7 +95,7 @@ class Interest:
         """A pattern's first local holder: PSC203 to every 0.5 producer (within the per-peer limit)."""
         if len(self._announced) >= self.limits.max_patterns_per_peer:
             self._held[pattern] = None
-            self.hub.metrics.error("psc", "patterns_over_limit")
+            self.hub.metrics.error(Source.PSC, "patterns_over_limit")
             log.warn(
                 "not announcing pattern {pattern!r} to peers: {limit} patterns already announced"
                 " (max-patterns-per-peer); its subscribers get only what this node publishes",

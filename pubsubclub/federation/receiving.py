@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
-from pubsubclub.core.counters import FederationEvent
+from pubsubclub.core.counters import DropReason, FederationEvent, Kind, LinkCount, Source
 from pubsubclub.core.hub import GAP_TOPIC, Envelope, Hub
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
@@ -85,7 +85,7 @@ class Receiving:
             lost=plan.position.lost,
         )
         if plan.replay:
-            self.hub.metrics.link_count(peer, "replayed", len(plan.replay))
+            self.hub.metrics.link_count(peer, LinkCount.REPLAYED, len(plan.replay))
         old = self._links.get(plan.superseded)
         if old is not None:
             old.close(CLOSE_DUPLICATE, "superseded by a newer link from the same node")
@@ -104,9 +104,9 @@ class Receiving:
         """Log, count and tell local subscribers of GAP_TOPIC that messages from a producer are lost."""
         self.hub.metrics.event(FederationEvent.GAPS)
         self.hub.metrics.event(FederationEvent.GAP_MESSAGES, gap.lost or 0)
-        self.hub.metrics.link_count(gap.producer, "gaps", 1)
+        self.hub.metrics.link_count(gap.producer, LinkCount.GAPS, 1)
         if gap.lost:
-            self.hub.metrics.link_count(gap.producer, "lost", gap.lost)
+            self.hub.metrics.link_count(gap.producer, LinkCount.LOST, gap.lost)
         log.warn(
             "gap in the stream from {peer}: {lost} messages lost ({reason})",
             peer=gap.producer,
@@ -121,13 +121,15 @@ class Receiving:
         """A producer sent a PSC301 whose message breaks the JSON bounds: count it, keep the link."""
         peer = session.peer_node or session.peer
         self.hub.metrics.event(FederationEvent.DROPPED_BOUNDS)
-        self.hub.metrics.count(error.topic, "psc", "dropped", 1, session.last_size, peer=peer, reason="bounds")
+        self.hub.metrics.count(
+            error.topic, Source.PSC, Kind.DROPPED, 1, session.last_size, peer=peer, reason=DropReason.BOUNDS
+        )
         log.warn("dropped a PSC301 from {peer}: {problem}", peer=peer, problem=str(error))
 
     def link_error(self, session: LinkSession) -> None:
         """Handling a message from ``session`` raised (logged by the transport); the link stays."""
         self.hub.metrics.event(FederationEvent.HANDLER_ERRORS)
-        self.hub.metrics.error("psc", "handler_error")
+        self.hub.metrics.error(Source.PSC, "handler_error")
 
     def link_received(self, session: LinkSession, message: psc.Publish) -> None:
         """A producer sent a message: deliver it here, never forward it (a batch of one)."""
@@ -151,7 +153,7 @@ class Receiving:
             peer = session.peer_node or session.peer
             for topic, (count, nbytes) in received.items():
                 n += count
-                metrics.count(topic, "psc", "received", count, nbytes, peer=peer)
+                metrics.count(topic, Source.PSC, Kind.RECEIVED, count, nbytes, peer=peer)
             if n:
                 metrics.event(_RECEIVED, n)
             for origin, seconds in latencies.items():
@@ -186,7 +188,7 @@ class Receiving:
                     if skipped:
                         if skipped == DUPLICATE:
                             self.hub.metrics.event(FederationEvent.DUPLICATES_DROPPED)
-                            self.hub.metrics.link_count(peer, "duplicates", 1)
+                            self.hub.metrics.link_count(peer, LinkCount.DUPLICATES, 1)
                             continue
                         self._report_gap(Gap(peer, skipped, "sequence"))
                 origin = meta.origin or peer_node

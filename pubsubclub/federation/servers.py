@@ -20,6 +20,7 @@ from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, wra
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
+from pubsubclub.core.counters import Source
 from pubsubclub.core.hub import Hub
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
@@ -165,10 +166,10 @@ class Dialling:
             if url in self._servers or url == self.announce_url or url == self.advertise_url:
                 continue
             if sum(1 for s in self._servers.values() if s.learned) >= MAX_LEARNED_SERVERS:
-                self.hub.metrics.error("psc", "learned_servers_full")
+                self.hub.metrics.error(Source.PSC, "learned_servers_full")
                 return
             if len(url) > MAX_LEARNED_URL_LENGTH or not _dialable(url):
-                self.hub.metrics.error("psc", "bad_learned_url")
+                self.hub.metrics.error(Source.PSC, "bad_learned_url")
                 continue
             log.info("learned of {url} from a peer", url=url)
             self.add_server(url, learned=True)

@@ -61,7 +61,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from pubsubclub.config import BridgeSection, bridge_credentials
-from pubsubclub.core.counters import BridgeEvent
+from pubsubclub.core.counters import BridgeEvent, DropReason, Kind, Source
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.core.patterns import MATCHES, Pattern
@@ -103,7 +103,7 @@ def _routable(topic: str) -> bool:
 class _RouterSink:
     """The bridge's hub sink: what the cluster sends for the router's clients."""
 
-    counts_as = "bridge"
+    counts_as = Source.BRIDGE
 
     def __init__(self, bridge: RouterBridge) -> None:
         self._bridge = bridge
@@ -531,7 +531,9 @@ class RouterBridge(FrontendBase):
         session = self.session
         if session is None or not self.active or not session.is_attached():
             self._metrics.event(BridgeEvent.DROPPED_NO_ROUTER)
-            self._metrics.count(envelope.topic, "bridge", "dropped", 1, payload_size(envelope), reason="no_router")
+            self._metrics.count(
+                envelope.topic, Source.BRIDGE, Kind.DROPPED, 1, payload_size(envelope), reason=DropReason.NO_ROUTER
+            )
             return False
         args, kwargs = event_arguments(envelope)
         options = PublishOptions(acknowledge=True, exclude_me=True, exclude_authrole=[self.role])
@@ -621,7 +623,7 @@ class RouterBridge(FrontendBase):
                 return
             envelope = wamp_envelope(self._hub, concrete, args, kwargs)
             self._metrics.event(BridgeEvent.FROM_ROUTER)
-            self._metrics.count(concrete, "bridge", "published", 1, payload_size(envelope))
+            self._metrics.count(concrete, Source.BRIDGE, Kind.PUBLISHED, 1, payload_size(envelope))
             self._hub.publish(envelope, exclude=self._sink)
 
         return handle

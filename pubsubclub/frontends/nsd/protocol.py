@@ -69,7 +69,7 @@ from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 
 from pubsubclub.core import binaryjson, jsonbounds
-from pubsubclub.core.counters import NSDEvent
+from pubsubclub.core.counters import Kind, NSDEvent, Source
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.frontends.nsd import codec
@@ -180,7 +180,7 @@ class NSDService:
         repaired = self.store.quarantine_bad_rows(self.clock.horizon(), self._row_problem)
         if repaired:
             self.hub.metrics.event(NSDEvent.REPAIRED, repaired)
-            self.hub.metrics.error("nsd", "store_row_quarantined", repaired)
+            self.hub.metrics.error(Source.NSD, "store_row_quarantined", repaired)
             log.warn(
                 "NSD store {path}: {n} bad row(s) moved to the quarantine table",
                 path=self.store.path,
@@ -223,7 +223,7 @@ class NSDService:
     def _reject(self, source: str, problem: str, origin: str | None) -> None:
         """Skip a bad record from another node (or a bad foreign message): log and count, never raise."""
         self.hub.metrics.event(NSDEvent.REJECTED)
-        self.hub.metrics.error("nsd", f"{source}_rejected")
+        self.hub.metrics.error(Source.NSD, f"{source}_rejected")
         log.warn(
             "NSD: skipped a bad {source} record from {origin}: {problem}", source=source, origin=origin, problem=problem
         )
@@ -253,7 +253,7 @@ class NSDService:
             topic = self._topic(request.identity)
             if not self.hub.room_for(topic) and not self.store.has_channel(request.identity):
                 # A new channel is a new hub topic (its history sink): refused past the node's topic cap.
-                self.hub.metrics.error("nsd", "too_many_topics")
+                self.hub.metrics.error(Source.NSD, "too_many_topics")
                 limit = self.hub.max_topics
                 return self._error(
                     codec.too_many_channels(f"this node has subscribers on {limit} topics (max-subscribed-topics)")
@@ -269,7 +269,7 @@ class NSDService:
             found = self.store.messages_after(channels, request.after, self.settings.limits.max_get_messages)
             count = self.hub.metrics.count
             for channel, message in found:
-                count(self._topic(channel), "nsd", "delivered", 1, len(message))
+                count(self._topic(channel), Source.NSD, Kind.DELIVERED, 1, len(message))
             return codec.encode_message_list([message for _, message in found])
         if isinstance(request, codec.PublishRequest):
             if not self.store.has_channel(request.identity):
@@ -317,7 +317,7 @@ class NSDService:
         too_large = self.hub.refusal(envelope, chars)
         if too_large is not None:
             return too_large
-        self.hub.metrics.count(envelope.topic, "nsd", "published", 1, payload_size(envelope))
+        self.hub.metrics.count(envelope.topic, Source.NSD, Kind.PUBLISHED, 1, payload_size(envelope))
         message_id = envelope.message_id or uuid.uuid4().hex
         self._store(channel, when, message_id, stored)
         # The log reaches every NSD node; the channel topic reaches everyone else.

@@ -57,6 +57,7 @@ from twisted.python.failure import Failure
 
 from pubsubclub.config import StreamSection
 from pubsubclub.core import binaryjson
+from pubsubclub.core.counters import DropReason, Kind, Source
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.federation import psc
 from pubsubclub.frontends.base import FrontendBase, tcp_url
@@ -82,7 +83,7 @@ READ_BATCH_BYTES = 1024 * 1024
 #: Seconds between retention passes over the log.
 RETENTION_INTERVAL = 60.0
 #: The front-end's name in metrics and URLs.
-SOURCE = "stream"
+SOURCE = Source.STREAM
 
 
 def to_hub_payload(data: bytes) -> str:
@@ -276,7 +277,7 @@ class StreamService:
         self.retain(topic)
         self.log.append(topic, payload)
         self.schedule_flush()
-        self.hub.metrics.count(hub_topic, SOURCE, "published", 1, len(payload))
+        self.hub.metrics.count(hub_topic, SOURCE, Kind.PUBLISHED, 1, len(payload))
         envelope = self.hub.envelope(hub_topic, hub_payload, size=len(payload))
         self.hub.publish(envelope, exclude=self._sinks[topic])
 
@@ -302,8 +303,8 @@ class StreamService:
         try:
             self.log.append(topic, from_hub_payload(envelope.payload))
         except StreamLogError as e:
-            reason = "disk_full" if isinstance(e, DiskFullError) else "log_error"
-            self.hub.metrics.count(envelope.topic, SOURCE, "dropped", 1, 0, reason=reason)
+            reason = DropReason.DISK_FULL if isinstance(e, DiskFullError) else DropReason.LOG_ERROR
+            self.hub.metrics.count(envelope.topic, SOURCE, Kind.DROPPED, 1, 0, reason=reason)
             if not self._foreign_refused:
                 log.error("stream log: cannot append to {topic}: {error}", topic=topic, error=str(e))
             self._foreign_refused += 1
@@ -457,13 +458,15 @@ class StreamProtocol(Protocol):
             return
         if self.client_name is None:
             if isinstance(request, codec.Rejected) and request.topic is not None:
-                self._count_dropped(request.topic, "not_connected")
+                self._count_dropped(request.topic, DropReason.NOT_CONNECTED)
             self._error(codec.ErrorCode.NOT_CONNECTED, "send Connect first")
             return
         if isinstance(request, codec.Rejected):
             if request.topic is not None:
-                self._count_dropped(request.topic, "checksum" if request.code is codec.ErrorCode.CHECKSUM_MISMATCH
-                                    else "rejected")  # fmt: skip
+                self._count_dropped(
+                    request.topic,
+                    DropReason.CHECKSUM if request.code is codec.ErrorCode.CHECKSUM_MISMATCH else DropReason.REJECTED,
+                )
                 self._batch_saw()
             self._error(request.code, request.message)
             return
@@ -485,23 +488,23 @@ class StreamProtocol(Protocol):
         service = self.service
         problem = service.topic_problem(request.topic, publish=True)
         if problem is not None:
-            self._count_dropped(request.topic, "not_authorized")
+            self._count_dropped(request.topic, DropReason.NOT_AUTHORIZED)
             self._batch_saw()
             self._error(*problem)
             return
         try:
             service.publish(request.topic, request.payload)
         except TooLargeForLinks as e:
-            self._refuse(request.topic, "too_large", codec.ErrorCode.TOO_LARGE, str(e))
+            self._refuse(request.topic, DropReason.TOO_LARGE, codec.ErrorCode.TOO_LARGE, str(e))
             return
         except TopicLimitError as e:
-            self._refuse(request.topic, "topic_limit", codec.ErrorCode.TOO_MANY_TOPICS, str(e))
+            self._refuse(request.topic, DropReason.TOPIC_LIMIT, codec.ErrorCode.TOO_MANY_TOPICS, str(e))
             return
         except DiskFullError as e:
-            self._refuse(request.topic, "disk_full", codec.ErrorCode.DISK_FULL, f"not stored: {e}")
+            self._refuse(request.topic, DropReason.DISK_FULL, codec.ErrorCode.DISK_FULL, f"not stored: {e}")
             return
         except StreamLogError as e:
-            self._refuse(request.topic, "log_error", codec.ErrorCode.UNAVAILABLE, f"not stored: {e}")
+            self._refuse(request.topic, DropReason.LOG_ERROR, codec.ErrorCode.UNAVAILABLE, f"not stored: {e}")
             return
         batch = self._batch
         if batch is None:
@@ -595,7 +598,7 @@ class StreamProtocol(Protocol):
         self._answers.append([codec.encode(event), True])
 
     def _count_dropped(self, topic: str, reason: str) -> None:
-        self.service.hub.metrics.count(self.service.hub_topic(topic), SOURCE, "dropped", 1, 0, reason=reason)
+        self.service.hub.metrics.count(self.service.hub_topic(topic), SOURCE, Kind.DROPPED, 1, 0, reason=reason)
 
     def synced(self, failed: str | None) -> None:
         """The log synced (or failed to): acks waiting for it may go, then new messages."""
@@ -643,7 +646,7 @@ class StreamProtocol(Protocol):
                     if record.sequence >= end:
                         break
                     self.transport.write(codec.encode(codec.Message(cursor.topic, record.sequence, record.payload)))
-                    metrics.count(hub_topic, SOURCE, "delivered", 1, len(record.payload))
+                    metrics.count(hub_topic, SOURCE, Kind.DELIVERED, 1, len(record.payload))
                     cursor.next = record.sequence + 1
                     progress = True
                     if self._paused:

@@ -31,6 +31,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
+from pubsubclub.core.counters import DropReason, Kind, Source
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.frontends.sysv.budget import (
@@ -199,11 +200,11 @@ class SysVService:
             self._handlers[type(request)](request)
         except Exception:
             log.failure("SysV: internal error handling {request!r}", request=request)
-            self.hub.metrics.error("sysv", "internal_error")
+            self.hub.metrics.error(Source.SYSV, "internal_error")
 
     def _bad_request(self, reason: str, detail: str, sender: int | None) -> None:
         self.counts["bad_requests"] += 1
-        self.hub.metrics.error("sysv", reason)
+        self.hub.metrics.error(Source.SYSV, reason)
         # The first of each kind at info level, the rest at debug: a flood of junk cannot flood the log.
         emit = log.debug if reason in self._logged_reasons else log.info
         self._logged_reasons.add(reason)
@@ -298,7 +299,7 @@ class SysVService:
             return
         self._reply(pid, Signal.OPERATION_SUCCESS)
         envelope = self.hub.envelope(topic, request.text)
-        self.hub.metrics.count(topic, "sysv", "published", 1, payload_size(envelope))
+        self.hub.metrics.count(topic, Source.SYSV, Kind.PUBLISHED, 1, payload_size(envelope))
         # This node's SysV subscribers are served below, where blocks are known.
         self.hub.publish(envelope, exclude=self._sinks.get(channel))
         self.fan_out(channel, envelope, pid)
@@ -408,22 +409,22 @@ class SysVService:
         """Put ``data`` on the queue for ``pid`` if its budget allows; count what does not go."""
         reason = None
         if not self.budget.admit(pid, self.queue, len(self.users)):
-            reason = "slow_consumer"
+            reason = DropReason.SLOW_CONSUMER
         else:
             try:
                 self.queue.send(pid, data)
             except QueueFull:
-                reason = "queue_full"
+                reason = DropReason.QUEUE_FULL
             except QueueGone:
-                reason = "queue_gone"
+                reason = DropReason.QUEUE_GONE
         if reason is None:
             self.budget.sent(pid, is_reply)
             return True
         self.counts["dropped"] += 1
         if topic is not None:
-            self.hub.metrics.count(topic, "sysv", "dropped", 1, BODY_SIZE, reason=reason)
+            self.hub.metrics.count(topic, Source.SYSV, Kind.DROPPED, 1, BODY_SIZE, reason=reason)
         else:
-            self.hub.metrics.error("sysv", f"reply_{reason}")
+            self.hub.metrics.error(Source.SYSV, f"reply_{reason}")
         return False
 
     def _delivery(self, channel: str, envelope: Envelope) -> bytes | None:
@@ -457,7 +458,7 @@ class SysVService:
         topic = envelope.topic
         if data is None:
             size = payload_size(envelope)
-            self.hub.metrics.count(topic, "sysv", "dropped", len(subscribers), size, reason="not_json")
+            self.hub.metrics.count(topic, Source.SYSV, Kind.DROPPED, len(subscribers), size, reason=DropReason.NOT_JSON)
             self.counts["dropped"] += len(subscribers)
             return
         nbytes = _text_size(data)
@@ -467,7 +468,7 @@ class SysVService:
             if not self._send(pid, data, topic):
                 continue
             self.counts["deliveries"] += 1
-            self.hub.metrics.count(topic, "sysv", "delivered", 1, nbytes)
+            self.hub.metrics.count(topic, Source.SYSV, Kind.DELIVERED, 1, nbytes)
             if remaining == 1:
                 self._remove_subscription(channel, pid)  # its k messages are delivered
             elif remaining > 1:
@@ -536,7 +537,7 @@ class SysVService:
                 emit("SysV: removed {n} messages waiting for {pid}, which is no logged-in client", n=taken, pid=pid)
         if removed:
             self.counts["strays_removed"] += removed
-            self.hub.metrics.error("sysv", "stray_removed", removed)
+            self.hub.metrics.error(Source.SYSV, "stray_removed", removed)
         return removed
 
     def save(self) -> None:

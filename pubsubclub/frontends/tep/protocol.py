@@ -55,7 +55,7 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request
 
 from pubsubclub.core import jsonbounds
-from pubsubclub.core.counters import TEPEvent
+from pubsubclub.core.counters import DropReason, Kind, Source, TEPEvent
 from pubsubclub.core.hub import Envelope, Hub, LimitExceeded
 from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.metrics import payload_size
@@ -347,7 +347,7 @@ class TEPClient:
                 reply = JoinReply(tuple(c for c in reply.accepted if c != channel), (*reply.rejected, channel))
         self._send_frame(reply)
         if refused is not None:
-            server.hub.metrics.error("tep", "too_many_topics")
+            server.hub.metrics.error(Source.TEP, "too_many_topics")
             self._send_frame(ErrorFrame(f"{refused.text} ({refused.limit})", None))
 
     def _leave(self, frame: Leave) -> None:
@@ -370,18 +370,20 @@ class TEPClient:
         too_large = self._hub.refusal(envelope, len(data))
         if too_large is not None:
             # Refused before anyone gets it, here or on other nodes (docs/protocol.md, "Message sizes").
-            server.hub.metrics.count(envelope.topic, "tep", "dropped", 1, len(data), reason="too_large_for_links")
+            server.hub.metrics.count(
+                envelope.topic, Source.TEP, Kind.DROPPED, 1, len(data), reason=DropReason.TOO_LARGE_FOR_LINKS
+            )
             self.refuse(too_large, data)
             return
         server.hub.metrics.event(TEPEvent.PUBLISHED)
-        server.hub.metrics.count(envelope.topic, "tep", "published", 1, payload_size(envelope))
+        server.hub.metrics.count(envelope.topic, Source.TEP, Kind.PUBLISHED, 1, payload_size(envelope))
         # Like WAMP's default: the publisher does not get its own message.
         self._hub.publish(envelope, exclude=self)
 
     # -- output ------------------------------------------------------------------
 
     #: The hub counts what this sink delivers under the ``tep`` front-end, once per message.
-    counts_as = "tep"
+    counts_as = Source.TEP
 
     def deliver(self, envelope: Envelope) -> bool:
         """The hub sink: send ``envelope`` as an event; True if sent."""
@@ -389,7 +391,9 @@ class TEPClient:
         data = server.event_bytes(envelope)
         if data is None:
             server.hub.metrics.event(TEPEvent.UNDELIVERABLE)
-            server.hub.metrics.count(envelope.topic, "tep", "dropped", 1, payload_size(envelope), reason="not_json")
+            server.hub.metrics.count(
+                envelope.topic, Source.TEP, Kind.DROPPED, 1, payload_size(envelope), reason=DropReason.NOT_JSON
+            )
             return False
         if self.send(data):
             server.hub.metrics.event(TEPEvent.EVENTS_SENT)
@@ -407,7 +411,7 @@ class TEPClient:
             reason = f"slow consumer: {unsent} bytes unsent, limit is {limit}"
             log.warn("dropping TEP client {peer}: {reason}", peer=self.peer, reason=reason)
             self._server.hub.metrics.event(TEPEvent.DROPPED_SLOW)
-            self._server.hub.metrics.disconnect("tep", "slow_consumer")
+            self._server.hub.metrics.disconnect(Source.TEP, "slow_consumer")
             self._detach()
             transport.drop(reason)
             return False

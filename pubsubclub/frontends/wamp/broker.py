@@ -74,6 +74,7 @@ from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 from twisted.logger import Logger
 
 from pubsubclub.core.compaction import Compaction
+from pubsubclub.core.counters import DropReason, Kind, Source
 from pubsubclub.core.hub import GAP_TOPIC, Envelope, Hub, LimitExceeded
 from pubsubclub.core.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.core.loginthrottle import LoginThrottle
@@ -435,7 +436,7 @@ class WampRouter:
 
     def refused(self, reason: str) -> None:
         """Count one request refused past a limit (``pubsubclub_errors_total{component="wamp",reason}``)."""
-        self.hub.metrics.error("wamp", reason)
+        self.hub.metrics.error(Source.WAMP, reason)
 
     def shutdown(self, text: str = "node shutting down") -> int:
         """Say GOODBYE (``wamp.close.system_shutdown``) to every session and close it."""
@@ -653,7 +654,7 @@ class BrokerSession:
     # -- the hub Sink ----------------------------------------------------------
 
     #: The hub counts what this sink delivers under the ``wamp`` front-end, once per message.
-    counts_as = "wamp"
+    counts_as = Source.WAMP
 
     def deliver(self, envelope: Envelope) -> bool:
         """Send ``envelope`` as an EVENT, or drop this client if it lags too far; True if sent."""
@@ -676,9 +677,9 @@ class BrokerSession:
                 reason=reason,
             )
             self._hub.metrics.count(
-                envelope.topic, "wamp", "dropped", 1, payload_size(envelope), reason="slow_consumer"
+                envelope.topic, Source.WAMP, Kind.DROPPED, 1, payload_size(envelope), reason=DropReason.SLOW_CONSUMER
             )
-            self._hub.metrics.disconnect("wamp", "slow_consumer")
+            self._hub.metrics.disconnect(Source.WAMP, "slow_consumer")
             self._end()
             transport.drop(reason)
             return False
@@ -1087,12 +1088,14 @@ class BrokerSession:
         if too_large is not None:
             # Refused before anyone gets it, here or on other nodes: one outcome everywhere.
             log.debug("WAMP session {session}: publish refused: {problem}", session=self._session_id, problem=too_large)
-            hub.metrics.count(topic, "wamp", "dropped", 1, payload_size(envelope), reason="too_large_for_links")
+            hub.metrics.count(
+                topic, Source.WAMP, Kind.DROPPED, 1, payload_size(envelope), reason=DropReason.TOO_LARGE_FOR_LINKS
+            )
             if acknowledge:
                 self._error(request_type, msg.request, PAYLOAD_SIZE_EXCEEDED, too_large)
             return
         publication = envelope.wire[PUBLICATION] = self._router.new_id()
-        hub.metrics.count(topic, "wamp", "published", 1, payload_size(envelope))
+        hub.metrics.count(topic, Source.WAMP, Kind.PUBLISHED, 1, payload_size(envelope))
         hub.publish(envelope, exclude=None if msg.exclude_me is False else self)
         if acknowledge:
             self._send(message.Published(msg.request, publication))

@@ -36,6 +36,7 @@ from twisted.internet.protocol import Factory, Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 
+from pubsubclub.core.counters import Source
 from pubsubclub.frontends.wamp.broker import WampRouter
 from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_session
 from pubsubclub.net.edge import unsent_bytes
@@ -239,7 +240,7 @@ class WampRawSocketProtocol(Protocol):
         if not self._open:
             return
         if len(data) > self._max_send:
-            self._router.hub.metrics.disconnect("wamp", "message_too_large_for_client")
+            self._router.hub.metrics.disconnect(Source.WAMP, "message_too_large_for_client")
             self.drop(f"a message of {len(data)} bytes is over the client's maximum of {self._max_send}")
             return
         self._write(FRAME_MESSAGE, data)
