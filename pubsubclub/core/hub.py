@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from twisted.logger import Logger
 
 from pubsubclub.core.compaction import Compaction
-from pubsubclub.core.counters import HubEvent, Kind
+from pubsubclub.core.counters import HubEvent, Kind, Source
 from pubsubclub.core.hotmessage import hot_message
 from pubsubclub.core.metrics import Metrics, payload_size
 from pubsubclub.core.patterns import Pattern, PatternIndex
@@ -48,6 +48,12 @@ DEFAULT_MAX_PATTERNS = 10_000
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _PUBLISHED, _RECEIVED, _DELIVERED = HubEvent.PUBLISHED, HubEvent.RECEIVED, HubEvent.DELIVERED
+_KIND_DELIVERED = Kind.DELIVERED
+
+
+def random_node_id() -> str:
+    """A node id for a node whose configuration names none."""
+    return os.urandom(6).hex()
 
 
 @hot_message
@@ -92,13 +98,16 @@ class LimitExceeded(Exception):
 class Sink(Protocol):
     """Anything that can receive messages for the topics it subscribed to.
 
-    A sink whose class sets ``counts_as`` to a front-end's name (``"wamp"``,
-    ``"tep"``) has its deliveries counted by the hub, once per message for all
-    such sinks together (``delivered`` in the metrics); its ``deliver``
-    returns False for a message it did not send.
+    A sink whose class sets ``counts_as`` to its front-end's
+    :class:`~pubsubclub.core.counters.Source` has its deliveries counted by the
+    hub at hand-off, once per message for all such sinks together
+    (``delivered`` in the metrics; docs/metrics.md, "Who counts a delivery").
+    Its ``deliver`` says how many clients it sent the message to: None or
+    True for one, False for none (a slow consumer dropped), an int for a sink
+    that fans out to several (SysV's channel sink).
     """
 
-    def deliver(self, envelope: Envelope) -> bool | None:
+    def deliver(self, envelope: Envelope) -> bool | int | None:
         """Hand one message to the client behind this sink."""
 
 
@@ -115,7 +124,7 @@ class InterestListener(Protocol):
 class PatternSink(Protocol):
     """A sink that holds patterns: told which of its patterns each message matched."""
 
-    def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool | None:
+    def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool | int | None:
         """Hand one message that matched ``pattern`` to the client behind this sink."""
 
 
@@ -151,13 +160,14 @@ class Hub:
         node_id: str | None = None,
         clock: Callable[[], float] = time.time,
         *,
+        metrics: Metrics | None = None,
         max_topics: int = DEFAULT_MAX_TOPICS,
         max_patterns: int = DEFAULT_MAX_PATTERNS,
     ) -> None:
         for name, value in (("max_topics", max_topics), ("max_patterns", max_patterns)):
             if type(value) is not int or value <= 0:
                 raise ValueError(f"Hub {name} must be a positive int, not {value!r}")
-        self.node_id = node_id or os.urandom(6).hex()
+        self.node_id = node_id or random_node_id()
         #: Topics (and patterns) with local subscribers that a client's subscribe may bring the node to.
         self.max_topics = max_topics
         self.max_patterns = max_patterns
@@ -165,7 +175,7 @@ class Hub:
         self._clock = clock
         self._sinks: dict[str, dict[Sink, None]] = {}
         #: Per topic, what :meth:`_deliver` walks; dropped whenever the topic's sinks change.
-        self._snapshots: dict[str, tuple[tuple[Sink, str | None], ...]] = {}
+        self._snapshots: dict[str, tuple[tuple[Sink, Source | None], ...]] = {}
         #: ``_sinks`` is copied when it has emptied from a peak, so memory returns when clients leave.
         self._sinks_compaction = Compaction()
         self._interest: list[InterestListener] = []
@@ -183,8 +193,9 @@ class Hub:
         # Message ids stay unique across restarts of a node with the same id.
         self._boot = os.urandom(3).hex()
         self._id_prefix = f"{self.node_id}-{self._boot}-"
-        #: The node's metrics counters; every front-end and the federation count here.
-        self.metrics = Metrics(self.node_id)
+        #: The node's metrics counters; every front-end and the federation count here. The node makes
+        #: them and hands them down (node/node.py); a hub built alone (a library user's, a test's) makes its own.
+        self.metrics = metrics if metrics is not None else Metrics(self.node_id)
         #: Local publishes not yet added to ``metrics`` (added before any read: Metrics.settle).
         self._published = 0
         #: Local deliveries not yet added to ``metrics`` (likewise).
@@ -408,7 +419,7 @@ class Hub:
         """
         metrics = self.metrics
         received = delivered = 0
-        tally: dict[tuple[str, str], list[int]] = {}
+        tally: dict[tuple[str, Source], list[int]] = {}
         try:
             for envelope in envelopes:
                 received += 1
@@ -426,7 +437,7 @@ class Hub:
                 metrics.count(topic, source, Kind.DELIVERED, n, nbytes)
         return delivered
 
-    def _targets(self, topic: str) -> tuple[tuple[Sink, str | None], ...]:
+    def _targets(self, topic: str) -> tuple[tuple[Sink, Source | None], ...]:
         """``topic``'s sinks with their ``counts_as``, made once per change of its subscribers, not per message.
 
         A snapshot: a sink may unsubscribe (or subscribe) while a message is
@@ -448,22 +459,22 @@ class Hub:
         matched = self._patterns.match(topic)
         if not targets and not matched:
             return 0
-        tally: dict[tuple[str, str], list[int]] = {}
+        tally: dict[tuple[str, Source], list[int]] = {}
         count = self._deliver_to(envelope, targets, matched, exclude, tally)
         self._delivered += count
         if tally:
             # Once per message and front-end, however many recipients (docs/metrics.md).
             for (topic, source), (n, nbytes) in tally.items():
-                self.metrics.count(topic, source, Kind.DELIVERED, n, nbytes)
+                self.metrics.count(topic, source, _KIND_DELIVERED, n, nbytes)
         return count
 
     def _deliver_to(
         self,
         envelope: Envelope,
-        targets: tuple[tuple[Sink, str | None], ...],
+        targets: tuple[tuple[Sink, Source | None], ...],
         matched: tuple[Pattern, ...],
         exclude: Any,
-        tally: dict[tuple[str, str], list[int]],
+        tally: dict[tuple[str, Source], list[int]],
     ) -> int:
         """Hand ``envelope`` to ``targets`` and the holders of ``matched``; add what is counted to ``tally``.
 
@@ -472,7 +483,7 @@ class Hub:
         """
         topic = envelope.topic
         count = 0
-        sources: list[str] = []
+        sources: list[Source] = []
         for sink, source in targets:
             if sink is exclude:
                 continue
@@ -484,7 +495,10 @@ class Hub:
                 continue
             count += 1
             if source is not None and sent is not False:
-                sources.append(source)
+                if sent is None or sent is True:
+                    sources.append(source)
+                else:  # a sink that fans out: ``sent`` clients
+                    sources += [source] * sent
         # One delivery per matching pattern, as WAMP asks of a client subscribed several ways.
         for pattern in matched:
             for holder in list(self._patterns.holders(pattern)):
@@ -498,7 +512,10 @@ class Hub:
                 count += 1
                 source = getattr(holder, "counts_as", None)
                 if source is not None and sent is not False:
-                    sources.append(source)
+                    if sent is None or sent is True:
+                        sources.append(source)
+                    else:
+                        sources += [source] * sent
         if sources:
             size = payload_size(envelope)
             for source in sources:

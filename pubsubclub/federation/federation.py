@@ -31,6 +31,7 @@ from twisted.logger import Logger
 
 from pubsubclub.core.counters import FederationEvent, Source
 from pubsubclub.core.hub import GAP_TOPIC, Hub
+from pubsubclub.core.metrics import Metrics
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
 from pubsubclub.federation.auth import (
@@ -91,6 +92,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         retry: RetryPolicy = RetryPolicy(),
         rand: Callable[[], float] = random.random,
         endpoint_factory: Callable[[Any, str], IStreamClientEndpoint] = endpoint_for_url,
+        metrics: Metrics | None = None,
         **options: Any,
     ) -> None:
         """A federation around ``hub``: ``settings``, with any of its fields overridden by ``options``."""
@@ -115,6 +117,8 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
 
             reactor = default_reactor
         self.hub = hub
+        #: The node's counters (node/node.py hands them down); by default the hub's, which are the same.
+        self.metrics = metrics if metrics is not None else hub.metrics
         self.node_id = hub.node_id
         self.listen_role = listen_role
         self.versions = versions
@@ -148,8 +152,8 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         self.outbox: Outbox | None = None
         self.inbox: Inbox | None = None
         if replay is not None:
-            self.outbox = Outbox(replay, reactor.seconds, boot=os.urandom(6).hex(), metrics=hub.metrics)
-            self.inbox = Inbox(replay.max_positions, metrics=hub.metrics)
+            self.outbox = Outbox(replay, reactor.seconds, boot=os.urandom(6).hex(), metrics=self.metrics)
+            self.inbox = Inbox(replay.max_positions, metrics=self.metrics)
             if psc.V0_3 not in versions:
                 self.versions = (*versions, psc.V0_3)
             if batch and psc.V0_4 not in self.versions:
@@ -180,7 +184,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         #: Forwarded PSC301s not yet in the metrics: (topic, link) -> [messages, bytes], and how many in all.
         self._forwarded: dict[tuple[str, Any], list[int]] = {}
         self._forwarded_n = 0
-        hub.metrics.add_settler(self._settle)
+        self.metrics.add_settler(self._settle)
         hub.add_interest_listener(self)
         hub.add_pattern_listener(self)
         hub.add_publish_listener(self)

@@ -28,10 +28,10 @@ from twisted.web.resource import Resource
 from twisted.web.server import Request, Site
 
 from pubsubclub.config import NodeConfig, binds_beyond_loopback
-from pubsubclub.core.hub import Hub
+from pubsubclub.core.hub import Hub, random_node_id
 from pubsubclub.core.jsonbounds import JSONBounds
 from pubsubclub.core.loginthrottle import LoginThrottle
-from pubsubclub.core.metrics import MetricsDumper, PrometheusCollector
+from pubsubclub.core.metrics import Metrics, MetricsDumper, PrometheusCollector
 from pubsubclub.federation import Federation, FederationSettings, Role
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.psc import Limits
@@ -181,14 +181,17 @@ class Node:
         self.reactor = reactor
         #: WAMP principals and roles (``--auth``); None: every client anonymous, everything allowed.
         self.auth = config.auth_policy()
+        node_id = config.node.name or random_node_id()
+        #: One set of counters for every part of the node, made here and handed down to the hub, the
+        #: federation and (through the hub they are built on) every front-end (docs/metrics.md).
+        self.metrics = Metrics(node_id)
         self.hub = Hub(
-            config.node.name,
+            node_id,
+            metrics=self.metrics,
             max_topics=config.node.max_subscribed_topics,
             # The node announces at most this many patterns to a peer: holding more would be silent.
             max_patterns=config.federation.max_patterns_per_peer,
         )
-        #: One set of counters for every part of the node, kept by the hub (docs/metrics.md).
-        self.metrics = self.hub.metrics
         self.federation = build_federation(self.hub, config, reactor)
         #: The connection layer every listener stands on (pubsubclub/net): deadlines, caps, pending bytes.
         self.edge = Edge(

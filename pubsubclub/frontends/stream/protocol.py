@@ -513,7 +513,7 @@ class StreamProtocol(Protocol):
         batch[1] += 1
         self._batch_saw()
 
-    def _refuse(self, topic: str, reason: str, code: codec.ErrorCode, message: str) -> None:
+    def _refuse(self, topic: str, reason: DropReason, code: codec.ErrorCode, message: str) -> None:
         """A Publish that goes nowhere: counted as dropped, answered with an ERROR in its place."""
         self._count_dropped(topic, reason)
         self._batch_saw()
@@ -597,7 +597,7 @@ class StreamProtocol(Protocol):
     def _answer(self, event: codec.ServerEvent) -> None:
         self._answers.append([codec.encode(event), True])
 
-    def _count_dropped(self, topic: str, reason: str) -> None:
+    def _count_dropped(self, topic: str, reason: DropReason) -> None:
         self.service.hub.metrics.count(self.service.hub_topic(topic), SOURCE, Kind.DROPPED, 1, 0, reason=reason)
 
     def synced(self, failed: str | None) -> None:
@@ -683,7 +683,7 @@ class StreamFactory(Factory):
 class StreamFrontend(FrontendBase):
     """``--stream ENDPOINT``: the stream protocol over TCP, backed by the node's log under data-dir/stream."""
 
-    name = SOURCE
+    name: str = SOURCE
 
     def __init__(self, hub: Hub, section: StreamSection, context: FrontendContext) -> None:
         super().__init__(context)

@@ -31,7 +31,7 @@ from typing import Any
 
 from twisted.logger import Logger
 
-from pubsubclub.core.counters import DropReason, Kind, Source
+from pubsubclub.core.counters import DropReason, Kind, Source, SysVEvent
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.frontends.sysv.budget import (
@@ -45,7 +45,6 @@ from pubsubclub.frontends.sysv.budget import (
 )
 from pubsubclub.frontends.sysv.codec import (
     BODY_SIZE,
-    LONG_TEXT_SIZE,
     MESSAGE_COUNT_BASE,
     MESSAGE_COUNT_MAX,
     SERVER_ID,
@@ -105,13 +104,16 @@ class _User:
 class _ChannelSink:
     """The hub sink of one channel with SysV subscribers on this node."""
 
+    #: The hub counts this sink's deliveries (docs/metrics.md, "Who counts a delivery").
+    counts_as = Source.SYSV
+
     def __init__(self, service: SysVService, channel: str) -> None:
         self._service = service
         self.channel = channel
 
-    def deliver(self, envelope: Envelope) -> None:
-        """A message from another front-end or node: to every subscriber of the channel."""
-        self._service.fan_out(self.channel, envelope, None)
+    def deliver(self, envelope: Envelope) -> int:
+        """A message from any front-end or node: to every subscriber of the channel; how many were sent it."""
+        return self._service.fan_out(self.channel, envelope, self._service.publishing)
 
 
 class SysVService:
@@ -163,10 +165,8 @@ class SysVService:
         #: The saved state is behind (subscription quantities, logins).
         self.dirty = False
         self._logged_reasons: set[str] = set()
-        #: Plain counters for /stats (message counters go to hub.metrics).
-        self.counts: dict[str, int] = dict.fromkeys(
-            ("requests", "bad_requests", "replies", "deliveries", "dropped", "clients_gone", "strays_removed"), 0
-        )
+        #: The PID whose publish the hub is delivering now (its own channel sink skips it), else None.
+        self.publishing: int | None = None
         self._handlers: dict[type, Callable[[Any], None]] = {
             Connect: self._connect,
             Login: self._login,
@@ -184,7 +184,7 @@ class SysVService:
 
     def message_received(self, data: bytes) -> None:
         """Handle one message a client sent to the server; never raises."""
-        self.counts["requests"] += 1
+        self.hub.metrics.event(SysVEvent.REQUESTS)
         try:
             request = decode_request(data)
         except SysVDecodeError as e:
@@ -203,7 +203,7 @@ class SysVService:
             self.hub.metrics.error(Source.SYSV, "internal_error")
 
     def _bad_request(self, reason: str, detail: str, sender: int | None) -> None:
-        self.counts["bad_requests"] += 1
+        self.hub.metrics.event(SysVEvent.BAD_REQUESTS)
         self.hub.metrics.error(Source.SYSV, reason)
         # The first of each kind at info level, the rest at debug: a flood of junk cannot flood the log.
         emit = log.debug if reason in self._logged_reasons else log.info
@@ -301,8 +301,13 @@ class SysVService:
         envelope = self.hub.envelope(topic, request.text)
         self.hub.metrics.count(topic, Source.SYSV, Kind.PUBLISHED, 1, payload_size(envelope))
         # This node's SysV subscribers are served below, where blocks are known.
-        self.hub.publish(envelope, exclude=self._sinks.get(channel))
-        self.fan_out(channel, envelope, pid)
+        # The hub hands it to this node's SysV subscribers too (through the channel's sink, which skips the
+        # publisher and those blocking it), so it counts their deliveries as it does every front-end's.
+        self.publishing = pid
+        try:
+            self.hub.publish(envelope)
+        finally:
+            self.publishing = None
 
     def _block(self, request: Block) -> None:
         pid = request.sender
@@ -401,7 +406,7 @@ class SysVService:
 
     def _reply(self, pid: int, signal: Signal) -> None:
         if self._send(pid, reply(signal), is_reply=True):
-            self.counts["replies"] += 1
+            self.hub.metrics.event(SysVEvent.REPLIES)
             if pid not in self.users:
                 self._replied[pid] = self._clock()
 
@@ -420,7 +425,7 @@ class SysVService:
         if reason is None:
             self.budget.sent(pid, is_reply)
             return True
-        self.counts["dropped"] += 1
+        self.hub.metrics.event(SysVEvent.DROPPED)
         if topic is not None:
             self.hub.metrics.count(topic, Source.SYSV, Kind.DROPPED, 1, BODY_SIZE, reason=reason)
         else:
@@ -449,31 +454,36 @@ class SysVService:
             self.save()
         return count
 
-    def fan_out(self, channel: str, envelope: Envelope, sender: int | None) -> None:
-        """Deliver ``envelope`` to the channel's subscribers (not ``sender``, nor those blocking it)."""
+    def fan_out(self, channel: str, envelope: Envelope, sender: int | None) -> int:
+        """Deliver ``envelope`` to the channel's subscribers (not ``sender``, nor those blocking it); how many got it.
+
+        Deliveries are counted by the hub, from what this returns; drops here.
+        """
         subscribers = self.subscriptions.get(channel)
         if not subscribers:
-            return
+            return 0
         data = self._delivery(channel, envelope)
         topic = envelope.topic
         if data is None:
             size = payload_size(envelope)
             self.hub.metrics.count(topic, Source.SYSV, Kind.DROPPED, len(subscribers), size, reason=DropReason.NOT_JSON)
-            self.counts["dropped"] += len(subscribers)
-            return
-        nbytes = _text_size(data)
+            self.hub.metrics.event(SysVEvent.DROPPED, len(subscribers))
+            return 0
+        sent = 0
         for pid, remaining in list(subscribers.items()):
             if pid == sender or (sender is not None and sender in self.blocks.get(pid, ())):
                 continue
             if not self._send(pid, data, topic):
                 continue
-            self.counts["deliveries"] += 1
-            self.hub.metrics.count(topic, Source.SYSV, Kind.DELIVERED, 1, nbytes)
+            sent += 1
             if remaining == 1:
                 self._remove_subscription(channel, pid)  # its k messages are delivered
             elif remaining > 1:
                 subscribers[pid] = remaining - 1
                 self.dirty = True
+        if sent:
+            self.hub.metrics.event(SysVEvent.DELIVERIES, sent)
+        return sent
 
     def _purge(self, pid: int) -> None:
         try:
@@ -495,7 +505,7 @@ class SysVService:
                 continue
             if user is not None:
                 log.info("SysV: {nick} ({pid}) is gone without QUIT", nick=_show(user.nick), pid=pid)
-                self.counts["clients_gone"] += 1
+                self.hub.metrics.event(SysVEvent.CLIENTS_GONE)
                 self._remove_user(pid)
             self._purge(pid)
         self.remove_strays()
@@ -536,7 +546,7 @@ class SysVService:
                 self._logged_reasons.add("stray")
                 emit("SysV: removed {n} messages waiting for {pid}, which is no logged-in client", n=taken, pid=pid)
         if removed:
-            self.counts["strays_removed"] += removed
+            self.hub.metrics.event(SysVEvent.STRAYS_REMOVED, removed)
             self.hub.metrics.error(Source.SYSV, "stray_removed", removed)
         return removed
 
@@ -608,6 +618,11 @@ class SysVService:
             self.hub.unsubscribe(self.topic(channel), sink)
         self._sinks.clear()
 
+    @property
+    def counts(self) -> dict[str, int]:
+        """The front-end's event counters: a view of the node's metrics (/metrics shows the same numbers)."""
+        return self.hub.metrics.view("sysv")
+
     def stats(self) -> dict[str, Any]:
         """Sizes and counters for /stats."""
         return {
@@ -620,12 +635,6 @@ class SysVService:
             **self.counts,
         }
 
-
-def _text_size(data: bytes) -> int:
-    """Bytes of text in a delivery (longText up to its NUL)."""
-    start = BODY_SIZE - LONG_TEXT_SIZE
-    end = data.find(b"\0", start)
-    return (BODY_SIZE if end < 0 else end) - start
 
 
 def _rows(state: dict[str, Any], key: str, kind: type, shape: tuple[type, ...] = ()) -> list[Any]:
