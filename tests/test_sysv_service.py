@@ -563,7 +563,8 @@ def test_stats_and_metrics_show_the_same_sysv_counts(world: World) -> None:
         assert world.ask(alice, Signal.MESSAGE, b"news", f"m{i}".encode()) == OK
     stats = world.service.stats()
     assert stats["deliveries"] == 6 and stats["bad_requests"] == 1 and stats["requests"] > 6
-    (events,) = [f for f in PrometheusCollector(world.hub.metrics, dict, list).collect() if f.name == "pubsubclub_events"]
+    families = PrometheusCollector(world.hub.metrics, dict, list).collect()
+    (events,) = [f for f in families if f.name == "pubsubclub_events"]
     scraped = {s.labels["event"]: s.value for s in events.samples if s.labels["component"] == "sysv"}
     assert scraped == {name: stats[name] for name in scraped}
     assert {"requests", "bad_requests", "replies", "deliveries"} <= set(scraped)
