@@ -74,7 +74,7 @@ from twisted.logger import Logger
 from twisted.web.resource import Resource
 from twisted.web.server import NOT_DONE_YET, Request, Site
 
-from pubsubclub.discovery.consul import CONSUL_DEFAULT_WAIT, CONSUL_MAX_WAIT, parse_duration
+from pubsubclub.discovery.client import CONSUL_DEFAULT_WAIT, CONSUL_MAX_WAIT, parse_duration
 
 log = Logger()
 
@@ -855,7 +855,7 @@ class MemoryConsul:
 
     def client(self, **options: Any) -> Any:
         """A :class:`~pubsubclub.discovery.consul.TwistedConsul` talking to the double."""
-        from pubsubclub.discovery.consul import TwistedConsul
+        from pubsubclub.discovery.client import TwistedConsul
 
         return TwistedConsul("127.0.0.1", 8500, reactor=self.clock, agent=self.agent, **options)
 
