@@ -51,6 +51,7 @@ from pubsubclub.federation.forwarding import (  # noqa: F401 (re-exported: the f
     Forwarding,
 )
 from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # noqa: F401 (re-exported)
+from pubsubclub.federation.linkserver import PSCServerFactory
 from pubsubclub.federation.receiving import Receiving
 from pubsubclub.federation.replay import Inbox, Outbox, ReplaySettings
 from pubsubclub.federation.retry import RetryPolicy
@@ -70,10 +71,7 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
-from pubsubclub.federation.transport import (
-    NODE_HEADER,
-    PSCServerFactory,
-)
+from pubsubclub.federation.transport import NODE_HEADER
 from pubsubclub.net.ratelog import RateLimitedLog
 
 log = Logger()
