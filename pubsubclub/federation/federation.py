@@ -50,6 +50,7 @@ from pubsubclub.federation.forwarding import (  # noqa: F401 (re-exported: the f
     Forwarding,
 )
 from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # noqa: F401 (re-exported)
+from pubsubclub.federation.linkserver import PSCServerFactory
 from pubsubclub.federation.receiving import Receiving
 from pubsubclub.federation.replay import Inbox, Outbox
 from pubsubclub.federation.retry import RetryPolicy
@@ -71,10 +72,7 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.federation.settings import FederationSettings
-from pubsubclub.federation.transport import (
-    NODE_HEADER,
-    PSCServerFactory,
-)
+from pubsubclub.federation.transport import NODE_HEADER
 from pubsubclub.net.ratelog import RateLimitedLog
 
 log = Logger()

@@ -24,6 +24,7 @@ from pubsubclub.core.counters import Source
 from pubsubclub.core.hub import Hub
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
+from pubsubclub.federation.linkclient import PSCClientFactory
 from pubsubclub.federation.replay import Inbox, Outbox
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
@@ -31,7 +32,7 @@ from pubsubclub.federation.session import (
     LinkSession,
 )
 from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
-from pubsubclub.federation.transport import ADVERTISE_HEADER, PEERS_HEADER, LinkHost, PSCClientFactory
+from pubsubclub.federation.transport import ADVERTISE_HEADER, PEERS_HEADER, LinkHost
 
 log = Logger()
 

@@ -1,7 +1,16 @@
-"""PubSubClub links over Autobahn WebSocket: protocols and factories.
+"""PubSubClub links over Autobahn WebSocket: what both sides of a link share.
 
-Parsing and protocol rules live in :mod:`pubsubclub.federation.session`; this
-module only moves bytes, learns the peer's node id from the handshake headers,
+Three modules, one link: here the shared part (:class:`LinkHost`, what the
+transport asks of the federation; the handshake headers; the injected-clock
+timers; ``_LinkProtocolBase``, the link protocol both sides mix into Autobahn's
+classes), :mod:`pubsubclub.federation.linkserver` the listening side
+(:class:`PSCServerProtocol`, :class:`PSCServerFactory`: the upgrade, the
+cluster-secret challenge and its proof) and :mod:`pubsubclub.federation.linkclient`
+the dialling side (:class:`PSCClientProtocol`, :class:`PSCClientFactory`). The four
+stay importable from here, looked up when asked (both modules import this one).
+
+Parsing and protocol rules live in :mod:`pubsubclub.federation.session`; the
+transport only moves bytes, learns the peer's node id from the handshake headers,
 carries the cluster-secret proofs that :mod:`pubsubclub.federation.auth` makes
 and checks, and turns :class:`~pubsubclub.federation.session.LinkError` into a close frame
 with a reason. Nothing else closes a link: any other error while handling a
@@ -10,17 +19,12 @@ message is logged and counted, and the link stays.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from autobahn.twisted.websocket import (
-    WebSocketClientFactory,
-    WebSocketClientProtocol,
-    WebSocketServerFactory,
-    WebSocketServerProtocol,
-)
 from autobahn.websocket.protocol import WebSocketProtocol
-from autobahn.websocket.types import ConnectingRequest, ConnectionRequest, ConnectionResponse
+from autobahn.websocket.types import ConnectionRequest
 from twisted.internet import defer
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
@@ -29,18 +33,13 @@ from twisted.python.failure import Failure
 
 from pubsubclub.federation import psc
 from pubsubclub.federation.auth import (
-    AUTH_HEADER,
-    DIALLED_HEADER,
-    AuthRefused,
     Challenge,
     LinkAuth,
-    Offer,
     Refusal,
 )
 from pubsubclub.federation.seal import SEAL_OVERHEAD, LinkSeal, SealError
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
-    CLOSE_SELF,
     CLOSE_UNAUTHENTICATED,
     LinkError,
     LinkOwner,
@@ -48,10 +47,8 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
-from pubsubclub.net.edge import handshake_done, unsent_bytes
-from pubsubclub.net.nodelay import set_no_delay
+from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.net.websocket import unfinished_input
 from pubsubclub.net.wsframes import receive_data, send_message
 
 
@@ -104,6 +101,7 @@ class LinkHost(LinkOwner, Protocol):
     def link_too_large(self, session: LinkSession, size: int, limit: int) -> None:
         """A message of ``size`` bytes is over what ``session``'s peer accepts: not sent, counted."""
 
+
 #: HTTP header carrying a node's id in both directions of the WebSocket handshake.
 NODE_HEADER = "x-pubsubclub-node"
 #: WebSocket subprotocol name of PSC links.
@@ -130,6 +128,7 @@ def peer_max_frame(said: str | None, limits: psc.Limits) -> int:
     if said is None or not said.isdigit() or len(said) > 12:
         return min(limits.max_message_size, own)
     return max(MIN_PEER_FRAME, min(int(said), own))
+
 
 log = Logger()
 _OPEN = WebSocketProtocol.STATE_OPEN
@@ -388,262 +387,23 @@ class _LinkProtocolBase:
             self.closeHandshakeTimeoutCall = None
 
 
-# Autobahn's own base classes disagree on two attribute types (its typing, not ours).
-class PSCServerProtocol(_LinkProtocolBase, WebSocketServerProtocol):  # type: ignore[misc]
-    """The listening side of a PSC link; it pings too, so a peer that froze after dialling is noticed."""
-
-    accepted = True
-    #: The cluster-secret challenge the dialler's first frame must answer (None: no secret, or answered).
-    _challenge: Challenge | None = None
-    #: Closes the connection when the proof frame is overdue.
-    _proof_timer: IDelayedCall | None = None
-
-    def pending_input(self) -> int:
-        """Unfinished input held (the connection layer's hook)."""
-        return unfinished_input(self)
-
-    def onConnect(self, request: ConnectionRequest) -> tuple[str | None, dict[str, str]]:
-        """Learn the peer's node id, check its offer; answer with ours, the challenge and the subprotocol."""
-        federation: LinkHost = self.factory.federation
-        self.peer_node = request.headers.get(NODE_HEADER)
-        self._peer_said_max_frame = request.headers.get(MAX_FRAME_HEADER)
-        # Raises ConnectionDeny (HTTP 401/403/503) when no usable offer came.
-        # A node dialling itself holds the secret, so it passes and learns
-        # from our node header that it should drop the URL
-        # (PSCClientProtocol.onOpen) instead of retrying forever.
-        peer = self.transport.getPeer()  # type: ignore[union-attr]
-        source = getattr(peer, "host", None) or str(peer)
-        answer, self._challenge = federation.check_request(request, source, self._evicted)
-        self.heard = (request.headers.get(ADVERTISE_HEADER), request.headers.get(PEERS_HEADER))
-        protocol = SUBPROTOCOL if SUBPROTOCOL in request.protocols else None
-        # Whom we dial is for cluster members only: with a secret, the dialler
-        # has proven nothing yet (our peers learn it when we dial them).
-        told = federation.peer_headers() if self._challenge is None else {}
-        sizes = {MAX_FRAME_HEADER: str(federation.limits.max_link_frame)}
-        return protocol, {NODE_HEADER: federation.node_id, **sizes, **answer, **told}
-
-    def onOpen(self) -> None:
-        """Start the session in the cluster's listening role, once the dialler proved the secret."""
-        # Upgraded: the connection layer's handshake deadline is over; the proof has its own.
-        handshake_done(self.transport)
-        federation: LinkHost = self.factory.federation
-        if self.peer_node == federation.node_id:
-            self._settle_challenge()
-            self.sendClose(CLOSE_SELF, "a node never links to itself")
-            return
-        if self._challenge is not None and federation.auth is not None:
-            self._proof_timer = self.factory.clock.callLater(federation.auth.proof_timeout, self._proof_overdue)
-            return
-        self._start_session(federation.listen_role, str(self.peer))
-
-    def onMessage(self, payload: bytes, isBinary: bool) -> None:
-        """The first frame of a dialler that must prove the secret is its proof; then PSC messages."""
-        challenge = self._challenge
-        if challenge is None:
-            super().onMessage(payload, isBinary)
-            return
-        federation: LinkHost = self.factory.federation
-        self._settle_challenge()
-        try:
-            if isBinary or federation.auth is None:
-                raise AuthRefused(Refusal.MALFORMED)
-            self._seal = federation.auth.check_proof(challenge, payload)
-        except AuthRefused as e:
-            self._refuse(e.refusal)
-            return
-        self._direct = challenge.direct
-        self._start_session(federation.listen_role, str(self.peer))
-
-    def _evicted(self) -> None:
-        """Newer link attempts took this one's pending slot (auth.LinkAuth's caps): close it."""
-        self._challenge = None  # already settled by the eviction
-        self._settle_challenge()
-        if self.state == _OPEN:  # type: ignore[attr-defined]
-            self._refuse(Refusal.EVICTED)
-        else:
-            federation: LinkHost = self.factory.federation
-            federation.auth_refused(str(self.peer), self.peer_node, Refusal.EVICTED, "dropped")
-            self.dropConnection(abort=True)  # type: ignore[attr-defined]
-
-    def _proof_overdue(self) -> None:
-        self._proof_timer = None
-        self._settle_challenge()
-        self._refuse(Refusal.TIMEOUT)
-
-    def _refuse(self, refusal: Refusal) -> None:
-        federation: LinkHost = self.factory.federation
-        federation.auth_refused(str(self.peer), self.peer_node, refusal, f"closed {CLOSE_UNAUTHENTICATED}")
-        self.sendClose(CLOSE_UNAUTHENTICATED, refusal.value)
-
-    def _settle_challenge(self) -> None:
-        """Stop waiting for a proof: cancel the timer, free the pending slot."""
-        if self._proof_timer is not None:
-            if self._proof_timer.active():
-                self._proof_timer.cancel()
-            self._proof_timer = None
-        challenge, self._challenge = self._challenge, None
-        federation: LinkHost = self.factory.federation
-        if challenge is not None and federation.auth is not None:
-            federation.auth.settle(challenge)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """A dialler that leaves before proving the secret frees its slot (it proved nothing)."""
-        if self._challenge is not None:
-            federation: LinkHost = self.factory.federation
-            federation.auth_refused(str(self.peer), self.peer_node, Refusal.GONE, "connection lost")
-        self._settle_challenge()
-        super().connectionLost(reason)
-
-
-class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ignore[misc]
-    """The dialling side of a PSC link; it pings."""
-
-    #: This attempt's nonce for the cluster-secret exchange, when the cluster has one.
-    _offer: Offer | None = None
-    #: The frame proving the secret, sent first once the listener proved it too.
-    _proof_frame: bytes | None = None
-    #: The seal the exchange agreed, taken up once the proof frame is sent.
-    _agreed_seal: LinkSeal | None = None
-    #: Why the listener's answer to our proof was refused, if it was.
-    _answer_refused: Refusal | None = None
-    #: Whether the WebSocket handshake completed.
-    _opened = False
-
-    def connectionMade(self) -> None:  # noqa: N802 - Twisted API
-        """Nagle off: Autobahn's own attempt never takes effect on a client connection (see nodelay)."""
-        super().connectionMade()
-        set_no_delay(self.transport)
-
-    def onConnecting(self, transport_details: Any) -> ConnectingRequest:
-        """Handshake headers made per attempt: a proof must carry a fresh nonce."""
-        factory = self.factory
-        self.dialled = factory.url
-        federation: LinkHost = factory.federation
-        headers = {
-            NODE_HEADER: federation.node_id,
-            MAX_FRAME_HEADER: str(federation.limits.max_link_frame),
-            **federation.client_headers(factory.url),
-        }
-        if federation.auth is not None:
-            self._offer = federation.auth.offer(federation.node_id, factory.url)
-            headers[AUTH_HEADER] = self._offer.header()
-            headers[DIALLED_HEADER] = factory.url
-        return ConnectingRequest(
-            host=factory.host,
-            port=factory.port,
-            resource=factory.resource,
-            headers=headers,
-            useragent=factory.useragent,
-            origin=factory.origin,
-            protocols=factory.protocols,
-        )
-
-    def onConnect(self, response: ConnectionResponse) -> None:
-        """Learn the server's node id from its handshake answer; check its proof."""
-        self.peer_node = response.headers.get(NODE_HEADER)
-        self._peer_said_max_frame = response.headers.get(MAX_FRAME_HEADER)
-        self.heard = (response.headers.get(ADVERTISE_HEADER), response.headers.get(PEERS_HEADER))
-        auth = self.factory.federation.auth
-        if auth is not None and self._offer is not None:
-            try:
-                proven = auth.prove(self._offer, response.headers.get(AUTH_HEADER), self.peer_node or "")
-            except AuthRefused as e:
-                self._answer_refused = e.refusal
-            else:
-                self._proof_frame, self._agreed_seal, self._direct = proven.frame, proven.seal, proven.direct
-
-    def onOpen(self) -> None:
-        """Start the session in the role opposite to the listeners'."""
-        self._opened = True
-        federation: LinkHost = self.factory.federation
-        if self._answer_refused is not None:
-            # It accepted us without proving the secret: it is not a cluster
-            # node, and anything it sent would be injected into our hub.
-            log.warn(
-                "{url} did not prove the cluster secret ({reason}); not linking to it",
-                url=self.factory.url,
-                reason=self._answer_refused.value,
-            )
-            federation.auth_refused(self.factory.url, self.peer_node, self._answer_refused, "not linked")
-            self.sendClose(CLOSE_UNAUTHENTICATED, "listener did not prove the cluster secret")
-            return
-        if self.peer_node is not None and self.peer_node == federation.node_id:
-            log.warn("{url} is this node itself; not linking to it", url=self.factory.url)
-            federation.found_self(self.factory.url)
-            self.sendClose(CLOSE_SELF, "a node never links to itself")
-            return
-        if self._proof_frame is not None:
-            # First on the wire, before any PSC message of the session; sealed from the next frame on.
-            self.sendMessage(self._proof_frame, isBinary=False)
-            self._seal = self._agreed_seal
-        self._start_session(federation.listen_role.opposite, self.factory.url)
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:
-        """Say why a connection ended before its WebSocket handshake (HTTP refusal, TLS failure)."""
-        if not self._opened:
-            log.warn(
-                "could not link to {url}: {reason}",
-                url=self.factory.url,
-                reason=getattr(self, "wasNotCleanReason", None) or reason.getErrorMessage(),
-            )
-        super().connectionLost(reason)
-
-
 def _max_frame_size(federation: LinkHost) -> int:
     """The largest WebSocket payload on a link: the link frame limit, plus the seal's tag with a secret."""
     return federation.limits.max_link_frame + (0 if federation.auth is None else SEAL_OVERHEAD)
 
 
-class PSCServerFactory(WebSocketServerFactory):
-    """Accepts PSC links at the federation listener."""
-
-    protocol = PSCServerProtocol
-
-    def __init__(self, federation: LinkHost, clock: IReactorTime, ping_interval: float) -> None:
-        super().__init__(reactor=clock)
-        self.federation = federation
-        self.clock = clock
-        self.setProtocolOptions(
-            # Frames up to max-message-size plus the link headroom (plus the seal's
-            # tag with a secret), both ways (Autobahn also refuses to send more than this).
-            maxMessagePayloadSize=_max_frame_size(federation),
-            maxFramePayloadSize=_max_frame_size(federation),
-            # Both ends ping: a dialler that froze or vanished (SIGSTOP, a
-            # partition) is closed within two intervals, not kept as a ghost
-            # that everything published for it queues behind.
-            autoPingInterval=ping_interval,
-            autoPingTimeout=ping_interval,
-            openHandshakeTimeout=10,
-            closeHandshakeTimeout=2,
-            # Send the close frame (1009 for oversize, 1002, ...) rather than just dropping TCP.
-            failByDrop=False,
-        )
-        _bind_timers(self, clock)
+#: The names of the two sides, by their old path: name -> module that defines it.
+_SIDES = {
+    "PSCServerProtocol": "pubsubclub.federation.linkserver",
+    "PSCServerFactory": "pubsubclub.federation.linkserver",
+    "PSCClientProtocol": "pubsubclub.federation.linkclient",
+    "PSCClientFactory": "pubsubclub.federation.linkclient",
+}
 
 
-class PSCClientFactory(WebSocketClientFactory):
-    """Dials one configured server; one factory per URL, reused across reconnects."""
-
-    protocol = PSCClientProtocol
-
-    def __init__(self, federation: LinkHost, url: str, clock: IReactorTime, ping_interval: float) -> None:
-        super().__init__(
-            url,
-            reactor=clock,
-            protocols=[SUBPROTOCOL],
-        )
-        self.federation = federation
-        self.setProtocolOptions(
-            # Frames up to max-message-size plus the link headroom (plus the seal's
-            # tag with a secret), both ways (Autobahn also refuses to send more than this).
-            maxMessagePayloadSize=_max_frame_size(federation),
-            maxFramePayloadSize=_max_frame_size(federation),
-            # The spec: ping every 5 s; no pong before the next ping means dead.
-            autoPingInterval=ping_interval,
-            autoPingTimeout=ping_interval,
-            openHandshakeTimeout=10,
-            closeHandshakeTimeout=2,
-            # Send the close frame (1009 for oversize, 1002, ...) rather than just dropping TCP.
-            failByDrop=False,
-        )
-        _bind_timers(self, clock)
+def __getattr__(name: str) -> Any:
+    """The protocols and factories of both sides by their old path (their modules import this one)."""
+    module = _SIDES.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)

@@ -52,9 +52,10 @@ is not JSON), ``drop`` (the connection closed without an answer) or ``hang``
 (no answer at all). ``state_file`` keeps the state across restarts, like an
 agent with a data directory; ``restart()`` does the same in-process.
 
-Why one long module: it is one faithful double of Consul's HTTP API (services,
-checks, blocking queries, fault injection), and splitting it would split one
-state.
+One double, one state: :class:`ConsulDouble` (here) holds it and answers the
+calls; :mod:`~pubsubclub.testing._consul_records` has its records (services,
+checks, waiters, failures) and :mod:`~pubsubclub.testing._consul_http` its HTTP
+face (routing, answers, the Site).
 """
 
 from __future__ import annotations
@@ -64,174 +65,34 @@ import os
 import random
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlsplit
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall, IListeningPort
+from twisted.internet.interfaces import IListeningPort
 from twisted.logger import Logger
 from twisted.web.resource import Resource
-from twisted.web.server import NOT_DONE_YET, Request, Site
+from twisted.web.server import NOT_DONE_YET, Request
 
-from pubsubclub.discovery.consul import CONSUL_DEFAULT_WAIT, CONSUL_MAX_WAIT, parse_duration
+from pubsubclub.discovery.client import CONSUL_DEFAULT_WAIT, CONSUL_MAX_WAIT, parse_duration
+from pubsubclub.testing._consul_http import _ConsulResource, _TrackingSite, _write
+from pubsubclub.testing._consul_records import (
+    _STATUSES,
+    CRITICAL,
+    FAIL_MODES,
+    HTTP_CHECK_TIMEOUT,
+    PASSING,
+    WARNING,
+    RecordedRequest,
+    _Check,
+    _duration,
+    _Failure,
+    _field,
+    _HTTPError,
+    _Service,
+    _Waiter,
+)
 
 log = Logger()
-
-PASSING, WARNING, CRITICAL = "passing", "warning", "critical"
-_STATUSES = (PASSING, WARNING, CRITICAL)
-#: Consul's default HTTP check time-out.
-HTTP_CHECK_TIMEOUT = 10.0
-
-
-class _HTTPError(Exception):
-    """An error answer: status code and Consul's plain-text message."""
-
-    def __init__(self, code: int, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
-
-def _field(obj: dict[str, Any], *names: str) -> Any:
-    """Consul's decoder matches field names without regard to case (and knows some snake_case aliases)."""
-    wanted = {n.lower() for n in names}
-    for key, value in obj.items():
-        if isinstance(key, str) and key.lower() in wanted:
-            return value
-    return None
-
-
-def _duration(value: Any, what: str) -> float | None:
-    if value in (None, ""):
-        return None
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value) / 1e9  # Go's JSON: a bare number of a time.Duration is nanoseconds
-    try:
-        return parse_duration(str(value))
-    except ValueError:
-        raise _HTTPError(400, f"Request decode failed: invalid duration for {what}: {value!r}") from None
-
-
-def _query_bool(params: dict[str, list[str]], name: str) -> bool:
-    """Consul's boolean query parameters: present (``?passing``), or a true value."""
-    if name not in params:
-        return False
-    value = params[name][-1].lower()
-    return value not in ("false", "0")
-
-
-@dataclass
-class _Service:
-    id: str
-    name: str
-    address: str
-    port: int
-    tags: list[str]
-    meta: dict[str, str]
-    create_index: int
-    modify_index: int
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "ID": self.id,
-            "Service": self.name,
-            "Tags": list(self.tags),
-            "Address": self.address,
-            "Meta": dict(self.meta),
-            "Port": self.port,
-            "Weights": {"Passing": 1, "Warning": 1},
-            "EnableTagOverride": False,
-            "CreateIndex": self.create_index,
-            "ModifyIndex": self.modify_index,
-        }
-
-    def same(self, other: _Service) -> bool:
-        return (self.name, self.address, self.port, self.tags, self.meta) == (
-            other.name,
-            other.address,
-            other.port,
-            other.tags,
-            other.meta,
-        )
-
-
-@dataclass
-class _Check:
-    id: str
-    name: str
-    service_id: str
-    service_name: str
-    status: str
-    ttl: float | None = None
-    http: str | None = None
-    method: str = "GET"
-    header: dict[str, list[str]] = field(default_factory=dict)
-    interval: float | None = None
-    timeout: float = HTTP_CHECK_TIMEOUT
-    deregister_after: float | None = None
-    output: str = ""
-    create_index: int = 0
-    modify_index: int = 0
-    timer: IDelayedCall | None = None
-    reaper: IDelayedCall | None = None
-
-    def kind(self) -> tuple[Any, ...]:
-        return (self.name, self.ttl, self.http, self.method, self.interval, self.timeout, self.deregister_after)
-
-    def view(self, node: str) -> dict[str, Any]:
-        return {
-            "Node": node,
-            "CheckID": self.id,
-            "Name": self.name,
-            "Status": self.status,
-            "Notes": "",
-            "Output": self.output,
-            "ServiceID": self.service_id,
-            "ServiceName": self.service_name,
-            "ServiceTags": [],
-            "Type": "ttl" if self.ttl is not None else "http",
-            "CreateIndex": self.create_index,
-            "ModifyIndex": self.modify_index,
-        }
-
-    def saved(self) -> dict[str, Any]:
-        return {
-            k: v
-            for k, v in self.__dict__.items()
-            if k not in ("timer", "reaper")  # timers are restarted on load
-        }
-
-
-@dataclass
-class _Waiter:
-    request: Request
-    min_index: int
-    query_index: Callable[[], int]
-    answer: Callable[[], tuple[int, Any]]
-    timer: IDelayedCall | None = None
-
-
-@dataclass(frozen=True)
-class RecordedRequest:
-    """One request as the double received it (query pairs in order, repeats kept)."""
-
-    method: str
-    path: str
-    query: tuple[tuple[str, str], ...]
-    body: bytes
-    #: ``reactor.seconds()`` when it arrived.
-    at: float = 0.0
-
-
-@dataclass
-class _Failure:
-    mode: str
-    count: int | None
-    until: float | None
-
-
-FAIL_MODES = ("500", "junk", "drop", "hang")
 
 
 class ConsulDouble:
@@ -703,138 +564,6 @@ class ConsulDouble:
         return NOT_DONE_YET
 
 
-def _write(
-    request: Request, code: int, body: Any, index: int | None, content_type: bytes = b"text/plain; charset=utf-8"
-) -> None:
-    if request.finished or request._disconnected:
-        return
-    request.setResponseCode(code)
-    if index is not None:
-        request.setHeader(b"X-Consul-Index", str(max(1, index)).encode())
-        request.setHeader(b"X-Consul-Knownleader", b"true")
-        request.setHeader(b"X-Consul-Lastcontact", b"0")
-    if isinstance(body, bytes):
-        if body:
-            request.setHeader(b"content-type", content_type)
-            request.write(body)
-    elif body is not None:
-        request.setHeader(b"content-type", b"application/json")
-        request.write(json.dumps(body).encode())
-    request.finish()
-
-
-class _TrackingSite(Site):
-    """A Site that knows its open connections, so a stop can drop them as an agent's exit does."""
-
-    noisy = False
-
-    def __init__(self, resource: Resource) -> None:
-        super().__init__(resource)
-        self.protocols: set[Any] = set()
-
-    def log(self, request: Any) -> None:
-        """No access log: a test run would drown in it."""
-
-    def buildProtocol(self, addr: Any) -> Any:
-        proto = super().buildProtocol(addr)
-        protocols = self.protocols
-        protocols.add(proto)
-        lost = proto.connectionLost
-
-        def connection_lost(reason: Any) -> None:
-            protocols.discard(proto)
-            lost(reason)
-
-        proto.connectionLost = connection_lost
-        return proto
-
-
-class _ConsulResource(Resource):
-    """Routes requests to the double; every error is Consul's plain-text answer."""
-
-    isLeaf = True
-
-    def __init__(self, double: ConsulDouble) -> None:
-        super().__init__()
-        self._double = double
-
-    def render(self, request: Request) -> Any:
-        """Record, maybe fail on purpose, then route."""
-        double = self._double
-        method = request.method.decode()
-        raw_path = urlsplit(request.uri.decode("latin-1")).path
-        path = unquote(raw_path)
-        query = tuple(parse_qsl(urlsplit(request.uri.decode("latin-1")).query, keep_blank_values=True))
-        body = request.content.read() if request.content is not None else b""
-        double.requests.append(RecordedRequest(method, path, query, body, double.reactor.seconds()))
-        params: dict[str, list[str]] = {}
-        for k, v in query:
-            params.setdefault(k, []).append(v)
-        if path.startswith("/v1/"):
-            mode = double._take_failure()
-            if mode == "500":
-                _write(request, 500, b"rpc error making call: No cluster leader", None)
-                return NOT_DONE_YET
-            if mode == "junk":
-                _write(request, 200, b"<html>502 Bad Gateway</html>\x00\xff", double.index)
-                return NOT_DONE_YET
-            if mode == "drop":
-                request.transport.abortConnection()  # type: ignore[union-attr]
-                return NOT_DONE_YET
-            if mode == "hang":
-                return NOT_DONE_YET
-        try:
-            if "dc" in params and params["dc"][-1] != double.datacenter:
-                raise _HTTPError(500, "No path to datacenter")
-            return self._route(request, method, path, params, body)
-        except _HTTPError as e:
-            _write(request, e.code, e.message.encode(), None)
-            return NOT_DONE_YET
-
-    def _route(self, request: Request, method: str, path: str, params: dict[str, list[str]], body: bytes) -> Any:
-        d = self._double
-
-        def want(*methods: str) -> None:
-            if method not in methods:
-                raise _HTTPError(405, f"method {method} not allowed")
-
-        if path == "/v1/agent/service/register":
-            want("PUT")
-            try:
-                definition = json.loads(body or b"null")
-            except ValueError:
-                raise _HTTPError(400, "Request decode failed: invalid JSON") from None
-            d.register(definition)
-            _write(request, 200, b"", None)
-        elif path.startswith("/v1/agent/service/deregister/"):
-            want("PUT")
-            d.deregister(path.removeprefix("/v1/agent/service/deregister/"))
-            _write(request, 200, b"", None)
-        elif path.startswith("/v1/agent/check/pass/"):
-            want("PUT")
-            d.update_ttl(path.removeprefix("/v1/agent/check/pass/"), PASSING, params.get("note", [""])[-1])
-            _write(request, 200, b"", None)
-        elif path == "/v1/agent/services":
-            want("GET")
-            _write(request, 200, {s.id: s.view() for s in d.services.values()}, None)
-        elif path == "/v1/agent/checks":
-            want("GET")
-            _write(request, 200, {c.id: c.view(d.node) for c in d.checks.values()}, None)
-        elif path.startswith("/v1/health/service/"):
-            want("GET")
-            name = path.removeprefix("/v1/health/service/")
-            passing = _query_bool(params, "passing")
-            return d.blocking(
-                request,
-                params,
-                lambda: d._service_query_index(name),
-                lambda: (200, d.health_service(name, passing)),
-            )
-        else:
-            raise _HTTPError(404, "404 page not found")
-        return NOT_DONE_YET
-
-
 class MemoryConsul:
     """The double served in memory on a fake clock, for unit tests of Consul clients.
 
@@ -855,7 +584,7 @@ class MemoryConsul:
 
     def client(self, **options: Any) -> Any:
         """A :class:`~pubsubclub.discovery.consul.TwistedConsul` talking to the double."""
-        from pubsubclub.discovery.consul import TwistedConsul
+        from pubsubclub.discovery.client import TwistedConsul
 
         return TwistedConsul("127.0.0.1", 8500, reactor=self.clock, agent=self.agent, **options)
 

@@ -26,8 +26,9 @@ from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import Federation, Role, psc
 from pubsubclub.federation.auth import PROOF_PREFIX
+from pubsubclub.federation.linkclient import PSCClientProtocol
+from pubsubclub.federation.linkserver import PSCServerProtocol
 from pubsubclub.federation.retry import RetryPolicy
-from pubsubclub.federation.transport import PSCClientProtocol, PSCServerProtocol
 
 # WebSocket opcodes (RFC 6455, section 5.2) that the wire's readers look for.
 _OPCODE_TEXT = 1
