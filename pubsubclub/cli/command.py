@@ -1,4 +1,4 @@
-"""The ``pubsubclub`` command: ``node``, ``bridge``, ``cluster``, ``bench`` and ``report``."""
+"""The ``pubsubclub`` command: ``node``, ``bridge``, ``cluster``, ``status``, ``bench`` and ``report``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sys
 
 from pubsubclub import __version__
 from pubsubclub.cli.cluster import add_cluster_arguments, cluster_layout
+from pubsubclub.cli.status import add_arguments as add_status_arguments
 from pubsubclub.config import ConfigError, add_flags, add_node_flags, bridge_setting, node_config
 from pubsubclub.reports.command import add_arguments as add_report_arguments
 
@@ -32,6 +33,9 @@ def parser() -> argparse.ArgumentParser:
 
     cluster = sub.add_parser("cluster", help="run N local nodes with static discovery")
     add_cluster_arguments(cluster)
+
+    status = sub.add_parser("status", help="one table of the cluster's nodes and links from the ops listeners (--http)")
+    add_status_arguments(status)
 
     bench = sub.add_parser("bench", help="measure cross-node throughput and latency")
     bench.add_argument(
@@ -135,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
             from pubsubclub.cli.cluster import run_cluster
 
             return run_cluster(cluster_layout(args))
+        if args.command == "status":
+            from pubsubclub.cli.status import run as run_status
+
+            return run_status(args)
         if args.command == "bench":
             try:
                 return _run_bench(args)

@@ -40,7 +40,7 @@ from pubsubclub.frontends import registry
 from pubsubclub.frontends.base import HTTP_REFUSAL, Frontend, listen_url
 from pubsubclub.frontends.registry import FrontendContext, FrontendSpec
 from pubsubclub.net.edge import Edge, EdgeLimits, EdgeSettings, handshake_done
-from pubsubclub.node.ops import HealthResource, StatsResource
+from pubsubclub.node.ops import HealthResource, StatsResource, traffic
 
 log = Logger()
 
@@ -293,6 +293,7 @@ class Node:
             "federation": dict(self.federation.stats),
             "replay": None if self.federation.outbox is None else self.federation.outbox.summary(),
             "links": self.federation.links(),
+            "traffic": traffic(self.metrics),
             "servers": self.federation.servers(),
             "remote_interest": self.federation.remote_interest(),
             "remote_patterns": self.federation.remote_patterns(),

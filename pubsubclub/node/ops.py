@@ -9,8 +9,32 @@ from typing import TYPE_CHECKING, Any
 from twisted.web.resource import Resource
 from twisted.web.server import Request
 
+from pubsubclub.core.counters import Kind, Source
+
 if TYPE_CHECKING:
+    from pubsubclub.core.metrics import Metrics
     from pubsubclub.node.node import Node
+
+
+def traffic(metrics: Metrics) -> dict[str, Any]:
+    """Messages dropped (by reason) and, per peer node, forwarded/received/dropped and the replay counts.
+
+    For ``/stats`` (``pubsubclub status``): one pass over the cumulative
+    counters, whose keys are capped (``metrics.max_keys``), so a request costs
+    at most that many steps; the hot path is untouched.
+    """
+    dropped: dict[str, int] = {}
+    peers: dict[str, dict[str, int]] = {}
+    for (_topic, source, kind, peer, reason), n, _nbytes in metrics.totals():
+        if kind == Kind.DROPPED:
+            dropped[reason or "unknown"] = dropped.get(reason or "unknown", 0) + n
+        if source == Source.PSC and peer is not None:
+            row = peers.setdefault(peer, {})
+            row[kind] = row.get(kind, 0) + n
+    for (peer, counted), n in metrics.link_counts.items():
+        row = peers.setdefault(peer, {})
+        row[counted.value] = row.get(counted.value, 0) + n
+    return {"dropped": dropped, "peers": peers}
 
 
 class StatsResource(Resource):
