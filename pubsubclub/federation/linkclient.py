@@ -134,11 +134,8 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Say why a connection ended before its WebSocket handshake (HTTP refusal, TLS failure)."""
         if not self._opened:
-            log.warn(
-                "could not link to {url}: {reason}",
-                url=self.factory.url,
-                reason=getattr(self, "wasNotCleanReason", None) or reason.getErrorMessage(),
-            )
+            why = getattr(self, "wasNotCleanReason", None) or reason.getErrorMessage()
+            self.factory.federation.link_failed(self.factory.url, why, connected=True)
         super().connectionLost(reason)
 
 

@@ -24,6 +24,7 @@ from pubsubclub.core.counters import Source
 from pubsubclub.core.hub import Hub
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
+from pubsubclub.federation.hints import ReportingEndpoint, with_hint
 from pubsubclub.federation.linkclient import PSCClientFactory
 from pubsubclub.federation.replay import Inbox, Outbox
 from pubsubclub.federation.retry import RetryPolicy
@@ -51,6 +52,8 @@ class _Server:
     down_since: float | None = None
     #: The link dialled for it, from transport start to close; None between attempts.
     link: Link | None = None
+    #: Why the last attempt failed (federation/hints.py), None once linked.
+    last_failure: str | None = None
 
 
 @dataclass(eq=False)
@@ -195,7 +198,7 @@ class Dialling:
         if self.advertise_url is not None and url == self.advertise_url:
             log.info("not linking to {url}: it is this node", url=url)
             return
-        endpoint = self._endpoint_factory(self._reactor, url)
+        endpoint = ReportingEndpoint(self._endpoint_factory(self._reactor, url), lambda why: self.link_failed(url, why))
         factory = PSCClientFactory(cast("LinkHost", self), url, self._reactor, self._ping_interval)
 
         # The backoff is counted here, not by ClientService: its count resets at
@@ -218,6 +221,23 @@ class Dialling:
         server = self._servers[url] = _Server(url, service, learned=learned, down_since=self._reactor.seconds())
         log.info("linking to {url}", url=url)
         service.startService()
+
+    def link_failed(self, url: str, reason: str, connected: bool = False) -> None:
+        """Dialling ``url`` failed (``connected``: after the TCP connect, e.g. an HTTP refusal): log it with a hint."""
+        server = self._servers.get(url)
+        if server is not None:
+            server.last_failure = reason
+        say = log.warn if connected else log.info
+        say("could not link to {url}: {reason}", url=url, reason=with_hint(reason, url))
+
+    def peer_states(self, urls: list[str]) -> list[tuple[str, bool, str | None]]:
+        """(url, linked, why the last attempt failed) for each of ``urls`` (for the ready report)."""
+        rows = []
+        for url in urls:
+            server = self._servers.get(url)
+            linked = server is not None and server.down_since is None
+            rows.append((url, linked, None if server is None or linked else server.last_failure))
+        return rows
 
     def remove_server(self, url: str) -> defer.Deferred[None]:
         """Close the link to ``url`` and stop retrying it."""

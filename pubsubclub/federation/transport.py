@@ -83,6 +83,9 @@ class LinkHost(LinkOwner, Protocol):
     def found_self(self, url: str) -> None:
         """``url`` is this node."""
 
+    def link_failed(self, url: str, reason: str, connected: bool = False) -> None:
+        """Dialling ``url`` failed: log ``reason`` with a hint (federation/hints.py)."""
+
     def link_started(self, session: LinkSession, transport: Any, dialled: str | None) -> None:
         """A session exists on ``transport``; ``dialled`` is the server URL it was dialled for (None: accepted)."""
 

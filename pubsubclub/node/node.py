@@ -34,6 +34,7 @@ from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.metrics import Metrics, MetricsDumper, PrometheusCollector
 from pubsubclub.federation import Federation, FederationSettings, Role
 from pubsubclub.federation.federation import endpoint_for_url
+from pubsubclub.federation.hints import PeerReport
 from pubsubclub.federation.psc import Limits
 from pubsubclub.federation.replay import ReplaySettings
 from pubsubclub.frontends import registry
@@ -386,6 +387,10 @@ class Node:
         if self.config.consul.url is not None:
             self._start_discovery()
         log.info("node {name} ready: {urls}", name=self.hub.node_id, urls=self.urls)
+        if self.config.federation.peers:  # "ready, K of N peers reachable", with why not (federation/hints.py)
+            report = PeerReport(self.reactor, self.federation, list(self.config.federation.peers))
+            self.before_stop.append(report.stop)
+            report.start()
         return self.urls
 
     async def _listen_frontend(self, frontend: Frontend) -> None:

@@ -67,6 +67,7 @@ from pubsubclub.core.metrics import payload_size
 from pubsubclub.core.patterns import MATCHES, Pattern
 from pubsubclub.federation import Federation
 from pubsubclub.federation.federation import endpoint_for_url
+from pubsubclub.federation.hints import ReportingEndpoint
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends.base import FrontendBase
 from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
@@ -211,7 +212,10 @@ class RouterBridge(FrontendBase):
             serializers=[JsonSerializer(), MsgPackSerializer()],
         )
         factory.setProtocolOptions(autoPingInterval=5.0, autoPingTimeout=5.0)
-        endpoint = endpoint_for_url(self._reactor, self.url, self._trust_root)
+        endpoint = ReportingEndpoint(
+            endpoint_for_url(self._reactor, self.url, self._trust_root),
+            lambda why: log.warn("bridge: cannot reach the router at {url}: {reason}", url=self.url, reason=why),
+        )
 
         def retry_delay(attempt: int) -> float:
             self._failures += 1
