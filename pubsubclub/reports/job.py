@@ -218,6 +218,24 @@ def _covered(paths: list[str]) -> set[str]:
     }
 
 
+#: Said after "no metrics files ... under DIR": where dumps come from.
+NO_FILES_HINT = (
+    "; --metrics takes the folder nodes write with --metrics-dir DIR (every --metrics-interval seconds),"
+    " or make synthetic dumps with pubsubclub report --generate N --out DIR"
+)
+
+
+def master_label(master: str | None, spark: SparkSession | None = None, environ: Any = os.environ) -> str:
+    """What the progress line says Spark runs on: the given session's master, --master, spark-submit's, or local[*]."""
+    if spark is not None:
+        return f"the session given, {spark.sparkContext.master}"
+    if master is not None:
+        return master
+    if "PYSPARK_GATEWAY_PORT" in environ:  # under spark-submit, as start_spark decides
+        return "the master spark-submit chose"
+    return "local[*]: no --master given"
+
+
 def start_spark(master: str | None, conf: dict[str, str] | None = None) -> SparkSession:
     """A SparkSession on ``master`` (None: what spark-submit set, else ``local[*]``) with ``DEFAULT_CONF``."""
     builder = SparkSession.builder
@@ -335,15 +353,15 @@ def run_report(
     local = _is_local(location)
     files = plan_files(_local_files(location)) if local else None
     if files is not None and not any(files.found.values()):
-        raise NoRecordsError(f"no metrics files (*.jsonl, *.parquet) under {location}")
+        raise NoRecordsError(f"no metrics files (*.jsonl, *.parquet) under {location}{NO_FILES_HINT}")
     own_session = spark is None
-    progress(f"{time.monotonic() - began:6.1f}s [1/{STEPS}] starting Spark ({master or 'from spark-submit'})")
+    progress(f"{time.monotonic() - began:6.1f}s [1/{STEPS}] starting Spark ({master_label(master, spark)})")
     session = spark or start_spark(master, conf)
     try:
         if files is None:
             files = plan_files(list_files(session, location), check=None)
             if not any(files.found.values()):
-                raise NoRecordsError(f"no metrics files (*.jsonl, *.parquet) under {location}")
+                raise NoRecordsError(f"no metrics files (*.jsonl, *.parquet) under {location}{NO_FILES_HINT}")
         for path, why in files.skipped:
             progress(f"warning: skipping damaged dump file {path}: {why}")
         return _run(session, location, files, out, since, until, top, progress, began)
