@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
-from netns import NetnsNode, Network, metric_value, network
+from helpers.netns import NetnsNode, Network, network
+from helpers.prometheus import metric_value
+from helpers.wampclient import connect, leave, publish_acked
 from twisted.internet import defer, reactor, task
-from wampclient import connect, leave, publish_acked
 
 TOPIC = "partition.numbers"
 GAP_TOPIC = "wamp.pubsubclub.gap"

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import WAIT_SECONDS, NodeProcess, until, wait_until
-from rawws import RECV_SECONDS, close_of
-from wampclient import connect as wamp_connect
-from wampclient import leave, publish_acked, subscribe
+from helpers.nodes import NodeProcess
+from helpers.polling import WAIT_SECONDS, until, wait_until
+from helpers.rawws import RECV_SECONDS, close_of
+from helpers.wampclient import connect as wamp_connect
+from helpers.wampclient import leave, publish_acked, subscribe
 from websockets.frames import Frame, Opcode
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import ServerConnection, serve

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hostile import hostile_values, json_text
+from helpers.hostile import hostile_values, json_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 import pytest_twisted
 import sysv_ipc
-from conftest import until
+from helpers.polling import until
 from twisted.internet import reactor
 
 from pubsubclub.frontends.sysv.codec import BODY_SIZE, Signal, pack

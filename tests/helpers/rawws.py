@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
+
+from helpers.nodes import NodeProcess
 
 #: Upper bound for one wait on a raw connection.
 RECV_SECONDS = 5.0
@@ -123,3 +126,34 @@ class SocketWebSocket:
     def close(self) -> None:
         """Close the socket."""
         self.sock.close()
+
+
+class Wamp(SocketWebSocket):
+    """A WAMP v2 JSON session on a bare socket."""
+
+    def __init__(self, node: NodeProcess, rcvbuf: int | None = None) -> None:
+        super().__init__(node.wamp_port, "/ws", "wamp.2.json", rcvbuf)
+        self.request = 0
+        self.send_text(json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]))
+        assert json.loads(self.recv_text())[0] == 2  # WELCOME
+
+    def subscribe(self, topic: str) -> None:
+        """SUBSCRIBE and wait for SUBSCRIBED."""
+        self.request += 1
+        self.send_text(json.dumps([32, self.request, {}, topic]))
+        assert json.loads(self.recv_text())[0] == 33
+
+    def publish(self, topic: str, *args: object, acknowledge: bool = False) -> None:
+        """PUBLISH (and wait for PUBLISHED when acknowledged)."""
+        self.request += 1
+        options = {"acknowledge": True} if acknowledge else {}
+        self.send_text(json.dumps([16, self.request, options, topic, list(args)]))
+        if acknowledge:
+            assert json.loads(self.recv_text())[0] == 17
+
+    def next_event(self) -> list[object]:
+        """The args of the next EVENT."""
+        while True:
+            msg = json.loads(self.recv_text())
+            if msg[0] == 36:
+                return list(msg[4])
