@@ -13,6 +13,7 @@ many, which shows the test can fail; past the window the loss is reported.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
+from helpers import polling
 from helpers.netns import NetnsNode, Network, network
 from helpers.prometheus import metric_value
 from helpers.wampclient import connect, leave, publish_acked
@@ -33,6 +35,8 @@ GAP_TOPIC = "wamp.pubsubclub.gap"
 RATE = 1000
 #: Bound of every wait on the cluster (link recovery, the end marker).
 RECOVERY_SECONDS = 90.0
+#: Conditions here are polled every 0.1 s and wait up to RECOVERY_SECONDS.
+until = functools.partial(polling.until, timeout=RECOVERY_SECONDS, every=0.1)
 
 
 @dataclass
@@ -109,15 +113,6 @@ class Numbers:
             return
         self.received.append(value)
         self.arrived.setdefault(value, time.monotonic())
-
-
-async def until(predicate: Callable[[], bool], what: str, timeout: float = RECOVERY_SECONDS) -> None:
-    """Poll ``predicate`` every 0.1 s without blocking the reactor; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await task.deferLater(reactor, 0.1, lambda: None)
 
 
 def _open_links(node: NetnsNode) -> int:

@@ -1,4 +1,4 @@
-"""The stream protocol codec (specs/stream-protocol.md): bracket-counting framing, requests, limits, bad input."""
+"""The stream protocol codec (docs/specs/stream-protocol.md): bracket-counting framing, requests, limits, bad input."""
 
 from __future__ import annotations
 
