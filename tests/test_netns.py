@@ -1,4 +1,4 @@
-"""The network-namespace test infrastructure (tests/netns.py): reachability, silent partitions, cleanup."""
+"""The network-namespace test infrastructure (tests/helpers/netns.py): reachability, silent partitions, cleanup."""
 
 from __future__ import annotations
 

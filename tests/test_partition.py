@@ -1,7 +1,7 @@
 """A real network partition between two node processes under load (PSC 0.3 replay; needs root).
 
 Two ``pubsubclub node`` processes run in their own network namespaces
-(tests/netns.py). A WAMP publisher on node 1 sends 1,000 numbered messages
+(tests/helpers/netns.py). A WAMP publisher on node 1 sends 1,000 numbered messages
 a second for 20 s, a WAMP subscriber on node 2 records them (both clients
 run in this process, in the root namespace, so the partition never touches
 them). Five seconds in, the network between the nodes drops every packet

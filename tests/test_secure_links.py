@@ -1,6 +1,6 @@
 """Secure links between real node processes: the cluster secret, TLS listeners and ``wss://`` peers.
 
-Certificates are made inside the tests (tests/certs.py). Node-side
+Certificates are made inside the tests (tests/helpers/certs.py). Node-side
 conditions are polled over the operations listener's ``/stats`` and the
 nodes' logs with bounded waits; WAMP traffic uses Autobahn-Python clients.
 """

@@ -1,6 +1,6 @@
 """Clients that stop reading and peers that freeze, against real node processes, memory read from /proc.
 
-Clients are bare sockets (tests/rawws.py ``SocketWebSocket``): they read only
+Clients are bare sockets (tests/helpers/rawws.py ``SocketWebSocket``): they read only
 when told to, so they can stop. Every load loop is bounded in count and time.
 """
 

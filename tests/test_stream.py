@@ -1,7 +1,7 @@
 """The stream front-end against real node processes: every spec exchange, durability, offsets, slow readers, bad input.
 
 Clients are plain sockets speaking the protocol through the codec's client
-side (tests/streamclient.py). Absence is shown with a marker message sent
+side (tests/helpers/streamclient.py). Absence is shown with a marker message sent
 after, never with a sleep.
 """
 

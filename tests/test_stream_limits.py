@@ -1,7 +1,7 @@
 """The stream front-end's node-wide limits (issue 18): fds with many topics, topic and disk caps, bounded partial
 input, and no acknowledged publish too large for the cluster's links.
 
-Real node processes, plain sockets (tests/streamclient.py) and Autobahn WAMP sessions. Absence is shown with
+Real node processes, plain sockets (tests/helpers/streamclient.py) and Autobahn WAMP sessions. Absence is shown with
 a marker sent after, never with a sleep.
 """
 
