@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from helpers import rawws
 from helpers.nodes import NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.rawws import RECV_SECONDS, close_of
@@ -41,12 +42,7 @@ PING_SECONDS = 8.0
 
 def recv_json(ws: ClientConnection | ServerConnection, timeout: float = RECV_SECONDS) -> Any:
     """The next text message from the node, decoded."""
-    try:
-        data = ws.recv(timeout=timeout)
-    except TimeoutError:
-        raise AssertionError(f"no PSC message from the node within {timeout} s") from None
-    assert isinstance(data, str), f"the node sent a binary frame: {data!r:.80}"
-    return json.loads(data)
+    return rawws.recv_json(ws, timeout, "PSC message")
 
 
 def send_json(ws: ClientConnection | ServerConnection, message: Any) -> None:

@@ -4,14 +4,26 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
+from websockets.sync.server import ServerConnection
 
 from helpers.nodes import NodeProcess
 
 #: Upper bound for one wait on a raw connection.
 RECV_SECONDS = 5.0
+
+
+def recv_json(ws: ClientConnection | ServerConnection, timeout: float = RECV_SECONDS, what: str = "message") -> Any:
+    """The next text message from the peer, decoded; ``what`` names it when none comes within ``timeout``."""
+    try:
+        data = ws.recv(timeout=timeout)
+    except TimeoutError:
+        raise AssertionError(f"no {what} from the node within {timeout} s") from None
+    assert isinstance(data, str), f"the node sent a binary frame: {data!r:.80}"
+    return json.loads(data)
 
 
 def close_of(ws: ClientConnection, timeout: float = RECV_SECONDS) -> tuple[int | None, str | None]:

@@ -8,7 +8,7 @@ from typing import Any
 from websockets.sync.client import ClientConnection, connect
 
 from helpers.nodes import NodeProcess
-from helpers.rawws import RECV_SECONDS
+from helpers.rawws import RECV_SECONDS, recv_json
 
 
 def tep(node: NodeProcess) -> ClientConnection:
@@ -24,12 +24,7 @@ def send(ws: ClientConnection, topic: str | None, payload: Any) -> None:
 
 def recv(ws: ClientConnection, timeout: float = RECV_SECONDS) -> Any:
     """The next frame from the node, decoded."""
-    try:
-        data = ws.recv(timeout=timeout)
-    except TimeoutError:
-        raise AssertionError(f"no TEP frame from the node within {timeout} s") from None
-    assert isinstance(data, str), f"the node sent a binary frame: {data!r:.80}"
-    return json.loads(data)
+    return recv_json(ws, timeout, "TEP frame")
 
 
 def join(ws: ClientConnection, *channels: str) -> None:
