@@ -39,7 +39,7 @@ browser:
 
 # System packages the tests use: Chromium, docker-compose (validates deploy/; no engine needed),
 # systemd-analyze (verifies the unit in deploy/systemd), and ip + nft (iproute2, nftables) for the
-# network-namespace partition tests (tests/netns.py; they run as root). Each entry is
+# network-namespace partition tests (tests/helpers/netns.py; they run as root). Each entry is
 # command:package; the missing ones are installed after a single apt-get update (each update
 # costs seconds to a minute on a fresh machine). Chromium keeps its recommended packages (fonts).
 SYSDEPS_RECOMMENDS    := chromium:chromium

@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 import pytest
-from conftest import REPO
+from helpers.nodes import REPO
 
 
 def bench(*args: str, timeout: float = 120) -> tuple[dict[str, Any], str]:

@@ -17,13 +17,13 @@ import pytest
 import pytest_twisted
 from autobahn.exception import PayloadExceededError
 from autobahn.wamp.types import PublishOptions
-from conftest import Cluster
+from helpers.bigpublish import FOLLOWERS as SIZE_FOLLOWERS
+from helpers.bigpublish import publish_big_then_followers
+from helpers.nodes import Cluster, interest_reached
+from helpers.wampclient import connect, leave, subscribe
 from hypothesis import given
 from hypothesis import strategies as st
-from test_message_sizes import FOLLOWERS as SIZE_FOLLOWERS
-from test_message_sizes import interest_reached, publish_big_then_followers
 from twisted.internet import defer
-from wampclient import connect, leave, subscribe
 
 from pubsubclub.core import binaryjson
 from pubsubclub.federation import psc

@@ -19,10 +19,12 @@ import pytest
 import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
-from bridgeproc import BridgeProcess
-from conftest import Cluster, NodeProcess, free_port, until, wait_until
+from helpers.bridgeproc import BridgeProcess
+from helpers.nodes import Cluster, NodeProcess
+from helpers.polling import until, wait_until
+from helpers.ports import free_port
+from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 from twisted.internet import threads
-from wampclient import Recorder, connect, leave, publish_acked, subscribe
 
 from pubsubclub.testing import crossbar
 from pubsubclub.testing.crossbar import CrossbarProcess

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from conftest import REPO, WAIT_SECONDS, Cluster, wait_until
+from helpers.nodes import REPO, Cluster
+from helpers.polling import WAIT_SECONDS, wait_until
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -107,7 +108,7 @@ def test_the_c_clients_message_shows_up_in_a_chat_page_on_another_node(tmp_path:
     """As in the demo: the C client on node 1's SysV queue, channel chat (prefix pubsubclub.demo.), node 2's page."""
     import random
 
-    from conftest import NodeProcess
+    from helpers.nodes import NodeProcess
 
     chromium = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
     node = shutil.which("node")

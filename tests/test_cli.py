@@ -15,7 +15,9 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import REPO, WAIT_SECONDS, free_port, free_run
+from helpers.nodes import REPO
+from helpers.polling import WAIT_SECONDS
+from helpers.ports import free_port, free_run
 
 from pubsubclub.config import ConfigError, build, load_toml
 

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import NodeProcess
-from rawws import SocketWebSocket
-from wampclient import connect, leave, publish_acked, subscribe
+from helpers.nodes import NodeProcess
+from helpers.rawws import SocketWebSocket
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
 

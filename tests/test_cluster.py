@@ -6,8 +6,9 @@ from collections.abc import Callable
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, until
-from wampclient import connect, leave, publish_acked, subscribe
+from helpers.nodes import Cluster
+from helpers.polling import until
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
 
@@ -153,7 +154,7 @@ async def test_binary_payload_is_delivered_locally_and_forwarded(cluster_factory
 @pytest_twisted.ensureDeferred
 async def test_one_peer_each_joins_a_full_mesh(tmp_path) -> None:
     """node2 and node3 each list only node1; they learn of each other, link both ways, and traffic reaches all."""
-    from conftest import NodeProcess
+    from helpers.nodes import NodeProcess
 
     nodes = [NodeProcess(f"node{i + 1}", tmp_path) for i in range(3)]
     nodes[1].peers = [nodes[0].psc_url]

@@ -12,8 +12,8 @@ from typing import Any
 import consul.twisted
 import pytest
 import pytest_twisted
-from conftest import free_port
 from consul.base import ConsulException
+from helpers.ports import free_port
 from twisted.internet import reactor
 
 from pubsubclub.discovery.consul import (

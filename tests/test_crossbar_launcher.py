@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import free_port
-from wampclient import connect, leave, publish_acked, subscribe
+from helpers.ports import free_port
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 
 from pubsubclub.testing import crossbar
 from pubsubclub.testing.crossbar import BRIDGE_ROLE, CrossbarMissing, CrossbarProcess

@@ -10,9 +10,9 @@ import pytest
 import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions
-from conftest import NodeProcess
+from helpers.nodes import NodeProcess
+from helpers.wampclient import connect, leave
 from twisted.internet import defer, reactor
-from wampclient import connect, leave
 
 pytestmark = pytest.mark.slow
 

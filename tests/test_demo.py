@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 import sysv_ipc
-from conftest import REPO, WAIT_SECONDS
-from test_cli import free_run
+from helpers.nodes import REPO
+from helpers.polling import WAIT_SECONDS
+from helpers.ports import free_run
 
 pytestmark = pytest.mark.slow
 

@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
-from conftest import REPO
+from helpers.nodes import REPO
 
 from pubsubclub.cli.command import parser
 from pubsubclub.config import NodeConfig, build, load_toml, node_config

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import NodeProcess, until, wait_until
-from consulproc import ConsulDoubleProcess
+from helpers.consulproc import ConsulDoubleProcess
+from helpers.nodes import NodeProcess
+from helpers.polling import until, wait_until
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 from twisted.internet import defer
-from wampclient import connect, leave, publish_acked, subscribe
 
 from pubsubclub.discovery.consul import ConsulDiscovery, Registration
 from pubsubclub.federation.retry import RetryPolicy

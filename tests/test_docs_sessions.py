@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import OPS_TOKEN, REPO, NodeProcess
+from helpers.nodes import OPS_TOKEN, REPO, NodeProcess
 
 pytestmark = pytest.mark.slow
 

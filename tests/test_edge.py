@@ -14,8 +14,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import NodeProcess, wait_until
-from test_slow_peers import Wamp, metric, rss
+from helpers.nodes import NodeProcess
+from helpers.polling import wait_until
+from helpers.rawws import Wamp
 
 pytestmark = pytest.mark.slow
 
@@ -96,11 +97,11 @@ def test_rawsocket_ping_flood_from_a_client_that_never_reads_is_dropped(node: No
     """RawSocket PINGs whose PONGs are never read: dropped as a slow consumer at the cap, counted; RSS bounded."""
     sock = _rawsocket(node, rcvbuf=4096)
     ping = struct.pack("!I", (1 << 24) | 65536) + b"p" * 65536
-    before = rss(node)
+    before = node.rss()
     _flood(lambda: sock.send(ping))
     sock.close()
-    assert rss(node) - before < CAP + MARGIN
-    assert metric(node, "pubsubclub_disconnects_total", frontend="rawsocket", reason="slow_consumer") == 1
+    assert node.rss() - before < CAP + MARGIN
+    assert node.metric("pubsubclub_disconnects_total", frontend="rawsocket", reason="slow_consumer") == 1
     Wamp(node).close()  # the node still serves
 
 
@@ -111,11 +112,11 @@ def test_websocket_ping_flood_from_a_wamp_client_that_never_reads_is_dropped(nod
     payload = bytes(b ^ mask[i % 4] for i, b in enumerate(b"p" * 125))
     ping = bytes([0x89, 0x80 | 125]) + mask + payload
     batch = ping * 64
-    before = rss(node)
+    before = node.rss()
     _flood(lambda: client.sock.send(batch))
     client.close()
-    assert rss(node) - before < CAP + MARGIN
-    assert metric(node, "pubsubclub_disconnects_total", frontend="wamp", reason="slow_consumer") == 1
+    assert node.rss() - before < CAP + MARGIN
+    assert node.metric("pubsubclub_disconnects_total", frontend="wamp", reason="slow_consumer") == 1
     Wamp(node).close()
 
 
@@ -151,11 +152,11 @@ def test_idle_and_half_sent_connections_are_closed_by_the_deadline(
 def test_listeners_without_their_own_timer_count_the_guards_close(node: NodeProcess, listener: str) -> None:
     """On listeners with no handshake timer of their own, the guard's close is counted as handshake_timeout."""
     port = {"ops": node.http_port, "psc": node.psc_port}.get(listener) or _port(node, listener)
-    before = metric(node, "pubsubclub_disconnects_total", frontend=listener, reason="handshake_timeout")
+    before = node.metric("pubsubclub_disconnects_total", frontend=listener, reason="handshake_timeout")
     sock = socket.create_connection(("127.0.0.1", port))
     _closed(sock)
     sock.close()
-    after = metric(node, "pubsubclub_disconnects_total", frontend=listener, reason="handshake_timeout")
+    after = node.metric("pubsubclub_disconnects_total", frontend=listener, reason="handshake_timeout")
     assert after == before + 1
 
 
@@ -168,7 +169,7 @@ def test_nsd_line_left_half_sent_after_a_request_is_closed(node: NodeProcess) ->
     sock.sendall(b'{"_class": "PublishRequest", "message": {"body": "' + b"x" * 60_000)
     _closed(sock)
     sock.close()
-    assert metric(node, "pubsubclub_disconnects_total", frontend="nsd", reason="partial_input_timeout") >= 1
+    assert node.metric("pubsubclub_disconnects_total", frontend="nsd", reason="partial_input_timeout") >= 1
 
 
 REFUSALS = {
@@ -182,7 +183,7 @@ REFUSALS = {
 def test_per_address_cap_is_refused_with_the_protocols_error(node: NodeProcess, listener: str) -> None:
     """Past the per-address cap a connection gets its protocol's refusal and is closed; counted."""
     port = node.wamp_port if listener == "wamp" else _port(node, listener)
-    before = metric(node, "pubsubclub_refused_connections_total", listener=listener, reason="address_cap")
+    before = node.metric("pubsubclub_refused_connections_total", listener=listener, reason="address_cap")
     held = [socket.create_connection(("127.0.0.1", port)) for _ in range(PER_ADDRESS)]
     try:
         extra = socket.create_connection(("127.0.0.1", port))
@@ -192,7 +193,7 @@ def test_per_address_cap_is_refused_with_the_protocols_error(node: NodeProcess, 
         for sock in held:
             sock.close()
     assert answer.startswith(REFUSALS[listener]), answer[:80]
-    after = metric(node, "pubsubclub_refused_connections_total", listener=listener, reason="address_cap")
+    after = node.metric("pubsubclub_refused_connections_total", listener=listener, reason="address_cap")
     assert after == before + 1
 
 
@@ -200,7 +201,7 @@ def test_idle_subscriber_that_answers_pings_is_not_dropped(node: NodeProcess) ->
     """A quiet WAMP subscriber that answers pings outlives the idle deadline; one that does not is dropped."""
     from websockets.sync.client import connect
 
-    before = metric(node, "pubsubclub_disconnects_total", frontend="wamp", reason="idle_timeout")
+    before = node.metric("pubsubclub_disconnects_total", frontend="wamp", reason="idle_timeout")
     with connect(node.wamp_url, subprotocols=["wamp.2.json"], ping_interval=None) as ws:  # type: ignore[list-item]
         ws.send(json.dumps([1, "realm1", {"roles": {"subscriber": {}}}]))
         assert json.loads(ws.recv(timeout=10))[0] == 2
@@ -208,7 +209,7 @@ def test_idle_subscriber_that_answers_pings_is_not_dropped(node: NodeProcess) ->
         assert json.loads(ws.recv(timeout=10))[0] == 33
         deaf = Wamp(node)  # joined, then never reads or answers a ping
         wait_until(
-            lambda: metric(node, "pubsubclub_disconnects_total", frontend="wamp", reason="idle_timeout") > before,
+            lambda: node.metric("pubsubclub_disconnects_total", frontend="wamp", reason="idle_timeout") > before,
             "the deaf session to be dropped as idle",
             timeout=20,
         )

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import pytest
 import sysv_ipc
-from conftest import REPO, WAIT_SECONDS, NodeProcess, free_port
+from helpers.nodes import REPO, NodeProcess
+from helpers.polling import WAIT_SECONDS
+from helpers.ports import free_port
 
 from pubsubclub.testing import crossbar
 

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, until
-from nsdclient import NSDClient
-from streamclient import OK as STREAM_OK
-from streamclient import StreamClient
-from test_sysv import Client, random_key, remove_queue
-from wampclient import connect, leave, subscribe
+from helpers.nodes import Cluster, NodeProcess
+from helpers.nsdclient import NSDClient
+from helpers.polling import until
+from helpers.streamclient import OK as STREAM_OK
+from helpers.streamclient import StreamClient
+from helpers.sysvclient import Client, random_key, remove_queue
+from helpers.wampclient import connect, leave, subscribe
 from websockets.sync.client import connect as ws_connect
 
 from pubsubclub.frontends.stream import codec as c

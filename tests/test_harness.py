@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import unhandled_errors
+from helpers.nodes import unhandled_errors
 
 
 def test_unhandled_error_lines_are_found(tmp_path: Path) -> None:

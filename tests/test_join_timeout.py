@@ -16,12 +16,13 @@ from pathlib import Path
 import orjson
 import pytest
 import pytest_twisted
-from conftest import NodeProcess, free_port
-from rawws import close_of
-from test_rawsocket import Raw
+from helpers.nodes import NodeProcess
+from helpers.ports import free_port
+from helpers.rawsocketclient import Raw
+from helpers.rawws import close_of
+from helpers.wampclient import connect as wamp_connect
+from helpers.wampclient import leave, publish_acked, subscribe
 from twisted.internet import threads
-from wampclient import connect as wamp_connect
-from wampclient import leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow

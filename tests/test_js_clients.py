@@ -11,8 +11,9 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import REPO, WAIT_SECONDS, Cluster, until
-from wampclient import connect, leave, publish_acked, subscribe
+from helpers.nodes import REPO, Cluster
+from helpers.polling import WAIT_SECONDS, until
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
 

@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import OPS_TOKEN, NodeProcess
-from rawws import RECV_SECONDS
+from helpers.nodes import OPS_TOKEN, NodeProcess
+from helpers.rawws import RECV_SECONDS
 from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow

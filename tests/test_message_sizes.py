@@ -17,20 +17,15 @@ import orjson
 import pytest
 import pytest_twisted
 from autobahn.exception import PayloadExceededError
-from autobahn.wamp.exception import ApplicationError
-from autobahn.wamp.types import PublishOptions
-from conftest import Cluster, NodeProcess, until, wait_until
-from test_tep import join, recv, send, tep
-from twisted.internet import defer
-from wampclient import connect, leave, subscribe
+from helpers.bigpublish import FOLLOWERS, publish_big_then_followers
+from helpers.nodes import Cluster
+from helpers.polling import wait_until
+from helpers.tepclient import join, recv, send, tep
 
 pytestmark = pytest.mark.slow
 
 #: The issue's publish: 1,048,568 bytes, just under the default --max-message-size of 1 MiB.
 NEAR_MIB = 1_048_568
-#: Small messages sent right after the big one; every one must arrive.
-FOLLOWERS = 20
-ACK = PublishOptions(acknowledge=True)
 
 
 def wamp_publish_size(serializer: str, topic: str, arg: Any) -> int:
@@ -44,34 +39,6 @@ def filler(serializer: str, topic: str, unit: str, size: int) -> str:
     overhead = wamp_publish_size(serializer, topic, "")
     per = wamp_publish_size(serializer, topic, unit * 64) - overhead
     return unit * ((size - overhead) * 64 // per)
-
-
-async def interest_reached(sender: NodeProcess, receiver: NodeProcess, topic: str) -> None:
-    """Until ``sender`` knows that ``receiver`` wants ``topic``."""
-    await until(lambda: receiver.name in sender.stats()["remote_interest"].get(topic, []), f"interest in {topic}")
-
-
-async def publish_big_then_followers(
-    cluster: Cluster, topic: str, serializer: str, big: str
-) -> tuple[Exception | None, list[Any]]:
-    """Publish ``big`` on node A, then the followers at once; A's answer to the big one, and what B's subscriber got."""
-    a, b = cluster[0], cluster[1]
-    sub = await connect(b.wamp_url)
-    rec, _ = await subscribe(sub, topic)
-    await interest_reached(a, b, topic)
-    pub = await connect(a.wamp_url, serializer=serializer)
-    first = pub.publish(topic, big, options=ACK)
-    rest = [pub.publish(topic, i, options=ACK) for i in range(FOLLOWERS)]
-    refused: Exception | None = None
-    try:
-        await first
-    except (ApplicationError, PayloadExceededError) as e:  # Autobahn raises the latter for its error URI
-        refused = e
-    await defer.gatherResults(rest)
-    await rec.wait_until(lambda r: FOLLOWERS - 1 in r.args)
-    got = rec.args
-    await leave(pub, sub)
-    return refused, got
 
 
 @pytest_twisted.ensureDeferred

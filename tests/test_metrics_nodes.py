@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, until
-from wampclient import connect, leave, publish_acked, subscribe
+from helpers.nodes import Cluster
+from helpers.polling import until
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
 

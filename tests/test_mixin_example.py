@@ -11,9 +11,11 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import REPO, WAIT_SECONDS, free_port, watch_log
+from helpers.nodes import REPO, watch_log
+from helpers.polling import WAIT_SECONDS
+from helpers.ports import free_port
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 from twisted.internet import task
-from wampclient import connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
 
@@ -94,7 +96,7 @@ async def test_user_server_with_mixin_federates_publishes(two_servers: tuple[Exa
 @pytest_twisted.ensureDeferred
 async def test_args_and_kwargs_cross_unchanged_between_mixin_servers_and_a_node(tmp_path: Path) -> None:
     """("hi", url) with k=1 published on a mixin server or a built-in node arrives as exactly that everywhere."""
-    from conftest import NodeProcess
+    from helpers.nodes import NodeProcess
     from twisted.internet import reactor
 
     a, b = ExampleServer("a", tmp_path), ExampleServer("b", tmp_path)

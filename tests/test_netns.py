@@ -1,4 +1,4 @@
-"""The network-namespace test infrastructure (tests/netns.py): reachability, silent partitions, cleanup."""
+"""The network-namespace test infrastructure (tests/helpers/netns.py): reachability, silent partitions, cleanup."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from netns import Network, _namespaces, check_tools, network
+from helpers.netns import Network, _namespaces, check_tools, network
 
 #: A port nothing listens on: a reachable host answers a connect with RST (refused).
 CLOSED_PORT = 9

@@ -15,8 +15,10 @@ from contextlib import closing, contextmanager
 from pathlib import Path
 
 import pytest
-from bridgeproc import BridgeProcess
-from conftest import NodeProcess, free_port, start_cluster, wait_until
+from helpers.bridgeproc import BridgeProcess
+from helpers.nodes import NodeProcess, start_cluster
+from helpers.polling import wait_until
+from helpers.ports import free_port
 
 from pubsubclub.testing.crossbar import CrossbarProcess
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, until, wait_until
-from nsdclient import SUCCESS, NSDClient, error
-from wampclient import connect, leave, publish_acked, subscribe
+from helpers.nodes import Cluster, NodeProcess
+from helpers.nsdclient import SUCCESS, NSDClient, error
+from helpers.polling import until, wait_until
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow

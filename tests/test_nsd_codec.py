@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import orjson
 import pytest
-from hostile import hostile_values, json_text
+from helpers.hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import NodeProcess, until, wait_until
-from wampclient import connect
+from helpers.nodes import NodeProcess
+from helpers.polling import until, wait_until
+from helpers.wampclient import connect
 
 pytestmark = pytest.mark.slow
 
@@ -81,7 +82,7 @@ def test_stats_only_on_the_operations_listener(tmp_path: Path) -> None:
 
 def test_public_operations_listener_warns(tmp_path: Path) -> None:
     """--http bound beyond loopback logs a security warning naming what it exposes; loopback does not."""
-    from conftest import free_port
+    from helpers.ports import free_port
 
     public = NodeProcess("public", tmp_path, extra=("--http", f"tcp:{free_port()}")).start()
     private = NodeProcess("private", tmp_path).start()
@@ -99,7 +100,7 @@ async def test_metrics_scrape_is_capped_by_topic(tmp_path: Path) -> None:
     """400 topics from one client, --metrics-max-topics 5: the scrape names 5 topics plus __other__, sums intact."""
     import urllib.request
 
-    from wampclient import leave, publish_acked
+    from helpers.wampclient import leave, publish_acked
 
     node = NodeProcess("a", tmp_path, extra=("--metrics-max-topics", "5")).start()
     try:

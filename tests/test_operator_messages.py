@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import REPO, WAIT_SECONDS, NodeProcess, free_port, wait_until
+from helpers.nodes import REPO, NodeProcess
+from helpers.polling import WAIT_SECONDS, wait_until
+from helpers.ports import free_port
 from twisted.logger import LogLevel, PredicateResult
 
 from pubsubclub.cli import command as cli

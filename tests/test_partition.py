@@ -1,7 +1,7 @@
 """A real network partition between two node processes under load (PSC 0.3 replay; needs root).
 
 Two ``pubsubclub node`` processes run in their own network namespaces
-(tests/netns.py). A WAMP publisher on node 1 sends 1,000 numbered messages
+(tests/helpers/netns.py). A WAMP publisher on node 1 sends 1,000 numbered messages
 a second for 20 s, a WAMP subscriber on node 2 records them (both clients
 run in this process, in the root namespace, so the partition never touches
 them). Five seconds in, the network between the nodes drops every packet
@@ -13,6 +13,7 @@ many, which shows the test can fail; past the window the loss is reported.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import time
 from collections.abc import Callable, Iterator
@@ -23,15 +24,19 @@ from typing import Any
 import pytest
 import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
-from netns import NetnsNode, Network, metric_value, network
+from helpers import polling
+from helpers.netns import NetnsNode, Network, network
+from helpers.prometheus import metric_value
+from helpers.wampclient import connect, leave, publish_acked
 from twisted.internet import defer, reactor, task
-from wampclient import connect, leave, publish_acked
 
 TOPIC = "partition.numbers"
 GAP_TOPIC = "wamp.pubsubclub.gap"
 RATE = 1000
 #: Bound of every wait on the cluster (link recovery, the end marker).
 RECOVERY_SECONDS = 90.0
+#: Conditions here are polled every 0.1 s and wait up to RECOVERY_SECONDS.
+until = functools.partial(polling.until, timeout=RECOVERY_SECONDS, every=0.1)
 
 
 @dataclass
@@ -108,15 +113,6 @@ class Numbers:
             return
         self.received.append(value)
         self.arrived.setdefault(value, time.monotonic())
-
-
-async def until(predicate: Callable[[], bool], what: str, timeout: float = RECOVERY_SECONDS) -> None:
-    """Poll ``predicate`` every 0.1 s without blocking the reactor; fail after ``timeout``."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await task.deferLater(reactor, 0.1, lambda: None)
 
 
 def _open_links(node: NetnsNode) -> int:

@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 import pytest_twisted
 from autobahn.wamp.types import SubscribeOptions
-from conftest import Cluster, NodeProcess, until
-from wampclient import Recorder, connect, leave, publish_acked, subscribe
+from helpers.nodes import Cluster, NodeProcess
+from helpers.polling import until
+from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
 

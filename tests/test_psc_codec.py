@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
-from hostile import hostile_values, json_text
+from helpers.hostile import hostile_values, json_text
 from hypothesis import example, given
 from hypothesis import strategies as st
 

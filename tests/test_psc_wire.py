@@ -18,10 +18,12 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import WAIT_SECONDS, NodeProcess, until, wait_until
-from rawws import RECV_SECONDS, close_of
-from wampclient import connect as wamp_connect
-from wampclient import leave, publish_acked, subscribe
+from helpers import rawws
+from helpers.nodes import NodeProcess
+from helpers.polling import WAIT_SECONDS, until, wait_until
+from helpers.rawws import RECV_SECONDS, close_of
+from helpers.wampclient import connect as wamp_connect
+from helpers.wampclient import leave, publish_acked, subscribe
 from websockets.frames import Frame, Opcode
 from websockets.sync.client import ClientConnection, connect
 from websockets.sync.server import ServerConnection, serve
@@ -40,12 +42,7 @@ PING_SECONDS = 8.0
 
 def recv_json(ws: ClientConnection | ServerConnection, timeout: float = RECV_SECONDS) -> Any:
     """The next text message from the node, decoded."""
-    try:
-        data = ws.recv(timeout=timeout)
-    except TimeoutError:
-        raise AssertionError(f"no PSC message from the node within {timeout} s") from None
-    assert isinstance(data, str), f"the node sent a binary frame: {data!r:.80}"
-    return json.loads(data)
+    return rawws.recv_json(ws, timeout, "PSC message")
 
 
 def send_json(ws: ClientConnection | ServerConnection, message: Any) -> None:

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from conftest import NodeProcess, until
-from nsdclient import SUCCESS, NSDClient
-from test_untrusted_input import SANE_WHEN, assert_clean_log, psc_producer
+from helpers.nodes import NodeProcess, assert_clean_log
+from helpers.nsdclient import SANE_WHEN, SUCCESS, NSDClient
+from helpers.polling import until
+from helpers.pscpeer import psc_producer
 
 pytestmark = pytest.mark.slow
 

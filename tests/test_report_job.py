@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.spark import T0, TEST_JAVA_OPTIONS, TINY_DATA_CONF, assert_frame, conf_flags, counter, write_dump
 from pyspark.sql import SparkSession
-from report_spark import T0, TEST_JAVA_OPTIONS, TINY_DATA_CONF, assert_frame, conf_flags, counter, write_dump
 
 from pubsubclub.cli import command as cli
 from pubsubclub.reports.command import java_problem

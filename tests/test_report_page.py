@@ -16,9 +16,9 @@ import matplotlib.image
 import numpy
 import orjson
 import pytest
+from helpers.spark import T0, counter, write_dump
 from pyspark.sql import SparkSession
 from pyspark.sql.types import TimestampType
-from report_spark import T0, counter, write_dump
 
 from pubsubclub.reports import page
 from pubsubclub.reports.generate import generate

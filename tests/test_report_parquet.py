@@ -12,10 +12,11 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, until
+from helpers.nodes import Cluster, NodeProcess
+from helpers.polling import until
+from helpers.spark import assert_frame
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 from pyspark.sql import SparkSession
-from report_spark import assert_frame
-from wampclient import connect, leave, publish_acked, subscribe
 
 from pubsubclub.cli.command import parser
 from pubsubclub.config import ConfigError, node_config

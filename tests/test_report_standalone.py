@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import free_port
+from helpers.ports import free_port
+from helpers.spark import TEST_JAVA_OPTIONS, TINY_DATA_CONF, assert_frame, conf_flags
 from pyspark.sql import SparkSession
-from report_spark import TEST_JAVA_OPTIONS, TINY_DATA_CONF, assert_frame, conf_flags
 
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import run_report

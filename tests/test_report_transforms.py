@@ -7,8 +7,8 @@ from datetime import datetime
 from typing import Any
 
 import orjson
+from helpers.spark import assert_frame
 from pyspark.sql import DataFrame, SparkSession
-from report_spark import assert_frame
 
 from pubsubclub.reports import transforms as X
 from pubsubclub.reports.schema import LINES_SCHEMA, RECORD_SCHEMA

@@ -1,6 +1,6 @@
 """Secure links between real node processes: the cluster secret, TLS listeners and ``wss://`` peers.
 
-Certificates are made inside the tests (tests/certs.py). Node-side
+Certificates are made inside the tests (tests/helpers/certs.py). Node-side
 conditions are polled over the operations listener's ``/stats`` and the
 nodes' logs with bounded waits; WAMP traffic uses Autobahn-Python clients.
 """
@@ -9,24 +9,23 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import os
 import socket
 import subprocess
 import sys
 import threading
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import pytest_twisted
-from certs import CA, make_ca
-from conftest import REPO, WAIT_SECONDS, NodeProcess, until, wait_until
+from helpers.certs import CA, make_ca
+from helpers.nodes import REPO, NodeProcess
+from helpers.polling import WAIT_SECONDS, until, wait_until
+from helpers.wampclient import connect as wamp_connect
+from helpers.wampclient import leave, publish_acked, subscribe
 from twisted.internet.ssl import Certificate
-from wampclient import connect as wamp_connect
-from wampclient import leave, publish_acked, subscribe
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect as ws_connect
 from websockets.sync.server import serve as ws_serve
@@ -44,15 +43,9 @@ TOPIC = "com.example.secure"
 # -- helpers ------------------------------------------------------------------
 
 
-def stats(node: NodeProcess) -> dict[str, Any]:
-    """``/stats`` from the operations listener (plain HTTP even when the WAMP listener is TLS)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/stats", timeout=5) as r:
-        return dict(json.loads(r.read()))
-
-
 def open_links(node: NodeProcess) -> list[dict[str, Any]]:
     """The node's links past their PSC handshake."""
-    return [link for link in stats(node)["links"] if link["state"] == "open"]
+    return [link for link in node.stats()["links"] if link["state"] == "open"]
 
 
 def log_of(node: NodeProcess) -> str:
@@ -112,7 +105,7 @@ async def assert_publish_crosses(
     pub = await wamp_connect(pub_url, trust_root=trust_root)
     rec, _ = await subscribe(sub, TOPIC)
     await until(
-        lambda: stats(publisher)["remote_interest"].get(TOPIC) == [subscriber.name],
+        lambda: publisher.stats()["remote_interest"].get(TOPIC) == [subscriber.name],
         f"{publisher.name} to learn the interest of {subscriber.name}",
     )
     await publish_acked(pub, TOPIC, "across")
@@ -134,7 +127,7 @@ async def test_same_secret_links_and_wamp_crosses(nodes: Nodes, tmp_path: Path) 
     a.start(), b.start()
     await until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "links both ways")
     await assert_publish_crosses(a, b, a.wamp_url, b.wamp_url)
-    assert stats(a)["federation"]["auth_refused"] == stats(b)["federation"]["auth_refused"] == 0
+    assert a.stats()["federation"]["auth_refused"] == b.stats()["federation"]["auth_refused"] == 0
     assert "SECURITY WARNING" not in log_of(a)
 
 
@@ -156,11 +149,11 @@ def test_wrong_or_missing_secret_refused(guarded: NodeProcess, nodes: Nodes, tmp
     wait_for_log(missing, f"could not link to {guarded.psc_url}: WebSocket connection upgrade failed [401]")
     wait_for_log(wrong, f"{guarded.psc_url} did not prove the cluster secret (wrong cluster secret proof)")
     wait_for_log(guarded, "(node wrong) ended before proving the cluster secret")
-    seen = stats(guarded)
+    seen = guarded.stats()
     assert [link for link in seen["links"] if link["state"] == "open"] == []
     assert seen["federation"]["received"] == seen["federation"]["links_opened"] == 0
     assert seen["federation"]["auth_refused"] >= 1
-    assert stats(wrong)["federation"]["auth_refused"] >= 1
+    assert wrong.stats()["federation"]["auth_refused"] >= 1
     assert seen["remote_interest"] == {}
     assert open_links(wrong) == open_links(missing) == []
     # The refusing side logs the peer's address, as an operator needs it.
@@ -247,10 +240,10 @@ def test_captured_proof_opens_nothing(guarded: NodeProcess, nodes: Nodes, tmp_pa
     guarded.start()
     assert RawDialler(guarded.psc_url, headers).first_frame(replay) == (4401, "wrong cluster secret proof")
     for node in (guarded, other):
-        seen = stats(node)
+        seen = node.stats()
         assert seen["federation"]["received"] == 0
         assert [link for link in seen["links"] if link["peer_node"] == "raw" and link["state"] == "open"] == []
-    assert stats(other)["links"] == []
+    assert other.stats()["links"] == []
 
 
 def test_hostile_address_harvests_no_proof(nodes: Nodes, tmp_path: Path) -> None:
@@ -370,7 +363,7 @@ async def deliver_marker(publisher: NodeProcess, subscriber: NodeProcess, topic:
     pub = await wamp_connect(publisher.wamp_url)
     rec, _ = await subscribe(sub, topic)
     await until(
-        lambda: subscriber.name in stats(publisher)["remote_interest"].get(topic, []),
+        lambda: subscriber.name in publisher.stats()["remote_interest"].get(topic, []),
         f"{publisher.name} to learn the interest of {subscriber.name}",
     )
     await publish_acked(pub, topic, marker)
@@ -478,7 +471,7 @@ async def test_never_proving_connections_do_not_stop_a_real_node(nodes: Nodes, t
         b.start()
         await until(lambda: out_link_to(b, "a") is not None, "b's link to a")
         await deliver_marker(a, b, "com.example.crowded", "through")
-        seen = stats(a)["federation"]
+        seen = a.stats()["federation"]
         assert seen["auth_refused"] >= upgraded - 16
         refusals = [
             line for line in log_of(a).splitlines() if "PSC link" in line and ("refused" in line or "ended" in line)
@@ -548,7 +541,7 @@ def test_certificate_from_another_ca_refused(nodes: Nodes, ca: CA, server_cert: 
     wait_for_log(dialler, f"could not link to wss://127.0.0.1:{listener.psc_port}/psc")
     wait_for_log(dialler, "certificate verify failed")
     assert open_links(dialler) == []
-    assert stats(listener)["links"] == [] and stats(listener)["federation"]["links_opened"] == 0
+    assert listener.stats()["links"] == [] and listener.stats()["federation"]["links_opened"] == 0
 
 
 def test_certificate_for_another_name_refused(nodes: Nodes, ca: CA, tmp_path: Path) -> None:
@@ -563,7 +556,7 @@ def test_certificate_for_another_name_refused(nodes: Nodes, ca: CA, tmp_path: Pa
     wait_for_log(dialler, f"could not link to wss://127.0.0.1:{listener.psc_port}/psc")
     wait_for_log(dialler, "IPAddressMismatch")
     assert open_links(dialler) == []
-    assert stats(listener)["links"] == [] and stats(listener)["federation"]["links_opened"] == 0
+    assert listener.stats()["links"] == [] and listener.stats()["federation"]["links_opened"] == 0
 
 
 # -- the warning --------------------------------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from certs import make_ca
+from helpers.certs import make_ca
 from twisted.internet import defer, endpoints, protocol, reactor
 from twisted.internet.abstract import FileDescriptor
 from twisted.internet.testing import MemoryReactor

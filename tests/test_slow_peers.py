@@ -1,6 +1,6 @@
 """Clients that stop reading and peers that freeze, against real node processes, memory read from /proc.
 
-Clients are bare sockets (tests/rawws.py ``SocketWebSocket``): they read only
+Clients are bare sockets (tests/helpers/rawws.py ``SocketWebSocket``): they read only
 when told to, so they can stop. Every load loop is bounded in count and time.
 """
 
@@ -10,13 +10,13 @@ import json
 import os
 import signal
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Cluster, NodeProcess, start_cluster, wait_until
-from rawws import SocketWebSocket
+from helpers.nodes import Cluster, NodeProcess, start_cluster
+from helpers.polling import wait_until
+from helpers.rawws import SocketWebSocket, Wamp
 
 pytestmark = pytest.mark.slow
 
@@ -29,72 +29,18 @@ MARGIN = 16 * MiB
 PAYLOAD = "x" * 1000
 
 
-def rss(node: NodeProcess) -> int:
-    """The node process's resident memory, in bytes."""
-    assert node.proc is not None
-    for line in Path(f"/proc/{node.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
-def metric(node: NodeProcess, name: str, **labels: str) -> float:
-    """One sample of ``/metrics`` on the node's ops port (0 when absent)."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/metrics", timeout=5) as r:
-        text = r.read().decode()
-    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
-    for line in text.splitlines():
-        if line.startswith(name + "{"):
-            series, value = line.rsplit(" ", 1)
-            have = ",".join(sorted(series[len(name) + 1 : -1].split(",")))
-            if have == want:
-                return float(value)
-    return 0.0
-
-
-class Wamp(SocketWebSocket):
-    """A WAMP v2 JSON session on a bare socket."""
-
-    def __init__(self, node: NodeProcess, rcvbuf: int | None = None) -> None:
-        super().__init__(node.wamp_port, "/ws", "wamp.2.json", rcvbuf)
-        self.request = 0
-        self.send_text(json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]))
-        assert json.loads(self.recv_text())[0] == 2  # WELCOME
-
-    def subscribe(self, topic: str) -> None:
-        """SUBSCRIBE and wait for SUBSCRIBED."""
-        self.request += 1
-        self.send_text(json.dumps([32, self.request, {}, topic]))
-        assert json.loads(self.recv_text())[0] == 33
-
-    def publish(self, topic: str, *args: object, acknowledge: bool = False) -> None:
-        """PUBLISH (and wait for PUBLISHED when acknowledged)."""
-        self.request += 1
-        options = {"acknowledge": True} if acknowledge else {}
-        self.send_text(json.dumps([16, self.request, options, topic, list(args)]))
-        if acknowledge:
-            assert json.loads(self.recv_text())[0] == 17
-
-    def next_event(self) -> list[object]:
-        """The args of the next EVENT."""
-        while True:
-            msg = json.loads(self.recv_text())
-            if msg[0] == 36:
-                return list(msg[4])
-
-
 def flood(node: NodeProcess, publisher: SocketWebSocket, send: object, count: int, seconds: float) -> int:
     """Call ``send(i)`` up to ``count`` times within ``seconds``, sampling the node's RSS; the peak RSS."""
     assert callable(send)
-    peak = rss(node)
+    peak = node.rss()
     deadline = time.monotonic() + seconds
     for i in range(count):
         send(i)
         if i % 500 == 0:
-            peak = max(peak, rss(node))
+            peak = max(peak, node.rss())
             if time.monotonic() > deadline:
                 break
-    return max(peak, rss(node))
+    return max(peak, node.rss())
 
 
 @pytest.fixture
@@ -110,11 +56,11 @@ def test_wamp_subscriber_that_stops_reading_is_dropped_and_counted(node: NodePro
     slow = Wamp(node, rcvbuf=4096)
     slow.subscribe("slow.t")
     publisher = Wamp(node)
-    baseline = rss(node)
+    baseline = node.rss()
     # 48 MB offered: without the cap all of it would queue in the node for the stuck client.
     peak = flood(node, publisher, lambda i: publisher.publish("slow.t", PAYLOAD), 48_000, 60.0)
     publisher.publish("slow.t", "sync", acknowledge=True)  # the node has handled every publish before it
-    assert metric(node, "pubsubclub_disconnects_total", frontend="wamp", reason="slow_consumer") == 1
+    assert node.metric("pubsubclub_disconnects_total", frontend="wamp", reason="slow_consumer") == 1
     assert peak - baseline < CAP + MARGIN, f"node grew by {(peak - baseline) / MiB:.1f} MiB"
     assert slow.closed_by_peer()
     healthy = Wamp(node)
@@ -129,10 +75,10 @@ def test_tep_client_that_stops_reading_is_dropped_and_counted(node: NodeProcess)
     slow.send_text(json.dumps({"topic": "join", "payload": ["slowchan"]}))
     assert json.loads(slow.recv_text()) == {"topic": "@join", "payload": ["slowchan"]}
     publisher = Wamp(node)
-    baseline = rss(node)
+    baseline = node.rss()
     peak = flood(node, publisher, lambda i: publisher.publish("slowchan", PAYLOAD), 48_000, 60.0)
     publisher.publish("slowchan", "sync", acknowledge=True)
-    assert metric(node, "pubsubclub_disconnects_total", frontend="tep", reason="slow_consumer") == 1
+    assert node.metric("pubsubclub_disconnects_total", frontend="tep", reason="slow_consumer") == 1
     assert peak - baseline < CAP + MARGIN, f"node grew by {(peak - baseline) / MiB:.1f} MiB"
     assert slow.closed_by_peer()
 
@@ -161,7 +107,7 @@ def test_frozen_peer_is_closed_within_15_s_and_costs_at_most_the_caps(pair: Clus
     frozen_subscriber.subscribe("frozen.t")
     wait_until(lambda: a.stats()["remote_interest"].get("frozen.t") == ["node2"], "node2's interest at node1")
     publisher = Wamp(a)
-    baseline = rss(a)
+    baseline = a.rss()
     assert b.proc is not None
     os.kill(b.proc.pid, signal.SIGSTOP)
     frozen_at = time.monotonic()
@@ -172,13 +118,13 @@ def test_frozen_peer_is_closed_within_15_s_and_costs_at_most_the_caps(pair: Clus
         publisher.publish("frozen.t", PAYLOAD)
         if i % 200 == 0:
             time.sleep(0.1)  # pacing the load generator, not waiting for an event
-            peak = max(peak, rss(a))
+            peak = max(peak, a.rss())
             if closed_after is None and all(state != "open" for _, state in _links_to(a, "node2")):
                 closed_after = time.monotonic() - frozen_at
             if time.monotonic() - frozen_at > 30:
                 break
     publisher.publish("frozen.t", "sync", acknowledge=True)
-    peak = max(peak, rss(a))
+    peak = max(peak, a.rss())
     assert closed_after is not None and closed_after <= 15, f"links to the frozen peer closed after {closed_after}"
     # Caps for one peer: its replay buffer, plus a transport queue of link queue + one replay burst.
     assert peak - baseline < 3 * CAP + MARGIN, f"node1 grew by {(peak - baseline) / MiB:.1f} MiB"

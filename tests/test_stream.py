@@ -1,7 +1,7 @@
 """The stream front-end against real node processes: every spec exchange, durability, offsets, slow readers, bad input.
 
 Clients are plain sockets speaking the protocol through the codec's client
-side (tests/streamclient.py). Absence is shown with a marker message sent
+side (tests/helpers/streamclient.py). Absence is shown with a marker message sent
 after, never with a sleep.
 """
 
@@ -11,8 +11,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import NodeProcess, wait_until
-from streamclient import OK, StreamClient, error
+from helpers.nodes import NodeProcess
+from helpers.polling import wait_until
+from helpers.streamclient import OK, StreamClient, error
 
 from pubsubclub.frontends.stream import codec as c
 
@@ -159,15 +160,6 @@ def test_acked_messages_survive_kill_9_with_their_sequences(tmp_path: Path) -> N
         node.stop()
 
 
-def rss(node: NodeProcess) -> int:
-    """Resident memory of the node process, bytes."""
-    assert node.proc is not None
-    for line in Path(f"/proc/{node.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
-
-
 def test_slow_subscriber_keeps_memory_flat_while_a_fast_one_keeps_up(node: NodeProcess) -> None:
     """60 MB through one topic: a subscriber that never reads costs the node no memory; a reading one gets all."""
     slow = client(node, rcvbuf=4096)
@@ -178,7 +170,7 @@ def test_slow_subscriber_keeps_memory_flat_while_a_fast_one_keeps_up(node: NodeP
     assert fast.one() == OK
     writer = client(node)
     payload = b"x" * 1000
-    before = rss(node)
+    before = node.rss()
     sent, got = 0, 0
     for _ in range(60):  # 60 batches of 1,000 messages of 1 KB
         writer.send(c.Batch(c.BatchType.COUNT, 1000), *(c.Publish("t.flow", payload) for _ in range(1000)))
@@ -186,7 +178,7 @@ def test_slow_subscriber_keeps_memory_flat_while_a_fast_one_keeps_up(node: NodeP
         sent += 1000
         got += len(messages(fast.recv(1000)))
     assert got == sent
-    grown = rss(node) - before
+    grown = node.rss() - before
     assert grown < 40 * 1024 * 1024, f"node grew by {grown / 1e6:.1f} MB with a stuck reader"
     # The stuck reader still gets its messages, from the log, in order, once it reads.
     first = slow.recv(5)

@@ -7,10 +7,11 @@ from collections.abc import Callable
 
 import pytest
 import pytest_twisted
-from conftest import Cluster, until
-from nsdclient import NSDClient
-from streamclient import OK, StreamClient
-from wampclient import connect, leave, publish_acked, subscribe
+from helpers.nodes import Cluster
+from helpers.nsdclient import NSDClient
+from helpers.polling import until
+from helpers.streamclient import OK, StreamClient
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
 
 from pubsubclub.frontends.stream import codec as c

@@ -1,11 +1,11 @@
-"""The stream protocol codec (specs/stream-protocol.md): bracket-counting framing, requests, limits, bad input."""
+"""The stream protocol codec (docs/specs/stream-protocol.md): bracket-counting framing, requests, limits, bad input."""
 
 from __future__ import annotations
 
 import json
 
 import pytest
-from hostile import hostile_values, json_text
+from helpers.hostile import hostile_values, json_text
 from hypothesis import given, settings
 from hypothesis import strategies as st
 

@@ -1,7 +1,7 @@
 """The stream front-end's node-wide limits (issue 18): fds with many topics, topic and disk caps, bounded partial
 input, and no acknowledged publish too large for the cluster's links.
 
-Real node processes, plain sockets (tests/streamclient.py) and Autobahn WAMP sessions. Absence is shown with
+Real node processes, plain sockets (tests/helpers/streamclient.py) and Autobahn WAMP sessions. Absence is shown with
 a marker sent after, never with a sleep.
 """
 
@@ -16,12 +16,13 @@ from pathlib import Path
 import orjson
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, until, wait_until
+from helpers.nodes import Cluster, NodeProcess
+from helpers.polling import until, wait_until
+from helpers.streamclient import OK, StreamClient, error
+from helpers.wampclient import connect, leave, publish_acked
 from hypothesis import given
 from hypothesis import strategies as st
-from streamclient import OK, StreamClient, error
 from twisted.internet.task import Clock
-from wampclient import connect, leave, publish_acked
 
 from pubsubclub.config import NodeConfig, NodeSection
 from pubsubclub.core.hub import Hub
@@ -45,21 +46,6 @@ def client(node: NodeProcess) -> StreamClient:
     made = StreamClient(node.stream_port)
     made.connect()
     return made
-
-
-def fds(node: NodeProcess) -> int:
-    """Files the node process has open."""
-    assert node.proc is not None
-    return len(os.listdir(f"/proc/{node.proc.pid}/fd"))
-
-
-def rss(node: NodeProcess) -> int:
-    """Resident memory of the node process, bytes."""
-    assert node.proc is not None
-    for line in Path(f"/proc/{node.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 def stream_stats(node: NodeProcess) -> dict[str, int]:
@@ -94,23 +80,23 @@ async def test_a_flood_of_stream_topics_keeps_fds_bounded_and_the_node_answering
     """
     node = start(tmp_path, "n1", "--stream-max-open-files", "64", "--no-stream-fsync")
     try:
-        before = fds(node)
+        before = node.fds()
         flooder = client(node)
         for first in range(0, 3000, 500):
             flooder.send(*(c.Publish(f"flood.{i}", b"x") for i in range(first, first + 500)))
             assert flooder.recv(500) == [OK] * 500
-            assert fds(node) - before <= 64 + 4, f"{fds(node) - before} more fds after {first + 500} topics"
+            assert node.fds() - before <= 64 + 4, f"{node.fds() - before} more fds after {first + 500} topics"
         assert stream_stats(node)["open_files"] <= 64
         assert node.health()[0] == 200
         await leave(await connect(node.wamp_url))
         flooder.close()
         node.stop()
         node.start()
-        before = fds(node)
+        before = node.fds()
         session = await connect(node.wamp_url)
         for i in range(1000):
             await publish_acked(session, f"flood.{i}", "from wamp")
-        assert fds(node) - before <= 64 + 4
+        assert node.fds() - before <= 64 + 4
         await leave(session)
         # Every topic still reads back, its file reopened on demand.
         reader = client(node)
@@ -118,7 +104,7 @@ async def test_a_flood_of_stream_topics_keeps_fds_bounded_and_the_node_answering
         assert reader.recv(3) == [OK, c.Message("flood.0", 0, b"x"), c.Message("flood.0", 1, b"from wamp")]
         reader.send(c.Subscribe("flood.2999", E))
         assert reader.recv(2) == [OK, c.Message("flood.2999", 0, b"x")]
-        assert fds(node) - before <= 64 + 4 and node.health()[0] == 200
+        assert node.fds() - before <= 64 + 4 and node.health()[0] == 200
     finally:
         node.stop()
 
@@ -210,7 +196,7 @@ def test_declared_payloads_are_refused_early_or_bounded_node_wide(tmp_path: Path
     budget = 8 * MiB
     node = start(tmp_path, "n1", "--stream-max-pending-bytes", str(budget))
     try:
-        before = rss(node)
+        before = node.rss()
         for _ in range(40):
             sock = declare(node, 16_000_000, 0)
             assert answered_then_closed(sock) == [OK, error(c.ErrorCode.TOO_LARGE)]
@@ -218,7 +204,7 @@ def test_declared_payloads_are_refused_early_or_bounded_node_wide(tmp_path: Path
         # Each sender learns its fate: some are held, the rest answered 503 and closed.
         wait_until(lambda: stream_stats(node)["connections"] <= 10, "connections past the budget to be closed")
         assert stream_stats(node)["pending_bytes"] <= budget
-        grown = rss(node) - before
+        grown = node.rss() - before
         assert grown < 20 * MiB, f"node grew by {grown / 1e6:.1f} MB"
         writer = client(node)
         writer.send(c.Publish("small", b"still here"))

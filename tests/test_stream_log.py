@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.procfs import open_fds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -471,11 +472,6 @@ def test_offset_store_survives_reopen(tmp_path: Path) -> None:
 def disk_bytes(path: Path) -> int:
     """Bytes of every segment file under the log's folder."""
     return sum(f.stat().st_size for f in (path / "topics").glob("*/*.log"))
-
-
-def open_fds() -> int:
-    """File descriptors this process has open."""
-    return len(os.listdir("/proc/self/fd"))
 
 
 def test_idle_topics_keep_no_file_open(tmp_path: Path) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import random
 from collections.abc import Iterator
 
 import pytest
 import pytest_twisted
 import sysv_ipc
-from conftest import until
+from helpers.polling import until
+from helpers.sysvclient import random_key, remove_queue
 from twisted.internet import reactor
 
 from pubsubclub.frontends.sysv.codec import BODY_SIZE, Signal, pack
@@ -18,18 +18,9 @@ from pubsubclub.frontends.sysv.service import QueueReceiver, SysVQueue
 @pytest.fixture
 def queue() -> Iterator[SysVQueue]:
     """A queue of a random key, removed at the end."""
-    while True:
-        key = random.randint(0x10000000, 0x7FFFFFF0)
-        try:
-            sysv_ipc.MessageQueue(key)
-        except sysv_ipc.ExistentialError:
-            break
-    q = SysVQueue(key)
+    q = SysVQueue(random_key())
     yield q
-    try:
-        q.remove()
-    except sysv_ipc.ExistentialError:
-        pass
+    remove_queue(q.key)
 
 
 def test_a_missing_queue_is_created_and_an_existing_one_used(queue: SysVQueue) -> None:

@@ -17,11 +17,13 @@ from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.serializer import JsonSerializer
 from autobahn.wamp.types import ComponentConfig, SubscribeOptions
-from conftest import NodeProcess, free_port, until
-from nsdclient import NSDClient
+from helpers.nodes import NodeProcess
+from helpers.nsdclient import NSDClient
+from helpers.polling import until
+from helpers.ports import free_port
+from helpers.wampclient import TIMEOUT, connect, leave
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint
-from wampclient import TIMEOUT, connect, leave
 from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow
@@ -239,15 +241,6 @@ async def test_a_result_too_big_for_the_caller_is_an_error_not_a_dropped_session
         node.stop()
 
 
-def rss_mib(node: NodeProcess) -> float:
-    """The node process's resident memory."""
-    assert node.proc is not None
-    for line in Path(f"/proc/{node.proc.pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise AssertionError("no VmRSS")
-
-
 @pytest_twisted.ensureDeferred
 async def test_dealer_tables_empty_and_memory_does_not_grow_over_rounds(tmp_path: Path) -> None:
     """Sessions register 20,000 procedures (and subscribe) and leave, three times: after each round every dealer
@@ -269,7 +262,7 @@ async def test_dealer_tables_empty_and_memory_does_not_grow_over_rounds(tmp_path
             await leave(*sessions)
             await until(lambda: node.stats()["wamp"]["sessions"] == 0, "every session gone")
             assert set(node.stats()["wamp"]["dealer"].values()) == {0}
-            after.append(rss_mib(node))
+            after.append(node.rss() / 2**20)
         # Freed memory is kept by Python's allocator for reuse, not always returned to the OS: what matters is that
         # the second and third rounds fit in what the first left (a few MiB of slack for the allocator and logs).
         assert after[2] <= after[0] + 8, after

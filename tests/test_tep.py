@@ -18,11 +18,13 @@ from typing import Any
 
 import pytest
 import pytest_twisted
-from conftest import OPS_TOKEN, Cluster, NodeProcess, free_port, start_cluster, until, wait_until
-from rawws import RECV_SECONDS, close_of
-from wampclient import connect as wamp_connect
-from wampclient import leave, publish_acked, subscribe
-from websockets.sync.client import ClientConnection, connect
+from helpers.nodes import OPS_TOKEN, Cluster, NodeProcess, start_cluster
+from helpers.polling import until, wait_until
+from helpers.ports import free_port
+from helpers.rawws import close_of
+from helpers.tepclient import join, recv, send, tep
+from helpers.wampclient import connect as wamp_connect
+from helpers.wampclient import leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
 
@@ -33,33 +35,6 @@ BROADCAST_TOPIC = "$tep.broadcast"
 
 
 # -- helpers ---------------------------------------------------------------------------
-
-
-def tep(node: NodeProcess) -> ClientConnection:
-    """A TEP client connected to ``node``."""
-    return connect(node.tep_url, open_timeout=5, close_timeout=2, compression=None, max_size=None, legacy=True)
-
-
-def send(ws: ClientConnection, topic: str | None, payload: Any) -> None:
-    """Send one TEP frame."""
-    frame = {"payload": payload} if topic is None else {"topic": topic, "payload": payload}
-    ws.send(json.dumps(frame))
-
-
-def recv(ws: ClientConnection, timeout: float = RECV_SECONDS) -> Any:
-    """The next frame from the node, decoded."""
-    try:
-        data = ws.recv(timeout=timeout)
-    except TimeoutError:
-        raise AssertionError(f"no TEP frame from the node within {timeout} s") from None
-    assert isinstance(data, str), f"the node sent a binary frame: {data!r:.80}"
-    return json.loads(data)
-
-
-def join(ws: ClientConnection, *channels: str) -> None:
-    """Join ``channels`` and check they were all accepted."""
-    send(ws, "join", list(channels))
-    assert recv(ws) == {"topic": "@join", "payload": list(channels)}
 
 
 def ops_post(node: NodeProcess, path: str, body: Any, token: str | None = OPS_TOKEN) -> tuple[int, Any]:

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 import pytest
-from hostile import hostile_values, json_text
+from helpers.hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 

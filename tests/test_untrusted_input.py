@@ -19,12 +19,13 @@ import msgpack
 import orjson
 import pytest
 import pytest_twisted
-from conftest import Cluster, NodeProcess, until
-from nsdclient import SUCCESS, NSDClient
-from rawws import RECV_SECONDS, close_of
-from test_tep import join, recv, send, tep
-from wampclient import connect, leave, publish_acked, subscribe
-from websockets.sync.client import ClientConnection
+from helpers.nodes import Cluster, NodeProcess, assert_clean_log
+from helpers.nsdclient import SANE_WHEN, SUCCESS, NSDClient
+from helpers.polling import until
+from helpers.pscpeer import psc_producer
+from helpers.rawws import RECV_SECONDS, close_of
+from helpers.tepclient import join, recv, send, tep
+from helpers.wampclient import connect, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
 
 from pubsubclub.frontends.nsd.store import NSDStore
@@ -33,8 +34,6 @@ pytestmark = pytest.mark.slow
 
 #: The issue's publish: a complete NSD Message whose ``when`` is SQLite's largest integer.
 POISON = {"_class": "Message", "body": "x", "when": 9223372036854775807}
-#: Any sane ``when`` (microseconds since the epoch) is far below this.
-SANE_WHEN = 2**62
 #: Messages in the WAMP batch that must cross the cluster after the poison.
 BATCH = 300
 
@@ -61,12 +60,6 @@ def assert_nsd_answers(node: NodeProcess, identity: str) -> list[dict[str, Any]]
         client.close()
     assert all(type(m["when"]) is int and 0 < m["when"] < SANE_WHEN for m in messages), messages
     return [m for m in messages if m["from"] != identity]
-
-
-def assert_clean_log(node: NodeProcess) -> None:
-    """Nothing went unhandled in the node (a traceback in its log is an internal error)."""
-    text = node.log_path.read_text()
-    assert "Traceback" not in text and "Unhandled" not in text, text[-3000:]
 
 
 async def assert_wamp_batch_crosses(sender: NodeProcess, receiver: NodeProcess, topic: str) -> None:
@@ -301,15 +294,6 @@ def test_hostile_tep_gets_error_frames_and_the_connection_stays(node: NodeProces
     ws.close()
     observer.close()
     assert_clean_log(node)
-
-
-def psc_producer(node: NodeProcess) -> ClientConnection:
-    """A raw producer link to ``node`` (which listens as consumer): handshake done, its PSC201 read."""
-    ws = ws_connect(node.psc_url, subprotocols=["pubsubclub"], open_timeout=5, close_timeout=2, legacy=True)
-    hello = json.loads(ws.recv(timeout=RECV_SECONDS))
-    assert hello[0] == 101
-    ws.send(json.dumps([102, [0, 2]]))
-    return ws
 
 
 @pytest_twisted.ensureDeferred

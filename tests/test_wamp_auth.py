@@ -26,12 +26,13 @@ from autobahn.wamp.cryptosign import CryptosignKey
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.serializer import JsonSerializer
 from autobahn.wamp.types import ComponentConfig, SessionDetails
-from conftest import REPO, WAIT_SECONDS, Cluster, NodeProcess, start_cluster, until
-from nsdclient import SUCCESS, NSDClient
-from rawws import RECV_SECONDS, close_of
+from helpers.nodes import REPO, Cluster, NodeProcess, start_cluster
+from helpers.nsdclient import SUCCESS, NSDClient
+from helpers.polling import WAIT_SECONDS, until
+from helpers.rawws import RECV_SECONDS, close_of
+from helpers.wampclient import TIMEOUT, leave, publish_acked, subscribe
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint
-from wampclient import TIMEOUT, leave, publish_acked, subscribe
 from websockets.sync.client import connect as ws_connect
 
 from pubsubclub.cli import command as cli

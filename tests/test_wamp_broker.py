@@ -19,7 +19,7 @@ from autobahn.wamp.exception import ApplicationError, InvalidUriError, ProtocolE
 from autobahn.wamp.role import RoleSubscriberFeatures
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig, PublishOptions, SubscribeOptions
-from hostile import hostile_values, json_text
+from helpers.hostile import hostile_values, json_text
 from hypothesis import given
 from hypothesis import strategies as st
 from twisted.internet import defer, threads

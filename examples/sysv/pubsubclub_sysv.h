@@ -1,7 +1,7 @@
 /*
  * pubsubclub_sysv.h - the System V message-queue protocol of a pubsubclub node.
  *
- * The wire of ../../../shared/specs/sysv-protocol.pl.md with the values the
+ * The wire of ../../docs/specs/sysv-protocol.pl.md with the values the
  * project chose where the spec leaves them open (docs/sysv.md). The Python
  * side (pubsubclub/frontends/sysv/codec.py, class Signal) uses exactly these
  * numbers; tests/test_sysv_codec.py parses this file and checks that they agree.

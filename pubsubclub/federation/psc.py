@@ -1,7 +1,7 @@
 """PubSubClub protocol codec (sans-IO: no Twisted, no sockets).
 
 Every message is a JSON array whose first item is the integer message type
-(see ``specs/pubsubclub-protocol.md`` and docs/protocol.md). :func:`decode`
+(see ``docs/specs/pubsubclub-protocol.md`` and docs/protocol.md). :func:`decode`
 turns one WebSocket text message into one of the frozen dataclasses below and
 raises :class:`PSCDecodeError` - the only error it raises - for anything that
 is not exactly a valid message. :func:`encode` does the reverse.

@@ -1,6 +1,6 @@
 """NSD publish/subscribe protocol codec (sans-IO: no Twisted, no sockets).
 
-``specs/nsd-protocol.html``: one JSON object per line, every object has a
+``docs/specs/nsd-protocol.html``: one JSON object per line, every object has a
 ``_class``. :class:`LineFramer` cuts a byte stream into lines with a hard cap
 that never buffers more than the cap; :func:`decode_request` turns one line
 into a request dataclass or raises :class:`NSDRequestError`, whose

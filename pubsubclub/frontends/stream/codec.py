@@ -1,4 +1,4 @@
-"""The stream protocol's wire format (specs/stream-protocol.md), sans-IO: the decoders, and every name by one path.
+"""The stream protocol's wire format (docs/specs/stream-protocol.md), sans-IO: the decoders, and every name by one path.
 
 A stream is a sequence of JSON headers, each a single object, some followed by
 raw payload bytes (``Publish`` from a client, ``Message`` from the server,

@@ -1,4 +1,4 @@
-"""The stream front-end (specs/stream-protocol.md): Kafka-style clients on port 7878, over the node's durable log.
+"""The stream front-end (docs/specs/stream-protocol.md): Kafka-style clients on port 7878, over the node's durable log.
 
 Wire handling is :mod:`pubsubclub.frontends.stream.codec` (sans-IO); storage is
 :mod:`pubsubclub.frontends.stream.log`. The service and this module join them to the hub:

@@ -1,6 +1,6 @@
 """System V queue protocol codec (sans-IO: no Twisted, no queue).
 
-Every message on the queue is the spec's ``struct message`` (specs/sysv-protocol.pl.md,
+Every message on the queue is the spec's ``struct message`` (docs/specs/sysv-protocol.pl.md,
 our choices in docs/sysv.md)::
 
     struct message { long receiver; int sender; int type; char shortText[16]; char longText[256]; };

@@ -1,6 +1,6 @@
 """The System V front-end: C programs on a message queue, on the node's hub.
 
-The protocol is specs/sysv-protocol.pl.md; the wire is
+The protocol is docs/specs/sysv-protocol.pl.md; the wire is
 :mod:`pubsubclub.frontends.sysv.codec`; every choice the spec leaves open is in
 docs/sysv.md. The parts, from the inside out:
 

@@ -1,7 +1,7 @@
 """Transport Exchange Protocol codec (sans-IO: no Twisted, no sockets).
 
 Every TEP message is one JSON object in one WebSocket text frame
-(``specs/tep-protocol.md``; our choices are in docs/tep.md). Clients send
+(``docs/specs/tep-protocol.md``; our choices are in docs/tep.md). Clients send
 ``{"topic": ..., "payload": ...}``: topic ``join``/``leave`` with a list of
 channels, or a channel name to publish to. The server sends replies on
 ``@join``/``#join``/``@leave``/``#leave``, events ``{"topic", "payload"}``,

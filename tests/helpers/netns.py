@@ -36,13 +36,10 @@ import random
 import re
 import shutil
 import subprocess
-import sys
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-from conftest import NodeProcess
+from helpers.nodes import NodeProcess
 
 #: Programs the namespaces need (Debian: iproute2, nftables; ``make sysdeps`` installs them).
 TOOLS = ("ip", "nft")
@@ -238,92 +235,16 @@ def network(count: int) -> Iterator[Network]:
 
 
 class NetnsNode(NodeProcess):
-    """A ``pubsubclub node`` process inside node ``k``'s namespace, listening on that node's address."""
+    """A ``pubsubclub node`` process inside node ``k``'s namespace, listening on that node's address.
+
+    The launcher is :class:`helpers.nodes.NodeProcess`'s: only the address, the fixed ports and
+    the ``ip netns exec`` wrapper differ.
+    """
 
     def __init__(self, net: Network, k: int, log_dir: Path, extra: tuple[str, ...] = ()) -> None:
-        super().__init__(f"node{k}", log_dir, extra=extra)
+        super().__init__(f"node{k}", log_dir)
         self.host = net.address(k)
         self.netns = net.namespace(k)
+        self.wrapper = ("ip", "netns", "exec", self.netns)
         self.wamp_port, self.psc_port, self.http_port = WAMP_PORT, PSC_PORT, HTTP_PORT
-
-    @property
-    def psc_url(self) -> str:
-        """The PSC URL other nodes dial."""
-        return f"ws://{self.host}:{self.psc_port}/psc"
-
-    @property
-    def wamp_url(self) -> str:
-        """The WAMP WebSocket URL, reachable from the root namespace."""
-        return f"ws://{self.host}:{self.wamp_port}/ws"
-
-    @property
-    def http_url(self) -> str:
-        """The WAMP listener's web root."""
-        return f"http://{self.host}:{self.wamp_port}/"
-
-    @property
-    def ops_url(self) -> str:
-        """The operations listener's root (/health, /stats, /metrics)."""
-        return f"http://{self.host}:{self.http_port}/"
-
-    def command(self) -> list[str]:
-        """``ip netns exec <ns> python -m pubsubclub node ...`` on the namespace's address."""
-        host = self.host
-        cmd = [
-            "ip",
-            "netns",
-            "exec",
-            self.netns,
-            sys.executable,
-            "-m",
-            "pubsubclub",
-            "node",
-            "--name",
-            self.name,
-            "--wamp",
-            f"tcp:{self.wamp_port}:interface={host}",
-            "--psc",
-            f"tcp:{self.psc_port}:interface={host}",
-            "--http",
-            f"tcp:{self.http_port}:interface={host}",
-            "--advertise",
-            self.psc_url,
-            "--no-chat-page",
-            "--log-level",
-            "info",
-            *self.extra,
-        ]
-        for peer in self.peers:
-            cmd += ["--peer", peer]
-        return cmd
-
-    def metrics(self) -> str:
-        """The node's ``/metrics`` text (Prometheus format)."""
-        with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/metrics", timeout=5) as r:
-            return str(r.read().decode())
-
-    def health(self) -> tuple[int, dict[str, Any]]:
-        """Status code and JSON body of ``GET /health``."""
-        import urllib.error
-
-        try:
-            with urllib.request.urlopen(f"http://{self.host}:{self.http_port}/health", timeout=5) as r:
-                return r.status, dict(json.loads(r.read()))
-        except urllib.error.HTTPError as e:
-            return e.code, dict(json.loads(e.read()))
-
-
-def metric_value(text: str, name: str, **labels: str) -> float:
-    """The value of sample ``name{labels}`` in Prometheus text, 0 when absent."""
-    total = 0.0
-    for line in text.splitlines():
-        if not line.startswith(name):
-            continue
-        head, _, value = line.rpartition(" ")
-        sample, _, label_text = head.partition("{")
-        if sample != name:
-            continue
-        found = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', label_text))
-        if all(found.get(k) == v for k, v in labels.items()):
-            total += float(value)
-    return total
+        self.extra = ("--advertise", self.psc_url, "--no-chat-page", *extra)

@@ -12,7 +12,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from conftest import REPO, WAIT_SECONDS, free_port
+from helpers.nodes import REPO
+from helpers.polling import WAIT_SECONDS
+from helpers.ports import free_port
 
 
 class ConsulDoubleProcess:

@@ -6,8 +6,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from conftest import NodeProcess, until, wait_until
-
+from helpers.nodes import NodeProcess
+from helpers.polling import until, wait_until
 from pubsubclub.testing.crossbar import CrossbarProcess
 
 

@@ -72,3 +72,7 @@ SUCCESS = {"_class": "SuccessResponse"}
 def error(text: str) -> dict[str, Any]:
     """An ErrorResponse with ``text``."""
     return {"_class": "ErrorResponse", "error": text}
+
+
+#: Any sane ``when`` (microseconds since the epoch) is far below this.
+SANE_WHEN = 2**62

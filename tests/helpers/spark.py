@@ -1,20 +1,16 @@
-"""The report tests' one local Spark session, an exact frame comparison and dump writers (a pytest plugin).
-
-PYTEST_DONT_REWRITE: imported by the test modules before pytest registers it as a plugin.
-"""
+"""The report tests' Spark settings, an exact frame comparison and dump writers (the session: conftest's ``spark``)."""
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import orjson
-import pytest
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame
 
-from pubsubclub.reports.job import DEFAULT_CONF, start_spark
+from pubsubclub.reports.job import DEFAULT_CONF
 
 #: 2026-01-01T00:00:00Z, the generator's first interval start and a minute boundary.
 T0 = 1_767_225_600.0
@@ -46,22 +42,6 @@ TEST_CONF = {
 def conf_flags(conf: dict[str, str]) -> list[str]:
     """``conf`` as ``--conf key=value`` flags (of spark-submit and ``pubsubclub report``)."""
     return [flag for key, value in conf.items() for flag in ("--conf", f"{key}={value}")]
-
-
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """One local[2] SparkSession for every report test of the run."""
-    session = start_spark("local[2]", TEST_CONF)
-    yield session
-    session.stop()
-
-
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Put every test that uses ``spark`` in one xdist group: one worker, so one JVM, runs them all."""
-    for item in items:
-        if "spark" in getattr(item, "fixturenames", ()):
-            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 def _hashable(value: Any) -> Any:

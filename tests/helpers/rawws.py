@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import time
+from typing import Any
 
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import ClientConnection
+from websockets.sync.server import ServerConnection
+
+from helpers.nodes import NodeProcess
 
 #: Upper bound for one wait on a raw connection.
 RECV_SECONDS = 5.0
+
+
+def recv_json(ws: ClientConnection | ServerConnection, timeout: float = RECV_SECONDS, what: str = "message") -> Any:
+    """The next text message from the peer, decoded; ``what`` names it when none comes within ``timeout``."""
+    try:
+        data = ws.recv(timeout=timeout)
+    except TimeoutError:
+        raise AssertionError(f"no {what} from the node within {timeout} s") from None
+    assert isinstance(data, str), f"the node sent a binary frame: {data!r:.80}"
+    return json.loads(data)
 
 
 def close_of(ws: ClientConnection, timeout: float = RECV_SECONDS) -> tuple[int | None, str | None]:
@@ -123,3 +138,34 @@ class SocketWebSocket:
     def close(self) -> None:
         """Close the socket."""
         self.sock.close()
+
+
+class Wamp(SocketWebSocket):
+    """A WAMP v2 JSON session on a bare socket."""
+
+    def __init__(self, node: NodeProcess, rcvbuf: int | None = None) -> None:
+        super().__init__(node.wamp_port, "/ws", "wamp.2.json", rcvbuf)
+        self.request = 0
+        self.send_text(json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]))
+        assert json.loads(self.recv_text())[0] == 2  # WELCOME
+
+    def subscribe(self, topic: str) -> None:
+        """SUBSCRIBE and wait for SUBSCRIBED."""
+        self.request += 1
+        self.send_text(json.dumps([32, self.request, {}, topic]))
+        assert json.loads(self.recv_text())[0] == 33
+
+    def publish(self, topic: str, *args: object, acknowledge: bool = False) -> None:
+        """PUBLISH (and wait for PUBLISHED when acknowledged)."""
+        self.request += 1
+        options = {"acknowledge": True} if acknowledge else {}
+        self.send_text(json.dumps([16, self.request, options, topic, list(args)]))
+        if acknowledge:
+            assert json.loads(self.recv_text())[0] == 17
+
+    def next_event(self) -> list[object]:
+        """The args of the next EVENT."""
+        while True:
+            msg = json.loads(self.recv_text())
+            if msg[0] == 36:
+                return list(msg[4])
