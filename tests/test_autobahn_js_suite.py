@@ -14,8 +14,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from autobahn_js import ROUTER_FILES, FileResult, RoundRobinProxy, prepare, run_suite, suite_required, suite_source
-from conftest import Cluster, NodeProcess, free_port
+from helpers.autobahn_js import (
+    ROUTER_FILES,
+    FileResult,
+    RoundRobinProxy,
+    prepare,
+    run_suite,
+    suite_required,
+    suite_source,
+)
+from helpers.nodes import Cluster, NodeProcess
+from helpers.ports import free_port
 
 from pubsubclub.testing.crossbar import CrossbarProcess, router_config
 

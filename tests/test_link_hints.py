@@ -6,7 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import NodeProcess, free_port, wait_until
+from helpers.nodes import NodeProcess
+from helpers.polling import wait_until
+from helpers.ports import free_port
 
 from pubsubclub.federation.hints import link_failure_hint
 

@@ -10,9 +10,10 @@ import pytest
 import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, RegisterOptions
-from conftest import Cluster, NodeProcess, until
+from helpers.nodes import Cluster, NodeProcess
+from helpers.polling import until
+from helpers.wampclient import connect, leave
 from twisted.internet import defer
-from wampclient import connect, leave
 
 pytestmark = pytest.mark.slow
 

@@ -7,7 +7,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 
-from conftest import REPO, WAIT_SECONDS, Cluster, free_port
+from helpers.nodes import REPO, Cluster
+from helpers.polling import WAIT_SECONDS
+from helpers.ports import free_port
 
 
 def status(*args: str) -> subprocess.CompletedProcess[str]:

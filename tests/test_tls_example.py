@@ -11,10 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest_twisted
-from conftest import REPO, WAIT_SECONDS, NodeProcess, until
+from helpers.nodes import REPO, NodeProcess
+from helpers.polling import WAIT_SECONDS, until
+from helpers.wampclient import connect as wamp_connect
+from helpers.wampclient import leave, publish_acked, subscribe
 from twisted.internet.ssl import Certificate
-from wampclient import connect as wamp_connect
-from wampclient import leave, publish_acked, subscribe
 
 TOPIC = "com.example.tls"
 

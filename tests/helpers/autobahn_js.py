@@ -32,7 +32,7 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parent.parent.parent
 JS = REPO / "js"
 VITEST = JS / "node_modules" / "vitest" / "vitest.mjs"
 #: The npm release whose lib/ the suite's tests load (an alias in js/package.json).
