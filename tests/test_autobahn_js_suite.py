@@ -1,7 +1,7 @@
 """Autobahn|JS's router integration suite against one node and against two linked nodes.
 
 The suite (crossbario/autobahn-js v26.3.1, ``packages/autobahn/test``) is not vendored:
-tests/autobahn_js.py takes it from ``$PUBSUBCLUB_AUTOBAHN_JS`` or ``../shared/autobahn-js``
+tests/helpers/autobahn_js.py takes it from ``$PUBSUBCLUB_AUTOBAHN_JS`` or ``../shared/autobahn-js``
 (no registry ships it) and runs it with the vitest pinned in js/. Without a copy the
 tests skip, unless ``$PUBSUBCLUB_AUTOBAHN_JS_REQUIRED`` is set (``make router-suite``
 sets it). docs/conformance.md says how to run it and why each failing file fails.
