@@ -10,7 +10,7 @@ CROSSBAR_VENV    := .crossbar-venv
 CROSSBAR_VERSION := 26.10.1
 CROSSBAR_STAMP   := $(CROSSBAR_VENV)/.installed-$(CROSSBAR_VERSION)
 
-.PHONY: demo test test-deps lint unit js crossbar browser sysdeps bench bench-peers clean
+.PHONY: demo test test-deps lint unit js crossbar browser sysdeps bench bench-peers router-suite clean
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,6 +80,13 @@ bench: $(STAMP)
 BENCH_PEERS_ARGS ?= --runs 3
 bench-peers: $(STAMP) $(CROSSBAR_STAMP)
 	$(VENV)/bin/pubsubclub bench --scenario peers $(BENCH_PEERS_ARGS)
+
+# Autobahn|JS's router integration suite against one node, two nodes with connections
+# alternating between them, and Crossbar.io as the control (docs/conformance.md). No registry
+# ships the suite: PUBSUBCLUB_AUTOBAHN_JS names a copy of crossbario/autobahn-js (or
+# ../shared/autobahn-js is used); here its absence fails instead of skipping.
+router-suite: $(STAMP) $(JS) $(CROSSBAR_STAMP)
+	PUBSUBCLUB_AUTOBAHN_JS_REQUIRED=1 $(VENV)/bin/pytest -v -s -p no:cacheprovider tests/test_autobahn_js_suite.py
 
 clean:
 	rm -rf $(VENV) $(CROSSBAR_VENV) js/node_modules .pytest_cache .mypy_cache .ruff_cache .hypothesis
