@@ -156,6 +156,7 @@ class WampFrontend(Frontend):
             auth=auth,
             reactor=reactor,
             await_interest=config.wamp.await_interest,
+            disclose_publisher=config.wamp.disclose_publisher,
             max_call_seconds=config.wamp.call_timeout,
             max_pending_calls=config.wamp.max_pending_calls,
             login_throttle=login_throttle,
