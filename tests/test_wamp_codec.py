@@ -247,7 +247,11 @@ def test_common_publishes_take_the_fast_path(raw: list[Any]) -> None:
     [
         ({"disclose_me": True}, None, True),
         ({"exclude": [5, 7], "eligible_authrole": ["r"]}, {"x": [5, 7], "er": ["r"]}, None),
-        ({"eligible": [1], "exclude_authid": ["a"], "eligible_authid": ["b"]}, {"e": [1], "xa": ["a"], "ea": ["b"]}, None),
+        (
+            {"eligible": [1], "exclude_authid": ["a"], "eligible_authid": ["b"]},
+            {"e": [1], "xa": ["a"], "ea": ["b"]},
+            None,
+        ),
         ({"exclude_authrole": ["x"], "disclose_me": "yes"}, {"xr": ["x"]}, None),
     ],
 )
