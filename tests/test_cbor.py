@@ -146,6 +146,8 @@ def _nested(depth: int) -> Any:
         (cbor2.dumps([16, 2, {}, "t", [2**64]]), "CBOR tags are not accepted"),
         (cbor2.dumps([16, 2, {}, "t", [cbor2.CBORTag(1, 0)]]), "CBOR tags are not accepted"),
         (cbor2.dumps([16, 2, {}, "t", [cbor2.CBORTag(4242, 0)]]), "CBOR tags are not accepted"),
+        (cbor2.dumps([16, 2, {}, "t", [cbor2.CBORTag(64, "not bytes")]]), "CBOR tags are not accepted"),
+        (cbor2.dumps([16, 2, {}, "t", [cbor2.CBORTag(65, b"\x00\x01")]]), "CBOR tags are not accepted"),
         (cbor2.dumps([16, 2, {}, "t", [cbor2.undefined]]), "UndefinedType is not JSON"),
         (cbor2.dumps([16, 2, {}, "t", [float("nan")]]), "non-finite number (nan) is not JSON"),
         (b"\x85\x10\x02\xa0\x61t\x81\x5b" + (2**62).to_bytes(8, "big") + b"ab", "premature end of stream"),
@@ -169,6 +171,23 @@ def test_cbor_beyond_the_bounds_is_aborted(tmp_path: Path, publish: bytes, probl
         assert raw.closed()
     finally:
         node.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_uint8_typed_array_is_bytes(pair: Cluster) -> None:
+    """Tag 64 (RFC 8746 uint8 typed array, as Autobahn|JS's CBOR writes a Uint8Array) is taken as its bytes."""
+    topic = "cbor.typed"
+    sessions, recs = await subscribers(pair, topic)
+    raw = Raw(raw_port(pair[0]))
+    assert raw.handshake((0xF << 4) | 3) == bytes([0x7F, (11 << 4) | 3, 0, 0])
+    raw.frame(0, cbor2.dumps([1, "realm1", {"roles": {"publisher": {}}}]))
+    assert cbor2.loads(raw.next_frame()[1])[0] == 2
+    raw.frame(0, cbor2.dumps([16, 7, {"acknowledge": True}, topic, [{"data": cbor2.CBORTag(64, b"\x00\xfe")}]]))
+    assert cbor2.loads(raw.next_frame()[1])[:2] == [17, 7]  # PUBLISHED
+    for rec in recs:
+        await rec.wait_for(1)
+        assert rec.args == [{"data": b"\x00\xfe"}]
+    await leave(*sessions)
 
 
 def test_the_same_depth_is_the_limit_in_json_msgpack_and_cbor() -> None:

@@ -20,7 +20,8 @@ module adds what a public-facing router needs on top:
 
 CBOR (``wamp.2.cbor``, RawSocket serializer 3) is Autobahn's serializer on the
 ``cbor2`` package, decoding with ``cbor2``'s own depth limit and every tag
-refused: a tag is never JSON, and the value-sharing (28/29) and
+refused but tag 64 (RFC 8746's uint8 typed array, which Autobahn|JS writes for
+a ``Uint8Array``: its bytes): a tag is never JSON, and the value-sharing (28/29) and
 string-reference (25/256) tags would let a small message decode into a
 structure far larger than its bytes (each reference re-encoded in full for a
 JSON subscriber).
@@ -248,6 +249,18 @@ def _refuse_tag(*_: Any) -> Any:
     raise ValueError("CBOR tags are not accepted (a tagged value is not JSON)")
 
 
+#: RFC 8746's "uint8 typed array": a byte string under tag 64, which Autobahn|JS's CBOR
+#: (node-cbor) writes for every ``Uint8Array`` that is not a Node ``Buffer``.
+_UINT8_ARRAY = 64
+
+
+def _tag_hook(tag: Any, _immutable: bool) -> Any:
+    """A tag cbor2 does not decode itself: a uint8 typed array is its bytes, any other is refused."""
+    if tag.tag == _UINT8_ARRAY and type(tag.value) is bytes:
+        return tag.value
+    return _refuse_tag()
+
+
 #: The tags cbor2 decodes by itself (the rest reach ``tag_hook``): each refused.
 _CBOR_NATIVE_TAGS = (0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261, 1004, 43000, 55799)
 _CBOR_REFUSALS = {tag: _refuse_tag for tag in _CBOR_NATIVE_TAGS}
@@ -264,7 +277,7 @@ class _BoundedCBORObjectSerializer(CBORObjectSerializer):  # type: ignore[misc]
         """Decode (depth-limited, tags refused), then check as MessagePack is checked."""
         try:
             raw = cbor2.loads(
-                payload, max_depth=self._bounds.max_depth, semantic_decoders=_CBOR_REFUSALS, tag_hook=_refuse_tag
+                payload, max_depth=self._bounds.max_depth, semantic_decoders=_CBOR_REFUSALS, tag_hook=_tag_hook
             )
         except cbor2.CBORDecodeError as e:
             cause = e.__cause__ or e.__context__
