@@ -73,8 +73,8 @@ async def test_autobahn_rawsocket_clients_meet_websocket_clients(node: NodeProce
 
 
 def test_handshake_negotiates_serializer_and_length(node: NodeProcess) -> None:
-    """JSON (1) and MessagePack (2) are answered with the server's LENGTH (1 MiB -> 11) and the same serializer."""
-    for serializer in (1, 2):
+    """JSON (1), MessagePack (2) and CBOR (3) are answered with the server's LENGTH (1 MiB -> 11) and the serializer."""
+    for serializer in (1, 2, 3):
         raw = Raw(node.raw_port)  # type: ignore[attr-defined]
         assert raw.handshake((0xF << 4) | serializer) == bytes([0x7F, (11 << 4) | serializer, 0, 0])
 
@@ -82,7 +82,7 @@ def test_handshake_negotiates_serializer_and_length(node: NodeProcess) -> None:
 @pytest.mark.parametrize(
     ("octet2", "reserved", "answer"),
     [
-        ((0xF << 4) | 3, b"\x00\x00", bytes([0x7F, 1 << 4, 0, 0])),  # CBOR: not offered
+        ((0xF << 4) | 4, b"\x00\x00", bytes([0x7F, 1 << 4, 0, 0])),  # 4 (FlatBuffers): not offered
         ((0xF << 4) | 0, b"\x00\x00", bytes([0x7F, 1 << 4, 0, 0])),  # 0 is illegal
         ((0xF << 4) | 1, b"\x01\x00", bytes([0x7F, 3 << 4, 0, 0])),  # reserved bits
     ],

@@ -230,7 +230,7 @@ def test_decode_of_other_messages_is_autobahns(raw: list[Any], name: str, binary
     [
         [16, 1, {}, "com.example.t", [{"i": 1, "p": "x" * 100}]],
         [16, 2**53, {"acknowledge": True}, "a", [1, 2], {"k": b"\x00\x01"}],
-        [16, 3, {"exclude_me": False, "disclose_me": True}, "a.b"],
+        [16, 3, {"exclude_me": False, "x_custom": True}, "a.b"],
     ],
 )
 def test_common_publishes_take_the_fast_path(raw: list[Any]) -> None:
@@ -240,6 +240,30 @@ def test_common_publishes_take_the_fast_path(raw: list[Any]) -> None:
     assert isinstance(decoded, PublishRequest)
     assert decoded.size == len(data)
     assert _fields(decoded) == _fields(message.Publish.parse(raw))
+
+
+@pytest.mark.parametrize(
+    ("options", "routing", "disclose"),
+    [
+        ({"disclose_me": True}, None, True),
+        ({"exclude": [5, 7], "eligible_authrole": ["r"]}, {"x": [5, 7], "er": ["r"]}, None),
+        (
+            {"eligible": [1], "exclude_authid": ["a"], "eligible_authid": ["b"]},
+            {"e": [1], "xa": ["a"], "ea": ["b"]},
+            None,
+        ),
+        ({"exclude_authrole": ["x"], "disclose_me": "yes"}, {"xr": ["x"]}, None),
+    ],
+)
+def test_publish_options_take_the_slower_path_and_are_kept(
+    options: dict[str, Any], routing: dict[str, Any] | None, disclose: bool | None
+) -> None:
+    """A PUBLISH with routing options or disclose_me is Autobahn-parsed, and keeps them as a routing object."""
+    data = JSON_WAMP._serializer.serialize([16, 4, options, "a.b", [1]])
+    (decoded,) = decode(copy.copy(JSON_WAMP), data, False)
+    assert isinstance(decoded, PublishRequest)
+    assert publish_request([16, 4, options, "a.b", [1]]) is None
+    assert (decoded.routing, decoded.disclose_me, decoded.args) == (routing, disclose, [1])
 
 
 @settings(max_examples=400)

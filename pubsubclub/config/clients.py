@@ -103,6 +103,12 @@ class WampSection:
         "hold SUBSCRIBED until every linked node has the new interest, so a publish made after it on any node"
         " arrives (one round trip per link)",
     )
+    disclose_publisher: str = setting(
+        "on-request",
+        "name a publisher (session, authid, authrole) in its EVENTs' details: never, on-request (a PUBLISH with"
+        " disclose_me) or always; decided on the publisher's node",
+        choices=("never", "on-request", "always"),
+    )
 
 
 @dataclass(frozen=True)

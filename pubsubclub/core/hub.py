@@ -78,6 +78,9 @@ class Envelope:
     #: Memoised encodings, keyed by wire format (a string, or a tuple such as
     #: WAMP's ``(serializer, subscription id)``); shared by every recipient.
     wire: dict[Any, Any] = field(default_factory=dict, compare=False, repr=False)
+    #: WAMP routing object (publish options and a disclosed publisher; PSC 0.6 metadata ``"p"``),
+    #: applied by each node's WAMP broker to its own subscribers; None for a plain publish.
+    options: dict[str, Any] | None = field(default=None, compare=False)
 
 
 class LimitExceeded(Exception):
@@ -378,7 +381,14 @@ class Hub:
 
     # -- publishing --------------------------------------------------------
 
-    def envelope(self, topic: str, payload: Any, wamp_wrapped: bool = False, size: int | None = None) -> Envelope:
+    def envelope(
+        self,
+        topic: str,
+        payload: Any,
+        wamp_wrapped: bool = False,
+        size: int | None = None,
+        options: dict[str, Any] | None = None,
+    ) -> Envelope:
         """A new envelope for a message published on this node (``size``: its bytes as received, if known)."""
         return Envelope(
             topic,
@@ -388,6 +398,7 @@ class Hub:
             f"{self._id_prefix}{next(self._counter)}",
             wamp_wrapped,
             size,
+            options=options,
         )
 
     def publish(self, envelope: Envelope, exclude: Sink | None = None) -> int:

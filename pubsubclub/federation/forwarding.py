@@ -118,9 +118,16 @@ class Forwarding:
         if rich is None:
             rich = wire[_PSC_RICH] = psc.encode_publish_meta(
                 envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
-                envelope.wamp_wrapped,
+                envelope.wamp_wrapped, options=envelope.options,
             )  # fmt: skip
         return rich
+
+    def _rich_options(self, envelope: Envelope) -> bytes:
+        """The 0.6 PSC301 of a message with WAMP publish options (``"p"``), with ``"b": 1`` too if it holds bytes."""
+        try:
+            return self._rich(envelope)
+        except TypeError:
+            return self._rich_binary(envelope)
 
     @staticmethod
     def _rich_binary(envelope: Envelope) -> bytes:
@@ -134,7 +141,7 @@ class Forwarding:
         if rich is None:
             rich = wire[_PSC_BINARY] = psc.encode_publish_meta(
                 envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
-                envelope.wamp_wrapped, binary=True,
+                envelope.wamp_wrapped, binary=True, options=envelope.options,
             )  # fmt: skip
         return rich
 
@@ -155,6 +162,10 @@ class Forwarding:
         forwarded = self._forwarded
         if len(forwarded) >= MAX_HELD_COUNTS:
             self._settle()  # bounded: publishing on ever new topics must not grow the node
+        if envelope.options is not None:
+            # WAMP publish options (PSC 0.6 "p"): only links that apply them get the message.
+            self._forward_binary(envelope, sessions, streams)
+            return
         sent = 0
         try:
             if streams:
@@ -197,7 +208,7 @@ class Forwarding:
     def _forward_binary(
         self, envelope: Envelope, sessions: dict[LinkSession, None] | None, streams: dict[Stream, None] | None
     ) -> None:
-        """:meth:`local_published` for a message holding bytes: the 0.6 binary form, to 0.6 links only.
+        """:meth:`local_published` for a message holding bytes or WAMP publish options: to 0.6 links only.
 
         Older links (below 0.6: ``sessions`` all are, and streams whose
         consumer did not speak 0.6) cannot carry it and are counted as
@@ -205,13 +216,13 @@ class Forwarding:
         """
         topic = envelope.topic
         try:
-            binary = self._rich_binary(envelope)
+            binary = self._rich_binary(envelope) if envelope.options is None else self._rich_options(envelope)
         except TypeError as e:
             takers: dict[Stream, None] = {}
             error = str(e)
         else:
             takers = {stream: None for stream in streams or () if stream.binary}
-            error = "binary values, and the link is older than PSC 0.6"
+            error = "binary values or publish options, and the link is older than PSC 0.6"
         missed = len(sessions or ()) + len(streams or ()) - len(takers)
         if takers:
             assert self.outbox is not None

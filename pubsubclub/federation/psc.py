@@ -19,7 +19,11 @@ interest) adds PSC203/PSC204 (a consumer's WAMP prefix or wildcard pattern,
 pattern interest. Version 0.6 (0.5 plus binary payloads) adds ``"b": 1`` to
 the metadata of a PSC301 whose message holds binary values, written in WAMP's
 JSON convention (:mod:`pubsubclub.core.binaryjson`); :func:`decode` gives them back
-as ``bytes``.
+as ``bytes``, and ``"p"``: a WAMP publish's routing object (its
+``eligible``/``exclude`` lists by session id, authid and authrole, and a
+disclosed publisher), applied by each node to its own subscribers
+(docs/protocol.md, "Publish options"); a message that has one goes only to
+0.6 links.
 
 Every value is held to :mod:`pubsubclub.core.jsonbounds` (depth, 64-bit integers,
 finite floats, no lone surrogates). A PSC301 that is well formed except for
@@ -171,6 +175,8 @@ class Meta:
     seq: int | None = None
     #: The message holds binary values (0.6): written as :func:`binaryjson.to_json` writes them.
     binary: bool = False
+    #: The WAMP routing object (0.6, ``"p"``): publish options and a disclosed publisher.
+    options: dict[str, Any] | None = None
 
 
 @hot_message
@@ -440,8 +446,8 @@ def _publish(frame: list[Any], limits: Limits, data: bytes | str, bounded: bool)
     value = frame[3]
     if type(value) is dict:
         get = value.get
-        if get("b") is not None:
-            return _binary_publish(topic, frame[2], value)
+        if get("b") is not None or get("p") is not None:
+            return _extended_publish(topic, frame[2], value)
         origin, published_at, message_id, wrapped, seq = get("o"), get("t"), get("i"), get("w", 0), get("s")
         # Metadata as nodes write it, accepted in one test (once per message on a busy link);
         # anything else gets the checks one by one, which name the problem.
@@ -458,16 +464,59 @@ def _publish(frame: list[Any], limits: Limits, data: bytes | str, bounded: bool)
     return Publish(topic, frame[2], _checked_meta(topic, value))
 
 
-def _binary_publish(topic: str, message: Any, value: dict[str, Any]) -> Publish:
-    """A 0.6 PSC301 with binary values (metadata ``"b": 1``): its message with them as ``bytes``."""
-    if value["b"] != 1 or type(value["b"]) is not int:
-        raise PSCDecodeError("PSC301 metadata 'b' must be 1")
+def _extended_publish(topic: str, message: Any, value: dict[str, Any]) -> Publish:
+    """A 0.6 PSC301 with binary values (``"b": 1``) or a routing object (``"p"``), or both."""
     meta = _checked_meta(topic, value)
-    try:
-        message = binaryjson.from_json(message)
-    except binaryjson.BinaryDecodeError as e:
-        raise PSCPayloadError(topic, str(e)) from None
-    return Publish(topic, message, dataclasses.replace(meta, binary=True))
+    binary = value.get("b")
+    if binary is not None:
+        if binary != 1 or type(binary) is not int:
+            raise PSCDecodeError("PSC301 metadata 'b' must be 1")
+        try:
+            message = binaryjson.from_json(message)
+        except binaryjson.BinaryDecodeError as e:
+            raise PSCPayloadError(topic, str(e)) from None
+    options = value.get("p")
+    if options is not None:
+        problem = routing_problem(options)
+        if problem is not None:
+            raise PSCPayloadError(topic, f"metadata 'p': {problem}")
+    return Publish(topic, message, dataclasses.replace(meta, binary=binary is not None, options=options))
+
+
+#: Largest WAMP session id (the WAMP spec's 2**53).
+_MAX_WAMP_ID = 2**53
+#: Routing-object keys holding session ids, and those holding authids or authroles (docs/protocol.md).
+_ID_LISTS = ("e", "x")
+_NAME_LISTS = ("ea", "xa", "er", "xr")
+#: A disclosed publisher: the EVENT details it adds, with their types.
+_DISCLOSED = {"publisher": (int,), "publisher_authid": (str, type(None)), "publisher_authrole": (str, type(None))}
+
+
+def routing_problem(options: Any) -> str | None:
+    """Why ``options`` is not a routing object (PSC301 metadata ``"p"``), or None if it is.
+
+    Strict, so a node never delivers a message whose restrictions it did not
+    understand: an unknown key is refused, not ignored.
+    """
+    if type(options) is not dict or not options:
+        return "must be a non-empty object"
+    for key, value in options.items():
+        if key in _ID_LISTS:
+            if type(value) is not list or not all(type(v) is int and 0 < v <= _MAX_WAMP_ID for v in value):
+                return f"{key!r} must be a list of WAMP session ids"
+        elif key in _NAME_LISTS:
+            if type(value) is not list or not all(type(v) is str for v in value):
+                return f"{key!r} must be a list of strings"
+        elif key == "d":
+            if (
+                type(value) is not dict
+                or set(value) != set(_DISCLOSED)
+                or not all(type(value[k]) in types for k, types in _DISCLOSED.items())
+            ):
+                return "'d' must be an object of publisher, publisher_authid and publisher_authrole"
+        else:
+            return f"unknown key {str(key)[:20]!r}"
+    return None
 
 
 def _checked_meta(topic: str, value: Any) -> Meta:
@@ -538,7 +587,15 @@ def encode_publish(topic: str, message: Any, meta: Meta | None = None) -> bytes:
     if meta is None:
         return orjson.dumps([PUBLISH, topic, message])
     return encode_publish_meta(
-        topic, message, meta.origin, meta.published_at, meta.message_id, meta.wamp_wrapped, meta.seq, meta.binary
+        topic,
+        message,
+        meta.origin,
+        meta.published_at,
+        meta.message_id,
+        meta.wamp_wrapped,
+        meta.seq,
+        meta.binary,
+        meta.options,
     )
 
 
@@ -551,11 +608,13 @@ def encode_publish_meta(
     wamp_wrapped: bool = False,
     seq: int | None = None,
     binary: bool = False,
+    options: dict[str, Any] | None = None,
 ) -> bytes:
     """:func:`encode_publish` with the fields of its :class:`Meta` (none made: once per forwarded message).
 
     ``binary``: write ``message``'s bytes in WAMP's JSON convention and flag it (0.6 links only);
-    without it a message holding bytes raises TypeError (orjson's "not JSON").
+    without it a message holding bytes raises TypeError (orjson's "not JSON"). ``options``: the
+    WAMP routing object (``"p"``, 0.6 links only).
     """
     fields: dict[str, Any] = {}
     if origin is not None:
@@ -569,6 +628,8 @@ def encode_publish_meta(
     if binary:
         fields["b"] = 1
         message = binaryjson.to_json(message)
+    if options is not None:
+        fields["p"] = options
     if seq is not None:
         fields["s"] = seq  # last: seq_head() cuts here
     return orjson.dumps([PUBLISH, topic, message, fields])

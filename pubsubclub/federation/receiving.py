@@ -194,8 +194,9 @@ class Receiving:
                 origin = meta.origin or peer_node
                 published_at = meta.published_at
                 envelope = Envelope(
-                    message.topic, message.message, origin, published_at, meta.message_id, meta.wamp_wrapped, size
-                )
+                    message.topic, message.message, origin, published_at, meta.message_id, meta.wamp_wrapped, size,
+                    options=meta.options,
+                )  # fmt: skip
                 if published_at is not None and origin is not None:
                     waits = latencies.get(origin)
                     if waits is None:

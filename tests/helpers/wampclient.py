@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.twisted.websocket import WampWebSocketClientFactory
 from autobahn.wamp import auth
-from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
+from autobahn.wamp.serializer import CBORSerializer, JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig, PublishOptions
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint, wrapClientTLS
@@ -92,7 +92,7 @@ async def connect(
                 joined.errback(ConnectionError(f"left before joining: {details.reason} {details.message}"))
             super().onLeave(details)
 
-    ser = {"json": JsonSerializer(), "msgpack": MsgPackSerializer()}[serializer]
+    ser = {"json": JsonSerializer(), "msgpack": MsgPackSerializer(), "cbor": CBORSerializer()}[serializer]
     factory = WampWebSocketClientFactory(lambda: Session(ComponentConfig(realm)), url=url, serializers=[ser])
     parts = urlsplit(url)
     endpoint: Any = TCP4ClientEndpoint(reactor, parts.hostname, parts.port, timeout=5)

@@ -14,7 +14,9 @@ still goes through Autobahn's classes.
   range, options holding at most ``acknowledge``/``exclude_me`` as booleans and
   keys Autobahn ignores, a loose URI topic, list args, dict kwargs with string
   keys). Any other PUBLISH is handed to ``Publish.parse`` itself, so every
-  refusal, and its wording, is Autobahn's own. ``tests/test_wamp_codec.py``
+  refusal, and its wording, is Autobahn's own. So is every PUBLISH with
+  routing options (``eligible``, ``exclude``, ... or ``disclose_me``): they take
+  this slower path, and the plain publish pays nothing for them. ``tests/test_wamp_codec.py``
   checks on random messages that both accept and refuse the same, with the
   same fields.
 - :func:`event_message` is the EVENT as a list, as ``Event.marshal`` writes
@@ -33,7 +35,17 @@ from typing import Any, NamedTuple
 from autobahn.wamp import message
 from autobahn.wamp.exception import ProtocolError
 
-__all__ = ["EVENT", "PUBLISH", "PublishRequest", "decode", "event_message", "publish_request"]
+__all__ = [
+    "DISCLOSED",
+    "EVENT",
+    "PUBLISH",
+    "ROUTING_KEYS",
+    "PublishRequest",
+    "decode",
+    "event_message",
+    "publish_request",
+    "routing_options",
+]
 
 PUBLISH = message.Publish.MESSAGE_TYPE
 EVENT = message.Event.MESSAGE_TYPE
@@ -60,6 +72,37 @@ _CHECKED_OPTIONS = frozenset(
     }
 )
 _FLAG_OPTIONS = ("acknowledge", "exclude_me")
+#: Options Autobahn ignores that the broker acts on: with one of them the slower path decides too.
+_BROKER_OPTIONS = frozenset({"disclose_me"})
+
+
+#: PUBLISH option -> its key in the routing object (and in PSC301 metadata ``"p"``).
+ROUTING_KEYS = {
+    "eligible": "e",
+    "exclude": "x",
+    "eligible_authid": "ea",
+    "exclude_authid": "xa",
+    "eligible_authrole": "er",
+    "exclude_authrole": "xr",
+}
+#: Routing-object key of a disclosed publisher: the EVENT details to add.
+DISCLOSED = "d"
+
+
+def routing_options(msg: message.Publish) -> dict[str, Any] | None:
+    """The black- and whitelists of an Autobahn-parsed PUBLISH as a routing object; None without any.
+
+    Autobahn's ``Publish.parse`` has checked their types (lists of ints in
+    the id range, lists of strings).
+    """
+    routing: dict[str, Any] | None = None
+    for option, key in ROUTING_KEYS.items():
+        value = getattr(msg, option, None)
+        if value is not None:
+            if routing is None:
+                routing = {}
+            routing[key] = list(value)
+    return routing
 
 
 class PublishRequest(NamedTuple):
@@ -81,11 +124,27 @@ class PublishRequest(NamedTuple):
     payload: Any = None
     #: Bytes of the WAMP message as received, when the transport knew them (metrics).
     size: int | None = None
+    #: The black- and whitelists as a routing object (:func:`routing_options`).
+    routing: dict[str, Any] | None = None
+    #: The ``disclose_me`` option (true: the publisher asks to be named in its EVENTs).
+    disclose_me: bool | None = None
 
     @classmethod
-    def from_message(cls, msg: message.Publish, size: int | None = None) -> PublishRequest:
-        """The fields of an Autobahn ``Publish`` (for messages parsed by Autobahn)."""
-        return cls(msg.request, msg.topic, msg.args, msg.kwargs, msg.acknowledge, msg.exclude_me, msg.payload, size)
+    def from_message(cls, msg: message.Publish, size: int | None = None, options: Any = None) -> PublishRequest:
+        """The fields of an Autobahn ``Publish`` (for messages parsed by Autobahn); ``options``: its raw options."""
+        disclose = options.get("disclose_me") if type(options) is dict else None
+        return cls(
+            msg.request,
+            msg.topic,
+            msg.args,
+            msg.kwargs,
+            msg.acknowledge,
+            msg.exclude_me,
+            msg.payload,
+            size,
+            routing_options(msg),
+            disclose if type(disclose) is bool else None,
+        )
 
 
 def publish_request(raw: list[Any], size: int | None = None) -> PublishRequest | None:
@@ -111,7 +170,7 @@ def publish_request(raw: list[Any], size: int | None = None) -> PublishRequest |
                     acknowledge = value
                 else:
                     exclude_me = value
-            elif type(key) is not str or key in _CHECKED_OPTIONS:
+            elif type(key) is not str or key in _CHECKED_OPTIONS or key in _BROKER_OPTIONS:
                 return None
     args = kwargs = None
     if n >= 5:
@@ -155,7 +214,9 @@ def decode(serializer: Any, payload: bytes, is_binary: bool | None) -> list[Any]
                 continue
         msg = _parse(serializer.MESSAGE_TYPE_MAP, raw)
         # A PUBLISH Autobahn had to decide reaches the broker in the same shape, with its size.
-        messages.append(PublishRequest.from_message(msg, len(payload)) if type(msg) is message.Publish else msg)
+        if type(msg) is message.Publish:
+            msg = PublishRequest.from_message(msg, len(payload), raw[2])
+        messages.append(msg)
     return messages
 
 

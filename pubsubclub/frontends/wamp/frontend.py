@@ -46,6 +46,7 @@ class WampFrontend(FrontendBase):
             auth=context.auth,
             reactor=context.reactor,
             await_interest=section.await_interest,
+            disclose_publisher=section.disclose_publisher,
             max_call_seconds=section.call_timeout,
             max_pending_calls=section.max_pending_calls,
             login_throttle=context.login_throttle,

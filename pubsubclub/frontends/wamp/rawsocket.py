@@ -7,7 +7,7 @@ as fatal without an ABORT. What it does:
 
 - **Handshake.** The client sends 4 octets: ``0x7F``, then ``LENGTH << 4 |
   SERIALIZER`` (it accepts messages up to ``2 ** (9 + LENGTH)`` bytes;
-  serializer 1 is JSON, 2 MessagePack), then two reserved zero octets. The
+  serializer 1 is JSON, 2 MessagePack, 3 CBOR), then two reserved zero octets. The
   server answers ``0x7F``, ``its LENGTH << 4 | SERIALIZER``, ``0``, ``0``; or
   ``0x7F``, ``ERROR << 4``, ``0``, ``0`` and closes, with ERROR 1 for an
   unsupported serializer and 3 for reserved bits that are set. A first octet
@@ -37,7 +37,7 @@ from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from pubsubclub.core.counters import Source
-from pubsubclub.frontends.wamp.broker import WampRouter
+from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_session
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.nodelay import set_no_delay
@@ -272,13 +272,13 @@ class WampRawSocketProtocol(Protocol):
 
 
 class WampRawSocketFactory(Factory):
-    """RawSocket connections for one router, JSON and MessagePack."""
+    """RawSocket connections for one router: JSON, MessagePack and CBOR."""
 
     noisy = False
 
     def __init__(self, router: WampRouter) -> None:
         self.router = router
-        # Autobahn's Serializer classes carry RAWSOCKET_SERIALIZER_ID (1 JSON, 2 MessagePack) untyped.
+        # Autobahn's Serializer classes carry RAWSOCKET_SERIALIZER_ID (1 JSON, 2 MessagePack, 3 CBOR) untyped.
         self.serializers: dict[int, Any] = {
             getattr(s, "RAWSOCKET_SERIALIZER_ID"): s for s in bounded_serializers(router.limits.json)  # noqa: B009
         }

@@ -17,7 +17,8 @@ from twisted.web.server import Site
 from pubsubclub.core.hub import Hub
 from pubsubclub.core.loginthrottle import LoginThrottle, LoginThrottleSettings
 from pubsubclub.frontends.wamp.auth import AuthPolicy
-from pubsubclub.frontends.wamp.broker import WampLimits, WampRouter
+from pubsubclub.frontends.wamp.publishing import DISCLOSE_ON_REQUEST
+from pubsubclub.frontends.wamp.router import WampLimits, WampRouter
 from pubsubclub.frontends.wamp.transport import wamp_site
 
 
@@ -36,6 +37,7 @@ class WampServer:
         max_call_seconds: float = 0.0,
         max_pending_calls: int = 1000,
         login_throttle: LoginThrottle | None = None,
+        disclose_publisher: str = DISCLOSE_ON_REQUEST,
     ) -> None:
         self.hub = hub
         if reactor is None:
@@ -56,6 +58,7 @@ class WampServer:
             max_call_seconds=max_call_seconds,
             max_pending_calls=max_pending_calls,
             login_throttle=login_throttle,
+            disclose_publisher=disclose_publisher,
         )
         self._reactor = reactor
 

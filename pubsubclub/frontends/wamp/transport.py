@@ -12,11 +12,19 @@ module adds what a public-facing router needs on top:
   actually sent);
 * the bytes a client has not yet taken are tracked, so the broker can drop
   a slow consumer (see :class:`SendBacklog`);
-* every decoded message, JSON or MessagePack, is held to the router's
+* every decoded message, JSON, MessagePack or CBOR, is held to the router's
   :class:`~pubsubclub.core.jsonbounds.JSONBounds` (depth, 64-bit integers, finite
-  floats, no lone surrogates, no MessagePack extension types) before the
-  broker sees it; a message beyond them is answered with ABORT
+  floats, no lone surrogates, no MessagePack extension types, no CBOR tags)
+  before the broker sees it; a message beyond them is answered with ABORT
   ``wamp.error.protocol_violation`` naming the problem.
+
+CBOR (``wamp.2.cbor``, RawSocket serializer 3) is Autobahn's serializer on the
+``cbor2`` package, decoding with ``cbor2``'s own depth limit and every tag
+refused but tag 64 (RFC 8746's uint8 typed array, which Autobahn|JS writes for
+a ``Uint8Array``: its bytes): a tag is never JSON, and the value-sharing (28/29) and
+string-reference (25/256) tags would let a small message decode into a
+structure far larger than its bytes (each reference re-encoded in full for a
+JSON subscriber).
 """
 
 from __future__ import annotations
@@ -24,6 +32,7 @@ from __future__ import annotations
 import base64
 from typing import Any, Protocol
 
+import cbor2
 import orjson
 from autobahn.twisted.resource import WebSocketResource
 from autobahn.twisted.websocket import (
@@ -33,6 +42,8 @@ from autobahn.twisted.websocket import (
 from autobahn.wamp.exception import InvalidUriError, ProtocolError
 from autobahn.wamp.message import Message
 from autobahn.wamp.serializer import (
+    CBORObjectSerializer,
+    CBORSerializer,
     JsonObjectSerializer,
     JsonSerializer,
     MsgPackObjectSerializer,
@@ -46,8 +57,8 @@ from twisted.web.static import File
 
 from pubsubclub.core import jsonbounds
 from pubsubclub.core.jsonbounds import JSONBounds, check
-from pubsubclub.frontends.wamp.broker import WampRouter
 from pubsubclub.frontends.wamp.codec import decode
+from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
@@ -234,6 +245,47 @@ class _BoundedMsgPackObjectSerializer(MsgPackObjectSerializer):  # type: ignore[
         return list(messages)
 
 
+def _refuse_tag(*_: Any) -> Any:
+    raise ValueError("CBOR tags are not accepted (a tagged value is not JSON)")
+
+
+#: RFC 8746's "uint8 typed array": a byte string under tag 64, which Autobahn|JS's CBOR
+#: (node-cbor) writes for every ``Uint8Array`` that is not a Node ``Buffer``.
+_UINT8_ARRAY = 64
+
+
+def _tag_hook(tag: Any, _immutable: bool) -> Any:
+    """A tag cbor2 does not decode itself: a uint8 typed array is its bytes, any other is refused."""
+    if tag.tag == _UINT8_ARRAY and type(tag.value) is bytes:
+        return tag.value
+    return _refuse_tag()
+
+
+#: The tags cbor2 decodes by itself (the rest reach ``tag_hook``): each refused.
+_CBOR_NATIVE_TAGS = (0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261, 1004, 43000, 55799)
+_CBOR_REFUSALS = {tag: _refuse_tag for tag in _CBOR_NATIVE_TAGS}
+
+
+class _BoundedCBORObjectSerializer(CBORObjectSerializer):  # type: ignore[misc]
+    """Autobahn's CBOR object serializer, decoding within the bounds and without tags (see module docstring)."""
+
+    def __init__(self, bounds: JSONBounds) -> None:
+        super().__init__()
+        self._bounds = bounds
+
+    def unserialize(self, payload: bytes) -> list[Any]:
+        """Decode (depth-limited, tags refused), then check as MessagePack is checked."""
+        try:
+            raw = cbor2.loads(
+                payload, max_depth=self._bounds.max_depth, semantic_decoders=_CBOR_REFUSALS, tag_hook=_tag_hook
+            )
+        except cbor2.CBORDecodeError as e:
+            cause = e.__cause__ or e.__context__
+            raise ValueError(str(cause) if isinstance(cause, ValueError) else str(e)) from None
+        check(raw, self._bounds, binary=True)
+        return [raw]
+
+
 def _json_default(value: Any) -> Any:
     """What orjson cannot encode by itself: bytes, as WAMP's ``"\0"`` + base64 string."""
     if isinstance(value, (bytes, bytearray, memoryview)):
@@ -253,16 +305,17 @@ def _binary_values(value: Any) -> Any:
 
 
 def bounded_serializers(bounds: JSONBounds) -> list[Serializer]:
-    """WAMP MessagePack and JSON serializers whose decoding holds every message to ``bounds``."""
-    msgpack, json = MsgPackSerializer(), JsonSerializer()
+    """WAMP MessagePack, JSON and CBOR serializers whose decoding holds every message to ``bounds``."""
+    msgpack, json, cbor = MsgPackSerializer(), JsonSerializer(), CBORSerializer()
     # Each connection copies its serializer (copy.copy), sharing this object serializer.
     msgpack._serializer = _BoundedMsgPackObjectSerializer(bounds)
     json._serializer = _BoundedJsonObjectSerializer(bounds)
-    return [msgpack, json]
+    cbor._serializer = _BoundedCBORObjectSerializer(bounds)
+    return [msgpack, json, cbor]
 
 
 def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResource:
-    """A Twisted Web resource speaking WAMP (JSON and MessagePack) for ``router``."""
+    """A Twisted Web resource speaking WAMP (JSON, MessagePack and CBOR) for ``router``."""
     factory = WampWebSocketServerFactory(
         router.session_factory,
         url=url,

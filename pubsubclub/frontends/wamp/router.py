@@ -1,0 +1,215 @@
+"""The WAMP router: what a node's WAMP sessions share (realms, limits, subscription ids, the dealer).
+
+:class:`WampRouter` is the node-wide half of the WAMP front-end; each client's
+session (:class:`~pubsubclub.frontends.wamp.broker.BrokerSession`) holds a
+reference to it. Subscription ids are broker-wide per hub topic or pattern
+(every session subscribed to a topic gets the same id), so one EVENT serves
+every recipient of an envelope (:func:`~pubsubclub.frontends.wamp.publishing.event_bytes`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from pubsubclub.core.compaction import Compaction
+from pubsubclub.core.counters import Source
+from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.jsonbounds import DEFAULT_BOUNDS, JSONBounds
+from pubsubclub.core.loginthrottle import LoginThrottle
+from pubsubclub.core.patterns import Pattern
+from pubsubclub.frontends.wamp.auth import AuthPolicy
+from pubsubclub.frontends.wamp.dealer import Dealer
+from pubsubclub.frontends.wamp.publishing import DISCLOSE_ON_REQUEST, DISCLOSURES, event_bytes
+from pubsubclub.frontends.wamp.uris import UriCheck, hub_pattern, hub_topic, random_wamp_id, wamp_topic
+
+if TYPE_CHECKING:
+    from pubsubclub.frontends.wamp.broker import BrokerSession
+    from pubsubclub.frontends.wamp.session import WampSession
+
+__all__ = ["WampLimits", "WampRouter"]
+
+
+@dataclass(frozen=True)
+class WampLimits:
+    """Hard limits applied to every WAMP client."""
+
+    #: Largest WebSocket frame or message accepted, in bytes (else close 1009).
+    max_message_size: int = 1024 * 1024
+    #: Longest topic URI accepted, in characters.
+    max_uri_length: int = 512
+    #: Subscriptions one session may hold at once (``[wamp] max-subscriptions``).
+    max_subscriptions_per_session: int = 1000
+    #: Registrations one session may hold at once (``[wamp] max-registrations``).
+    max_registrations_per_session: int = 1000
+    #: Registrations the node may hold, all sessions together (``[wamp] max-registrations-per-node``).
+    max_registrations: int = 50_000
+    #: RPC calls the node may have in flight, all callers together (``[wamp] max-calls-per-node``).
+    max_calls: int = 10_000
+    #: Unsent bytes queued for one client before it is dropped as too slow.
+    max_send_buffer: int = 16 * 1024 * 1024
+    #: Depth, integer range, floats and strings of every message (docs/security.md).
+    json: JSONBounds = DEFAULT_BOUNDS
+    #: Seconds a client connection may take from TCP accept to WELCOME (WebSocket
+    #: upgrade, RawSocket handshake, HELLO and any authentication), else it is closed.
+    join_timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.join_timeout, (int, float)) or not self.join_timeout > 0:
+            raise ValueError(f"WampLimits.join_timeout must be a positive number, not {self.join_timeout!r}")
+        for name in (
+            "max_message_size",
+            "max_uri_length",
+            "max_subscriptions_per_session",
+            "max_registrations_per_session",
+            "max_registrations",
+            "max_calls",
+            "max_send_buffer",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"WampLimits.{name} must be a positive int, not {value!r}")
+
+
+
+@dataclass(slots=True)
+class _TopicSubscription:
+    """One broker-wide subscription: its id and how many sessions hold it."""
+
+    id: int
+    sessions: int
+
+
+class WampRouter:
+    """Serves WAMP sessions for a set of realms on top of one :class:`Hub`."""
+
+    def __init__(
+        self,
+        hub: Hub,
+        realms: Sequence[str] = ("realm1",),
+        limits: WampLimits = WampLimits(),  # noqa: B008 - frozen, so sharing is safe
+        *,
+        new_id: Callable[[], int] = random_wamp_id,
+        auth: AuthPolicy | None = None,
+        random_bytes: Callable[[int], bytes] = os.urandom,
+        clock: Callable[[], float] = time.time,
+        await_interest: bool = False,
+        call_later: Callable[[float, Callable[[], None]], Any] | None = None,
+        max_call_seconds: float = 0.0,
+        max_pending_calls: int = 1000,
+        login_throttle: LoginThrottle | None = None,
+        disclose_publisher: str = DISCLOSE_ON_REQUEST,
+    ) -> None:
+        if not realms:
+            raise ValueError("WampRouter needs at least one realm")
+        for realm in realms:
+            if not isinstance(realm, str) or not realm or "#" in realm:
+                raise ValueError(f"invalid WAMP realm name {realm!r}")
+        if disclose_publisher not in DISCLOSURES:
+            raise ValueError(f"disclose_publisher must be one of {', '.join(DISCLOSURES)}, not {disclose_publisher!r}")
+        #: When a publisher is named in its EVENTs (``[wamp] disclose-publisher``; publishing.py).
+        self.disclose_publisher = disclose_publisher
+        self.hub = hub
+        self.realms: tuple[str, ...] = tuple(realms)
+        self.limits = limits
+        #: The URI check of every PUBLISH, SUBSCRIBE and REGISTER, remembering good URIs.
+        self.uri_problem = UriCheck(limits.max_uri_length)
+        self.new_id = new_id
+        #: Who may connect and what each role may do; None: everyone, anonymously, everything.
+        self.auth = auth
+        #: Randomness for authentication challenges, and the clock stamping them.
+        self.random_bytes = random_bytes
+        self.clock = clock
+        #: Locks out a source address after failed logins (docs/security.md); None: no throttle.
+        self.login_throttle = login_throttle
+        #: Hold SUBSCRIBED until the hub says every linked node has the interest (``Hub.interest_settled``).
+        self.await_interest = await_interest
+        #: ``call_later(seconds, fn)`` for timers (join timeout); None: no timers (sans-IO tests).
+        self.call_later = call_later
+        #: Node-local RPC (pubsubclub/frontends/wamp/dealer.py); calls time out through ``call_later`` when given.
+        self.dealer = Dealer(
+            new_id,
+            call_later=call_later,
+            max_call_seconds=max_call_seconds,
+            max_pending_calls=max_pending_calls,
+            max_node_calls=limits.max_calls,
+            max_registrations=limits.max_registrations_per_session,
+            max_node_registrations=limits.max_registrations,
+            refused=self.refused,
+        )
+        #: Hub topic (exact) or hub pattern -> its broker-wide subscription.
+        self._subscriptions: dict[str | Pattern, _TopicSubscription] = {}
+        self._subscription_ids: set[int] = set()
+        self._subscriptions_compaction = Compaction()
+        #: Sessions with an open transport.
+        self.sessions: dict[WampSession, None] = {}
+
+    def refused(self, reason: str) -> None:
+        """Count one request refused past a limit (``pubsubclub_errors_total{component="wamp",reason}``)."""
+        self.hub.metrics.error(Source.WAMP, reason)
+
+    def shutdown(self, text: str = "node shutting down") -> int:
+        """Say GOODBYE (``wamp.close.system_shutdown``) to every session and close it."""
+        sessions = list(self.sessions)
+        for session in sessions:
+            session.goodbye("wamp.close.system_shutdown", text)
+        return len(sessions)
+
+    def session_factory(self) -> BrokerSession:
+        """A new router-side session for one transport."""
+        from pubsubclub.frontends.wamp.broker import BrokerSession  # the session module imports this one
+
+        return BrokerSession(self)
+
+    def hub_topic(self, realm: str, topic: str) -> str:
+        """The hub topic for WAMP ``topic`` in ``realm``."""
+        return hub_topic(realm, topic, self.realms[0])
+
+    def hub_pattern(self, realm: str, match: str, uri: str) -> Pattern:
+        """The hub pattern for WAMP pattern ``uri`` in ``realm``."""
+        return hub_pattern(realm, match, uri, self.realms[0])
+
+    # -- broker-wide subscription ids ---------------------------------------
+
+    def acquire_subscription(self, topic: str | Pattern) -> int:
+        """Count one more session on hub ``topic`` (or pattern); return its subscription id."""
+        sub = self._subscriptions.get(topic)
+        if sub is None:
+            sub_id = self.new_id()
+            while sub_id in self._subscription_ids:
+                sub_id = self.new_id()
+            sub = self._subscriptions[topic] = _TopicSubscription(sub_id, 0)
+            self._subscription_ids.add(sub_id)
+            self._subscriptions_compaction.grown(len(self._subscriptions))
+        sub.sessions += 1
+        return sub.id
+
+    def release_subscription(self, topic: str | Pattern) -> None:
+        """Count one session fewer on hub ``topic`` (or pattern); forget the id at zero."""
+        sub = self._subscriptions.get(topic)
+        if sub is None:
+            return
+        sub.sessions -= 1
+        if sub.sessions <= 0:
+            del self._subscriptions[topic]
+            self._subscription_ids.discard(sub.id)
+            if self._subscriptions_compaction.due(len(self._subscriptions)):
+                self._subscriptions = dict(self._subscriptions)
+                self._subscription_ids = set(self._subscription_ids)
+
+    def event_bytes(self, envelope: Envelope, subscription: int, serializer: Any, realm: str | None = None) -> bytes:
+        """The EVENT for ``envelope`` on ``subscription`` as ``serializer`` encodes it; once per format and id.
+
+        ``realm`` is given for a pattern subscription (all its sessions are in
+        that realm: the realm is part of the hub pattern): its EVENT names the
+        concrete WAMP topic in ``details.topic``.
+        """
+        key = (serializer.NAME, subscription)
+        data = envelope.wire.get(key)
+        if data is None:
+            topic = None if realm is None else wamp_topic(realm, envelope.topic, self.realms[0])
+            data = event_bytes(envelope, subscription, serializer, self.new_id, topic)
+        return data  # type: ignore[no-any-return]
