@@ -23,11 +23,7 @@ pytestmark = pytest.mark.slow
 
 # The files that pass today, asserted exactly: a file listed here that fails is a
 # regression. Issue 20 raises both lists to all of ROUTER_FILES.
-PASS_ONE_NODE = frozenset(ROUTER_FILES) - {
-    "test_pubsub_eligible",  # publish option eligible is ignored
-    "test_pubsub_exclude",  # publish option exclude is ignored
-    "test_serialization_cbor",  # no wamp.2.cbor
-}
+PASS_ONE_NODE = frozenset(ROUTER_FILES)
 PASS_TWO_NODES = PASS_ONE_NODE - {
     "test_rpc_routing",  # a call on node B to a procedure on node A: no_such_procedure
     "test_error_handling",  # "error in invocation handler": the callee is on the other node
