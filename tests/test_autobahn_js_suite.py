@@ -31,13 +31,9 @@ from pubsubclub.testing.crossbar import CrossbarProcess, router_config
 pytestmark = pytest.mark.slow
 
 # The files that pass today, asserted exactly: a file listed here that fails is a
-# regression. Issue 20 raises both lists to all of ROUTER_FILES.
-PASS_ONE_NODE = frozenset(ROUTER_FILES) - {
-    "test_pubsub_eligible",  # publish option eligible is ignored
-    "test_pubsub_exclude",  # publish option exclude is ignored
-    "test_serialization_cbor",  # no wamp.2.cbor
-}
-#: RPC crosses nodes since PSC 0.7: test_rpc_routing and test_error_handling pass across two nodes too.
+# regression (issue 20 raised both to all of ROUTER_FILES).
+PASS_ONE_NODE = frozenset(ROUTER_FILES)
+#: RPC crosses nodes since PSC 0.7, publish options and CBOR since 0.6: every file passes across two nodes too.
 PASS_TWO_NODES = PASS_ONE_NODE
 
 

@@ -599,7 +599,7 @@ def test_oversize_frame_closes_1009(make_server: Callable[..., Server]) -> Any:
 def test_unknown_subprotocol_refused(server: Server) -> Any:
     """A WebSocket client offering no WAMP subprotocol is refused at the handshake."""
     with pytest.raises(websockets.InvalidStatus):
-        yield raw(server, [], subprotocol="wamp.2.cbor")
+        yield raw(server, [], subprotocol="wamp.2.flatbuffers")
 
 
 def test_limits_validated() -> None:
