@@ -24,11 +24,13 @@ from autobahn.twisted.rawsocket import WampRawSocketClientFactory
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp.serializer import CBORSerializer, JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig
-from conftest import Cluster, NodeProcess, free_port, until
-from test_rawsocket import Raw
+from helpers.nodes import Cluster, NodeProcess
+from helpers.polling import until
+from helpers.ports import free_port
+from helpers.rawsocketclient import Raw
+from helpers.wampclient import TIMEOUT, Recorder, connect, leave, publish_acked
 from twisted.internet import defer, reactor
 from twisted.internet.endpoints import TCP4ClientEndpoint
-from wampclient import TIMEOUT, Recorder, connect, leave, publish_acked
 
 pytestmark = pytest.mark.slow
 

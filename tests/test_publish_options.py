@@ -19,8 +19,9 @@ import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp import message
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
-from conftest import Cluster, NodeProcess, until
-from wampclient import Recorder, connect, leave
+from helpers.nodes import Cluster, NodeProcess
+from helpers.polling import until
+from helpers.wampclient import Recorder, connect, leave
 
 from pubsubclub.federation import psc
 
