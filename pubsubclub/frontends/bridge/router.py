@@ -50,7 +50,6 @@ import random
 from collections import deque
 from typing import Any
 
-from autobahn.twisted.wamp import ApplicationSession
 from autobahn.twisted.websocket import WampWebSocketClientFactory
 from autobahn.wamp import auth as wamp_auth
 from autobahn.wamp.exception import ApplicationError
@@ -71,6 +70,7 @@ from pubsubclub.federation.hints import ReportingEndpoint
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends.base import FrontendBase
 from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
+from pubsubclub.frontends.bridge.session import _BridgeSession, _RouterSink
 from pubsubclub.frontends.wamp.broker import event_arguments, wamp_envelope
 from pubsubclub.net.nodelay import set_no_delay
 
@@ -99,51 +99,6 @@ def _pending(subscription: Any) -> bool:
 def _routable(topic: str) -> bool:
     """Whether a hub topic is a WAMP topic of the bridged realm (not a reserved ``$`` topic)."""
     return not topic.startswith("$") and not topic.startswith("wamp.")
-
-
-class _RouterSink:
-    """The bridge's hub sink: what the cluster sends for the router's clients."""
-
-    counts_as = Source.BRIDGE
-
-    def __init__(self, bridge: RouterBridge) -> None:
-        self._bridge = bridge
-
-    def deliver(self, envelope: Envelope) -> bool:
-        return self._bridge.publish_into_router(envelope)
-
-    def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool:
-        # The router matches its own subscribers: one PUBLISH serves them all.
-        return self._bridge.publish_into_router(envelope)
-
-
-class _BridgeSession(ApplicationSession):  # type: ignore[misc]
-    """One router session of a bridge; everything it hears goes to the :class:`RouterBridge`."""
-
-    def __init__(self, config: ComponentConfig, bridge: RouterBridge) -> None:
-        super().__init__(config)
-        self._bridge = bridge
-
-    def onConnect(self) -> None:
-        authid = self._bridge.authid
-        methods = self._bridge.authmethods()
-        if authid is None or not methods:
-            self.join(self.config.realm)
-        else:
-            self.join(self.config.realm, authmethods=methods, authid=authid)
-
-    def onChallenge(self, challenge: Any) -> str:
-        return self._bridge.answer(challenge)
-
-    async def onJoin(self, details: Any) -> None:
-        await self._bridge.joined(self, details)
-
-    def onLeave(self, details: Any) -> None:
-        self._bridge.left(self, details)
-        super().onLeave(details)
-
-    def onDisconnect(self) -> None:
-        self._bridge.left(self, None)
 
 
 class RouterBridge(FrontendBase):

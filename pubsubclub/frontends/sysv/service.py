@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from twisted.logger import Logger
@@ -60,16 +59,15 @@ from pubsubclub.frontends.sysv.codec import (
     SysVDecodeError,
     Unblock,
     Unsubscribe,
-    channel_name,
     decode_request,
     delivery,
     delivery_text,
     new_channel,
     next_count,
-    nick_name,
     reply,
 )
 from pubsubclub.frontends.sysv.queue import QueueReceiver, SysVQueue
+from pubsubclub.frontends.sysv.registry import _User, restore, snapshot
 from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 
 __all__ = [
@@ -89,16 +87,6 @@ log = Logger()
 
 #: Delivery counters reserved (and saved) ahead, so a crash never reuses one.
 COUNT_RESERVE_STEP = 10_000
-#: Version of the saved state file.
-STATE_VERSION = 1
-
-
-@dataclass(slots=True)
-class _User:
-    pid: int
-    nick: bytes
-    #: :func:`process_start` at login: tells a reused PID from this client.
-    start: int
 
 
 class _ChannelSink:
@@ -557,60 +545,12 @@ class SysVService:
             self._save(self.snapshot())
 
     def snapshot(self) -> dict[str, Any]:
-        """The state that survives a restart, as JSON-ready data."""
-        return {
-            "version": STATE_VERSION,
-            "count_mark": self._count_mark,
-            "channels": list(self.channels),
-            "users": [[u.pid, u.nick.hex(), u.start] for u in self.users.values()],
-            "subscriptions": [
-                [pid, c, n] for c, subscribers in self.subscriptions.items() for pid, n in subscribers.items()
-            ],
-            "blocks": [[blocker, blocked] for blocker, pids in self.blocks.items() for blocked in sorted(pids)],
-        }
+        """The state that survives a restart, as JSON-ready data (see :mod:`pubsubclub.frontends.sysv.registry`)."""
+        return snapshot(self)
 
     def restore(self, state: dict[str, Any]) -> None:
-        """Load a :meth:`snapshot` (of this or an earlier run); what breaks the limits is left out.
-
-        Raises ValueError for a state that is not a snapshot.
-        """
-        if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError("not a SysV state of version 1")
-        mark = state.get("count_mark")
-        if type(mark) is not int or not MESSAGE_COUNT_BASE <= mark <= MESSAGE_COUNT_MAX:
-            raise ValueError("count_mark out of range")
-        self._count = self._count_mark = mark
-        for name in _rows(state, "channels", str):
-            if len(self.channels) < self.limits.max_channels and channel_name(name.encode("utf-8", "replace")):
-                self.channels[name] = None
-        for pid, nick_hex, start in _rows(state, "users", list, (int, str, int)):
-            nick = bytes.fromhex(nick_hex)
-            if (
-                len(self.users) < self.limits.max_users
-                and pid > SERVER_ID
-                and nick_name(nick) is not None
-                and nick not in self._by_nick
-            ):
-                self._add_user(_User(pid, nick, start))
-        for pid, channel, remaining in _rows(state, "subscriptions", list, (int, str, int)):
-            if (
-                pid in self.users
-                and channel in self.channels
-                and pid not in self.subscriptions.get(channel, ())
-                and self._subscription_count < self.limits.max_subscriptions
-            ):
-                self._add_subscription(channel, pid, max(0, remaining))
-        for blocker, blocked in _rows(state, "blocks", list, (int, int)):
-            if (
-                blocker in self.users
-                and blocked in self.users
-                and blocker != blocked
-                and blocked not in self.blocks.get(blocker, ())
-                and self._block_count < self.limits.max_blocks
-            ):
-                self.blocks.setdefault(blocker, set()).add(blocked)
-                self._block_count += 1
-        self.dirty = False
+        """Load a :meth:`snapshot`; see :func:`~pubsubclub.frontends.sysv.registry.restore` (ValueError if not one)."""
+        restore(self, state)
 
     def close(self) -> None:
         """Leave the hub (the registry stays, for :meth:`snapshot`)."""
@@ -634,21 +574,6 @@ class SysVService:
             "guaranteed_share": self.budget.guaranteed,
             **self.counts,
         }
-
-
-
-def _rows(state: dict[str, Any], key: str, kind: type, shape: tuple[type, ...] = ()) -> list[Any]:
-    """The list ``state[key]`` with every row of type ``kind`` (and, for lists, of ``shape``)."""
-    rows = state.get(key, [])
-    if not isinstance(rows, list) or len(rows) > 10_000:
-        raise ValueError(f"{key} is not a list of at most 10000 rows")
-    for row in rows:
-        ok = isinstance(row, kind)
-        if ok and shape:
-            ok = len(row) == len(shape) and all(type(v) is t for v, t in zip(row, shape, strict=True))
-        if not ok:
-            raise ValueError(f"bad row in {key}: {row!r:.80}")
-    return rows
 
 
 def _show(nick: bytes) -> str:

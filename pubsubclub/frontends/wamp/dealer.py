@@ -61,11 +61,20 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from autobahn.wamp import message
 
 from pubsubclub.core.compaction import Compaction
+from pubsubclub.frontends.wamp.registrations import (
+    ClusterListener,
+    Party,
+    _Call,
+    _forget,
+    _Registration,
+    _unoffered,
+    _wildcard,
+)
 
 NO_SUCH_PROCEDURE = "wamp.error.no_such_procedure"
 PROCEDURE_ALREADY_EXISTS = "wamp.error.procedure_already_exists"
@@ -80,63 +89,8 @@ PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 #: A call's callee was on a node that became unreachable (its link dropped) before it answered.
 NODE_UNREACHABLE = "pubsubclub.error.node_unreachable"
-MATCHES = ("exact", "prefix", "wildcard")
-INVOKES = ("single", "roundrobin", "random", "first", "last")
 #: INTERRUPT mode: the dealer has already answered the caller and will not wait for the callee.
 KILL_NO_WAIT = "killnowait"
-
-
-class Party(Protocol):
-    """A session as the dealer sees it."""
-
-    def send_message(self, msg: message.Message) -> None:
-        """Send one WAMP message to this session's client."""
-
-    def send_if_fits(self, msg: message.Message) -> tuple[int, int] | None:
-        """Send ``msg`` if its encoding fits the session's message-size limit: None; else ``(size, limit)``, unsent."""
-
-
-class ClusterListener(Protocol):
-    """Told of this node's own registrations (federation/rpc.py announces them to the other nodes)."""
-
-    def registered(self, registration: _Registration) -> None:
-        """A local registration was made."""
-
-    def unregistered(self, registration: _Registration) -> None:
-        """A local registration is gone."""
-
-
-@dataclass(eq=False, slots=True)
-class _Registration:
-    id: int
-    realm: str
-    procedure: str
-    callee: Party
-    #: The callee announced call canceling: it is sent INTERRUPT for calls that end without it.
-    interruptible: bool = False
-    match: str = "exact"
-    invoke: str = "single"
-    #: When it was made (its node's clock) and on which node: the cluster-wide order of registrations.
-    created: float = 0.0
-    node: str = ""
-    #: Its id on its own node, for a registration of another node (``callee`` is then the link's stand-in).
-    remote_id: int | None = None
-
-    @property
-    def order(self) -> tuple[float, str, int]:
-        """Earlier first, the same on every node: wins a single procedure, ``first`` of a shared one."""
-        return (self.created, self.node, self.id if self.remote_id is None else self.remote_id)
-
-
-@dataclass(eq=False, slots=True)
-class _Call:
-    """One CALL in flight: who asked, who answers, and the timer ending it."""
-
-    caller: Party
-    request: int
-    callee: Party
-    registration: _Registration
-    timer: Any = None
 
 
 def _limit_error(request_type: int, request: int, uri: str, text: str, limit: str, value: int) -> message.Error:
@@ -641,30 +595,3 @@ class Dealer:
             "turns": len(self._turns),
             "patterns": len(self._patterns),
         }
-
-
-def _forget(table: dict[Any, dict[int, Any]], owner: Any, key: int) -> None:
-    """Remove ``key`` from ``owner``'s entries in ``table``, and the owner once it has none."""
-    own = table.get(owner)
-    if own is not None:
-        own.pop(key, None)
-        if not own:
-            del table[owner]
-
-
-def _unoffered(msg: message.Register) -> str | None:
-    """Why a REGISTER asks for something this dealer does not offer, or None."""
-    if msg.match not in (None, *MATCHES):
-        return f"this dealer offers match {', '.join(MATCHES)}, not {msg.match!r}"
-    if msg.invoke not in (None, *INVOKES):
-        return f"this dealer offers invoke {', '.join(INVOKES)}, not {msg.invoke!r}"
-    return None
-
-
-def _wildcard(pattern: str, procedure: str) -> bool:
-    """WAMP wildcard matching: as many ``.``-separated parts, each non-empty pattern part equal."""
-    parts = pattern.split(".")
-    called = procedure.split(".")
-    if len(parts) != len(called):
-        return False
-    return all(not p or p == c for p, c in zip(parts, called, strict=True))

@@ -1,0 +1,99 @@
+"""The dealer's registration table entries and calls in flight, and how a procedure matches one.
+
+Split from pubsubclub/frontends/wamp/dealer.py (issue 19): the records the
+Dealer keeps (``_Registration``, ``_Call``), the session and cluster-listener
+protocols it is written against, the ``match``/``invoke`` options it offers
+and the pure helpers for its per-owner tables and wildcard matching. The
+Dealer itself (REGISTER, CALL, the tables and their caps) stays in dealer.py,
+which re-exports these names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from autobahn.wamp import message
+
+MATCHES = ("exact", "prefix", "wildcard")
+INVOKES = ("single", "roundrobin", "random", "first", "last")
+
+
+class Party(Protocol):
+    """A session as the dealer sees it."""
+
+    def send_message(self, msg: message.Message) -> None:
+        """Send one WAMP message to this session's client."""
+
+    def send_if_fits(self, msg: message.Message) -> tuple[int, int] | None:
+        """Send ``msg`` if its encoding fits the session's message-size limit: None; else ``(size, limit)``, unsent."""
+
+
+class ClusterListener(Protocol):
+    """Told of this node's own registrations (federation/rpc.py announces them to the other nodes)."""
+
+    def registered(self, registration: _Registration) -> None:
+        """A local registration was made."""
+
+    def unregistered(self, registration: _Registration) -> None:
+        """A local registration is gone."""
+
+
+@dataclass(eq=False, slots=True)
+class _Registration:
+    id: int
+    realm: str
+    procedure: str
+    callee: Party
+    #: The callee announced call canceling: it is sent INTERRUPT for calls that end without it.
+    interruptible: bool = False
+    match: str = "exact"
+    invoke: str = "single"
+    #: When it was made (its node's clock) and on which node: the cluster-wide order of registrations.
+    created: float = 0.0
+    node: str = ""
+    #: Its id on its own node, for a registration of another node (``callee`` is then the link's stand-in).
+    remote_id: int | None = None
+
+    @property
+    def order(self) -> tuple[float, str, int]:
+        """Earlier first, the same on every node: wins a single procedure, ``first`` of a shared one."""
+        return (self.created, self.node, self.id if self.remote_id is None else self.remote_id)
+
+
+@dataclass(eq=False, slots=True)
+class _Call:
+    """One CALL in flight: who asked, who answers, and the timer ending it."""
+
+    caller: Party
+    request: int
+    callee: Party
+    registration: _Registration
+    timer: Any = None
+
+
+def _forget(table: dict[Any, dict[int, Any]], owner: Any, key: int) -> None:
+    """Remove ``key`` from ``owner``'s entries in ``table``, and the owner once it has none."""
+    own = table.get(owner)
+    if own is not None:
+        own.pop(key, None)
+        if not own:
+            del table[owner]
+
+
+def _unoffered(msg: message.Register) -> str | None:
+    """Why a REGISTER asks for something this dealer does not offer, or None."""
+    if msg.match not in (None, *MATCHES):
+        return f"this dealer offers match {', '.join(MATCHES)}, not {msg.match!r}"
+    if msg.invoke not in (None, *INVOKES):
+        return f"this dealer offers invoke {', '.join(INVOKES)}, not {msg.invoke!r}"
+    return None
+
+
+def _wildcard(pattern: str, procedure: str) -> bool:
+    """WAMP wildcard matching: as many ``.``-separated parts, each non-empty pattern part equal."""
+    parts = pattern.split(".")
+    called = procedure.split(".")
+    if len(parts) != len(called):
+        return False
+    return all(not p or p == c for p, c in zip(parts, called, strict=True))
