@@ -9,23 +9,19 @@ streams; sent here and counted once per read of the metrics.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub.core.counters import DropReason, FederationEvent, Kind, Source
-from pubsubclub.core.hub import Envelope, Hub
+from pubsubclub.core.hub import Envelope
 from pubsubclub.core.metrics import payload_size
-from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
-from pubsubclub.federation.replay import Inbox, Outbox, Stream
-from pubsubclub.federation.retry import RetryPolicy
-from pubsubclub.federation.servers import Link, _Server
+from pubsubclub.federation.replay import Stream
 from pubsubclub.federation.session import (
     LinkSession,
 )
+from pubsubclub.federation.state import FederationState
 
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
@@ -58,32 +54,8 @@ _PSC_RICH = "psc301"
 _PSC_BINARY = "psc301-binary"
 
 
-class Forwarding:
+class Forwarding(FederationState):
     """Forwarding local publishes over the links (a part of :class:`Federation`)."""
-
-    # The federation's state this part reads and writes (set by Federation.__init__).
-    hub: Hub
-    node_id: str
-    limits: psc.Limits
-    advertise_url: str | None
-    announce_url: str | None
-    learn_peers: bool
-    outbox: Outbox | None
-    inbox: Inbox | None
-    _reactor: Any
-    _ping_interval: float
-    _retry: RetryPolicy
-    _rand: Callable[[], float]
-    _endpoint_factory: Callable[[Any, str], IStreamClientEndpoint]
-    _servers: dict[str, _Server]
-    _links: dict[LinkSession, Link]
-    _producers: dict[LinkSession, None]
-    _by_topic: dict[str, dict[LinkSession, None]]
-    _remote_topics_listeners: list[Callable[[], None]]
-    _announced: dict[Pattern, None]
-    _held: dict[Pattern, None]
-    _forwarded: dict[tuple[str, Any], list[int]]
-    _forwarded_n: int
 
     def forward_problem(self, envelope: Envelope) -> str | None:
         """Why a local publish cannot cross the links (its PSC301 is over the link frame limit), or None.

@@ -8,55 +8,26 @@ interest (topics and patterns consumers asked for, for the hub and /stats).
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 from twisted.internet import defer
-from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub.core.counters import Source
-from pubsubclub.core.hub import GAP_TOPIC, Hub
+from pubsubclub.core.hub import GAP_TOPIC
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc
-from pubsubclub.federation.replay import Inbox, Outbox
-from pubsubclub.federation.retry import RetryPolicy
-from pubsubclub.federation.servers import Link, _Server
 from pubsubclub.federation.session import (
-    LinkSession,
     LinkState,
 )
+from pubsubclub.federation.state import FederationState
 
 log = Logger()
 #: Longest wait for the linked nodes to confirm our interest (``interest_settled``), in seconds.
 INTEREST_SETTLE_TIMEOUT = 5.0
 
 
-class Interest:
+class Interest(FederationState):
     """Interest in both directions (a part of :class:`Federation`)."""
-
-    # The federation's state this part reads and writes (set by Federation.__init__).
-    hub: Hub
-    node_id: str
-    limits: psc.Limits
-    advertise_url: str | None
-    announce_url: str | None
-    learn_peers: bool
-    outbox: Outbox | None
-    inbox: Inbox | None
-    _reactor: Any
-    _ping_interval: float
-    _retry: RetryPolicy
-    _rand: Callable[[], float]
-    _endpoint_factory: Callable[[Any, str], IStreamClientEndpoint]
-    _servers: dict[str, _Server]
-    _links: dict[LinkSession, Link]
-    _producers: dict[LinkSession, None]
-    _by_topic: dict[str, dict[LinkSession, None]]
-    _remote_topics_listeners: list[Callable[[], None]]
-    _announced: dict[Pattern, None]
-    _held: dict[Pattern, None]
-    _forwarded: dict[tuple[str, Any], list[int]]
-    _forwarded_n: int
 
     # -- hub listeners -----------------------------------------------------
 

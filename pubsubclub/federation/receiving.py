@@ -7,19 +7,15 @@ PSC301s (a single message is a batch of one), replay positions and gaps
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub.core.counters import DropReason, FederationEvent, Kind, LinkCount, Source
-from pubsubclub.core.hub import GAP_TOPIC, Envelope, Hub
-from pubsubclub.core.patterns import Pattern
+from pubsubclub.core.hub import GAP_TOPIC, Envelope
 from pubsubclub.federation import psc
-from pubsubclub.federation.replay import DUPLICATE, Gap, Inbox, Outbox, ResumeRefused
-from pubsubclub.federation.retry import RetryPolicy
-from pubsubclub.federation.servers import Link, _Server
+from pubsubclub.federation.replay import DUPLICATE, Gap, ResumeRefused
 from pubsubclub.federation.session import (
     CLOSE_BAD_MESSAGE,
     CLOSE_DUPLICATE,
@@ -27,38 +23,15 @@ from pubsubclub.federation.session import (
     LinkSession,
     LinkState,
 )
+from pubsubclub.federation.state import FederationState
 
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _RECEIVED = FederationEvent.RECEIVED
 
 
-class Receiving:
+class Receiving(FederationState):
     """Receiving from producers (a part of :class:`Federation`)."""
-
-    # The federation's state this part reads and writes (set by Federation.__init__).
-    hub: Hub
-    node_id: str
-    limits: psc.Limits
-    advertise_url: str | None
-    announce_url: str | None
-    learn_peers: bool
-    outbox: Outbox | None
-    inbox: Inbox | None
-    _reactor: Any
-    _ping_interval: float
-    _retry: RetryPolicy
-    _rand: Callable[[], float]
-    _endpoint_factory: Callable[[Any, str], IStreamClientEndpoint]
-    _servers: dict[str, _Server]
-    _links: dict[LinkSession, Link]
-    _producers: dict[LinkSession, None]
-    _by_topic: dict[str, dict[LinkSession, None]]
-    _remote_topics_listeners: list[Callable[[], None]]
-    _announced: dict[Pattern, None]
-    _held: dict[Pattern, None]
-    _forwarded: dict[tuple[str, Any], list[int]]
-    _forwarded_n: int
 
     if TYPE_CHECKING:
 

@@ -8,7 +8,6 @@ policy, and peer learning (docs/protocol.md, "Peer learning").
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlsplit
@@ -21,17 +20,13 @@ from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.logger import Logger
 
 from pubsubclub.core.counters import Source
-from pubsubclub.core.hub import Hub
-from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import psc
 from pubsubclub.federation.hints import ReportingEndpoint, with_hint
 from pubsubclub.federation.linkclient import PSCClientFactory
-from pubsubclub.federation.replay import Inbox, Outbox
-from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.session import (
     CLOSE_REMOVED,
     LinkSession,
 )
+from pubsubclub.federation.state import FederationState
 from pubsubclub.federation.tls import IOpenSSLTrustRoot, client_tls
 from pubsubclub.federation.transport import ADVERTISE_HEADER, PEERS_HEADER, LinkHost
 
@@ -122,32 +117,8 @@ MAX_LEARNED_SERVERS = 1024
 LEARNED_FORGET_AFTER = 60.0
 
 
-class Dialling:
+class Dialling(FederationState):
     """The servers a federation dials (a part of :class:`Federation`)."""
-
-    # The federation's state this part reads and writes (set by Federation.__init__).
-    hub: Hub
-    node_id: str
-    limits: psc.Limits
-    advertise_url: str | None
-    announce_url: str | None
-    learn_peers: bool
-    outbox: Outbox | None
-    inbox: Inbox | None
-    _reactor: Any
-    _ping_interval: float
-    _retry: RetryPolicy
-    _rand: Callable[[], float]
-    _endpoint_factory: Callable[[Any, str], IStreamClientEndpoint]
-    _servers: dict[str, _Server]
-    _links: dict[LinkSession, Link]
-    _producers: dict[LinkSession, None]
-    _by_topic: dict[str, dict[LinkSession, None]]
-    _remote_topics_listeners: list[Callable[[], None]]
-    _announced: dict[Pattern, None]
-    _held: dict[Pattern, None]
-    _forwarded: dict[tuple[str, Any], list[int]]
-    _forwarded_n: int
 
     def client_headers(self, url: str) -> dict[str, str]:
         """Extra handshake headers sent when dialling ``url`` (asked again on every attempt)."""
