@@ -109,6 +109,28 @@ class WampSection:
         " disclose_me) or always; decided on the publisher's node",
         choices=("never", "on-request", "always"),
     )
+    meta_max_results: int = setting(
+        10_000,
+        "most items (sessions, subscriptions, subscribers, registrations, callees) one WAMP meta API answer lists;"
+        " a longer answer is an ERROR",
+        metavar="N",
+        min=1,
+        max=1_000_000,
+    )
+    meta_timeout: float = setting(
+        5.0,
+        "seconds a WAMP meta API call waits for the other nodes' answers; a node that gives none is named in an ERROR",
+        metavar="S",
+        min=0.1,
+        max=600,
+    )
+    meta_max_queries: int = setting(
+        100,
+        "WAMP meta API calls waiting for other nodes' answers on the node at once; one more gets an ERROR",
+        metavar="N",
+        min=1,
+        max=100_000,
+    )
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,11 @@ _PSC_BINARY = "psc301-binary"
 class Forwarding(FederationState):
     """Forwarding local publishes over the links (a part of :class:`Federation`)."""
 
+    def forwards(self, topic: str) -> bool:
+        """Whether a local publish on ``topic`` would go to some other node (a consumer or replay stream wants it)."""
+        outbox = self.outbox
+        return bool(self._by_topic.get(topic)) or (outbox is not None and outbox.wants(topic))
+
     def forward_problem(self, envelope: Envelope) -> str | None:
         """Why a local publish cannot cross the links (its PSC301 is over the link frame limit), or None.
 

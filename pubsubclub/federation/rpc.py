@@ -119,6 +119,8 @@ class ClusterRPC:
         self._callers: dict[LinkSession, _CallerLink] = {}
         #: Open 0.7 links where we are the consumer: the other node's registrations come from there.
         self._callees: dict[LinkSession, _CalleeLink] = {}
+        #: The WAMP meta API's queries to and from other nodes (frontends/wamp/meta.py); None: not served.
+        self.meta: Any = None
 
     def attach(self, dealer: Dealer) -> None:
         """Serve ``dealer``'s registrations to the cluster and route its calls to other nodes."""
@@ -127,6 +129,10 @@ class ClusterRPC:
         dealer.node_id = self.node_id
         for session in self._callers:
             self._announce_all(session)
+
+    def peers(self) -> list[tuple[str, _CalleeLink]]:
+        """Each other node (by name) with the stand-in a call to it goes through (the meta API asks them)."""
+        return [(session.peer_node or session.peer, link) for session, link in self._callees.items()]
 
     def stats(self) -> dict[str, int]:
         """Open links carrying RPC, by direction."""
@@ -149,6 +155,8 @@ class ClusterRPC:
 
     def link_closed(self, session: LinkSession) -> None:
         """A link closed: the calls in flight over it end, the other node's registrations leave the table."""
+        if self.meta is not None:
+            self.meta.link_closed(session)
         caller = self._callers.pop(session, None)
         if caller is not None and self.dealer is not None:
             self.dealer.left(caller)
@@ -162,6 +170,9 @@ class ClusterRPC:
         dealer = self.dealer
         callee = self._callees.get(session)
         if callee is not None:
+            answer = isinstance(msg, (psc_rpc.Result, psc_rpc.Error))
+            if answer and self.meta is not None and self._meta_answer(session, msg):  # type: ignore[arg-type]
+                return
             if dealer is None:
                 return  # no WAMP here: nobody can call, so other nodes' registrations are not kept
             if isinstance(msg, psc_rpc.Result):
@@ -186,6 +197,9 @@ class ClusterRPC:
         if caller is None:
             return
         if isinstance(msg, psc_rpc.Call):
+            if self.meta is not None and msg.procedure == self.meta.QUERY_PROCEDURE:
+                self.meta.serve(caller, msg.call, msg.args)
+                return
             if dealer is None:
                 caller.send_message(
                     message.Error(
@@ -208,6 +222,13 @@ class ClusterRPC:
             dealer.remote_call(caller, msg.call, msg.registration, call, disclosed)
         elif isinstance(msg, psc_rpc.Cancel) and dealer is not None:
             dealer.cancel(caller, message.Cancel(msg.call, mode=msg.mode))
+
+    def _meta_answer(self, session: LinkSession, msg: psc_rpc.Result | psc_rpc.Error) -> bool:
+        """A PSC404/PSC405 answering one of the meta API's queries: handed to it (True); else False."""
+        if isinstance(msg, psc_rpc.Result):
+            return bool(self.meta.answered(session, msg.call, msg.args, None))
+        text = msg.error if not msg.args else f"{msg.error}: {str(msg.args[0])[:200]}"
+        return bool(self.meta.answered(session, msg.call, None, text))
 
     # -- the dealer's own registrations (ClusterListener) ------------------------------------
 

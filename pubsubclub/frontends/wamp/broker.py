@@ -48,6 +48,7 @@ from pubsubclub.core.metrics import payload_size
 from pubsubclub.core.patterns import MATCHES, Pattern
 from pubsubclub.frontends.wamp.auth import NOT_AUTHORIZED
 from pubsubclub.frontends.wamp.codec import PublishRequest
+from pubsubclub.frontends.wamp.meta import META_PREFIXES
 from pubsubclub.frontends.wamp.publishing import (
     PAYLOAD_SIZE_EXCEEDED,
     PUBLICATION,
@@ -237,7 +238,7 @@ class BrokerSession(WampSession):
             return
         if isinstance(msg, message.Register):
             self._router.dealer.register(self, self._realm, msg, interruptible=self._interruptible)
-        else:
+        elif not (msg.procedure.startswith(META_PREFIXES) and self._router.meta.call(self, msg)):
             self._router.dealer.call(self, self._realm, msg)
 
     def _topic_problem(self, topic: str) -> str | None:
@@ -300,6 +301,7 @@ class BrokerSession(WampSession):
                 self._topics[key] = subscription
             else:
                 self._patterns[key] = subscription
+            self._router.meta.subscribed(self, subscription, match, msg.topic, key)
         answer = message.Subscribed(msg.request, subscription)
         if self._router.await_interest:
             self._hub.interest_settled().addCallback(lambda _: self._send(answer))
@@ -323,6 +325,7 @@ class BrokerSession(WampSession):
             del self._patterns[topic]
             self._hub.unsubscribe_pattern(topic, self)
         self._router.release_subscription(topic)
+        self._router.meta.unsubscribed(self, msg.subscription)
         self._send(message.Unsubscribed(msg.request))
 
     def _on_publish(self, msg: PublishRequest) -> None:

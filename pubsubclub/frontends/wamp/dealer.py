@@ -124,6 +124,8 @@ class Dealer:
     choose: Callable[[Sequence[Any]], Any] = random.choice
     #: Told of local registrations (the cluster's RPC, federation/rpc.py); None: a single router.
     cluster: ClusterListener | None = None
+    #: Also told of local registrations (the meta API's events, meta.py); None: nobody.
+    observer: ClusterListener | None = None
     #: (realm, match, procedure) -> its registrations on every node, in their cluster-wide order.
     _by_procedure: dict[tuple[str, str, str], list[_Registration]] = field(default_factory=dict)
     #: The keys of ``_by_procedure`` with a prefix or wildcard match (searched when no exact one matches).
@@ -209,6 +211,8 @@ class Dealer:
         callee.send_message(message.Registered(msg.request, registration.id))
         if self.cluster is not None:
             self.cluster.registered(registration)
+        if self.observer is not None:
+            self.observer.registered(registration)
 
     def _insert(self, key: tuple[str, str, str], registration: _Registration) -> None:
         group = self._by_procedure.get(key)
@@ -559,6 +563,8 @@ class Dealer:
             _forget(self._by_callee, registration.callee, registration.id)
             if self.cluster is not None:
                 self.cluster.unregistered(registration)
+            if self.observer is not None:
+                self.observer.unregistered(registration)
         else:
             own = self._remote.get(registration.callee)
             if own is not None and own.get(registration.remote_id) is registration:

@@ -52,9 +52,14 @@ class WampFrontend(FrontendBase):
             login_throttle=context.login_throttle,
         )
         self.router = self.server.router
+        from pubsubclub.frontends.wamp.meta import MetaLimits
+
+        self.router.meta.limits = MetaLimits(section.meta_max_results, section.meta_timeout, section.meta_max_queries)
         if context.federation is not None:
             # RPC across the cluster: the federation routes calls to and from this dealer (federation/rpc.py).
             context.federation.rpc.attach(self.router.dealer)
+            # The meta API asks other nodes over the same links; their subscriptions to meta events count.
+            self.router.meta.attach(context.federation.rpc, context.federation.forwards)
 
     def _site(self) -> Site:
         from pubsubclub.frontends.wamp.chatpage import STATIC_DIR, find_autobahn_js

@@ -23,6 +23,7 @@ from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.frontends.wamp.auth import AuthPolicy
 from pubsubclub.frontends.wamp.dealer import Dealer
+from pubsubclub.frontends.wamp.meta import META_PREFIXES, WampMeta, meta_topic
 from pubsubclub.frontends.wamp.publishing import DISCLOSE_ON_REQUEST, DISCLOSURES, event_bytes
 from pubsubclub.frontends.wamp.uris import UriCheck, hub_pattern, hub_topic, random_wamp_id, wamp_topic
 
@@ -146,6 +147,9 @@ class WampRouter:
         self._subscriptions_compaction = Compaction()
         #: Sessions with an open transport.
         self.sessions: dict[WampSession, None] = {}
+        #: The meta API (wamp.session.* ...; pubsubclub/frontends/wamp/meta.py), told of the dealer's registrations.
+        self.meta = WampMeta(self)
+        self.dealer.observer = self.meta
 
     def refused(self, reason: str) -> None:
         """Count one request refused past a limit (``pubsubclub_errors_total{component="wamp",reason}``)."""
@@ -166,6 +170,8 @@ class WampRouter:
 
     def hub_topic(self, realm: str, topic: str) -> str:
         """The hub topic for WAMP ``topic`` in ``realm``."""
+        if topic.startswith(META_PREFIXES):
+            return meta_topic(realm, topic)  # reserved: only the router publishes meta events
         return hub_topic(realm, topic, self.realms[0])
 
     def hub_pattern(self, realm: str, match: str, uri: str) -> Pattern:
@@ -186,6 +192,11 @@ class WampRouter:
             self._subscriptions_compaction.grown(len(self._subscriptions))
         sub.sessions += 1
         return sub.id
+
+    def subscription_sessions(self, topic: str | Pattern) -> int:
+        """Sessions holding the broker-wide subscription of hub ``topic`` (or pattern); 0 if none."""
+        sub = self._subscriptions.get(topic)
+        return 0 if sub is None else sub.sessions
 
     def release_subscription(self, topic: str | Pattern) -> None:
         """Count one session fewer on hub ``topic`` (or pattern); forget the id at zero."""

@@ -282,9 +282,15 @@ class WampSession:
         self._cancel_join_timer()
         if self._state is State.CLOSED:
             return
+        # The meta API hears of established sessions only (meta.py): subscriptions' events, then on_leave.
+        meta = self._router.meta if self._state is State.ESTABLISHED else None
         self._state = State.CLOSED
+        if meta is not None:
+            meta.leaving(self)  # type: ignore[arg-type]
         self._router.dealer.left(self)
         self._left()
+        if meta is not None:
+            meta.left(self)  # type: ignore[arg-type]
 
     def _left(self) -> None:
         """The session ended: drop what it holds (the broker's subscriptions)."""
@@ -465,6 +471,7 @@ class WampSession:
                 authprovider=authprovider,
             )
         )
+        self._router.meta.joined(self, authmethod, authprovider)  # type: ignore[arg-type]
         log.debug(
             "WAMP session {session} joined realm {realm} as {authid} ({authrole}, {authmethod})",
             session=self._session_id,
