@@ -102,8 +102,12 @@ class WampFrontend(FrontendBase):
         self.router.shutdown(reason)
 
     def stats(self) -> dict[str, Any]:
-        """Open sessions, and the entries in the RPC dealer's tables (all 0 once the sessions have left)."""
-        return {"sessions": len(self.router.sessions), "dealer": self.router.dealer.tables()}
+        """Open sessions, and the entries in the RPC dealer's and the meta API's tables (all 0 once sessions left)."""
+        return {
+            "sessions": len(self.router.sessions),
+            "dealer": self.router.dealer.tables(),
+            "meta": self.router.meta.stats(),
+        }
 
 
 register(

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 from autobahn.wamp import message
 from twisted.logger import Logger
 
+from pubsubclub.core.compaction import Compaction
 from pubsubclub.frontends.wamp.publishing import wamp_envelope
 from pubsubclub.frontends.wamp.registrations import _wildcard
 
@@ -156,6 +157,9 @@ class WampMeta:
         #: This node's subscriptions by id, and by (realm, match, uri).
         self._subs: dict[int, _Subscription] = {}
         self._sub_keys: dict[tuple[str, str, str], int] = {}
+        #: Both kinds of table are copied smaller once they have emptied (core/compaction.py).
+        self._sessions_compaction = Compaction()
+        self._subs_compaction = Compaction()
         #: Queries to other nodes in flight, and their calls by (link session, call id).
         self._queries: dict[_Query, None] = {}
         self._waiting: dict[tuple[Any, int], _Query] = {}
@@ -206,6 +210,7 @@ class WampMeta:
         sid = session.session_id
         assert sid is not None and session.realm is not None
         self._sessions[sid] = (session, authmethod, authprovider)
+        self._sessions_compaction.grown(len(self._sessions))
         self._publish(session.realm, "wamp.session.on_join", [self._details(sid)])
 
     def leaving(self, session: BrokerSession) -> None:
@@ -218,6 +223,8 @@ class WampMeta:
         sid = session.session_id
         if sid is None or self._sessions.pop(sid, None) is None or session.realm is None:
             return
+        if self._sessions_compaction.due(len(self._sessions)):
+            self._sessions = dict(self._sessions)
         self._publish(session.realm, "wamp.session.on_leave", [sid, session.authid, session.authrole])
 
     def subscribed(self, session: BrokerSession, sub_id: int, match: str, uri: str, key: Any) -> None:
@@ -228,6 +235,7 @@ class WampMeta:
         if sub is None:
             sub = self._subs[sub_id] = _Subscription(sub_id, realm, match, uri, self.router.clock(), key)
             self._sub_keys[(realm, match, uri)] = sub_id
+            self._subs_compaction.grown(len(self._subs))
             self._publish(realm, "wamp.subscription.on_create", [session.session_id, sub.details()], session)
         # Not to the subscriber itself: its SUBSCRIBED is not sent yet (an EVENT before it would be a protocol error).
         self._publish(realm, "wamp.subscription.on_subscribe", [session.session_id, sub_id], session)
@@ -247,6 +255,8 @@ class WampMeta:
         if gone:
             del self._subs[sub_id]
             self._sub_keys.pop((sub.realm, sub.match, sub.uri), None)
+            if self._subs_compaction.due(len(self._subs)):
+                self._subs, self._sub_keys = dict(self._subs), dict(self._sub_keys)
             self._publish(sub.realm, "wamp.subscription.on_delete", [session.session_id, sub_id])
 
     # The dealer's observer (dealer.py): this node's own registrations only.
