@@ -263,4 +263,3 @@ async def test_a_node_that_does_not_answer_is_named_not_waited_for(trio: Cluster
         assert await a.call("wamp.session.count") == 1
     finally:
         await leave(a)
-

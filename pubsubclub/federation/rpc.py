@@ -40,6 +40,11 @@ if TYPE_CHECKING:
     from pubsubclub.frontends.wamp.dealer import Dealer, _Registration
 
 
+#: The procedure of a node-to-node WAMP meta query: a PSC403 for no registration (docs/protocol.md, 0.7,
+#: "Meta queries"); ``$`` is reserved, so no client can register or call it.
+META_QUERY = "$pubsubclub.meta.query"
+
+
 class _CalleeLink:
     """The callees of the node at the other end of a consumer link, as one dealer party."""
 
@@ -197,8 +202,12 @@ class ClusterRPC:
         if caller is None:
             return
         if isinstance(msg, psc_rpc.Call):
-            if self.meta is not None and msg.procedure == self.meta.QUERY_PROCEDURE:
-                self.meta.serve(caller, msg.call, msg.args)
+            if msg.procedure == META_QUERY:
+                if self.meta is not None:
+                    self.meta.serve(caller, msg.call, msg.args)
+                else:
+                    # No WAMP here: no sessions, subscriptions or callees to tell of.
+                    caller.send_message(message.Result(msg.call, args=[None]))
                 return
             if dealer is None:
                 caller.send_message(

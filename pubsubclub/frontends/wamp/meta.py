@@ -44,6 +44,7 @@ from autobahn.wamp import message
 from twisted.logger import Logger
 
 from pubsubclub.core.compaction import Compaction
+from pubsubclub.federation.rpc import META_QUERY
 from pubsubclub.frontends.wamp.publishing import wamp_envelope
 from pubsubclub.frontends.wamp.registrations import _wildcard
 
@@ -59,7 +60,7 @@ log = Logger()
 #: WAMP URIs of the meta API; the router maps them to :func:`meta_topic` hub topics.
 META_PREFIXES = ("wamp.session.", "wamp.subscription.", "wamp.registration.")
 #: The procedure of a node-to-node meta query (a PSC403 for no registration; reserved: clients cannot call ``$``).
-QUERY_PROCEDURE = "$pubsubclub.meta.query"
+QUERY_PROCEDURE = META_QUERY
 #: The registration id such a PSC403 carries (the codec wants one; nobody looks it up).
 QUERY_REGISTRATION = 1
 
@@ -141,9 +142,6 @@ class _Query:
 
 class WampMeta:
     """The meta API of one router: its hooks (sessions, subscriptions, registrations), calls and queries."""
-
-    #: Read by federation/rpc.py: a PSC403 of this procedure is a meta query for :meth:`serve`.
-    QUERY_PROCEDURE = QUERY_PROCEDURE
 
     def __init__(self, router: WampRouter, limits: MetaLimits = MetaLimits()) -> None:  # noqa: B008 - frozen
         self.router = router
@@ -361,13 +359,13 @@ class WampMeta:
 
     def _session_count(self, session: BrokerSession, msg: message.Call) -> None:
         params = {"realm": session.realm, "roles": self._roles(msg)}
-        self._gather(session, msg, "count", params, lambda answers: self._result(session, msg, sum(answers.values())))
+        self._gather(session, msg, "count", params, lambda answers: self._result(session, msg, _total(answers)))
 
     def _session_list(self, session: BrokerSession, msg: message.Call) -> None:
         params = {"realm": session.realm, "roles": self._roles(msg)}
 
         def finish(answers: dict[str, Any]) -> None:
-            ids = [sid for node in sorted(answers) for sid in answers[node]]
+            ids = _ids(answers)
             if len(ids) > self.limits.max_results:
                 self._too_many(session, msg, "sessions")
             else:
@@ -446,8 +444,9 @@ class WampMeta:
 
         def finish(answers: dict[str, Any]) -> None:
             for node in sorted(answers):
-                if answers[node] is not None:
-                    then(answers[node])
+                found = answers[node]
+                if isinstance(found, dict) and found.get("match") in _MATCHES and isinstance(found.get("uri"), str):
+                    then(found)
                     return
             self._error(session, msg, NO_SUCH_SUBSCRIPTION, f"no subscription {sub_id} in this realm")
 
@@ -468,9 +467,9 @@ class WampMeta:
 
             def finish(answers: dict[str, Any]) -> None:
                 if count:
-                    self._result(session, msg, sum(answers.values()))
+                    self._result(session, msg, _total(answers))
                     return
-                ids = [sid for node in sorted(answers) for sid in answers[node]]
+                ids = _ids(answers)
                 if len(ids) > self.limits.max_results:
                     self._too_many(session, msg, "subscribers")
                 else:
@@ -580,7 +579,7 @@ class WampMeta:
             return
 
         def finish(answers: dict[str, Any]) -> None:
-            self._result(session, msg, local + [sid for node in sorted(answers) for sid in answers[node]])
+            self._result(session, msg, local + _ids(answers))
 
         params = {"ids": remote_ids}
         pairs = [(node, link) for link, node in links.items()]
@@ -737,7 +736,11 @@ class WampMeta:
         for key in pending.waiting:
             self._waiting.pop(key, None)
         pending.waiting.clear()
-        pending.done(pending.answers, pending.missing)
+        try:
+            pending.done(pending.answers, pending.missing)
+        except Exception:
+            # Called from a link's message handling: a fault here must not end the link.
+            log.failure("WAMP meta API: cannot answer a call from the nodes' answers")
 
     def answered(self, link: Any, call: int, result: list[Any] | None, error: str | None) -> bool:
         """A PSC404 (``result``) or PSC405 (``error``) on ``link``: True if it answers one of this node's queries."""
@@ -776,6 +779,16 @@ class WampMeta:
         if too_big is not None:
             text = f"node {self.node_id}'s answer would be {too_big[0]} bytes, over the link's limit of {too_big[1]}"
             party.send_message(message.Error(message.Call.MESSAGE_TYPE, call, PAYLOAD_SIZE_EXCEEDED, args=[text]))
+
+
+def _total(answers: dict[str, Any]) -> int:
+    """The sum of the nodes' counts (a node without WAMP answers null: none)."""
+    return sum(n for n in answers.values() if type(n) is int)
+
+
+def _ids(answers: dict[str, Any]) -> list[int]:
+    """The nodes' lists of ids, one after the other by node name (null: none)."""
+    return [i for node in sorted(answers) if isinstance(answers[node], list) for i in answers[node] if type(i) is int]
 
 
 def _matches(sub: _Subscription, topic: str) -> bool:

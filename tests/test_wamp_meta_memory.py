@@ -1,0 +1,137 @@
+"""The WAMP meta API on one in-memory router: its tables, and its queries to other nodes on fake links."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from autobahn.wamp import message
+from autobahn.wamp.role import RoleCalleeFeatures, RoleCallerFeatures, RoleSubscriberFeatures
+from twisted.internet.task import Clock
+
+from pubsubclub.core.hub import Hub
+from pubsubclub.frontends.wamp import WampRouter
+from pubsubclub.frontends.wamp.meta import QUERY_PROCEDURE, MetaLimits
+from pubsubclub.testing import MemoryWampTransport
+
+
+class FakeLink:
+    """A stand-in for another node's callees (federation/rpc.py's ``_CalleeLink``): records what it is sent."""
+
+    def __init__(self) -> None:
+        self.session = object()
+        self.sent: list[message.Message] = []
+
+    def send_if_fits(self, msg: message.Message) -> None:
+        """Record an INVOCATION (the query)."""
+        self.sent.append(msg)
+
+    def send_message(self, msg: message.Message) -> None:
+        """Record anything else."""
+        self.sent.append(msg)
+
+
+class FakeRPC:
+    """The cluster's RPC as the meta API sees it: other nodes by name, with their links."""
+
+    def __init__(self, peers: list[tuple[str, FakeLink]]) -> None:
+        self.meta: Any = None
+        self._peers = peers
+
+    def peers(self) -> list[tuple[str, FakeLink]]:
+        """Every other node."""
+        return self._peers
+
+
+def joined(router: WampRouter) -> tuple[Any, MemoryWampTransport]:
+    """An anonymous session on a fake transport, WELCOME taken off."""
+    session = router.session_factory()
+    transport = MemoryWampTransport()
+    session.onOpen(transport)
+    roles = {"caller": RoleCallerFeatures(), "callee": RoleCalleeFeatures(), "subscriber": RoleSubscriberFeatures()}
+    session.onMessage(message.Hello("realm1", roles))
+    assert isinstance(transport.sent.pop(), message.Welcome)
+    return session, transport
+
+
+def clustered(limits: MetaLimits = MetaLimits()) -> tuple[WampRouter, Clock, FakeLink]:  # noqa: B008 - frozen
+    """A router whose meta API has one other node, ``node2``, behind a fake link."""
+    clock = Clock()
+    router = WampRouter(Hub("node1"), call_later=clock.callLater)
+    router.meta.limits = limits
+    link = FakeLink()
+    router.meta.attach(FakeRPC([("node2", link)]), lambda topic: False)
+    return router, clock, link
+
+
+def test_meta_tables_are_empty_once_sessions_leave() -> None:
+    """A session's entry and its subscription's leave the meta API's tables with it; meta URIs map to $meta topics."""
+    router = WampRouter(Hub())
+    session, transport = joined(router)
+    session.onMessage(message.Subscribe(1, "com.example.t"))
+    session.onMessage(message.Register(2, "com.example.p"))
+    assert router.meta.stats() == {"sessions": 1, "subscriptions": 1, "queries": 0}
+    session.onClose(True)
+    assert router.meta.stats() == {"sessions": 0, "subscriptions": 0, "queries": 0}
+    assert router.hub_topic("realm1", "wamp.session.on_join") == "$meta.realm1#wamp.session.on_join"
+
+
+def test_a_silent_node_is_named_once_the_timeout_passes() -> None:
+    """wamp.session.count asks node 2 with a PSC403 meta query; no answer within the timeout: ERROR naming node 2."""
+    router, clock, link = clustered()
+    session, transport = joined(router)
+    session.onMessage(message.Call(5, "wamp.session.count"))
+    [query] = link.sent
+    assert isinstance(query, message.Invocation) and query.procedure == QUERY_PROCEDURE
+    assert query.args == ["count", {"realm": "realm1", "roles": None}]
+    assert transport.sent == []
+    clock.advance(5.0)
+    [error] = transport.sent
+    assert isinstance(error, message.Error) and error.error == "pubsubclub.error.meta_incomplete"
+    assert error.kwargs == {"nodes": ["node2"]}
+    assert clock.getDelayedCalls() == [] and router.meta.stats()["queries"] == 0
+
+
+def test_answers_are_merged_and_a_lost_link_ends_the_wait_at_once() -> None:
+    """Node 2's answer adds to this node's count (null: a node without WAMP); a query whose link drops is answered
+    ERROR without waiting."""
+    router, clock, link = clustered()
+    session, transport = joined(router)
+    session.onMessage(message.Call(5, "wamp.session.count"))
+    assert router.meta.answered(link.session, link.sent[0].request, [3], None)
+    [result] = transport.sent
+    assert isinstance(result, message.Result) and result.args == [4]
+    assert not router.meta.answered(link.session, link.sent[0].request, [3], None), "a late answer is nobody's"
+    session.onMessage(message.Call(6, "wamp.session.count"))
+    assert router.meta.answered(link.session, link.sent[1].request, [None], None), "a node without WAMP"
+    assert transport.sent[-1].args == [1]
+    session.onMessage(message.Call(7, "wamp.session.list"))
+    router.meta.link_closed(link.session)
+    error = transport.sent[-1]
+    assert isinstance(error, message.Error) and error.error == "pubsubclub.error.meta_incomplete"
+    assert clock.getDelayedCalls() == []
+
+
+def test_queries_in_flight_are_capped() -> None:
+    """Past meta-max-queries in flight a meta call that needs other nodes is refused naming the limit."""
+    router, clock, link = clustered(MetaLimits(max_queries=1))
+    session, transport = joined(router)
+    session.onMessage(message.Call(5, "wamp.session.count"))
+    session.onMessage(message.Call(6, "wamp.session.count"))
+    [error] = transport.sent
+    assert isinstance(error, message.Error) and error.error == "pubsubclub.error.too_many_meta_queries"
+    assert error.kwargs == {"limit": "wamp.meta-max-queries", "max": 1}
+    clock.advance(5.0)
+
+
+def test_a_query_from_another_node_is_answered_or_refused() -> None:
+    """A peer's meta query gets its answer (RESULT), and one this node cannot take an ERROR, never an exception."""
+    router, _, _ = clustered()
+    session, _ = joined(router)
+    party = FakeLink()
+    router.meta.serve(party, 7, ["sessions", {"realm": "realm1", "roles": None}])
+    router.meta.serve(party, 8, ["no-such-query", {"realm": "realm1"}])
+    router.meta.serve(party, 9, ["session", {"realm": "realm1", "id": [1]}])
+    router.meta.serve(party, 10, "not a list")
+    result, *errors = party.sent
+    assert isinstance(result, message.Result) and result.args == [[session.session_id]]
+    assert [(e.request, e.error) for e in errors] == [(r, "wamp.error.invalid_argument") for r in (8, 9, 10)]
