@@ -263,3 +263,38 @@ async def test_a_node_that_does_not_answer_is_named_not_waited_for(trio: Cluster
         assert await a.call("wamp.session.count") == 1
     finally:
         await leave(a)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two linked nodes without --auth (every session anonymous, allowed everything)."""
+    tmp_path = tmp_path_factory.mktemp("meta-open")
+    nodes = [NodeProcess(f"node{i}", tmp_path) for i in (1, 2)]
+    nodes[0].peers, nodes[1].peers = [nodes[1].psc_url], [nodes[0].psc_url]
+    for node in nodes:
+        node.start()
+    cluster = Cluster(nodes)
+    cluster.wait_linked()
+    yield cluster
+    for node in nodes:
+        assert_clean_log(node)
+        node.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_without_auth_anyone_may_use_the_meta_api_across_two_nodes(pair: Cluster) -> None:
+    """No --auth (Crossbar's default): an anonymous session on node 1 counts, lists and looks up node 2's sessions,
+    subscribers and callees."""
+    a, b = await connect(pair[0].wamp_url), await connect(pair[1].wamp_url)
+    try:
+        sub = await b.subscribe(lambda *args: None, "com.example.open")
+        reg = await b.register(lambda: None, "com.example.open.proc")
+        await until(lambda: pair[0].stats()["wamp"]["dealer"]["remote_registrations"] == 1, "node 1 knows it")
+        assert await a.call("wamp.session.count") == 2
+        assert sorted(await a.call("wamp.session.list")) == sorted([a._session_id, b._session_id])
+        assert (await a.call("wamp.session.get", b._session_id))["authrole"] == "anonymous"
+        assert await a.call("wamp.subscription.lookup", "com.example.open") == sub.id
+        assert await a.call("wamp.subscription.list_subscribers", sub.id) == [b._session_id]
+        assert await a.call("wamp.registration.list_callees", reg.id) == [b._session_id]
+    finally:
+        await leave(a, b)

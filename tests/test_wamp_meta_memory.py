@@ -135,3 +135,16 @@ def test_a_query_from_another_node_is_answered_or_refused() -> None:
     result, *errors = party.sent
     assert isinstance(result, message.Result) and result.args == [[session.session_id]]
     assert [(e.request, e.error) for e in errors] == [(r, "wamp.error.invalid_argument") for r in (8, 9, 10)]
+
+
+def test_the_node_to_node_query_is_not_callable_by_clients() -> None:
+    """A client's CALL of the reserved query procedure is refused as a reserved URI; a PUBLISH on a meta URI too."""
+    router, _, link = clustered()
+    session, transport = joined(router)
+    session.onMessage(message.Call(5, QUERY_PROCEDURE, args=["count", {"realm": "realm1"}]))
+    session.onMessage(message.Publish(6, "wamp.session.on_join", args=[{}], acknowledge=True))
+    assert [(m.request, m.error) for m in transport.sent] == [
+        (5, "wamp.error.invalid_uri"),
+        (6, "wamp.error.invalid_uri"),
+    ]
+    assert link.sent == []
