@@ -109,10 +109,13 @@ async def test_session_count_list_and_get_answer_for_every_node(trio: Cluster) -
 
 @pytest_twisted.ensureDeferred
 async def test_on_join_and_on_leave_reach_a_subscriber_on_another_node(trio: Cluster) -> None:
-    """A session joining and leaving node 2 is seen by an on_join/on_leave subscriber on node 1."""
+    """A session joining and leaving node 2 is seen by an on_join/on_leave subscriber on node 1 (whose own
+    subscriptions to meta events are not listed)."""
     watcher = await connect(trio[0].wamp_url)
     try:
         rec = await meta_subscribed(trio, watcher, ["wamp.session.on_join", "wamp.session.on_leave"], [1])
+        # The meta API's own subscriptions are not listed (as in Crossbar).
+        assert await watcher.call("wamp.subscription.lookup", "wamp.session.on_join") is None
         guest = await connect(trio[1].wamp_url)
         sid = guest._session_id
         await rec.wait_until(lambda r: any(e[0][0] == "wamp.session.on_join" for e in r.events))

@@ -196,12 +196,12 @@ class WampMeta:
 
     # -- events ------------------------------------------------------------------------------
 
-    def _publish(self, realm: str, uri: str, args: list[Any], exclude: Any = None) -> None:
+    def _publish(self, realm: str, uri: str, args: list[Any]) -> None:
         """Publish a meta event, if any session on any node subscribed to it."""
         topic = meta_topic(realm, uri)
         hub = self.router.hub
         if hub.subscribers(topic) or self.remote_wants(topic):
-            hub.publish(wamp_envelope(hub, topic, args, None), exclude=exclude)
+            hub.publish(wamp_envelope(hub, topic, args, None))
 
     def joined(self, session: BrokerSession, authmethod: str, authprovider: str | None) -> None:
         """A session was welcomed: on_join."""
@@ -229,14 +229,15 @@ class WampMeta:
         """A session holds a new subscription: on_create if it is new on this node, then on_subscribe."""
         realm = session.realm
         assert realm is not None
+        if uri.startswith("wamp."):
+            return  # not for the meta API itself (as Crossbar): no events, not listed
         sub = self._subs.get(sub_id)
         if sub is None:
             sub = self._subs[sub_id] = _Subscription(sub_id, realm, match, uri, self.router.clock(), key)
             self._sub_keys[(realm, match, uri)] = sub_id
             self._subs_compaction.grown(len(self._subs))
-            self._publish(realm, "wamp.subscription.on_create", [session.session_id, sub.details()], session)
-        # Not to the subscriber itself: its SUBSCRIBED is not sent yet (an EVENT before it would be a protocol error).
-        self._publish(realm, "wamp.subscription.on_subscribe", [session.session_id, sub_id], session)
+            self._publish(realm, "wamp.subscription.on_create", [session.session_id, sub.details()])
+        self._publish(realm, "wamp.subscription.on_subscribe", [session.session_id, sub_id])
 
     def unsubscribed(self, session: BrokerSession, sub_id: int) -> None:
         """A session dropped a subscription (UNSUBSCRIBE): on_unsubscribe, and on_delete if it was the last here."""
