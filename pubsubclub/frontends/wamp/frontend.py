@@ -38,6 +38,8 @@ class WampFrontend(FrontendBase):
             max_registrations_per_session=section.max_registrations,
             max_registrations=section.max_registrations_per_node,
             max_calls=section.max_calls_per_node,
+            max_retained_topics=section.max_retained_topics,
+            max_retained_bytes=section.max_retained_bytes,
         )
         self.server = WampServer(
             hub,
@@ -55,6 +57,8 @@ class WampFrontend(FrontendBase):
         if context.federation is not None:
             # RPC across the cluster: the federation routes calls to and from this dealer (federation/rpc.py).
             context.federation.rpc.attach(self.router.dealer)
+            # Retained events across the cluster: every node holds a replica (federation/retained.py).
+            context.federation.retained.attach(self.router.retained)
 
     def _site(self) -> Site:
         from pubsubclub.frontends.wamp.chatpage import STATIC_DIR, find_autobahn_js
