@@ -101,8 +101,13 @@ class WampFrontend(FrontendBase):
         self.router.shutdown(reason)
 
     def stats(self) -> dict[str, Any]:
-        """Open sessions, and the entries in the RPC dealer's tables (all 0 once the sessions have left)."""
-        return {"sessions": len(self.router.sessions), "dealer": self.router.dealer.tables()}
+        """Open sessions, the entries in the RPC dealer's tables, and the retained events held (topics, bytes)."""
+        retained = self.router.retained
+        return {
+            "sessions": len(self.router.sessions),
+            "dealer": self.router.dealer.tables(),
+            "retained": {"topics": len(retained), "bytes": retained.bytes},
+        }
 
 
 register(
