@@ -11,6 +11,9 @@ connection. The cap test runs last: it fills the cluster's table.
 from __future__ import annotations
 
 import itertools
+import json
+import shutil
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ import pytest
 import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
-from helpers.nodes import Cluster, NodeProcess, assert_clean_log, start_cluster
+from helpers.nodes import REPO, Cluster, NodeProcess, assert_clean_log, start_cluster
 from helpers.polling import until
 from helpers.wampclient import Recorder, connect, leave
 
@@ -28,6 +31,7 @@ pytestmark = pytest.mark.slow
 #: Topics the module's cluster may retain (small, so the cap test is quick).
 CAP = 12
 MARKER = "marker"
+WAMP_CLIENT_JS = REPO / "tests" / "js" / "wamp_client.js"
 _markers = itertools.count()
 
 
@@ -55,7 +59,7 @@ async def everywhere(cluster: Cluster, n: int) -> None:
 async def retained(
     node: NodeProcess, topic: str, match: str | None = None, session: Any = None, get_retained: bool = True
 ) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
-    """The EVENTs a new subscription to ``topic`` on ``node`` gets before its own marker: (args, kwargs with details)."""
+    """The EVENTs a new subscription to ``topic`` on ``node`` gets before its marker: (args, kwargs and details)."""
     own = session is None
     if own:
         session = await connect(node.wamp_url)
@@ -94,6 +98,18 @@ async def test_retained_on_one_node_reaches_later_subscribers_on_the_others(trio
     assert await retained(trio[1], "ret.one", get_retained=False) == []
     assert await retained(trio[2], "ret.none") == []
     await leave(session)
+
+
+def test_an_autobahn_js_subscriber_gets_the_retained_event(trio: Cluster) -> None:
+    """An autobahn-js client on node 3 subscribing with get_retained gets the event retained on node 1."""
+    js = subprocess.run(
+        [shutil.which("node") or "node", str(WAMP_CLIENT_JS), "--url", trio[2].wamp_url, "subscribe",
+         "--topic", "ret.one", "--count", "1", "--get-retained", "1", "--timeout", "20"],
+        capture_output=True, text=True, timeout=30, cwd=REPO,
+    )  # fmt: skip
+    assert js.returncode == 0, js.stderr
+    lines = [json.loads(line) for line in js.stdout.splitlines()]
+    assert {"args": [1, "x"], "kwargs": {"k": True}, "retained": True} in lines
 
 
 @pytest_twisted.ensureDeferred
