@@ -37,8 +37,9 @@ _markers = itertools.count()
 
 @pytest.fixture(scope="module")
 def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Three linked nodes retaining at most CAP topics each."""
-    cluster = start_cluster(tmp_path_factory.mktemp("retained"), 3, extra=("--wamp-max-retained-topics", str(CAP)))
+    """Three linked nodes retaining at most CAP topics each, naming every publisher in its EVENTs."""
+    extra = ("--wamp-max-retained-topics", str(CAP), "--wamp-disclose-publisher", "always")
+    cluster = start_cluster(tmp_path_factory.mktemp("retained"), 3, extra=extra)
     cluster.wait_linked()
     yield cluster
     for node in cluster.nodes:
@@ -75,11 +76,12 @@ async def retained(
     return [(args, kwargs) for args, kwargs in rec.events[: rec.args.index(MARKER)]]
 
 
-async def retain(node: NodeProcess, topic: str, *args: Any, serializer: str = "json", **options: Any) -> None:
-    """Publish ``args`` on ``topic`` from a session on ``node`` with ``retain=True`` (acknowledged)."""
+async def retain(node: NodeProcess, topic: str, *args: Any, serializer: str = "json", **options: Any) -> int:
+    """Publish ``args`` on ``topic`` from a session on ``node`` with ``retain=True`` (acknowledged); its session id."""
     session = await connect(node.wamp_url, serializer=serializer)
     await session.publish(topic, *args, options=PublishOptions(acknowledge=True, retain=True, **options))
     await leave(session)
+    return int(session.details.session)
 
 
 @pytest_twisted.ensureDeferred
@@ -127,13 +129,15 @@ async def test_binary_payload_crosses_serializers(trio: Cluster) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_publish_options_apply_to_retained_delivery(trio: Cluster) -> None:
-    """A retained event published with eligible=[one session on node 2] reaches only that session."""
+    """A retained event published with eligible=[one session on node 2] reaches only that session, naming
+    its publisher (the nodes disclose every publisher)."""
     chosen, other = await connect(trio[1].wamp_url), await connect(trio[1].wamp_url)
     before = retained_topics(trio[1])
-    await retain(trio[0], "retopt.x", "only you", eligible=[int(chosen.details.session)])
+    publisher = await retain(trio[0], "retopt.x", "only you", eligible=[int(chosen.details.session)])
     await until(lambda: retained_topics(trio[1]) > before, "retained on node 2")
     [(args, kwargs)] = await retained(trio[1], "retopt.x", session=chosen)
     assert args == ("only you",) and kwargs["details"].retained is True
+    assert kwargs["details"].publisher == publisher
     assert await retained(trio[1], "retopt.x", session=other) == []
     await leave(chosen, other)
 

@@ -238,6 +238,20 @@ def test_a_psc501_from_a_consumer_closes_the_link(net: MemoryNetwork) -> None:
     net.stop()
 
 
+def test_a_psc501_with_a_bad_payload_is_dropped_and_the_link_stays(net: MemoryNetwork) -> None:
+    """A PSC501 whose carrier is not base64 is dropped alone (counted like a PSC301 over the bounds)."""
+    node(net, "a", 9001)
+    b = node(net, "b", 9002)
+    dial(net, b, 9001)
+    [link] = net.links
+    link.server.sendMessage(b'[501,"t","\\u0000%%",{"o":"a","t":1,"i":"a-1","b":1}]')
+    link.server.sendMessage(b'[501,"u","fine",{"o":"a","t":1,"i":"a-2"}]')
+    net.flush()
+    assert held(b, "t") is None and held(b, "u") == "fine"
+    assert fed(b).stats["dropped_bounds"] == 1 and fed(b).open_links() == 1
+    net.stop()
+
+
 def test_a_peer_past_the_cap_drops_and_counts(net: MemoryNetwork) -> None:
     """A node whose table is full drops a peer's event on a new topic, counts it, and keeps the link."""
     a = node(net, "a", 9001)

@@ -193,7 +193,9 @@ def event_bytes(
         if options is not None:
             disclosed = options.get(DISCLOSED)
             if disclosed is not None:
-                details = {**disclosed, **(details or {})}
+                # An anonymous publisher has no authid: the detail is left out, not null
+                # (Autobahn-Python refuses an EVENT whose publisher_authid is not a string).
+                details = {**{k: v for k, v in disclosed.items() if v is not None}, **(details or {})}
         if wire.get(RETAINED) is not None:
             details = {**(details or {}), "retained": True}
         data = wire[key] = serializer.serialize(event_message(subscription, publication, args, kwargs, details))
