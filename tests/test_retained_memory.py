@@ -14,6 +14,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.core.retained import RetainedEvent, RetainedStore, payload_bytes
@@ -122,6 +124,37 @@ def test_bad_psc501_raises_the_one_decode_error(frame: bytes, words: str, payloa
     with pytest.raises(psc.PSCDecodeError, match=re.escape(words)) as raised:
         psc.decode(frame)
     assert isinstance(raised.value, psc.PSCPayloadError) is payload_only
+
+
+_json = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from("otiwbpxq"), inner, max_size=6),
+    max_leaves=12,
+)
+
+
+_meta_values = _json | st.text(min_size=1, max_size=6) | st.floats(0, 1e11) | st.just(1)
+
+
+@settings(max_examples=30)
+@given(
+    st.one_of(
+        st.lists(_json, max_size=4),
+        st.tuples(st.text(max_size=4) | _json, _json, st.dictionaries(st.sampled_from("otiwbpq"), _meta_values)),
+    )
+)
+def test_any_psc501_decodes_or_raises_the_one_error(params: Any) -> None:
+    """Whatever follows the type 501, decoding gives a Retained or raises PSCDecodeError, nothing else."""
+    try:
+        data = orjson.dumps([501, *params])
+    except TypeError:  # integers orjson cannot write, NaN: not bytes a peer can send
+        return
+    try:
+        decoded = psc.decode(data)
+    except psc.PSCDecodeError:
+        return
+    assert isinstance(decoded, psc_retain.Retained)
+    assert psc.decode(decoded.encode()) == decoded
 
 
 def test_psc501_topic_and_ids_are_bounded() -> None:
