@@ -165,7 +165,8 @@ async def test_two_retainers_on_different_nodes_leave_one_winner_everywhere(trio
 async def test_a_node_started_later_gets_the_running_clusters_retained_events(
     trio: Cluster, tmp_path: Path
 ) -> None:
-    """A fourth node started after the retains gets each of them from the nodes it links to."""
+    """A fourth node started after the retains gets each of them from the nodes it links to; restarted,
+    it gets them again, its own retained event included."""
     await retain(trio[2], "retlate.x", "before node4")
     await everywhere(trio, retained_topics(trio[2]))
     late = NodeProcess("node4", tmp_path, extra=("--wamp-max-retained-topics", str(CAP)))
@@ -177,6 +178,13 @@ async def test_a_node_started_later_gets_the_running_clusters_retained_events(
         assert args == ("before node4",)
         [(args, _)] = await retained(late, "ret.one")
         assert args == (1, "x")
+        await retain(late, "retlate.own", "from node4")
+        await everywhere(trio, retained_topics(late))
+        late.stop()
+        late.start()
+        await until(lambda: retained_topics(late) == retained_topics(trio[0]), "restarted node4 has the table")
+        [(args, _)] = await retained(late, "retlate.own")
+        assert args == ("from node4",)
         assert_clean_log(late)
     finally:
         late.stop()
