@@ -76,6 +76,16 @@ async def retained(
     return [(args, kwargs) for args, kwargs in rec.events[: rec.args.index(MARKER)]]
 
 
+async def retained_soon(node: NodeProcess, topic: str, session: Any = None) -> list[Any]:
+    """:func:`retained`, asked again until ``node`` has a retained event for ``topic`` (bounded)."""
+    got: list[Any] = []
+    for _ in range(200):  # each round is one subscription: well under the polling bound in all
+        got = await retained(node, topic, session=session)
+        if got:
+            break
+    return got
+
+
 async def retain(node: NodeProcess, topic: str, *args: Any, serializer: str = "json", **options: Any) -> int:
     """Publish ``args`` on ``topic`` from a session on ``node`` with ``retain=True`` (acknowledged); its session id."""
     session = await connect(node.wamp_url, serializer=serializer)
@@ -116,15 +126,15 @@ def test_an_autobahn_js_subscriber_gets_the_retained_event(trio: Cluster) -> Non
 
 @pytest_twisted.ensureDeferred
 async def test_binary_payload_crosses_serializers(trio: Cluster) -> None:
-    """A MessagePack publisher's bytes, retained on node 1, reach a JSON subscriber on node 3 as bytes."""
+    """A MessagePack publisher's bytes, retained on node 1, reach JSON (node 3) and CBOR (node 2) subscribers as
+    bytes."""
     await retain(trio[0], "retbin.x", b"\x00\xffraw", serializer="msgpack")
-    got: list[Any] = []
-    for _ in range(200):  # bounded: until node 3 has it (each round a subscription there)
-        got = await retained(trio[2], "retbin.x")
-        if got:
-            break
-    [(args, _)] = got
+    [(args, _)] = await retained_soon(trio[2], "retbin.x")
     assert args == (b"\x00\xffraw",)
+    cbor = await connect(trio[1].wamp_url, serializer="cbor")
+    [(args, _)] = await retained_soon(trio[1], "retbin.x", session=cbor)
+    assert args == (b"\x00\xffraw",)
+    await leave(cbor)
 
 
 @pytest_twisted.ensureDeferred
