@@ -129,7 +129,7 @@ def test_0_6_link_carries_bytes_and_an_older_link_gets_only_json(net: MemoryNetw
     for consumer in (a, c):
         consumer.add_server(psc_url(9002))
     net.answer()
-    assert sorted((r["peer_node"], r["version"]) for r in b.links()) == [("a", "0.7"), ("c", "0.4")]
+    assert sorted((r["peer_node"], r["version"]) for r in b.links()) == [("a", "0.8"), ("c", "0.4")]
     payload = {"args": ARGS, "kwargs": KWARGS}
     b.hub.publish(b.hub.envelope("t", payload, wamp_wrapped=True))
     b.hub.publish(b.hub.envelope("t", "marker"))

@@ -41,7 +41,7 @@ def _linked(
     a.hub.subscribe(GAP_TOPIC, gaps)
     a.add_server(psc_url(9002))
     net.answer()
-    assert [r["version"] for r in b.links()] == ["0.7"]
+    assert [r["version"] for r in b.links()] == ["0.8"]
     return b, sink, gaps
 
 

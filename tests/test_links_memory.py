@@ -955,7 +955,7 @@ def test_0_5_carries_pattern_interest_and_forwards_only_what_matches(net: Memory
     a.hub.subscribe_pattern(PREFIX_APP, sink)
     link = _link(net, a, 9002)
     assert link.client_wire.messages() == [
-        psc.Hello((psc.V0_1, psc.V0_2, psc.V0_3, psc.V0_4, psc.V0_5, psc.V0_6, psc.V0_7)),
+        psc.Hello((psc.V0_1, psc.V0_2, psc.V0_3, psc.V0_4, psc.V0_5, psc.V0_6, psc.V0_7, psc.V0_8)),
         psc.Resume(None, 0, (), (PREFIX_APP,)),
     ]
     assert b.remote_patterns() == {"prefix:app.": ["a"]}

@@ -217,7 +217,7 @@ async def test_ten_second_partition_under_load_loses_and_duplicates_nothing(clus
     replay = one.stats()["replay"]
     print("node1 replay buffers:", json.dumps(replay))
     assert replay["replayed"] > 0, "nothing was resent: the link never went down"
-    assert {r["version"] for r in one.stats()["links"] if r["state"] == "open"} == {"0.7"}
+    assert {r["version"] for r in one.stats()["links"] if r["state"] == "open"} == {"0.8"}
     assert metric_value(one.metrics(), "pubsubclub_link_replayed_messages_total", peer="node2") == replay["replayed"]
 
 

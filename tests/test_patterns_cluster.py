@@ -87,7 +87,7 @@ async def test_a_peer_without_the_extension_still_sends_exact_topics(tmp_path: P
             node.start()
         await cluster.linked()
         versions = {(link["peer_node"], link["version"]) for link in nodes[1].stats()["links"]}
-        assert versions == {("node1", "0.7"), ("node3", "0.4")}
+        assert versions == {("node1", "0.8"), ("node3", "0.4")}
         sub = await connect(nodes[1].wamp_url)
         pub1 = await connect(nodes[0].wamp_url)
         pub3 = await connect(nodes[2].wamp_url)

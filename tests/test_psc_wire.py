@@ -333,10 +333,10 @@ def test_oversize_frame_closes_with_1009(node: NodeProcess) -> None:
 
 @pytest_twisted.ensureDeferred
 async def test_dialling_node_is_a_consumer(raw_server: RawPSCServer, spawn: Callable[..., NodeProcess]) -> None:
-    """A node dialling a producer offers 0.1 to 0.7, sends its interest, delivers PSC301 and pings."""
+    """A node dialling a producer offers 0.1 to 0.8, sends its interest, delivers PSC301 and pings."""
     dialer = spawn("dialer", peers=(raw_server.url,))
     link = raw_server.accept()
-    assert recv_json(link) == [101, [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [0, 7]]
+    assert recv_json(link) == [101, [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [0, 7], [0, 8]]
 
     # Subscribed before the handshake completes: sent in the initial bulk PSC201.
     sub = await wamp_connect(dialer.wamp_url)
@@ -368,7 +368,7 @@ async def test_consumers_listen_mode_node_speaks_first(spawn: Callable[..., Node
     sub = await wamp_connect(listener.wamp_url)
     rec, _ = await subscribe(sub, "cl.topic")
     with dial(listener) as ws:
-        assert recv_json(ws) == [101, [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [0, 7]]
+        assert recv_json(ws) == [101, [0, 1], [0, 2], [0, 3], [0, 4], [0, 5], [0, 6], [0, 7], [0, 8]]
         send_json(ws, [102, [0, 2]])
         assert recv_json(ws) == [201, "cl.topic"]
         send_json(ws, [301, "cl.topic", {"hello": 2}, {"o": "rawpeer", "t": time.time(), "i": "rawpeer-1"}])

@@ -21,7 +21,7 @@ def status(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_status_names_every_node_and_link_state(cluster_factory: Callable[..., Cluster]) -> None:
-    """From one node's ops URL the table names all three nodes and each of that node's links, open, 0.7."""
+    """From one node's ops URL the table names all three nodes and each of that node's links, open, 0.8."""
     cluster = cluster_factory(3)
     cluster.wait_linked()
     done = status("--http", cluster[0].ops_url)
@@ -34,7 +34,7 @@ def test_status_names_every_node_and_link_state(cluster_factory: Callable[..., C
     assert sorted((row[1], row[4]) for row in link_rows) == [
         ("node2", "in"), ("node2", "out"), ("node3", "in"), ("node3", "out")
     ]  # fmt: skip
-    assert all(row[5] == "open" and row[6] == "0.7" for row in link_rows)
+    assert all(row[5] == "open" and row[6] == "0.8" for row in link_rows)
     assert cluster[1].psc_url in links
 
 

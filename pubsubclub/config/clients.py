@@ -98,6 +98,21 @@ class WampSection:
         min=1,
         max=10_000_000,
     )
+    max_retained_topics: int = setting(
+        10_000,
+        "topics with a retained event, the whole cluster's table (each node holds a replica); a retaining"
+        " PUBLISH on one more topic gets an ERROR",
+        metavar="N",
+        min=1,
+        max=10_000_000,
+    )
+    max_retained_bytes: int = setting(
+        64 * 1024 * 1024,
+        "payload bytes of all retained events together (JSON size); a retaining PUBLISH past it gets an ERROR",
+        metavar="BYTES",
+        min=1,
+        max=2**40,
+    )
     await_interest: bool = setting(
         False,
         "hold SUBSCRIBED until every linked node has the new interest, so a publish made after it on any node"

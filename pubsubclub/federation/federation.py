@@ -33,7 +33,7 @@ from pubsubclub.core.counters import FederationEvent, Source
 from pubsubclub.core.hub import GAP_TOPIC, Hub
 from pubsubclub.core.metrics import Metrics
 from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import psc
+from pubsubclub.federation import psc, psc_retain
 from pubsubclub.federation.auth import (
     AUTH_HEADER,
     DIALLED_HEADER,
@@ -53,6 +53,7 @@ from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # 
 from pubsubclub.federation.linkserver import PSCServerFactory
 from pubsubclub.federation.receiving import Receiving
 from pubsubclub.federation.replay import Inbox, Outbox
+from pubsubclub.federation.retained import ClusterRetained
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.rpc import ClusterRPC
 from pubsubclub.federation.servers import (  # noqa: F401 (re-exported)
@@ -164,8 +165,13 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             # RPC across the cluster (0.7, federation/rpc.py) comes with 0.6.
             if psc.V0_6 in self.versions and psc.V0_7 not in self.versions:
                 self.versions = (*self.versions, psc.V0_7)
+            # Retained events across the cluster (0.8, federation/retained.py) come with 0.7.
+            if psc.V0_7 in self.versions and psc.V0_8 not in self.versions:
+                self.versions = (*self.versions, psc.V0_8)
         #: RPC over 0.7 links (federation/rpc.py); the node attaches its WAMP dealer.
         self.rpc = ClusterRPC(self.node_id, limits)
+        #: Retained events over 0.8 links (federation/retained.py); the node attaches the WAMP router's table.
+        self.retained = ClusterRetained(self.metrics, reactor.callLater, self._link_queued, self.queue_cap)
         self._servers: dict[str, _Server] = {}
         #: Every live link, by its session.
         self._links: dict[LinkSession, Link] = {}
@@ -327,6 +333,8 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             self._learn(link.transport.heard)
         if session.with_rpc:
             self.rpc.link_open(session)
+        if session.with_retained:
+            self.retained.link_open(session)
         self.metrics.event(FederationEvent.LINKS_OPENED)
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
@@ -346,6 +354,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
                 server.down_since = self._reactor.seconds()
         self._producers.pop(session, None)
         self.rpc.link_closed(session)
+        self.retained.link_closed(session)
         if self.outbox is not None:
             self.outbox.detach(session)
         for topic in session.topics:
@@ -451,6 +460,16 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
     def link_rpc(self, session: LinkSession, message: psc.ExtensionMessage) -> None:
         """A 0.7 RPC message (federation/rpc.py)."""
         self.rpc.receive(session, message)
+
+    def link_retained(self, session: LinkSession, message: psc_retain.Retained) -> None:
+        """A 0.8 retained event (federation/retained.py)."""
+        self.retained.receive(session, message)
+
+    def _link_queued(self, session: LinkSession) -> int:
+        """Bytes ``session``'s transport holds unsent (0 for a transport that does not say)."""
+        link = self._links.get(session)
+        queued = None if link is None else getattr(link.transport, "queued", None)
+        return 0 if queued is None else int(queued())
 
     # -- introspection -----------------------------------------------------
 

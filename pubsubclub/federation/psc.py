@@ -59,6 +59,8 @@ V0_5: Version = (0, 5)
 V0_6: Version = (0, 6)
 #: 0.6 plus RPC across the cluster: PSC401-PSC406 (federation/psc_rpc.py, docs/protocol.md).
 V0_7: Version = (0, 7)
+#: 0.7 plus retained events: PSC501 (federation/psc_retain.py, docs/protocol.md).
+V0_8: Version = (0, 8)
 #: Separates the messages of a 0.4 batch frame; encoded messages never contain it (JSON escapes it).
 BATCH_SEPARATOR = b"\n"
 #: Versions every link speaks, lowest first (a federation with a replay buffer adds 0.3, and 0.4 to batch).

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import psc, psc_rpc
+from pubsubclub.federation import psc, psc_retain, psc_rpc
 
 
 class Role(enum.Enum):
@@ -95,6 +95,9 @@ class LinkOwner(Protocol):
     def link_rpc(self, session: LinkSession, message: psc.ExtensionMessage) -> None:
         """A 0.7 link received an RPC message (federation/psc_rpc.py) its peer's role may send."""
 
+    def link_retained(self, session: LinkSession, message: psc_retain.Retained) -> None:
+        """A 0.8 consumer link received a retained event (PSC501, federation/psc_retain.py)."""
+
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         """A consumer link received a PSC301 whose message breaks the JSON bounds; it was dropped."""
 
@@ -134,6 +137,8 @@ class LinkSession:
         self.with_binary = False
         #: This link carries RPC (0.7: PSC401-PSC406, federation/psc_rpc.py).
         self.with_rpc = False
+        #: This link carries retained events (0.8: PSC501, federation/psc_retain.py).
+        self.with_retained = False
         #: Topics the consumer at the other end asked for (producer role).
         self.topics: set[str] = set()
         #: Patterns the consumer at the other end asked for (producer role, 0.5).
@@ -159,6 +164,7 @@ class LinkSession:
         self.with_patterns = version >= psc.V0_5
         self.with_binary = version >= psc.V0_6
         self.with_rpc = version >= psc.V0_7
+        self.with_retained = version >= psc.V0_8
 
     def start(self) -> None:
         """The transport opened: the consumer speaks first, whoever dialled."""
@@ -252,7 +258,11 @@ class LinkSession:
             raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
         except psc.PSCDecodeError as e:
             raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
-        if isinstance(message, psc.ExtensionMessage):
+        if isinstance(message, psc_retain.Retained):
+            if not (self.with_retained and self.state is LinkState.OPEN and self.role is Role.CONSUMER):
+                raise self._unexpected(message)
+            self._owner.link_retained(self, message)
+        elif isinstance(message, psc.ExtensionMessage):
             allowed = psc_rpc.FROM_CONSUMER if self.role is Role.PRODUCER else psc_rpc.FROM_PRODUCER
             if not (self.with_rpc and self.state is LinkState.OPEN and isinstance(message, allowed)):
                 raise self._unexpected(message)

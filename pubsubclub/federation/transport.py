@@ -297,6 +297,11 @@ class _LinkProtocolBase:
         if backlog is not None:
             backlog.written(len(data))
 
+    def queued(self) -> int:
+        """Bytes written to this link and not yet taken by the peer (what the queue cap measures)."""
+        backlog = self._backlog
+        return 0 if backlog is None else unsent_bytes(self.transport, backlog)  # type: ignore[attr-defined]
+
     def round_trip(self) -> defer.Deferred[None]:
         """Fires when the peer has read everything sent on this link so far (a ping, answered in order).
 

@@ -11,6 +11,8 @@
 //        subscribe --topic T --count N [--timeout S]
 //     Prints {"ready": true} once the subscription is acknowledged, then one line
 //     {"args": [...], "kwargs": {...}} per event; exits 0 after N events.
+//     With --get-retained 1 the SUBSCRIBE asks for retained events and each line
+//     also has "retained": details.retained.
 //
 // Authentication (optional): --authid ID with --ticket T (WAMP-Ticket) or
 // --secret S (WAMP-CRA, autobahn.auth_cra). Then the first stdout line is
@@ -121,12 +123,15 @@ async function doPublish(session) {
 
 function doSubscribe(session) {
   let seen = 0;
-  return session.subscribe(opts.topic, (args, kwargs) => {
+  const retained = opts["get-retained"] === "1";
+  return session.subscribe(opts.topic, (args, kwargs, details) => {
     if (finished || seen >= count) { return; }
     seen++;
-    emit({ args: args || [], kwargs: kwargs || {} });
+    const line = { args: args || [], kwargs: kwargs || {} };
+    if (retained) { line.retained = Boolean(details && details.retained); }
+    emit(line);
     if (seen >= count) { finish(0); }
-  }).then(() => {
+  }, retained ? { get_retained: true } : {}).then(() => {
     emit({ ready: true });
     if (count === 0) { finish(0); }
   });

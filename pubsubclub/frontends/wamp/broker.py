@@ -52,6 +52,7 @@ from pubsubclub.frontends.wamp.meta import META_PREFIXES
 from pubsubclub.frontends.wamp.publishing import (
     PAYLOAD_SIZE_EXCEEDED,
     PUBLICATION,
+    RETAINED,
     admits,
     event_arguments,
     publish,
@@ -303,10 +304,38 @@ class BrokerSession(WampSession):
                 self._patterns[key] = subscription
             self._router.meta.subscribed(self, subscription, match, msg.topic, key)
         answer = message.Subscribed(msg.request, subscription)
+        retained = msg.get_retained is True
         if self._router.await_interest:
-            self._hub.interest_settled().addCallback(lambda _: self._send(answer))
+            self._hub.interest_settled().addCallback(lambda _: self._subscribed(answer, key, retained))
         else:
-            self._send(answer)
+            self._subscribed(answer, key, retained)
+
+    def _subscribed(self, answer: message.Subscribed, key: str | Pattern, get_retained: bool) -> None:
+        """SUBSCRIBED, then (``get_retained``) the retained event of each matching topic, as EVENTs."""
+        self._send(answer)
+        if not get_retained:
+            return
+        store = self._router.retained
+        if isinstance(key, str):
+            held = store.get(key)
+            events = [] if held is None else [held]
+            pattern = None
+        else:
+            events = store.matching(key)
+            pattern = key
+        for event in events:
+            envelope = Envelope(
+                event.topic,
+                event.payload,
+                event.origin,
+                event.published_at,
+                event.message_id,
+                event.wamp_wrapped,
+                options=event.options,
+            )
+            envelope.wire[RETAINED] = True
+            # Publish options apply as to a live EVENT; a slow consumer is dropped as for one.
+            self._send_event(envelope, answer.subscription, pattern)
 
     def _on_unsubscribe(self, msg: message.Unsubscribe) -> None:
         topic = self._subscriptions.pop(msg.subscription, None)

@@ -128,6 +128,8 @@ class PublishRequest(NamedTuple):
     routing: dict[str, Any] | None = None
     #: The ``disclose_me`` option (true: the publisher asks to be named in its EVENTs).
     disclose_me: bool | None = None
+    #: The ``retain`` option (true: keep it as the topic's retained event).
+    retain: bool = False
 
     @classmethod
     def from_message(cls, msg: message.Publish, size: int | None = None, options: Any = None) -> PublishRequest:
@@ -144,6 +146,7 @@ class PublishRequest(NamedTuple):
             size,
             routing_options(msg),
             disclose if type(disclose) is bool else None,
+            msg.retain is True,
         )
 
 

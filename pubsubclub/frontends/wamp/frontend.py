@@ -38,6 +38,8 @@ class WampFrontend(FrontendBase):
             max_registrations_per_session=section.max_registrations,
             max_registrations=section.max_registrations_per_node,
             max_calls=section.max_calls_per_node,
+            max_retained_topics=section.max_retained_topics,
+            max_retained_bytes=section.max_retained_bytes,
         )
         self.server = WampServer(
             hub,
@@ -60,6 +62,8 @@ class WampFrontend(FrontendBase):
             context.federation.rpc.attach(self.router.dealer)
             # The meta API asks other nodes over the same links; their subscriptions to meta events count.
             self.router.meta.attach(context.federation.rpc, context.federation.forwards)
+            # Retained events across the cluster: every node holds a replica (federation/retained.py).
+            context.federation.retained.attach(self.router.retained)
 
     def _site(self) -> Site:
         from pubsubclub.frontends.wamp.chatpage import STATIC_DIR, find_autobahn_js
@@ -102,11 +106,13 @@ class WampFrontend(FrontendBase):
         self.router.shutdown(reason)
 
     def stats(self) -> dict[str, Any]:
-        """Open sessions, and the entries in the RPC dealer's and the meta API's tables (all 0 once sessions left)."""
+        """Open sessions, the entries in the RPC dealer's and the meta API's tables, and the retained events held."""
+        retained = self.router.retained
         return {
             "sessions": len(self.router.sessions),
             "dealer": self.router.dealer.tables(),
             "meta": self.router.meta.stats(),
+            "retained": {"topics": len(retained), "bytes": retained.bytes},
         }
 
 

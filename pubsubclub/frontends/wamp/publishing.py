@@ -49,6 +49,7 @@ from twisted.logger import Logger
 from pubsubclub.core.counters import DropReason, Kind, Source
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
+from pubsubclub.core.retained import RetainedEvent, payload_bytes
 from pubsubclub.frontends.wamp.auth import NOT_AUTHORIZED
 from pubsubclub.frontends.wamp.codec import DISCLOSED, PUBLISH, ROUTING_KEYS, PublishRequest, event_message
 
@@ -62,6 +63,8 @@ __all__ = [
     "DISCLOSURES",
     "PAYLOAD_SIZE_EXCEEDED",
     "PUBLICATION",
+    "RETAINED",
+    "TOO_MANY_RETAINED",
     "admits",
     "event_arguments",
     "event_bytes",
@@ -75,6 +78,10 @@ log = Logger()
 PUBLICATION = "wamp.publication"
 #: ``envelope.wire`` key of the routing object made into sets, once per envelope and node.
 _ELIGIBILITY = "wamp.eligibility"
+#: ``envelope.wire`` key marking a retained event sent after SUBSCRIBED (``details.retained``).
+RETAINED = "wamp.retained"
+#: ERROR for a retaining PUBLISH past ``[wamp] max-retained-topics`` or ``max-retained-bytes``.
+TOO_MANY_RETAINED = "pubsubclub.error.too_many_retained"
 INVALID_URI = "wamp.error.invalid_uri"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 #: ERROR for a PUBLISH that could not reach other nodes for its size (docs/protocol.md, "Message sizes").
@@ -181,12 +188,16 @@ def event_bytes(
         if publication is None:
             publication = wire[PUBLICATION] = new_id()
         args, kwargs = event_arguments(envelope)
-        details = None if topic is None else {"topic": topic}
+        details: dict[str, Any] | None = None if topic is None else {"topic": topic}
         options = envelope.options
         if options is not None:
             disclosed = options.get(DISCLOSED)
             if disclosed is not None:
-                details = {**disclosed, **(details or {})}
+                # An anonymous publisher has no authid: the detail is left out, not null
+                # (Autobahn-Python refuses an EVENT whose publisher_authid is not a string).
+                details = {**{k: v for k, v in disclosed.items() if v is not None}, **(details or {})}
+        if wire.get(RETAINED) is not None:
+            details = {**(details or {}), "retained": True}
         data = wire[key] = serializer.serialize(event_message(subscription, publication, args, kwargs, details))
     return data  # type: ignore[no-any-return]
 
@@ -240,7 +251,33 @@ def publish(session: BrokerSession, msg: PublishRequest) -> message.Message | No
             topic, Source.WAMP, Kind.DROPPED, 1, payload_size(envelope), reason=DropReason.TOO_LARGE_FOR_LINKS
         )
         return message.Error(PUBLISH, msg.request, PAYLOAD_SIZE_EXCEEDED, args=[too_large]) if acknowledge else None
+    if msg.retain:
+        refused = _retain(session, envelope)
+        if refused is not None:
+            return message.Error(PUBLISH, msg.request, TOO_MANY_RETAINED, args=[refused[0]],
+                                 kwargs={"limit": refused[1], "max": refused[2]}) if acknowledge else None  # fmt: skip
     publication = envelope.wire[PUBLICATION] = router.new_id()
     hub.metrics.count(topic, Source.WAMP, Kind.PUBLISHED, 1, payload_size(envelope))
     hub.publish(envelope, exclude=None if msg.exclude_me is False else session)
     return message.Published(msg.request, publication) if acknowledge else None
+
+
+def _retain(session: BrokerSession, envelope: Envelope) -> tuple[str, str, int] | None:
+    """Keep ``envelope`` as its topic's retained event (the cluster's, core/retained.py); why not, if refused."""
+    router = session.router
+    assert envelope.origin is not None and envelope.published_at is not None and envelope.message_id is not None
+    event = RetainedEvent(
+        envelope.topic,
+        envelope.payload,
+        envelope.wamp_wrapped,
+        envelope.options,
+        envelope.published_at,
+        envelope.origin,
+        envelope.message_id,
+        payload_bytes(envelope.payload),
+    )
+    refused = router.retained.retain(event)
+    if refused is not None:
+        log.debug("WAMP session {session}: retain refused: {problem}", session=session.session_id, problem=refused[0])
+        router.refused(TOO_MANY_RETAINED.rsplit(".", 1)[-1])
+    return refused

@@ -21,6 +21,7 @@ from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.patterns import Pattern
+from pubsubclub.core.retained import RetainedStore
 from pubsubclub.frontends.wamp.auth import AuthPolicy
 from pubsubclub.frontends.wamp.dealer import Dealer
 from pubsubclub.frontends.wamp.meta import META_PREFIXES, WampMeta, meta_topic
@@ -50,6 +51,10 @@ class WampLimits:
     max_registrations: int = 50_000
     #: RPC calls the node may have in flight, all callers together (``[wamp] max-calls-per-node``).
     max_calls: int = 10_000
+    #: Topics with a retained event, the cluster's table as this node holds it (``[wamp] max-retained-topics``).
+    max_retained_topics: int = 10_000
+    #: Payload bytes of all retained events together (``[wamp] max-retained-bytes``).
+    max_retained_bytes: int = 64 * 1024 * 1024
     #: Unsent bytes queued for one client before it is dropped as too slow.
     max_send_buffer: int = 16 * 1024 * 1024
     #: Depth, integer range, floats and strings of every message (docs/security.md).
@@ -68,6 +73,8 @@ class WampLimits:
             "max_registrations_per_session",
             "max_registrations",
             "max_calls",
+            "max_retained_topics",
+            "max_retained_bytes",
             "max_send_buffer",
         ):
             value = getattr(self, name)
@@ -141,6 +148,8 @@ class WampRouter:
             max_node_registrations=limits.max_registrations,
             refused=self.refused,
         )
+        #: Retained events by hub topic, this node's replica of the cluster's (core/retained.py).
+        self.retained = RetainedStore(limits.max_retained_topics, limits.max_retained_bytes)
         #: Hub topic (exact) or hub pattern -> its broker-wide subscription.
         self._subscriptions: dict[str | Pattern, _TopicSubscription] = {}
         self._subscription_ids: set[int] = set()

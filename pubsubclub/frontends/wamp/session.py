@@ -455,6 +455,7 @@ class WampSession:
                         pattern_based_subscription=True,
                         subscriber_blackwhite_listing=True,
                         publisher_identification=True,
+                        event_retention=True,
                     ),
                     "dealer": RoleDealerFeatures(
                         call_timeout=True,
