@@ -41,7 +41,8 @@ class WampFrontend(FrontendBase):
         )
         self.server = WampServer(
             hub,
-            realms=(section.realm,),
+            realms=section.realms,
+            plain_realm=section.plain,
             limits=limits,
             auth=context.auth,
             reactor=context.reactor,
