@@ -123,6 +123,7 @@ def federation_settings(config: NodeConfig) -> FederationSettings:
         learn_peers=section.learn_peers and config.consul.url is None,
         batch=section.batch,
         patterns=section.patterns,
+        plain_realm=config.wamp.plain,
         replay=None
         if not section.replay_window_seconds
         else ReplaySettings(max_bytes=section.replay_buffer_bytes, window=section.replay_window_seconds),
