@@ -310,6 +310,15 @@ class BridgeSection:
         metavar="ROLE",
         check=check_uri,
     )
+    cluster_realm: str | None = setting(
+        None,
+        "the cluster realm the router's realm ([wamp] realm) is carried onto: its topics become that realm's"
+        " topics in the cluster",
+        flag="--cluster-realm",
+        metavar="REALM",
+        shown_default="the plain realm",
+        check=check_realm,
+    )
     lock: str = setting(
         "pubsubclub.bridge.active",
         "procedure the active bridge of a router registers (one bridge per router is active)",

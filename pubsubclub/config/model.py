@@ -118,6 +118,12 @@ class NodeConfig:
             raise ConfigError("realm", f"a realm is listed twice: {', '.join(realms)}")
         if self.bridge.router is not None and len(realms) != 1:
             raise ConfigError("realm", "pubsubclub bridge joins one realm of its router: give --realm once")
+        if self.bridge.cluster_realm is not None and self.wamp.plain_realm is None:
+            raise ConfigError(
+                "cluster-realm",
+                "needs [wamp] plain-realm (--plain-realm), the cluster's plain realm: whether the cluster realm is"
+                " the plain one decides its topics",
+            )
         policy = self.auth_policy()
         if policy is not None and self.wamp.plain in policy.realms:
             raise ConfigError(
