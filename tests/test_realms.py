@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 from pubsubclub.cli.command import parser
 from pubsubclub.config import ConfigError, build, load_toml, node_config
 from pubsubclub.core.hub import Hub
+from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation.realmcheck import PLAIN_REALM_HEADER, realm_conflict, realm_header
+from pubsubclub.frontends.bridge.realm import RealmMap
 from pubsubclub.frontends.wamp import WampRouter
 from pubsubclub.frontends.wamp.auth import AuthFileError, parse_auth
 from pubsubclub.frontends.wamp.uris import hub_topic, split_hub_topic, wamp_topic
@@ -184,3 +186,27 @@ def test_plain_realm_conflict_rule() -> None:
     why = realm_conflict("realm1", realm_header("a")[PLAIN_REALM_HEADER])
     assert why is not None and "'realm1'" in why and "'a'" in why
     assert realm_conflict("realm1", "x" * 100_000) is not None
+
+
+def test_bridge_realm_map_carries_one_cluster_realm() -> None:
+    """A bridge onto cluster realm sales maps router t <-> $realm.sales#t and lets no other realm or reserved topic
+    cross; onto the plain realm it is the identity, as before."""
+    sales = RealmMap("sales", "realm1")
+    assert sales.to_hub("com.t") == "$realm.sales#com.t"
+    assert sales.from_hub("$realm.sales#com.t") == "com.t"
+    assert sales.to_hub_pattern("prefix", "com.") == Pattern("prefix", "$realm.sales#com.")
+    for hub in ("com.t", "$realm.other#com.t", "$realm.sales#wamp.x", "$nsd.x", "$realm.sales#$x"):
+        assert sales.from_hub(hub) is None, hub
+    assert sales.to_hub("wamp.session.on_join") is None and sales.to_hub("$x") is None
+    plain = RealmMap("realm1", "realm1")
+    assert plain.to_hub("com.t") == plain.from_hub("com.t") == "com.t"
+    assert plain.from_hub("$realm.sales#com.t") is None
+
+
+def test_cluster_realm_needs_an_explicit_plain_realm() -> None:
+    """``[bridge] cluster-realm`` without ``[wamp] plain-realm`` is refused (the mapping would be a guess)."""
+    bridge = {"bridge.router": "ws://127.0.0.1:8080/ws", "bridge.cluster-realm": "sales"}
+    with pytest.raises(ConfigError) as e:
+        build({}, bridge)
+    assert e.value.key == "cluster-realm"
+    assert build({}, {**bridge, "wamp.plain-realm": "realm1"}).bridge.cluster_realm == "sales"
