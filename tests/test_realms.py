@@ -6,7 +6,12 @@ from pathlib import Path
 
 import pytest
 from autobahn.wamp import message
-from autobahn.wamp.role import RoleSubscriberFeatures
+from autobahn.wamp.role import (
+    RoleCalleeFeatures,
+    RoleCallerFeatures,
+    RolePublisherFeatures,
+    RoleSubscriberFeatures,
+)
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -210,3 +215,28 @@ def test_cluster_realm_needs_an_explicit_plain_realm() -> None:
         build({}, bridge)
     assert e.value.key == "cluster-realm"
     assert build({}, {**bridge, "wamp.plain-realm": "realm1"}).bridge.cluster_realm == "sales"
+
+
+def test_a_client_cannot_name_another_realms_hub_topics() -> None:
+    """In realm a, PUBLISH, SUBSCRIBE (exact and prefix), REGISTER and CALL of ``$realm.b#...`` are refused, and a
+    realm name holding '#' is no realm."""
+    router = WampRouter(Hub(), ("a", "b"), plain_realm="realm1")
+    session = router.session_factory()
+    transport = MemoryWampTransport()
+    session.onOpen(transport)
+    session.onMessage(
+        message.Hello("a", {"subscriber": RoleSubscriberFeatures(), "publisher": RolePublisherFeatures(),
+                            "callee": RoleCalleeFeatures(), "caller": RoleCallerFeatures()})  # fmt: skip
+    )
+    assert isinstance(transport.sent[0], message.Welcome)
+    forged = "$realm.b#com.t"
+    session.onMessage(message.Publish(1, forged, acknowledge=True))
+    session.onMessage(message.Subscribe(2, forged))
+    session.onMessage(message.Subscribe(3, "$realm.b#", match="prefix"))
+    session.onMessage(message.Register(4, forged))
+    session.onMessage(message.Call(5, forged))
+    answers = transport.sent[1:]
+    assert [type(m).__name__ for m in answers] == ["Error"] * 5, answers
+    assert all(m.error in ("wamp.error.invalid_uri", "wamp.error.no_such_procedure") for m in answers), answers
+    assert not any(t.startswith("$realm.b#") for t in router.hub.topics())
+    assert isinstance(welcome_or_abort(router, "a#b"), message.Abort)
