@@ -104,6 +104,8 @@ async def test_events_stay_in_their_realm_across_nodes(cluster: Cluster) -> None
     """The same topic in realms realm1, a and b on three nodes: each publish reaches only its realm's subscribers."""
     await cluster.linked()
     n1, n2, n3 = cluster.nodes
+    assert [n.stats()["wamp"]["realms"] for n in cluster.nodes] == [["realm1", "a", "b", "c"], ["b", "a"], ["b"]]
+    assert {n.stats()["wamp"]["plain_realm"] for n in cluster.nodes} == {"realm1"}
     subs = {
         ("realm1", "node1"): await connect(n1.wamp_url, "realm1"),
         ("a", "node1"): await connect(n1.wamp_url, "a"),

@@ -98,8 +98,14 @@ class WampFrontend(FrontendBase):
         self.router.shutdown(reason)
 
     def stats(self) -> dict[str, Any]:
-        """Open sessions, and the entries in the RPC dealer's tables (all 0 once the sessions have left)."""
-        return {"sessions": len(self.router.sessions), "dealer": self.router.dealer.tables()}
+        """Open sessions, the entries in the RPC dealer's tables (all 0 once the sessions have left), the realms."""
+        router = self.router
+        return {
+            "sessions": len(router.sessions),
+            "dealer": router.dealer.tables(),
+            "realms": list(router.realms),
+            "plain_realm": router.plain_realm,
+        }
 
 
 register(
