@@ -47,6 +47,7 @@ class WampSection:
         " HELLO without one (pubsubclub bridge: the one router realm it joins). TOML also takes realm = \"NAME\"",
         flag="--realm",
         metavar="REALM",
+        shown_default="realm1",
         check=check_realm,
         aliases=("realm",),
     )
