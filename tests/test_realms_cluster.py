@@ -178,7 +178,23 @@ async def test_procedures_stay_in_their_realm_across_nodes(cluster: Cluster) -> 
     await caller_plain.register(lambda: "from realm1", "com.example.proc")
     assert await caller_plain.call("com.example.proc") == "from realm1"
     assert await caller_a.call("com.example.proc") == "from a"
-    await leave(callee_a, callee_b, caller_a, caller_b, caller_plain)
+    before_shared_n1 = remote_registrations(n1)
+    # Shared registrations of one name: roundrobin over nodes 1 and 2 in realm a, "first" in realm b (another
+    # policy, which in one realm would be refused): each realm's calls go to its own callees.
+    shared_a1 = await connect(n1.wamp_url, "a")
+    before = remote_registrations(n3)
+    await shared_a1.register(lambda: "a on node1", "com.example.shared", options=RegisterOptions(invoke="roundrobin"))
+    await callee_a.register(lambda: "a on node2", "com.example.shared", options=RegisterOptions(invoke="roundrobin"))
+    await callee_b.register(lambda: "b on node3", "com.example.shared", options=RegisterOptions(invoke="first"))
+    await until(lambda: remote_registrations(n3) == before + 2, "node3 knows realm a's two shared registrations")
+    await until(lambda: remote_registrations(n1) == before_shared_n1 + 2, "node1 knows the other two")
+    got_a = {await caller_a.call("com.example.shared") for _ in range(4)}
+    assert got_a == {"a on node1", "a on node2"}
+    assert {await caller_b.call("com.example.shared") for _ in range(3)} == {"b on node3"}
+    with pytest.raises(ApplicationError) as e:
+        await caller_plain.call("com.example.shared")
+    assert e.value.error == "wamp.error.no_such_procedure"
+    await leave(callee_a, callee_b, caller_a, caller_b, caller_plain, shared_a1)
 
 
 @pytest_twisted.ensureDeferred
