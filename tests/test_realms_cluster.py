@@ -18,10 +18,10 @@ from typing import Any
 import pytest
 import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
-from autobahn.wamp.types import RegisterOptions
+from autobahn.wamp.types import RegisterOptions, SubscribeOptions
 from helpers.nodes import Cluster, NodeProcess
 from helpers.polling import until, wait_until
-from helpers.wampclient import connect, leave, publish_acked, subscribe
+from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 from twisted.internet import threads
 
 pytestmark = pytest.mark.slow
@@ -101,7 +101,8 @@ async def join_error(url: str, realm: str, **kwargs: Any) -> str:
 
 @pytest_twisted.ensureDeferred
 async def test_events_stay_in_their_realm_across_nodes(cluster: Cluster) -> None:
-    """The same topic in realms realm1, a and b on three nodes: each publish reaches only its realm's subscribers."""
+    """The same topic in realms realm1, a and b on three nodes: each publish reaches only its realm's subscribers
+    (exact, and a prefix subscription of realm b)."""
     await cluster.linked()
     n1, n2, n3 = cluster.nodes
     assert [n.stats()["wamp"]["realms"] for n in cluster.nodes] == [["realm1", "a", "b", "c"], ["b", "a"], ["b"]]
@@ -115,6 +116,12 @@ async def test_events_stay_in_their_realm_across_nodes(cluster: Cluster) -> None
         ("b", "node3"): await connect(n3.wamp_url, "b"),
     }
     recorders = {key: (await subscribe(session, TOPIC))[0] for key, session in subs.items()}
+    # A prefix subscription in realm b on node2 matches realm b's topic only, whichever node publishes it.
+    prefix = subs[("b", "node2 prefix")] = await connect(n2.wamp_url, "b")
+    recorders[("b", "node2 prefix")] = rec = Recorder()
+    await prefix.subscribe(rec, "com.example.", options=SubscribeOptions(match="prefix"))
+    for node in (n1, n3):
+        await until(lambda node=node: "prefix:$realm.b#com.example." in node.stats()["remote_patterns"], "pattern")
     # Every realm's interest has reached the publishers' nodes (the hub topics are the same on every node).
     await until(lambda: f"$realm.b#{TOPIC}" in n1.stats()["remote_interest"], "realm b interest on node1")
     await until(lambda: f"$realm.a#{TOPIC}" in n1.stats()["remote_interest"], "realm a interest on node1")
