@@ -72,6 +72,15 @@ def test_bad_realm_lists_are_refused(args: tuple[str, ...], key: str) -> None:
     assert e.value.key == key
 
 
+def test_an_empty_realm_list_is_refused(tmp_path: Path) -> None:
+    """``[wamp] realms = []`` is a ConfigError naming the key, not a crash at start."""
+    path = tmp_path / "node.toml"
+    path.write_text("[wamp]\nrealms = []\n")
+    with pytest.raises(ConfigError) as e:
+        build(load_toml(str(path)), {})
+    assert e.value.key == "realm"
+
+
 def test_both_toml_keys_at_once_are_refused(tmp_path: Path) -> None:
     """``realm`` and ``realms`` in one [wamp] section: set twice, the message names both."""
     path = tmp_path / "node.toml"

@@ -114,6 +114,8 @@ class NodeConfig:
     def _check_realms(self) -> None:
         """Realms listed once; a bridge joins one; the auth file's top level is the plain realm's."""
         realms = self.wamp.realms
+        if not realms:
+            raise ConfigError("realm", "lists no realm: a node serves at least one")
         if len(set(realms)) != len(realms):
             raise ConfigError("realm", f"a realm is listed twice: {', '.join(realms)}")
         if self.bridge.router is not None and len(realms) != 1:
