@@ -530,3 +530,46 @@ async def test_node_restart(routers: list[CrossbarProcess], members: Any) -> Non
                 await leave(on_node)
     finally:
         await leave(on_router)
+
+
+@pytest_twisted.ensureDeferred
+async def test_bridge_carries_its_router_realm_onto_its_cluster_realm(
+    routers: list[CrossbarProcess], tmp_path: Path
+) -> None:
+    """``--cluster-realm sales``: the router's realm1 meets the node's realm sales both ways, never its realm1."""
+    router = routers[1]
+    node = NodeProcess("node1", tmp_path, extra=("--realm", "realm1", "--realm", "sales", "--plain-realm", "realm1"))
+    bridge = BridgeProcess("bridge1", tmp_path, router, extra=("--cluster-realm", "sales", "--plain-realm", "realm1"))
+    node.peers, bridge.peers = [bridge.psc_url], [node.psc_url]
+    sessions: list[ApplicationSession] = []
+    try:
+        node.start()
+        bridge.start()
+        await Cluster([node, bridge]).linked()
+        topic = "bridge.realms"
+        on_router = await connect(router.url, authid="client-1", ticket="ticket-of-client-1")
+        in_sales = await connect(node.wamp_url, "sales")
+        in_plain = await connect(node.wamp_url, "realm1")
+        sales_pub = await connect(node.wamp_url, "sales")
+        plain_pub = await connect(node.wamp_url, "realm1")
+        sessions += [on_router, in_sales, in_plain, sales_pub, plain_pub]
+        router_rec, _ = await subscribe(on_router, topic)
+        sales_rec, _ = await subscribe(in_sales, topic)
+        plain_rec, _ = await subscribe(in_plain, topic)
+        await bridge.until_carries(interest=(topic,), router_subscriptions=(topic,))
+        await until(wants(node, f"$realm.sales#{topic}", "bridge1"), "node1 to know bridge1 wants sales' topic")
+        assert "bridge1" not in node.stats()["remote_interest"].get(topic, [])
+        await send(plain_pub, topic, "plain", count=3)
+        await send(on_router, topic, "crossbar", count=3)
+        await send(sales_pub, topic, "sales", count=3)
+        await marker_from(sales_rec, "crossbar")
+        await marker_from(router_rec, "sales")
+        await marker_from(plain_rec, "plain")
+        assert_exactly_once(sales_rec, "crossbar", count=3)
+        assert_exactly_once(router_rec, "sales", count=3)
+        assert from_origin(router_rec, "plain") == [] and from_origin(plain_rec, "crossbar") == []
+        assert from_origin(sales_rec, "plain") == [] and from_origin(plain_rec, "sales") == []
+    finally:
+        await leave(*sessions)
+        bridge.stop()
+        node.stop()

@@ -17,6 +17,7 @@ from pubsubclub.config.declare import (
     MiB,
     check_endpoint,
     check_prefix,
+    check_realm,
     check_sysv_key,
     check_text,
     check_uri,
@@ -40,12 +41,25 @@ class WampSection:
         metavar="ENDPOINT",
         check=check_endpoint,
     )
-    realm: str = setting(
-        "realm1",
-        "WAMP realm served (pubsubclub bridge: the router's realm it joins)",
+    realms: tuple[str, ...] = setting(
+        ("realm1",),
+        "WAMP realms served, each isolated cluster-wide; repeat --realm for several, the first is the realm of a"
+        " HELLO without one (pubsubclub bridge: the one router realm it joins). TOML also takes realm = \"NAME\"",
         flag="--realm",
         metavar="REALM",
-        check=check_text(1, 255),
+        shown_default="realm1",
+        check=check_realm,
+        aliases=("realm",),
+    )
+    plain_realm: str | None = setting(
+        None,
+        "the realm whose WAMP topics are the cluster's plain topics, the ones NSD, TEP, stream and SysV clients"
+        " meet; every other realm's topic t is $realm.<realm>#t. Must be the same on every node (links between"
+        " nodes that disagree are refused)",
+        flag="--plain-realm",
+        metavar="REALM",
+        shown_default="the first realm served",
+        check=check_realm,
     )
     rawsocket: str | None = setting(
         None,
@@ -146,6 +160,16 @@ class WampSection:
         min=1,
         max=100_000,
     )
+
+    @property
+    def realm(self) -> str:
+        """The first realm served: the realm of a HELLO that names none (and a bridge's router realm)."""
+        return self.realms[0]
+
+    @property
+    def plain(self) -> str:
+        """The plain realm: ``plain_realm``, else the first realm served (docs/architecture.md, "Realms")."""
+        return self.plain_realm if self.plain_realm is not None else self.realms[0]
 
 
 @dataclass(frozen=True)
@@ -323,6 +347,15 @@ class BridgeSection:
         flag="--bridge-role",
         metavar="ROLE",
         check=check_uri,
+    )
+    cluster_realm: str | None = setting(
+        None,
+        "the cluster realm the router's realm ([wamp] realm) is carried onto: its topics become that realm's"
+        " topics in the cluster",
+        flag="--cluster-realm",
+        metavar="REALM",
+        shown_default="the plain realm",
+        check=check_realm,
     )
     lock: str = setting(
         "pubsubclub.bridge.active",

@@ -39,6 +39,7 @@ def setting(
     check: Callable[[str, Any], None] | None = None,
     shown_default: str | None = None,
     advanced: bool = False,
+    aliases: tuple[str, ...] = (),
 ) -> Any:
     """Declare one setting: a dataclass field that also knows its flag, help text and valid values.
 
@@ -49,6 +50,8 @@ def setting(
     ``check(key, value)`` raises :class:`ConfigError` for any other rule on
     the value alone (applied to each item of a list; None is "not set" and
     never checked). Rules between settings stay in ``NodeConfig.validate``.
+    ``aliases`` are further TOML keys of the same section that set it (an
+    earlier name); a list setting's key also takes a single string.
     """
     meta = {
         "help": help,
@@ -60,6 +63,7 @@ def setting(
         "check": check,
         "shown_default": shown_default,
         "advanced": advanced,
+        "aliases": aliases,
     }
     return field(default=default, metadata=meta)
 
@@ -81,6 +85,11 @@ class Setting:
     def id(self) -> str:
         """``section.key``, or ``key`` at the top level: how messages name it."""
         return f"{self.section}.{self.key}" if self.section else self.key
+
+    @property
+    def aliases(self) -> tuple[str, ...]:
+        """Further TOML keys (hyphenated) of the same section that set this setting."""
+        return tuple(self.field.metadata.get("aliases", ()))
 
     @property
     def default(self) -> Any:
@@ -219,6 +228,18 @@ def check_uri(key: str, value: Any) -> None:
     """A WAMP URI or name: 1-255 printable characters, no spaces."""
     if not isinstance(value, str) or not value or len(value) > 255 or not value.isprintable() or " " in value:
         raise ConfigError(key, "must be a WAMP URI or name: 1-255 printable characters, no spaces")
+
+
+def check_realm(key: str, value: Any) -> None:
+    """A WAMP realm name: 1-255 printable characters, no whitespace, no ``#`` (it ends ``$realm.<realm>#``)."""
+    if (
+        not isinstance(value, str)
+        or not 1 <= len(value) <= 255
+        or not value.isprintable()
+        or any(c.isspace() for c in value)
+        or "#" in value
+    ):
+        raise ConfigError(key, f"must be a realm name: 1-255 printable characters without spaces or '#', not {value!r}")
 
 
 def check_text(low: int, high: int, *, spaces: bool = True) -> Callable[[str, Any], None]:

@@ -47,7 +47,9 @@ def load_toml(path: str) -> FileValues:
                     near = _near_key(name, key)
                     raise ConfigError(f"{name}.{key}", f"unknown key in section [{name}] of {path}{near}")
                 if found.id in values:
-                    raise ConfigError(found.id, f"set twice in {path} (flat and in [{found.section}])")
+                    names = ", ".join((found.key, *found.aliases)) if found.aliases else ""
+                    names = f", or as two of its names: {names}" if names else ""
+                    raise ConfigError(found.id, f"set twice in {path} (flat and in [{found.section}]{names})")
                 values[found.id] = _typed(found.id, found, item)
             continue
         found = _BY_ID.get(name.replace("_", "-"))
@@ -67,7 +69,7 @@ def load_toml(path: str) -> FileValues:
 
 def _near_key(section: str, key: str) -> str:
     """What to say after "unknown key": the nearest valid key (difflib), and the keys allowed there."""
-    keys = sorted(s.key for s in _BY_ID.values() if s.section == section)
+    keys = sorted({s.key for s in _BY_ID.values() if s.section == section})
     near: list[str] = []
     if not section:
         keys += sorted(f"[{name}]" for name in SECTIONS if name)
@@ -84,8 +86,10 @@ def _typed(name: str, found: Setting, value: Any) -> Any:
     """Check a TOML value against the setting's declared type."""
     kind = found.kind
     if "tuple" in kind:
+        if isinstance(value, str):
+            return (value,)
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ConfigError(name, "must be a list of strings")
+            raise ConfigError(name, "must be a list of strings (or one string)")
         return tuple(value)
     if kind.startswith("bool"):
         if not isinstance(value, bool):
@@ -126,10 +130,13 @@ def build(file_values: FileValues | Mapping[str, Any], flag_values: Mapping[str,
             if value is None:
                 continue
             found = _resolve(key)
+            if isinstance(value, str) and "tuple" in found.kind:
+                value = (value,)  # one value of a list setting (``realm="r"``)
             merged[found.section][found.attr] = value
     sections = {section or "node": replace(cls(), **merged[section]) for section, cls in SECTIONS.items()}
     config = NodeConfig(**sections, warnings=warnings).validate()
     hints = tuple(peer_path_hint(url) for url in config.federation.peers if urlsplit(url).path != PSC_PATH)
+    hints += config.realm_warnings()
     return replace(config, warnings=(*warnings, *hints)) if hints else config
 
 
@@ -159,7 +166,7 @@ def peer_path_hint(url: str) -> str:
 #: The settings ``pubsubclub bridge`` takes: no client listeners, but the router's.
 BRIDGE_SECTIONS = ("", "federation", "consul", "metrics", "bridge")
 #: Settings of other sections a bridge uses too.
-BRIDGE_EXTRA = ("wamp.realm",)
+BRIDGE_EXTRA = ("wamp.realms", "wamp.plain-realm")
 #: Top-level settings that mean nothing to a bridge (it has no clients of its own).
 BRIDGE_UNUSED = ("auth", "max-send-buffer")
 

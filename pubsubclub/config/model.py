@@ -53,6 +53,8 @@ def declared() -> Iterator[Setting]:
 
 
 _BY_ID = {s.id: s for s in declared()}
+#: A setting's aliases (an earlier key of the same section, ``[wamp] realm``) find it too.
+_BY_ID.update({f"{s.section}.{alias}" if s.section else alias: s for s in declared() for alias in s.aliases})
 #: Flat keys of earlier versions -> the setting (also what tests and callers pass as flag values).
 _BY_LEGACY = {s.legacy_key.replace("-", "_"): s for s in declared()}
 _BY_LEGACY["peers"] = _BY_LEGACY["peer"]
@@ -102,12 +104,54 @@ class NodeConfig:
         self.cluster_secret()
         self.tep_ops_token()
         self.trust_root()
-        self.auth_policy()
+        self._check_realms()
         if self.bridge.router is not None:  # not a bridge: $PUBSUBCLUB_BRIDGE_* in a node's environment mean nothing
             ticket, secret = self.bridge_credentials()
             if (ticket is not None or secret is not None) and self.bridge.authid is None:
                 raise ConfigError("authid", "a ticket or WAMP-CRA secret needs --authid")
         return self
+
+    def _check_realms(self) -> None:
+        """Realms listed once; a bridge joins one; the auth file's top level is the plain realm's."""
+        realms = self.wamp.realms
+        if not realms:
+            raise ConfigError("realm", "lists no realm: a node serves at least one")
+        if len(set(realms)) != len(realms):
+            raise ConfigError("realm", f"a realm is listed twice: {', '.join(realms)}")
+        if self.bridge.router is not None and len(realms) != 1:
+            raise ConfigError("realm", "pubsubclub bridge joins one realm of its router: give --realm once")
+        if self.bridge.cluster_realm is not None and self.wamp.plain_realm is None:
+            raise ConfigError(
+                "cluster-realm",
+                "needs [wamp] plain-realm (--plain-realm), the cluster's plain realm: whether the cluster realm is"
+                " the plain one decides its topics",
+            )
+        policy = self.auth_policy()
+        if policy is not None and self.wamp.plain in policy.realms:
+            raise ConfigError(
+                "auth",
+                f"{self.node.auth}: [realms.{self.wamp.plain}] names the plain realm, whose roles are the file's"
+                " top level (NSD, TEP, stream and SysV clients share them); move them there",
+            )
+
+    def realm_warnings(self) -> tuple[str, ...]:
+        """What an operator should hear about the realms: an implicit plain realm, realms nobody may join."""
+        found: list[str] = []
+        wamp = self.wamp
+        if len(wamp.realms) > 1 and wamp.plain_realm is None:
+            found.append(
+                f"several realms and no [wamp] plain-realm: {wamp.realms[0]!r}, the first, is the plain realm;"
+                " every node of the cluster must have the same one (links to nodes that disagree are refused),"
+                " so set plain-realm on every node"
+            )
+        policy = self.auth_policy() if self.bridge.router is None else None
+        if policy is not None:
+            for realm in wamp.realms:
+                if policy.for_realm(realm, wamp.plain) is None:
+                    found.append(
+                        f"{self.node.auth} has no [realms.{realm}] table: realm {realm!r} admits nobody"
+                    )
+        return tuple(found)
 
     def login_throttle_settings(self) -> LoginThrottleSettings:
         """The ``[node] auth-*`` settings as the login throttle takes them."""

@@ -51,6 +51,7 @@ from pubsubclub.federation.forwarding import (  # noqa: F401 (re-exported: the f
 )
 from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # noqa: F401 (re-exported)
 from pubsubclub.federation.linkserver import PSCServerFactory
+from pubsubclub.federation.realmcheck import PLAIN_REALM_HEADER, REALM_CONFLICT, realm_conflict, realm_header
 from pubsubclub.federation.receiving import Receiving
 from pubsubclub.federation.replay import Inbox, Outbox
 from pubsubclub.federation.retained import ClusterRetained
@@ -147,6 +148,8 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         )
         #: Refused link attempts are logged a few per kind and interval, the rest counted (a flood is one line).
         self.refusal_log = RateLimitedLog(log, reactor)
+        #: Our plain WAMP realm, told in every handshake; a listener refuses a dialler naming another.
+        self.plain_realm = settings.plain_realm
         #: PSC 0.3 (replay after short outages, federation/replay.py): offered when ``replay`` is given.
         self.outbox: Outbox | None = None
         self.inbox: Inbox | None = None
@@ -222,10 +225,19 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         and challenges it. The returned challenge is settled by the dialler's
         first frame (:meth:`check_proof`), or evicted by newer ones from
         ``source`` past the pending caps (``on_evict`` closes the connection).
-        Without a secret, no challenge.
+        Without a secret, no challenge. A dialler whose plain WAMP realm is
+        not ours is refused first (HTTP 409, federation/realmcheck.py).
         """
+        conflict = realm_conflict(self.plain_realm, request.headers.get(PLAIN_REALM_HEADER))
+        if conflict is not None:
+            node = request.headers.get(NODE_HEADER) or str(request.peer)
+            self.metrics.event(FederationEvent.LINKS_REFUSED)
+            self.hub.metrics.error(Source.PSC, "plain_realm_conflict")
+            self.refusal_log.warn("plain_realm", "PSC link from {node} refused: {why}", node=node[:80], why=conflict)
+            raise ConnectionDeny(REALM_CONFLICT, conflict)
+        told = realm_header(self.plain_realm)
         if self.auth is None:
-            return {}, None
+            return told, None
         node = request.headers.get(NODE_HEADER) or ""
         own = () if self.announce_url is None else (self.announce_url,)
         try:
@@ -241,7 +253,11 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         except AuthRefused as e:
             self.auth_refused(str(request.peer), node, e.refusal, f"HTTP {e.refusal.http_status}")
             raise ConnectionDeny(e.refusal.http_status, e.refusal.value) from None
-        return {AUTH_HEADER: challenge.header()}, challenge
+        return {AUTH_HEADER: challenge.header(), **told}, challenge
+
+    def client_headers(self, url: str) -> dict[str, str]:
+        """Extra handshake headers when dialling ``url``: peer learning's, and our plain realm."""
+        return {**super().client_headers(url), **realm_header(self.plain_realm)}
 
     def auth_refused(self, peer: str, node: str | None, refusal: Refusal, how: str) -> None:
         """Count a link refused for not proving the cluster secret (``how``: HTTP status or close code); log it.

@@ -52,3 +52,6 @@ class FederationSettings:
     batch: bool = True
     #: Offer PSC 0.5 patterns (with batching and replay).
     patterns: bool = True
+    #: The node's plain WAMP realm, told and checked in every link's handshake (federation/realmcheck.py);
+    #: None: neither (the mixin, a node without WAMP realms to keep apart).
+    plain_realm: str | None = None

@@ -123,6 +123,8 @@ def federation_settings(config: NodeConfig) -> FederationSettings:
         learn_peers=section.learn_peers and config.consul.url is None,
         batch=section.batch,
         patterns=section.patterns,
+        # A bridge's [wamp] realm is its router's, not a cluster realm: it tells only an explicit plain-realm.
+        plain_realm=config.wamp.plain if config.bridge.router is None else config.wamp.plain_realm,
         replay=None
         if not section.replay_window_seconds
         else ReplaySettings(max_bytes=section.replay_buffer_bytes, window=section.replay_window_seconds),

@@ -11,7 +11,7 @@ from pubsubclub.frontends.registry import FrontendContext, FrontendSpec, registe
 
 
 def build(hub: Hub, section: Any, context: FrontendContext) -> Frontend:
-    """The router bridge of ``section``, joining the realm of ``[wamp] realm``."""
+    """The router bridge of ``section``, joining the realm of ``[wamp] realm``, carried onto ``cluster-realm``."""
     from pubsubclub.frontends.bridge.router import RouterBridge
 
     return RouterBridge(
@@ -20,6 +20,8 @@ def build(hub: Hub, section: Any, context: FrontendContext) -> Frontend:
         section,
         context.reactor,
         realm=context.sections["wamp"].realm,
+        cluster_realm=section.cluster_realm,
+        plain_realm=context.sections["wamp"].plain_realm,
         trust_root=context.trust_root,
     )
 

@@ -63,13 +63,14 @@ from pubsubclub.config import BridgeSection, bridge_credentials
 from pubsubclub.core.counters import BridgeEvent, DropReason, Kind, Source
 from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
-from pubsubclub.core.patterns import MATCHES, Pattern
+from pubsubclub.core.patterns import MATCHES
 from pubsubclub.federation import Federation
 from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.hints import ReportingEndpoint
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends.base import FrontendBase
 from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
+from pubsubclub.frontends.bridge.realm import RealmMap
 from pubsubclub.frontends.bridge.session import _BridgeSession, _RouterSink
 from pubsubclub.frontends.wamp.broker import event_arguments, wamp_envelope
 from pubsubclub.net.nodelay import set_no_delay
@@ -96,11 +97,6 @@ def _pending(subscription: Any) -> bool:
     return isinstance(subscription, defer.Deferred)
 
 
-def _routable(topic: str) -> bool:
-    """Whether a hub topic is a WAMP topic of the bridged realm (not a reserved ``$`` topic)."""
-    return not topic.startswith("$") and not topic.startswith("wamp.")
-
-
 class RouterBridge(FrontendBase):
     """The router as the bridge node's only front-end: one WAMP client session, kept joined."""
 
@@ -114,6 +110,8 @@ class RouterBridge(FrontendBase):
         reactor: Any,
         *,
         realm: str,
+        cluster_realm: str | None = None,
+        plain_realm: str | None = None,
         trust_root: Any = None,
         retry: RetryPolicy = RetryPolicy(),
         rand: Any = random.random,
@@ -122,6 +120,9 @@ class RouterBridge(FrontendBase):
         assert section.router is not None, "a bridge needs --router"
         self.url = section.router
         self.realm = realm
+        #: Router topics <-> the hub topics of the cluster realm they are carried onto (realm.py).
+        plain = plain_realm if plain_realm is not None else (cluster_realm or realm)
+        self.realm_map = RealmMap(cluster_realm if cluster_realm is not None else plain, plain)
         self.role = section.role
         self.lock = section.lock
         self.authid = section.authid
@@ -462,29 +463,36 @@ class RouterBridge(FrontendBase):
 
     def _hub_subscribe(self, interest: Interest) -> None:
         match, uri = interest
-        if interest in self._hub_topics or not _routable(uri) or match not in (EXACT, *MATCHES):
+        if interest in self._hub_topics or match not in (EXACT, *MATCHES):
+            return
+        hub = self.realm_map.to_hub(uri) if match == EXACT else self.realm_map.to_hub_pattern(match, uri)
+        if hub is None:
             return
         self._hub_topics.add(interest)
-        if match == EXACT:
-            self._hub.subscribe(uri, self._sink)
+        if isinstance(hub, str):
+            self._hub.subscribe(hub, self._sink)
         else:
-            self._hub.subscribe_pattern(Pattern(match, uri), self._sink)
+            self._hub.subscribe_pattern(hub, self._sink)
 
     def _hub_unsubscribe(self, interest: Interest) -> None:
         if interest not in self._hub_topics:
             return
         self._hub_topics.discard(interest)
         match, uri = interest
-        if match == EXACT:
-            self._hub.unsubscribe(uri, self._sink)
-        else:
-            self._hub.unsubscribe_pattern(Pattern(match, uri), self._sink)
+        hub = self.realm_map.to_hub(uri) if match == EXACT else self.realm_map.to_hub_pattern(match, uri)
+        if isinstance(hub, str):
+            self._hub.unsubscribe(hub, self._sink)
+        elif hub is not None:
+            self._hub.unsubscribe_pattern(hub, self._sink)
 
     # -- cluster -> router ------------------------------------------------------------------
 
     def publish_into_router(self, envelope: Envelope) -> bool:
         """Publish a message from the cluster into the router for its clients (never back to a bridge)."""
-        if envelope is self._last_envelope or not _routable(envelope.topic):
+        if envelope is self._last_envelope:
+            return False
+        topic = self.realm_map.from_hub(envelope.topic)
+        if topic is None:
             return False
         self._last_envelope = envelope
         session = self.session
@@ -497,7 +505,7 @@ class RouterBridge(FrontendBase):
         args, kwargs = event_arguments(envelope)
         options = PublishOptions(acknowledge=True, exclude_me=True, exclude_authrole=[self.role])
         try:
-            d = session.publish(envelope.topic, *args, options=options, **(kwargs or {}))
+            d = session.publish(topic, *args, options=options, **(kwargs or {}))
         except Exception as e:  # the connection is going (TransportLost) or the router's serializer refused it
             self._metrics.event(BridgeEvent.PUBLISH_ERRORS)
             log.warn("bridge: publishing on {topic} into the router failed: {error}", topic=envelope.topic, error=e)
@@ -530,8 +538,11 @@ class RouterBridge(FrontendBase):
         if session is None or not self.active or self._stopping:
             return
         federation = self._federation
-        wanted = {(EXACT, t) for t in federation.remote_topics() if _routable(t)}
-        wanted |= {(p.match, p.pattern) for p in federation.remote_pattern_set() if _routable(p.pattern)}
+        realm = self.realm_map
+        wanted = {(EXACT, t) for t in map(realm.from_hub, federation.remote_topics()) if t is not None}
+        wanted |= {
+            (p.match, uri) for p in federation.remote_pattern_set() if (uri := realm.from_hub(p.pattern)) is not None
+        }
         for interest in sorted(set(self._router_subs) - wanted):
             self._router_unsubscribe(interest)
         for interest in sorted(wanted - set(self._router_subs)):
@@ -578,11 +589,12 @@ class RouterBridge(FrontendBase):
                     return
                 self._recent_publications.append(details.publication)
             concrete = topic if details is None or not details.topic else str(details.topic)
-            if not _routable(concrete):
+            hub_topic = self.realm_map.to_hub(concrete)
+            if hub_topic is None:
                 return
-            envelope = wamp_envelope(self._hub, concrete, args, kwargs)
+            envelope = wamp_envelope(self._hub, hub_topic, args, kwargs)
             self._metrics.event(BridgeEvent.FROM_ROUTER)
-            self._metrics.count(concrete, Source.BRIDGE, Kind.PUBLISHED, 1, payload_size(envelope))
+            self._metrics.count(hub_topic, Source.BRIDGE, Kind.PUBLISHED, 1, payload_size(envelope))
             self._hub.publish(envelope, exclude=self._sink)
 
         return handle

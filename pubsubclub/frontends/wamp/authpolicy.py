@@ -14,11 +14,29 @@ The policy comes from one TOML file (``--auth FILE``)::
     role = "writer"
     ticket = "s3cret"            # or wampcra = "secret", or cryptosign = "<hex Ed25519 public key>"
 
+    [realms.sales]               # a further WAMP realm: its own anonymous role, roles and principals
+    anonymous = false
+    [realms.sales.roles.clerk]
+    subscribe = ["orders."]      # WAMP topic prefixes *of that realm*
+    publish = ["orders."]
+    [[realms.sales.principals]]
+    authid = "bob"
+    role = "clerk"
+    ticket = "other secret"
+
 :func:`parse_auth` turns the text into an :class:`AuthPolicy` (frozen
 dataclasses) or raises :class:`AuthFileError` naming the line. A role's
 prefixes are plain string prefixes of *hub* topics (the cluster-wide topic
-space: a WAMP topic of the first realm, ``tep_prefix + channel``,
+space: a WAMP topic of the plain realm, ``tep_prefix + channel``,
 ``nsd_prefix + channel``), so one role means the same on every front-end.
+
+The top level is the plain realm's policy (and NSD's, TEP's, stream's).
+Each ``[realms.NAME]`` table is a whole policy of its own for WAMP realm
+NAME, whose prefixes are WAMP topic prefixes of that realm (the router maps
+them into the realm's hub topics, :func:`~pubsubclub.frontends.wamp.uris.hub_prefix`).
+A realm other than the plain one without a table admits nobody; an authid
+is a different principal in each realm (being alice in one realm lets
+nobody into another).
 
 :class:`~pubsubclub.frontends.wamp.auth.Authenticator` checks a session's
 credentials against it; every name here stays importable from
@@ -127,6 +145,8 @@ class AuthPolicy:
     principals: tuple[Principal, ...] = ()
     #: Role of sessions without credentials; None refuses them.
     anonymous: str | None = None
+    #: Further realms' own policies (``[realms.NAME]``), by realm name; their prefixes are the realm's WAMP topics.
+    realms: dict[str, AuthPolicy] = field(default_factory=dict, compare=False, hash=False)
     _roles: dict[str, Role] = field(init=False, repr=False, compare=False)
     _by_authid: dict[str, Principal] = field(init=False, repr=False, compare=False)
     _by_key: dict[str, Principal] = field(init=False, repr=False, compare=False)
@@ -172,6 +192,16 @@ class AuthPolicy:
     def principal_by_key(self, public_key: str) -> Principal | None:
         """The cryptosign principal holding ``public_key`` (hex), if any."""
         return self._by_key.get(public_key.lower())
+
+    def for_realm(self, realm: str, plain_realm: str) -> AuthPolicy | None:
+        """The policy of WAMP ``realm`` as written (prefixes of its WAMP topics); None: the realm admits nobody.
+
+        Its ``[realms.NAME]`` table, else the top level for the plain realm.
+        """
+        found = self.realms.get(realm)
+        if found is not None:
+            return found
+        return self if realm == plain_realm else None
 
     def may_subscribe(self, role: str, topic: str) -> bool:
         """True if sessions of ``role`` may subscribe to hub ``topic``."""
@@ -278,6 +308,18 @@ def load_auth(path: str) -> AuthPolicy:
     return parse_auth(text)
 
 
+class _Within:
+    """A :class:`_Locator` seen from inside a table (``[realms.NAME]``): paths are relative to it."""
+
+    def __init__(self, outer: _Locator | _Within, at: tuple[str | int, ...]) -> None:
+        self._outer = outer
+        self._at = at
+
+    def line(self, *path: str | int) -> int | None:
+        """The line of ``path`` inside the table."""
+        return self._outer.line(*self._at, *path)
+
+
 def _type_name(value: Any) -> str:
     names = {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a table"}
     return names.get(type(value), type(value).__name__)
@@ -288,7 +330,7 @@ class _Schema:
 
     def __init__(self, raw: dict[str, Any], where: _Locator) -> None:
         self._raw = raw
-        self._where = where
+        self._where: _Locator | _Within = where
 
     def _fail(self, path: tuple[str | int, ...], problem: str) -> AuthFileError:
         return AuthFileError(self._where.line(*path), problem)
@@ -296,8 +338,36 @@ class _Schema:
     def policy(self) -> AuthPolicy:
         raw = self._raw
         for key in raw:
-            if key not in ("anonymous", "roles", "principals"):
-                raise self._fail((key,), f"unknown key {key!r} (expected anonymous, roles, principals)")
+            if key not in ("anonymous", "roles", "principals", "realms"):
+                raise self._fail((key,), f"unknown key {key!r} (expected anonymous, roles, principals, realms)")
+        top = self._policy(raw, ())
+        realms = raw.get("realms", {})
+        if not isinstance(realms, dict):
+            raise self._fail(("realms",), f"realms must be a table of [realms.NAME] tables, not {_type_name(realms)}")
+        for name, body in realms.items():
+            path: tuple[str | int, ...] = ("realms", name)
+            if not isinstance(body, dict):
+                raise self._fail(path, f"realm {name!r} must be a table, not {_type_name(body)}")
+            if not name or len(name) > MAX_NAME_LENGTH or "#" in name or any(c.isspace() for c in name):
+                raise self._fail(path, f"realm names must be 1-{MAX_NAME_LENGTH} characters without spaces or '#'")
+            for key in body:
+                if key not in ("anonymous", "roles", "principals"):
+                    raise self._fail(
+                        (*path, key), f"realm {name!r}: unknown key {key!r} (expected anonymous, roles, principals)"
+                    )
+            top.realms[name] = self._policy(body, path)
+        return top
+
+    def _policy(self, raw: dict[str, Any], at: tuple[str | int, ...]) -> AuthPolicy:
+        """The policy of the top level (``at`` empty) or of one ``[realms.NAME]`` table."""
+        outer = self._where
+        self._where = _Within(outer, at)
+        try:
+            return self._one_policy(raw)
+        finally:
+            self._where = outer
+
+    def _one_policy(self, raw: dict[str, Any]) -> AuthPolicy:
         roles = self._roles(raw.get("roles", {}))
         names = {role.name for role in roles}
         anonymous = raw.get("anonymous", False)

@@ -43,7 +43,8 @@ class WampFrontend(FrontendBase):
         )
         self.server = WampServer(
             hub,
-            realms=(section.realm,),
+            realms=section.realms,
+            plain_realm=section.plain,
             limits=limits,
             auth=context.auth,
             reactor=context.reactor,
@@ -106,13 +107,16 @@ class WampFrontend(FrontendBase):
         self.router.shutdown(reason)
 
     def stats(self) -> dict[str, Any]:
-        """Open sessions, the entries in the RPC dealer's and the meta API's tables, and the retained events held."""
-        retained = self.router.retained
+        """Sessions, the dealer's and meta API's table entries (0 once sessions left), retained events, realms."""
+        router = self.router
+        retained = router.retained
         return {
-            "sessions": len(self.router.sessions),
-            "dealer": self.router.dealer.tables(),
-            "meta": self.router.meta.stats(),
+            "sessions": len(router.sessions),
+            "dealer": router.dealer.tables(),
+            "meta": router.meta.stats(),
             "retained": {"topics": len(retained), "bytes": retained.bytes},
+            "realms": list(router.realms),
+            "plain_realm": router.plain_realm,
         }
 
 

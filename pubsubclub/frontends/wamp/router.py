@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from pubsubclub.core.compaction import Compaction
@@ -22,11 +22,11 @@ from pubsubclub.core.jsonbounds import DEFAULT_BOUNDS, JSONBounds
 from pubsubclub.core.loginthrottle import LoginThrottle
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.core.retained import RetainedStore
-from pubsubclub.frontends.wamp.auth import AuthPolicy
+from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 from pubsubclub.frontends.wamp.dealer import Dealer
 from pubsubclub.frontends.wamp.meta import META_PREFIXES, WampMeta, meta_topic
 from pubsubclub.frontends.wamp.publishing import DISCLOSE_ON_REQUEST, DISCLOSURES, event_bytes
-from pubsubclub.frontends.wamp.uris import UriCheck, hub_pattern, hub_topic, random_wamp_id, wamp_topic
+from pubsubclub.frontends.wamp.uris import UriCheck, hub_pattern, hub_prefix, hub_topic, random_wamp_id, wamp_topic
 
 if TYPE_CHECKING:
     from pubsubclub.frontends.wamp.broker import BrokerSession
@@ -83,6 +83,27 @@ class WampLimits:
 
 
 
+def realm_policy(auth: AuthPolicy, realm: str, plain_realm: str) -> AuthPolicy | None:
+    """``realm``'s policy (authpolicy.py) with its roles' WAMP topic prefixes as hub-topic prefixes; None: nobody.
+
+    The plain realm's prefixes are hub prefixes already; another realm's
+    ``"orders."`` becomes ``"$realm.<realm>#orders."``, so no role of one
+    realm reaches another realm's topics or procedures.
+    """
+    policy = auth.for_realm(realm, plain_realm)
+    if policy is None or realm == plain_realm:
+        return policy
+    roles = tuple(
+        Role(
+            role.name,
+            subscribe=tuple(hub_prefix(realm, p, plain_realm) for p in role.subscribe),
+            publish=tuple(hub_prefix(realm, p, plain_realm) for p in role.publish),
+        )
+        for role in policy.roles
+    )
+    return replace(policy, roles=roles)
+
+
 @dataclass(slots=True)
 class _TopicSubscription:
     """One broker-wide subscription: its id and how many sessions hold it."""
@@ -110,24 +131,34 @@ class WampRouter:
         max_pending_calls: int = 1000,
         login_throttle: LoginThrottle | None = None,
         disclose_publisher: str = DISCLOSE_ON_REQUEST,
+        plain_realm: str | None = None,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
-        for realm in realms:
+        for realm in (*realms, *(() if plain_realm is None else (plain_realm,))):
             if not isinstance(realm, str) or not realm or "#" in realm:
                 raise ValueError(f"invalid WAMP realm name {realm!r}")
+        if len(set(realms)) != len(realms):
+            raise ValueError(f"a realm is listed twice in {list(realms)}")
         if disclose_publisher not in DISCLOSURES:
             raise ValueError(f"disclose_publisher must be one of {', '.join(DISCLOSURES)}, not {disclose_publisher!r}")
         #: When a publisher is named in its EVENTs (``[wamp] disclose-publisher``; publishing.py).
         self.disclose_publisher = disclose_publisher
         self.hub = hub
         self.realms: tuple[str, ...] = tuple(realms)
+        #: The realm whose WAMP topics are the plain hub topics, the same on every node (uris.py); it may be
+        #: a realm this node does not serve.
+        self.plain_realm: str = realms[0] if plain_realm is None else plain_realm
         self.limits = limits
         #: The URI check of every PUBLISH, SUBSCRIBE and REGISTER, remembering good URIs.
         self.uri_problem = UriCheck(limits.max_uri_length)
         self.new_id = new_id
         #: Who may connect and what each role may do; None: everyone, anonymously, everything.
         self.auth = auth
+        #: Each served realm's policy, its prefixes mapped into the realm's hub topics; None: nobody may join.
+        self.realm_auth: dict[str, AuthPolicy | None] = {} if auth is None else {
+            realm: realm_policy(auth, realm, self.plain_realm) for realm in self.realms
+        }
         #: Randomness for authentication challenges, and the clock stamping them.
         self.random_bytes = random_bytes
         self.clock = clock
@@ -181,11 +212,11 @@ class WampRouter:
         """The hub topic for WAMP ``topic`` in ``realm``."""
         if topic.startswith(META_PREFIXES):
             return meta_topic(realm, topic)  # reserved: only the router publishes meta events
-        return hub_topic(realm, topic, self.realms[0])
+        return hub_topic(realm, topic, self.plain_realm)
 
     def hub_pattern(self, realm: str, match: str, uri: str) -> Pattern:
         """The hub pattern for WAMP pattern ``uri`` in ``realm``."""
-        return hub_pattern(realm, match, uri, self.realms[0])
+        return hub_pattern(realm, match, uri, self.plain_realm)
 
     # -- broker-wide subscription ids ---------------------------------------
 
@@ -230,6 +261,6 @@ class WampRouter:
         key = (serializer.NAME, subscription)
         data = envelope.wire.get(key)
         if data is None:
-            topic = None if realm is None else wamp_topic(realm, envelope.topic, self.realms[0])
+            topic = None if realm is None else wamp_topic(realm, envelope.topic, self.plain_realm)
             data = event_bytes(envelope, subscription, serializer, self.new_id, topic)
         return data  # type: ignore[no-any-return]

@@ -26,7 +26,16 @@ from autobahn.wamp.role import RoleBrokerFeatures, RoleDealerFeatures
 from twisted.logger import Logger
 
 from pubsubclub.core.patterns import MATCHES
-from pubsubclub.frontends.wamp.auth import AUTHENTICATION_FAILED, Authenticator, Challenge, Deny, Role, Welcome
+from pubsubclub.frontends.wamp.auth import (
+    AUTHENTICATION_FAILED,
+    NOT_AUTHORIZED,
+    Authenticator,
+    AuthPolicy,
+    Challenge,
+    Deny,
+    Role,
+    Welcome,
+)
 from pubsubclub.frontends.wamp.codec import PublishRequest
 from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.frontends.wamp.uris import MAX_ID
@@ -124,6 +133,8 @@ class WampSession:
         self._authrole: str | None = None
         #: The role welcomed with; None without an auth policy (everything allowed).
         self._role: Role | None = None
+        #: The joined realm's policy (router.realm_auth), once HELLO named a realm that admits someone.
+        self._policy: AuthPolicy | None = None
         self._authenticator: Authenticator | None = None
         #: The client's address (the login throttle counts failures per source).
         self._source = "?"
@@ -390,9 +401,14 @@ class WampSession:
         self._session_id = self._router.new_id()
         callee = (msg.roles or {}).get("callee")
         self._interruptible = bool(getattr(callee, "call_canceling", False))
-        policy = self._router.auth
-        if policy is None:
+        if self._router.auth is None:
             self._welcome(None, "anonymous", "anonymous", None)
+            return
+        policy = self._policy = self._router.realm_auth[realm]
+        if policy is None:
+            text = f"realm {realm!r} admits nobody: the --auth file has no [realms.{realm}] table"
+            log.info("WAMP session {session} refused: {text}", session=self._session_id, text=text)
+            self.abort(NOT_AUTHORIZED, text)
             return
         self._authenticator = Authenticator(policy, random_bytes=self._router.random_bytes, clock=self._router.clock)
         self._answer(self._authenticator.hello(msg.authmethods, msg.authid, msg.authextra, self._session_id))
@@ -434,8 +450,8 @@ class WampSession:
             )
             self.abort(outcome.reason, outcome.message)
         else:
-            assert self._router.auth is not None
-            self._role = self._router.auth.role(outcome.authrole)
+            assert self._policy is not None
+            self._role = self._policy.role(outcome.authrole)
             self._welcome(outcome.authid, outcome.authrole, outcome.authmethod, outcome.authprovider)
 
     def _welcome(self, authid: str | None, authrole: str, authmethod: str, authprovider: str | None) -> None:

@@ -6,11 +6,17 @@ pattern-based subscriptions), how a realm's WAMP topic maps to a hub topic
 every session, subscription and publication gets.
 
 Realms and topics
-    The router serves a fixed list of realms. The *first* realm maps WAMP
-    topic ``t`` to hub topic ``t``; every other realm ``r`` maps it to hub
-    topic ``f"$realm.{r}#{t}"``. Topics starting with ``$`` are reserved for the
-    cluster's own use (no front-end accepts them from clients), so the
-    mapping never collides.
+    The router serves a fixed list of realms. One realm of the cluster, the
+    *plain* realm (``[wamp] plain-realm``, by default the first realm served;
+    the same on every node), maps WAMP topic ``t`` to hub topic ``t``: the
+    topic space NSD, TEP, stream and SysV clients share. Every other realm
+    ``r`` maps it to hub topic ``f"$realm.{r}#{t}"``, whichever node serves it
+    and whatever else that node serves, so a realm's topics are the same hub
+    topics on every node and never meet another realm's. Topics starting with
+    ``$`` are reserved for the cluster's own use (no front-end accepts them
+    from clients), so the mapping never collides. These functions are the one
+    place the mapping is made: tables keyed by hub topic (retained events,
+    the meta API) call :func:`hub_topic` and :func:`split_hub_topic`.
 
 Session ids are unique across the cluster without any coordination: each is
 drawn uniformly from the spec's whole range 1..2**53 (53 random bits). Among a
@@ -35,7 +41,10 @@ __all__ = [
     "URI_CACHE_SIZE",
     "UriCheck",
     "hub_pattern",
+    "hub_prefix",
     "hub_topic",
+    "realm_scope",
+    "split_hub_topic",
     "pattern_problem",
     "random_wamp_id",
     "uri_problem",
@@ -66,26 +75,52 @@ _PATTERN_URI = {
 
 
 
-def hub_topic(realm: str, topic: str, default_realm: str) -> str:
+def realm_scope(realm: str) -> str:
+    """What the hub topics of a realm other than the plain one start with: ``$realm.<realm>#``."""
+    return f"$realm.{realm}#"
+
+
+def hub_topic(realm: str, topic: str, plain_realm: str) -> str:
     """The hub topic for WAMP ``topic`` in ``realm`` (see module docstring)."""
     meta = META_TOPICS.get(topic)
     if meta is not None:
         return meta
-    if realm == default_realm:
+    if realm == plain_realm:
         return topic
     return f"$realm.{realm}#{topic}"
 
 
-def hub_pattern(realm: str, match: str, uri: str, default_realm: str) -> Pattern:
+def hub_pattern(realm: str, match: str, uri: str, plain_realm: str) -> Pattern:
     """The hub pattern for WAMP pattern ``uri`` in ``realm``: mapped like a topic, so it stays in its realm."""
-    return Pattern(match, uri if realm == default_realm else f"$realm.{realm}#{uri}")
+    return Pattern(match, uri if realm == plain_realm else f"$realm.{realm}#{uri}")
 
 
-def wamp_topic(realm: str, topic: str, default_realm: str) -> str:
+def hub_prefix(realm: str, prefix: str, plain_realm: str) -> str:
+    """The hub-topic prefix for a WAMP topic prefix of ``realm`` (an ``--auth`` role's): it stays in its realm."""
+    return prefix if realm == plain_realm else f"$realm.{realm}#{prefix}"
+
+
+def wamp_topic(realm: str, topic: str, plain_realm: str) -> str:
     """The WAMP topic a client of ``realm`` knows for hub ``topic`` (the inverse of :func:`hub_topic`)."""
-    if realm == default_realm:
+    if realm == plain_realm:
         return topic
     return topic.removeprefix(f"$realm.{realm}#")
+
+
+def split_hub_topic(topic: str, plain_realm: str) -> tuple[str, str] | None:
+    """The (realm, WAMP topic) of hub ``topic``; None for the cluster's other reserved ``$`` topics.
+
+    A topic without ``$`` is the plain realm's (and NSD's, TEP's... under
+    their prefixes); the inverse of :func:`hub_topic` for every realm at once.
+    """
+    if not topic.startswith("$"):
+        return plain_realm, topic
+    if not topic.startswith("$realm."):
+        return None
+    realm, sep, rest = topic[7:].partition("#")
+    if not sep or not realm:
+        return None
+    return realm, rest
 
 
 def pattern_problem(match: str, uri: str, max_length: int) -> str | None:
