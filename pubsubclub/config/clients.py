@@ -295,3 +295,11 @@ class BridgeSection:
         advanced=True,
         check=check_uri,
     )
+    max_calls: int = setting(
+        1000,
+        "RPC calls in flight through the bridge, each way (router callers into the cluster, cluster callers"
+        " into the router); one more gets ERROR pubsubclub.error.too_many_calls",
+        metavar="N",
+        min=1,
+        max=1_000_000,
+    )

@@ -124,6 +124,8 @@ class Dealer:
     choose: Callable[[Sequence[Any]], Any] = random.choice
     #: Told of local registrations (the cluster's RPC, federation/rpc.py); None: a single router.
     cluster: ClusterListener | None = None
+    #: Told whenever another node's registrations change (a bridge mirrors them into its router).
+    remote_changed: Callable[[], None] | None = None
     #: (realm, match, procedure) -> its registrations on every node, in their cluster-wide order.
     _by_procedure: dict[tuple[str, str, str], list[_Registration]] = field(default_factory=dict)
     #: The keys of ``_by_procedure`` with a prefix or wildcard match (searched when no exact one matches).
@@ -266,6 +268,8 @@ class Dealer:
                     message.Unregistered(0, registration=other.id, reason=PROCEDURE_ALREADY_EXISTS)
                 )
                 self._drop_registration(other, f"procedure {procedure!r} was registered earlier on node {head.node}")
+        if self.remote_changed is not None:
+            self.remote_changed()
 
     def remote_unregistered(self, link: Party, remote_id: int) -> None:
         """The node behind ``link`` dropped a registration: its calls in flight there end as that node says."""
@@ -362,9 +366,13 @@ class Dealer:
 
     # -- caller side ----------------------------------------------------------------------
 
-    def call(self, caller: Party, realm: str, msg: message.Call) -> None:
-        """CALL: an INVOCATION to the callee (on this node or, over its link, another), or ERROR if there is none."""
-        registration = self._lookup(realm, msg.procedure)
+    def call(self, caller: Party, realm: str, msg: message.Call, exclude: Party | None = None) -> None:
+        """CALL: an INVOCATION to the callee (on this node or, over its link, another), or ERROR if there is none.
+
+        ``exclude``: a callee never picked for this call (a bridge's calls from its router never go
+        back to the router through the bridge's own mirror registrations).
+        """
+        registration = self._lookup(realm, msg.procedure, exclude)
         if registration is None:
             caller.send_message(
                 message.Error(
@@ -379,14 +387,18 @@ class Dealer:
             return
         self._invoke(caller, msg, registration, (None, None, None))
 
-    def _lookup(self, realm: str, procedure: str) -> _Registration | None:
+    def _lookup(self, realm: str, procedure: str, exclude: Party | None = None) -> _Registration | None:
         """The callee for ``procedure``: exact, else the longest matching prefix, else a matching wildcard."""
         key = (realm, "exact", procedure)
         group = self._by_procedure.get(key)
+        if exclude is not None and group is not None and all(r.callee is exclude for r in group):
+            group = None
         if group is None and self._patterns:
             best: tuple[int, int, str] | None = None
             for k in self._patterns:
                 if k[0] != realm:
+                    continue
+                if exclude is not None and all(r.callee is exclude for r in self._by_procedure[k]):
                     continue
                 pattern = k[2]
                 rank: tuple[int, int, str] | None = None
@@ -402,6 +414,9 @@ class Dealer:
         if not group:
             return None
         head = group[0]
+        if exclude is not None and head.callee is exclude:
+            group = [r for r in group if r.callee is not exclude]
+            head = group[0]
         if head.invoke == "single":
             return head
         callees = [r for r in group if r.invoke == head.invoke]
@@ -563,6 +578,8 @@ class Dealer:
             own = self._remote.get(registration.callee)
             if own is not None and own.get(registration.remote_id) is registration:
                 _forget(self._remote, registration.callee, registration.remote_id)
+            if self.remote_changed is not None:
+                self.remote_changed()
         if self._registrations_compaction.due(len(self._by_id)):
             self._by_id = dict(self._by_id)
             self._by_procedure = dict(self._by_procedure)
@@ -571,6 +588,15 @@ class Dealer:
             call = self._calls[invocation]
             self._finish(invocation)
             call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, uri, args=[why]))
+
+    def remote_procedures(self, realm: str) -> dict[tuple[str, str], str]:
+        """``(match, procedure)`` -> invoke policy of every other node's registration in ``realm``."""
+        found: dict[tuple[str, str], str] = {}
+        for own in self._remote.values():
+            for r in own.values():
+                if r.realm == realm:
+                    found.setdefault((r.match, r.procedure), r.invoke)
+        return found
 
     def registrations(self) -> int:
         """Procedures registered (for /stats)."""
