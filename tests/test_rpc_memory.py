@@ -316,3 +316,51 @@ def test_codec_round_trips() -> None:
         psc_rpc.Cancel(4, "skip"),
     ):
         assert psc.decode(psc.encode(msg)) == msg
+
+
+def test_caller_disclosure_across_nodes_as_the_callers_node_decides(net: MemoryNetwork) -> None:
+    """The caller's identity reaches a callee on another node when the caller's node discloses it (disclose_me or
+    ``always``) or the registration asked ``disclose_caller``; otherwise the INVOCATION names nobody."""
+    a, b = node(net, "a", 9001), node(net, "b", 9002)
+    mesh(net, 9001, 9002)
+    plain = register(b, "com.plain")
+    asks = Party()
+    b.register(asks, "realm1", message.Register(2, "com.asks"), interruptible=True, disclose_caller=True)
+    local = Party()
+    a.register(local, "realm1", message.Register(3, "com.local"), disclose_caller=True)
+    net.flush()
+    who = (41, "alice", "writer")
+    cases = [
+        (plain, "com.plain", who, False, (None, None, None)),
+        (plain, "com.plain", who, True, who),
+        (asks, "com.asks", who, False, who),
+        # [wamp] disclose-caller = never: the caller's node hands no identity over.
+        (asks, "com.asks", (None, None, None), False, (None, None, None)),
+        (local, "com.local", who, False, who),
+    ]
+    for i, (callee, procedure, identity, disclose, expected) in enumerate(cases):
+        callee.take()
+        a.call(Party(), "realm1", message.Call(10 + i, procedure), identity=identity, disclose=disclose)
+        net.flush()
+        [invocation] = [m for m in callee.take() if isinstance(m, message.Invocation)]
+        assert (invocation.caller, invocation.caller_authid, invocation.caller_authrole) == expected, (procedure, i)
+
+
+def test_disclosure_options_survive_autobahns_parser() -> None:
+    """CALL ``disclose_me`` and REGISTER ``disclose_caller`` (dropped by Autobahn's parse) are kept by the codec."""
+    from autobahn.wamp.serializer import JsonSerializer
+
+    from pubsubclub.frontends.wamp.codec import DisclosingCall, DisclosingRegister, decode
+
+    serializer = JsonSerializer()
+    raw = b'[48,1,{"disclose_me":true},"com.x",[1]]'
+    [call] = decode(serializer, raw, False)
+    assert type(call) is DisclosingCall and call.args == [1] and isinstance(call, message.Call)
+    [call] = decode(serializer, b'[48,2,{},"com.x"]', False)
+    assert type(call) is message.Call
+    [reg] = decode(serializer, b'[64,3,{"disclose_caller":true},"com.x"]', False)
+    assert type(reg) is DisclosingRegister
+    [reg] = decode(serializer, b'[64,4,{"disclose_caller":false},"com.x"]', False)
+    assert type(reg) is message.Register
+    disclosed = psc_rpc.Call(4, 5, "p.x", None, None, None, False, 77, "joe", "user", True)
+    assert psc.decode(psc.encode(disclosed)) == disclosed

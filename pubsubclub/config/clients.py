@@ -109,6 +109,12 @@ class WampSection:
         " disclose_me) or always; decided on the publisher's node",
         choices=("never", "on-request", "always"),
     )
+    disclose_caller: str = setting(
+        "on-request",
+        "name a caller (session, authid, authrole) in its INVOCATIONs' details: never, on-request (a CALL with"
+        " disclose_me, or a REGISTER with disclose_caller) or always; decided on the caller's node",
+        choices=("never", "on-request", "always"),
+    )
 
 
 @dataclass(frozen=True)

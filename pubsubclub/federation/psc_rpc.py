@@ -93,6 +93,8 @@ class Call(ExtensionMessage):
     caller: int | None = None
     caller_authid: str | None = None
     caller_authrole: str | None = None
+    #: The caller's node discloses the caller whatever the registration asked (option ``"d"``).
+    disclose: bool = False
 
     def encode(self) -> bytes:
         """The bytes of this message."""
@@ -107,6 +109,8 @@ class Call(ExtensionMessage):
             options["ca"] = self.caller_authid
         if self.caller_authrole is not None:
             options["cr"] = self.caller_authrole
+        if self.disclose:
+            options["d"] = 1
         return _dumps([CALL, self.call, self.registration, self.procedure], self.args, self.kwargs, options)
 
 
@@ -259,9 +263,8 @@ def _call(params: list[Any], limits: Limits, data: bytes | str) -> Call:
     for key, value in (("ca", authid), ("cr", authrole)):
         if value is not None and (type(value) is not str or len(value) > limits.max_topic_length):
             raise PSCDecodeError(f'PSC403 option "{key}" must be a string')
-    return Call(
-        call, registration, procedure, args, kwargs, timeout, _flag("PSC403", options, "p"), caller, authid, authrole
-    )
+    progress, disclose = _flag("PSC403", options, "p"), _flag("PSC403", options, "d")
+    return Call(call, registration, procedure, args, kwargs, timeout, progress, caller, authid, authrole, disclose)
 
 
 def _result(params: list[Any], limits: Limits, data: bytes | str) -> Result:

@@ -67,7 +67,10 @@ from autobahn.wamp import message
 
 from pubsubclub.core.compaction import Compaction
 from pubsubclub.frontends.wamp.registrations import (
+    NO_IDENTITY,
     ClusterListener,
+    DisclosedInvocation,
+    Identity,
     Party,
     _Call,
     _forget,
@@ -162,10 +165,18 @@ class Dealer:
 
     # -- callee side ----------------------------------------------------------------
 
-    def register(self, callee: Party, realm: str, msg: message.Register, interruptible: bool = False) -> None:
+    def register(
+        self,
+        callee: Party,
+        realm: str,
+        msg: message.Register,
+        interruptible: bool = False,
+        disclose_caller: bool = False,
+    ) -> None:
         """REGISTER: REGISTERED, or ERROR when the procedure already has a callee or asks what is not offered.
 
-        ``interruptible``: the callee announced call canceling (it understands INTERRUPT).
+        ``interruptible``: the callee announced call canceling (it understands INTERRUPT);
+        ``disclose_caller``: it asked for its callers' identity.
         """
         problem = _unoffered(msg)
         if problem is not None:
@@ -200,8 +211,9 @@ class Dealer:
             self._refuse_registration(callee, msg, text, "wamp.max-registrations-per-node", self.max_node_registrations)
             return
         registration = _Registration(
-            self.new_id(), realm, msg.procedure, callee, interruptible, match, invoke, self.clock(), self.node_id
-        )
+            self.new_id(), realm, msg.procedure, callee, interruptible, match, invoke, self.clock(), self.node_id,
+            disclose_caller=disclose_caller,
+        )  # fmt: skip
         self._insert(key, registration)
         self._by_id[registration.id] = registration
         if own is None:
@@ -289,9 +301,14 @@ class Dealer:
         request: int,
         registration_id: int,
         msg: message.Call,
-        caller: tuple[int | None, str | None, str | None] = (None, None, None),
+        caller: Identity = NO_IDENTITY,
+        disclose: bool = False,
     ) -> None:
-        """A call from another node (``link``: its stand-in) for a registration of this node, picked there."""
+        """A call from another node (``link``: its stand-in) for a registration of this node, picked there.
+
+        ``caller``: the identity the caller's node lets be known; ``disclose``: that node discloses it
+        whatever the registration asked (else only a ``disclose_caller`` registration is told).
+        """
         registration = self._by_id.get(registration_id)
         if registration is None:
             link.send_message(
@@ -306,7 +323,7 @@ class Dealer:
         # The calls from one node together are held to the node's cap (the caller's node holds each caller to its own).
         if self._over_caps(link, msg, self.max_node_calls):
             return
-        self._invoke(link, msg, registration, caller)
+        self._invoke(link, msg, registration, caller if disclose or registration.disclose_caller else NO_IDENTITY)
 
     def _refuse_registration(self, callee: Party, msg: message.Register, text: str, limit: str, value: int) -> None:
         error = _limit_error(message.Register.MESSAGE_TYPE, msg.request, TOO_MANY_REGISTRATIONS, text, limit, value)
@@ -366,11 +383,21 @@ class Dealer:
 
     # -- caller side ----------------------------------------------------------------------
 
-    def call(self, caller: Party, realm: str, msg: message.Call, exclude: Party | None = None) -> None:
+    def call(
+        self,
+        caller: Party,
+        realm: str,
+        msg: message.Call,
+        exclude: Party | None = None,
+        identity: Identity = NO_IDENTITY,
+        disclose: bool = False,
+    ) -> None:
         """CALL: an INVOCATION to the callee (on this node or, over its link, another), or ERROR if there is none.
 
         ``exclude``: a callee never picked for this call (a bridge's calls from its router never go
-        back to the router through the bridge's own mirror registrations).
+        back to the router through the bridge's own mirror registrations). ``identity``: the caller
+        as its node lets it be known (``[wamp] disclose-caller`` not ``never``); ``disclose``: name it
+        to every callee, else only to one whose registration asked ``disclose_caller``.
         """
         registration = self._lookup(realm, msg.procedure, exclude)
         if registration is None:
@@ -385,7 +412,13 @@ class Dealer:
             return
         if self._over_caps(caller, msg, self.max_pending_calls):
             return
-        self._invoke(caller, msg, registration, (None, None, None))
+        if registration.remote_id is not None:
+            # The callee's node knows whether its registration asked: it gets the identity and our decision.
+            self._invoke(caller, msg, registration, identity, disclose)
+        else:
+            self._invoke(
+                caller, msg, registration, identity if disclose or registration.disclose_caller else NO_IDENTITY
+            )
 
     def _lookup(self, realm: str, procedure: str, exclude: Party | None = None) -> _Registration | None:
         """The callee for ``procedure``: exact, else the longest matching prefix, else a matching wildcard."""
@@ -448,7 +481,8 @@ class Dealer:
         caller: Party,
         msg: message.Call,
         registration: _Registration,
-        disclosed: tuple[int | None, str | None, str | None],
+        disclosed: Identity,
+        disclose: bool = False,
     ) -> None:
         invocation = self.new_id()
         call = self._calls[invocation] = _Call(caller, msg.request, registration.callee, registration)
@@ -461,7 +495,7 @@ class Dealer:
         self._calls_compaction.grown(len(self._calls))
         remote = registration.remote_id is not None
         too_big = registration.callee.send_if_fits(
-            message.Invocation(
+            (DisclosedInvocation if disclose else message.Invocation)(
                 invocation,
                 registration.remote_id if remote else registration.id,
                 args=msg.args,

@@ -47,6 +47,7 @@ class WampFrontend(FrontendBase):
             reactor=context.reactor,
             await_interest=section.await_interest,
             disclose_publisher=section.disclose_publisher,
+            disclose_caller=section.disclose_caller,
             max_call_seconds=section.call_timeout,
             max_pending_calls=section.max_pending_calls,
             login_throttle=context.login_throttle,

@@ -54,6 +54,8 @@ class _Registration:
     node: str = ""
     #: Its id on its own node, for a registration of another node (``callee`` is then the link's stand-in).
     remote_id: int | None = None
+    #: The callee asked ``disclose_caller`` (its INVOCATIONs name the caller when the caller's node permits it).
+    disclose_caller: bool = False
 
     @property
     def order(self) -> tuple[float, str, int]:
@@ -70,6 +72,17 @@ class _Call:
     callee: Party
     registration: _Registration
     timer: Any = None
+
+
+class DisclosedInvocation(message.Invocation):  # type: ignore[misc]
+    """An INVOCATION for another node's callee whose caller's node discloses the caller regardless (PSC403 ``"d"``)."""
+
+    __slots__ = ()
+
+
+#: Who a call's caller is, as far as its node lets it be known: (session id, authid, authrole).
+Identity = tuple[int | None, str | None, str | None]
+NO_IDENTITY: Identity = (None, None, None)
 
 
 def _forget(table: dict[Any, dict[int, Any]], owner: Any, key: int) -> None:

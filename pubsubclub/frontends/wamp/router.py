@@ -102,6 +102,7 @@ class WampRouter:
         max_pending_calls: int = 1000,
         login_throttle: LoginThrottle | None = None,
         disclose_publisher: str = DISCLOSE_ON_REQUEST,
+        disclose_caller: str = DISCLOSE_ON_REQUEST,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
@@ -112,6 +113,10 @@ class WampRouter:
             raise ValueError(f"disclose_publisher must be one of {', '.join(DISCLOSURES)}, not {disclose_publisher!r}")
         #: When a publisher is named in its EVENTs (``[wamp] disclose-publisher``; publishing.py).
         self.disclose_publisher = disclose_publisher
+        if disclose_caller not in DISCLOSURES:
+            raise ValueError(f"disclose_caller must be one of {', '.join(DISCLOSURES)}, not {disclose_caller!r}")
+        #: When a caller is named in its INVOCATIONs (``[wamp] disclose-caller``; broker.py, dealer.py).
+        self.disclose_caller = disclose_caller
         self.hub = hub
         self.realms: tuple[str, ...] = tuple(realms)
         self.limits = limits

@@ -38,6 +38,7 @@ class WampServer:
         max_pending_calls: int = 1000,
         login_throttle: LoginThrottle | None = None,
         disclose_publisher: str = DISCLOSE_ON_REQUEST,
+        disclose_caller: str = DISCLOSE_ON_REQUEST,
     ) -> None:
         self.hub = hub
         if reactor is None:
@@ -59,6 +60,7 @@ class WampServer:
             max_pending_calls=max_pending_calls,
             login_throttle=login_throttle,
             disclose_publisher=disclose_publisher,
+            disclose_caller=disclose_caller,
         )
         self._reactor = reactor
 

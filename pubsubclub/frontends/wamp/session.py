@@ -451,6 +451,7 @@ class WampSession:
                         publisher_identification=True,
                     ),
                     "dealer": RoleDealerFeatures(
+                        caller_identification=True,
                         call_timeout=True,
                         progressive_call_results=True,
                         call_canceling=True,
