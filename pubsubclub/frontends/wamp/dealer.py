@@ -444,12 +444,11 @@ class Dealer:
                     best, key = rank, k
             if best is not None:
                 group = self._by_procedure[key]
+        if exclude is not None and group:
+            group = [r for r in group if r.callee is not exclude]
         if not group:
             return None
         head = group[0]
-        if exclude is not None and head.callee is exclude:
-            group = [r for r in group if r.callee is not exclude]
-            head = group[0]
         if head.invoke == "single":
             return head
         callees = [r for r in group if r.invoke == head.invoke]
