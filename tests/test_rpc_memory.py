@@ -364,3 +364,25 @@ def test_disclosure_options_survive_autobahns_parser() -> None:
     assert type(reg) is message.Register
     disclosed = psc_rpc.Call(4, 5, "p.x", None, None, None, False, 77, "joe", "user", True)
     assert psc.decode(psc.encode(disclosed)) == disclosed
+
+
+def test_calls_from_one_node_have_their_own_cap(net: MemoryNetwork) -> None:
+    """``[wamp] max-calls-per-link`` bounds the calls in flight from one other node apart from the node's own cap."""
+    a, b = node(net, "a", 9001), node(net, "b", 9002)
+    b.max_link_calls = 2
+    mesh(net, 9001, 9002)
+    callee = register(b, "com.slow")
+    net.flush()
+    caller = Party()
+    for request in (1, 2, 3):
+        a.call(caller, "realm1", message.Call(request, "com.slow"))
+    net.flush()
+    assert len(callee.take()) == 2
+    [refused] = caller.take()
+    assert (refused.request, refused.error) == (3, "pubsubclub.error.too_many_calls")
+    assert refused.kwargs == {"limit": "wamp.max-calls-per-link", "max": 2}
+    # Local callers are held to the node's cap only.
+    local = Party()
+    for request in (4, 5, 6):
+        b.call(local, "realm1", message.Call(request, "com.slow"))
+    assert len(callee.take()) == 3 and local.take() == []

@@ -81,6 +81,14 @@ class WampSection:
         min=1,
         max=10_000_000,
     )
+    max_calls_per_link: int = setting(
+        10_000,
+        "RPC calls in flight on this node's callees from one other node (one link), all its callers together;"
+        " one more gets an ERROR",
+        metavar="N",
+        min=1,
+        max=10_000_000,
+    )
     max_subscriptions: int = setting(
         1000,
         "subscriptions one WAMP session may hold (exact and pattern); one more gets an ERROR",

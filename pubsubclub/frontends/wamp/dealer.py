@@ -114,6 +114,8 @@ class Dealer:
     max_pending_calls: int = 1000
     #: Calls the node may have in flight at once, all callers together; likewise.
     max_node_calls: int = 10_000
+    #: Calls from one other node (one link's stand-in) in flight here at once; likewise.
+    max_link_calls: int = 10_000
     #: Registrations one session may hold; one more gets ERROR ``TOO_MANY_REGISTRATIONS``.
     max_registrations: int = 1000
     #: Registrations the node may hold, all sessions together; likewise.
@@ -153,7 +155,13 @@ class Dealer:
     _calls_compaction: Compaction = field(default_factory=Compaction)
 
     def __post_init__(self) -> None:
-        for name in ("max_pending_calls", "max_node_calls", "max_registrations", "max_node_registrations"):
+        for name in (
+            "max_pending_calls",
+            "max_node_calls",
+            "max_link_calls",
+            "max_registrations",
+            "max_node_registrations",
+        ):
             value = getattr(self, name)
             if type(value) is not int or value <= 0:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
@@ -320,8 +328,8 @@ class Dealer:
                 )
             )
             return
-        # The calls from one node together are held to the node's cap (the caller's node holds each caller to its own).
-        if self._over_caps(link, msg, self.max_node_calls):
+        # The calls from one node together have their own cap (the caller's node holds each caller to its own).
+        if self._over_caps(link, msg, self.max_link_calls, "wamp.max-calls-per-link"):
             return
         self._invoke(link, msg, registration, caller if disclose or registration.disclose_caller else NO_IDENTITY)
 
@@ -410,7 +418,7 @@ class Dealer:
                 )
             )
             return
-        if self._over_caps(caller, msg, self.max_pending_calls):
+        if self._over_caps(caller, msg, self.max_pending_calls, "wamp.max-pending-calls"):
             return
         if registration.remote_id is not None:
             # The callee's node knows whether its registration asked: it gets the identity and our decision.
@@ -462,11 +470,11 @@ class Dealer:
         self._turns[key] = turn + 1
         return callees[turn % len(callees)]
 
-    def _over_caps(self, caller: Party, msg: message.Call, per_caller: int) -> bool:
+    def _over_caps(self, caller: Party, msg: message.Call, per_caller: int, limit: str) -> bool:
         pending = self._by_caller.get(caller)
         if pending is not None and len(pending) >= per_caller:
-            text = f"this session already has {len(pending)} calls in flight, the limit is {per_caller}"
-            limit = "wamp.max-pending-calls" if per_caller == self.max_pending_calls else "wamp.max-calls-per-node"
+            who = "this session" if limit == "wamp.max-pending-calls" else "the calling node"
+            text = f"{who} already has {len(pending)} calls in flight, the limit is {per_caller}"
             self._refuse_call(caller, msg, text, limit, per_caller)
             return True
         if len(self._calls) >= self.max_node_calls:

@@ -38,6 +38,7 @@ class WampFrontend(FrontendBase):
             max_registrations_per_session=section.max_registrations,
             max_registrations=section.max_registrations_per_node,
             max_calls=section.max_calls_per_node,
+            max_calls_per_link=section.max_calls_per_link,
         )
         self.server = WampServer(
             hub,

@@ -49,6 +49,8 @@ class WampLimits:
     max_registrations: int = 50_000
     #: RPC calls the node may have in flight, all callers together (``[wamp] max-calls-per-node``).
     max_calls: int = 10_000
+    #: RPC calls in flight from one other node (one link) on this node (``[wamp] max-calls-per-link``).
+    max_calls_per_link: int = 10_000
     #: Unsent bytes queued for one client before it is dropped as too slow.
     max_send_buffer: int = 16 * 1024 * 1024
     #: Depth, integer range, floats and strings of every message (docs/security.md).
@@ -67,6 +69,7 @@ class WampLimits:
             "max_registrations_per_session",
             "max_registrations",
             "max_calls",
+            "max_calls_per_link",
             "max_send_buffer",
         ):
             value = getattr(self, name)
@@ -141,6 +144,7 @@ class WampRouter:
             max_call_seconds=max_call_seconds,
             max_pending_calls=max_pending_calls,
             max_node_calls=limits.max_calls,
+            max_link_calls=limits.max_calls_per_link,
             max_registrations=limits.max_registrations_per_session,
             max_node_registrations=limits.max_registrations,
             refused=self.refused,
