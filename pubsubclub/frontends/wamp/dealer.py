@@ -72,11 +72,11 @@ from pubsubclub.frontends.wamp.registrations import (
     DisclosedInvocation,
     Identity,
     Party,
+    PatternIndex,
     _Call,
     _forget,
     _Registration,
     _unoffered,
-    _wildcard,
 )
 
 NO_SUCH_PROCEDURE = "wamp.error.no_such_procedure"
@@ -135,6 +135,8 @@ class Dealer:
     _by_procedure: dict[tuple[str, str, str], list[_Registration]] = field(default_factory=dict)
     #: The keys of ``_by_procedure`` with a prefix or wildcard match (searched when no exact one matches).
     _patterns: dict[tuple[str, str, str], None] = field(default_factory=dict)
+    #: The same keys, indexed so that a CALL finds its pattern without a scan of them all.
+    _pattern_index: PatternIndex = field(default_factory=PatternIndex)
     #: Round-robin position per shared procedure.
     _turns: dict[tuple[str, str, str], int] = field(default_factory=dict)
     #: Other nodes' registrations per link stand-in: remote id -> registration.
@@ -238,6 +240,7 @@ class Dealer:
             group = self._by_procedure[key] = []
             if key[1] != "exact":
                 self._patterns[key] = None
+                self._pattern_index.add(key)
         orders = [r.order for r in group]
         group.insert(bisect.bisect(orders, registration.order), registration)
 
@@ -435,23 +438,9 @@ class Dealer:
         if exclude is not None and group is not None and all(r.callee is exclude for r in group):
             group = None
         if group is None and self._patterns:
-            best: tuple[int, int, str] | None = None
-            for k in self._patterns:
-                if k[0] != realm:
-                    continue
-                if exclude is not None and all(r.callee is exclude for r in self._by_procedure[k]):
-                    continue
-                pattern = k[2]
-                rank: tuple[int, int, str] | None = None
-                if k[1] == "prefix":
-                    if procedure.startswith(pattern):
-                        rank = (1, len(pattern), pattern)
-                elif _wildcard(pattern, procedure):
-                    rank = (0, sum(1 for part in pattern.split(".") if part), pattern)
-                if rank is not None and (best is None or rank > best):
-                    best, key = rank, k
-            if best is not None:
-                group = self._by_procedure[key]
+            found = self._pattern_index.find(realm, procedure, self._by_procedure, exclude)
+            if found is not None:
+                key, group = found, self._by_procedure[found]
         if exclude is not None and group:
             group = [r for r in group if r.callee is not exclude]
         if not group:
@@ -608,7 +597,8 @@ class Dealer:
             group.remove(registration)
             if not group:
                 del self._by_procedure[key]
-                self._patterns.pop(key, None)
+                if self._patterns.pop(key, 0) is None:
+                    self._pattern_index.remove(key)
                 self._turns.pop(key, None)
         if registration.remote_id is None:
             self._by_id.pop(registration.id, None)
