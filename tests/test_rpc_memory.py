@@ -386,3 +386,41 @@ def test_calls_from_one_node_have_their_own_cap(net: MemoryNetwork) -> None:
     for request in (4, 5, 6):
         b.call(local, "realm1", message.Call(request, "com.slow"))
     assert len(callee.take()) == 3 and local.take() == []
+
+
+def test_rpc_payload_over_the_json_bounds_fails_that_call_only(net: MemoryNetwork) -> None:
+    """A PSC404 or PSC403 whose args break the JSON bounds ends that one call with wamp.error.invalid_payload;
+    the link stays open and the next call goes through."""
+    a, b = node(net, "a", 9001), node(net, "b", 9002)
+    a.federation.add_server(psc_url(9002))  # type: ignore[attr-defined]
+    [link] = net.answer()
+    callee = register(b, "com.deep")
+    net.flush()
+    [producer] = [s for s in b.federation._links if s.with_rpc]  # type: ignore[attr-defined]
+    [consumer] = [s for s in a.federation._links if s.with_rpc]  # type: ignore[attr-defined]
+    deep = b"[" * 70 + b"]" * 70
+    caller = Party()
+    for request, inject in ((1, "result"), (2, "call")):
+        a.call(caller, "realm1", message.Call(request, "com.deep"))
+        net.flush()
+        [call_id] = list(a._calls)
+        [registration] = list(b._by_id)
+        if inject == "result":
+            producer.send_raw(b"[404,%d,%s,null,{}]" % (call_id, deep))
+        else:
+            consumer.send_raw(b'[403,%d,%d,"com.deep",%s,null,{}]' % (call_id, registration, deep))
+        net.flush()
+        [answer] = caller.take()
+        assert (answer.request, answer.error) == (request, "wamp.error.invalid_payload"), answer.args
+        assert "nested deeper than" in answer.args[0]
+        assert link.client_wire.close() is None
+        for m in callee.take():
+            if isinstance(m, message.Invocation):
+                b.yielded(callee, message.Yield(m.request, args=["late"]))
+        net.flush()
+    a.call(caller, "realm1", message.Call(3, "com.deep"))
+    net.flush()
+    [invocation] = [m for m in callee.take() if isinstance(m, message.Invocation)]
+    b.yielded(callee, message.Yield(invocation.request, args=["ok"]))
+    net.flush()
+    assert [(m.request, m.args) for m in caller.take()] == [(3, ["ok"])]

@@ -188,6 +188,12 @@ class ClusterRPC:
         if caller is None:
             return
         if isinstance(msg, psc_rpc.Call):
+            if msg.problem is not None:
+                # Its args or kwargs broke the JSON bounds: this call fails, the link carries on.
+                caller.send_message(
+                    message.Error(message.Call.MESSAGE_TYPE, msg.call, psc_rpc.INVALID_PAYLOAD, args=[msg.problem])
+                )
+                return
             if dealer is None:
                 caller.send_message(
                     message.Error(
