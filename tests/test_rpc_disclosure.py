@@ -48,6 +48,17 @@ class _DisclosingCall(message.Call):  # type: ignore[misc]
         return raw
 
 
+class _SpoofingCall(message.Call):  # type: ignore[misc]
+    """A CALL whose options name another caller (Autobahn's router-to-router fields): never believed."""
+
+    __slots__ = ()
+
+    def marshal(self) -> list[Any]:
+        raw: list[Any] = super().marshal()
+        raw[2].update(caller=1, caller_authid="root", caller_authrole="admin")
+        return raw
+
+
 class _DisclosingRegister(message.Register):  # type: ignore[misc]
     """A REGISTER with ``disclose_caller: true``."""
 
@@ -137,5 +148,8 @@ async def test_disclose_me_disclose_caller_and_always_across_nodes(pair: Cluster
         assert await alice2.call("disc.on1") == two
         # On one node as across nodes.
         assert await _with_option(alice2, message.Call, _DisclosingCall, lambda: alice2.call("disc.plain")) == two
+        # A caller cannot name someone else: its own caller* options are ignored.
+        assert await _with_option(alice1, message.Call, _SpoofingCall, lambda: alice1.call("disc.plain")) == nobody
+        assert await _with_option(alice1, message.Call, _SpoofingCall, lambda: alice1.call("disc.asks")) == one
     finally:
         await leave(alice1, alice2, callee1, callee2)
