@@ -232,3 +232,35 @@ async def test_progress_patterns_and_cancel_cross_the_bridge(setup: Setup) -> No
         await leave(on_router, on_node)
     await setup.mirrored()
     await setup.forwarding()
+
+
+@pytest_twisted.ensureDeferred
+async def test_shared_procedure_on_router_and_node_never_loops(setup: Setup) -> None:
+    """A roundrobin procedure with a callee on the router and one on the node: every call from either side is
+    answered once by one of them, both get calls, and none goes round the bridge in a loop."""
+    on_router = await setup.router_client()
+    on_node = await connect(setup.node.wamp_url)
+    try:
+        served: list[str] = []
+
+        def on(side: str) -> Any:
+            def serve() -> str:
+                served.append(side)
+                return side
+
+            return serve
+
+        shared = RegisterOptions(invoke="roundrobin")
+        await on_router.register(on("router"), "rpcb.shared", options=shared)
+        await on_node.register(on("node"), "rpcb.shared", options=shared)
+        await setup.mirrored("rpcb.shared")
+        await setup.forwarding("rpcb.shared")
+        answers = [await on_router.call("rpcb.shared") for _ in range(6)]
+        answers += [await on_node.call("rpcb.shared") for _ in range(6)]
+        assert sorted(answers) == sorted(served) and len(served) == 12
+        assert set(served) == {"router", "node"}
+        assert setup.rpc()["calls_from_router"] == 0 and setup.rpc()["calls_into_router"] == 0
+    finally:
+        await leave(on_router, on_node)
+    await setup.mirrored()
+    await setup.forwarding()
