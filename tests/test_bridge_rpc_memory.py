@@ -149,3 +149,27 @@ def test_cluster_procedures_forwarded_and_router_calls_never_loop_back() -> None
     dealer.remote_unregistered(link, 98)
     clock.advance(0)
     assert rpc.stats()["forwarding"] == [["exact", "shared.p"]]
+
+
+def test_leaving_the_router_ends_calls_both_ways_and_withdraws_mirrors() -> None:
+    """When the router session ends, calls through the bridge end with an ERROR each way (no hang) and the
+    router's procedures leave the cluster."""
+    rpc, dealer, session, clock, _ = bridge({10: (reg(10, "app.p"), [5])})
+    link = Party()
+    dealer.remote_registered(link, 99, "realm1", "node.q", "exact", "single", 1.0, "node1")
+    clock.advance(0)
+    caller = Party()
+    dealer.call(caller, "realm1", message.Call(1, "app.p"))
+    into_router = session.calls[-1][2]
+    from_router = session.registered["node.q"]("x", details=None)
+    failures: list[Any] = []
+    from_router.addErrback(failures.append)
+    rpc.stop()
+    [ended] = caller.sent
+    assert (ended.request, ended.error) == (1, "wamp.error.canceled")
+    assert [f.value.error for f in failures] == ["pubsubclub.error.router_unreachable"]
+    assert dealer.registrations() == 0 and dealer.calls_in_flight() == 0
+    assert any(isinstance(m, message.Interrupt) for m in link.sent)
+    into_router.errback(ApplicationError("wamp.error.canceled"))  # the late answer is dropped
+    assert caller.sent == [ended]
+    assert rpc.stats() == {"mirrored": [], "forwarding": [], "calls_from_router": 0, "calls_into_router": 0}
