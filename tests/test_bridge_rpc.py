@@ -174,7 +174,7 @@ async def test_errors_pass_and_a_vanished_procedure_is_a_clean_error(setup: Setu
 
 @pytest_twisted.ensureDeferred
 async def test_progress_patterns_and_cancel_cross_the_bridge(setup: Setup) -> None:
-    """Progressive results both ways, a Crossbar prefix registration with details.procedure, CANCEL -> INTERRUPT."""
+    """Progressive results both ways, prefix registrations both ways with details.procedure, CANCEL -> INTERRUPT."""
     on_router = await setup.router_client()
     on_node = await connect(setup.node.wamp_url)
     interrupted: list[str] = []
@@ -200,9 +200,15 @@ async def test_progress_patterns_and_cancel_cross_the_bridge(setup: Setup) -> No
         await on_router.register(prefixed, "rpcb.pfx.", options=RegisterOptions(match="prefix", details_arg="details"))
         await on_router.register(never, "rpcb.router.never", options=RegisterOptions(details_arg="details"))
         await on_node.register(node_count, "rpcb.node.count", options=RegisterOptions(details_arg="details"))
+        await on_node.register(
+            prefixed, "rpcb.npfx.", options=RegisterOptions(match="prefix", details_arg="details")
+        )
         await until(lambda: len(setup.rpc()["mirrored"]) == 3, "three router procedures mirrored")
         assert ["prefix", "rpcb.pfx."] in setup.rpc()["mirrored"]
-        await setup.forwarding("rpcb.node.count")
+        await until(
+            lambda: setup.rpc()["forwarding"] == [["exact", "rpcb.node.count"], ["prefix", "rpcb.npfx."]],
+            "the node's exact and prefix procedures forwarded",
+        )
 
         seen: list[Any] = []
         total = await on_node.call(
@@ -216,6 +222,7 @@ async def test_progress_patterns_and_cancel_cross_the_bridge(setup: Setup) -> No
         assert (total, seen) == (2, [(0, "node"), (1, "node")])
 
         assert await on_node.call("rpcb.pfx.a.b") == "rpcb.pfx.a.b"
+        assert await on_router.call("rpcb.npfx.c.d") == "rpcb.npfx.c.d"
 
         pending = on_node.call("rpcb.router.never")
         await until(lambda: setup.rpc()["calls_into_router"] == 1, "the call reached the router")
