@@ -200,9 +200,7 @@ async def test_progress_patterns_and_cancel_cross_the_bridge(setup: Setup) -> No
         await on_router.register(prefixed, "rpcb.pfx.", options=RegisterOptions(match="prefix", details_arg="details"))
         await on_router.register(never, "rpcb.router.never", options=RegisterOptions(details_arg="details"))
         await on_node.register(node_count, "rpcb.node.count", options=RegisterOptions(details_arg="details"))
-        await on_node.register(
-            prefixed, "rpcb.npfx.", options=RegisterOptions(match="prefix", details_arg="details")
-        )
+        await on_node.register(prefixed, "rpcb.npfx.", options=RegisterOptions(match="prefix", details_arg="details"))
         await until(lambda: len(setup.rpc()["mirrored"]) == 3, "three router procedures mirrored")
         assert ["prefix", "rpcb.pfx."] in setup.rpc()["mirrored"]
         await until(
