@@ -173,3 +173,23 @@ def test_leaving_the_router_ends_calls_both_ways_and_withdraws_mirrors() -> None
     into_router.errback(ApplicationError("wamp.error.canceled"))  # the late answer is dropped
     assert caller.sent == [ended]
     assert rpc.stats() == {"mirrored": [], "forwarding": [], "calls_from_router": 0, "calls_into_router": 0}
+
+
+def test_a_router_refusing_the_registration_meta_api_leaves_rpc_off() -> None:
+    """Without the registration meta API the bridge carries no RPC, and says so; it does not fail its session."""
+
+    class Narrow(RouterSession):
+        def call(self, procedure: str, *args: Any, options: Any = None, **kwargs: Any) -> defer.Deferred[Any]:
+            if procedure.startswith("wamp.registration."):
+                return defer.fail(ApplicationError("wamp.error.not_authorized", "no"))
+            return super().call(procedure, *args, **kwargs)
+
+    clock = task.Clock()
+    ids = itertools.count(1)
+    dealer = Dealer(lambda: next(ids), call_later=clock.callLater)
+    rpc = RouterRPC(dealer, "realm1", ROLE, 10, clock, lambda event: None)
+    done = defer.ensureDeferred(rpc.start(Narrow({}, {})))
+    assert done.called and done.result is None
+    dealer.remote_registered(Party(), 99, "realm1", "node.q", "exact", "single", 1.0, "node1")
+    clock.advance(0)
+    assert rpc.session is None and rpc.stats()["forwarding"] == []

@@ -156,12 +156,27 @@ class RouterRPC:
     # -- lifecycle ------------------------------------------------------------------------
 
     async def start(self, session: Any) -> None:
-        """The bridge became active on ``session``: read the router's registrations, mirror and forward."""
+        """The bridge became active on ``session``: read the router's registrations, mirror and forward.
+
+        A router that refuses the bridge its registration meta API (an older role configuration) gets
+        no RPC through the bridge, said once in the log; publish/subscribe carries on.
+        """
         self.session = session
         interest = self._interest = RouterInterest(int(session._session_id or 0), self.role)
-        for topic in REGISTRATION_EVENTS:
-            await session.subscribe(self._meta_event(interest, topic), topic)
-        listing = await session.call("wamp.registration.list")
+        try:
+            for topic in REGISTRATION_EVENTS:
+                await session.subscribe(self._meta_event(interest, topic), topic)
+            listing = await session.call("wamp.registration.list")
+        except ApplicationError as e:
+            if self._interest is interest:
+                self._interest = None
+                self.session = None
+            log.warn(
+                "bridge: no RPC through the bridge: the router refused its registration meta API ({error});"
+                " see docs/bridge.md for the bridge role's permissions",
+                error=e.error,
+            )
+            return
         ids = [reg_id for kind in ("exact", "prefix", "wildcard") for reg_id in (listing or {}).get(kind, ())]
         for start in range(0, len(ids), READ_BATCH):
             batch = ids[start : start + READ_BATCH]
