@@ -234,6 +234,11 @@ class DisclosingRegister(message.Register):  # type: ignore[misc]
     __slots__ = ()
 
 
+# Error texts name a message by its class (session.py's ``_kind``): these are still a CALL and a REGISTER.
+DisclosingCall.__name__ = "Call"
+DisclosingRegister.__name__ = "Register"
+
+
 def _mark_disclosure(msg: Any, raw: list[Any]) -> None:
     """Keep the disclosure option Autobahn's parser drops, as the message's class (same slots, no copy)."""
     options = raw[2] if len(raw) > 2 else None
