@@ -7,11 +7,14 @@ from typing import Any
 import pytest
 from autobahn.wamp import message
 from autobahn.wamp.role import RoleCalleeFeatures, RoleCallerFeatures
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from twisted.internet.task import Clock
 
 from pubsubclub.core.hub import Hub
 from pubsubclub.frontends.wamp import WampRouter
 from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
+from pubsubclub.frontends.wamp.router import WampLimits
 from pubsubclub.testing import MemoryWampTransport
 
 
@@ -229,3 +232,87 @@ def test_rpc_permissions_are_checked_on_hub_topics_like_publish() -> None:
             assert [a for a, _ in answers] == ["Registered", "Invocation", "Published"], answers
         else:
             assert answers == [("Error", "wamp.error.not_authorized")] * 3
+
+
+def _brute_force(keys: list[tuple[str, str, str]], realm: str, procedure: str) -> tuple[str, str, str] | None:
+    """The dealer's rule by a scan of every pattern: longest matching prefix, else the best matching wildcard."""
+    from pubsubclub.frontends.wamp.registrations import _wildcard
+
+    best: tuple[int, int, str] | None = None
+    found = None
+    for key in keys:
+        if key[0] != realm:
+            continue
+        if key[1] == "prefix" and procedure.startswith(key[2]):
+            rank = (1, len(key[2]), key[2])
+        elif key[1] == "wildcard" and _wildcard(key[2], procedure):
+            rank = (0, sum(1 for p in key[2].split(".") if p), key[2])
+        else:
+            continue
+        if best is None or rank > best:
+            best, found = rank, key
+    return found
+
+
+_part = st.sampled_from(["a", "b", "c", ""])
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    patterns=st.lists(
+        st.tuples(
+            st.sampled_from(["r1", "r2"]),
+            st.sampled_from(["prefix", "wildcard"]),
+            st.lists(_part, min_size=1, max_size=4),
+        ),
+        max_size=12,
+    ),
+    removed=st.lists(st.integers(0, 11), max_size=4),
+    called=st.lists(st.sampled_from(["a", "b", "c", "d"]), min_size=1, max_size=4),
+)
+def test_pattern_index_picks_what_a_scan_picks(patterns: list[Any], removed: list[int], called: list[str]) -> None:
+    """PatternIndex (no scan of all patterns) finds the registration a scan of every pattern finds."""
+    from pubsubclub.frontends.wamp.registrations import PatternIndex
+
+    index = PatternIndex()
+    groups: dict[Any, list[Any]] = {}
+    for realm, match, parts in patterns:
+        key = (realm, match, ".".join(parts) if match == "wildcard" else "".join(parts) or "a")
+        if key not in groups:
+            groups[key] = [object()]
+            index.add(key)
+    for i in removed:
+        keys = list(groups)
+        if i < len(keys):
+            del groups[keys[i]]
+            index.remove(keys[i])
+    procedure = ".".join(called)
+    for realm in ("r1", "r2"):
+        assert index.find(realm, procedure, groups) == _brute_force(list(groups), realm, procedure)
+
+
+def test_a_call_tries_only_wildcards_of_its_part_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With 5,000 wildcard and 5,000 prefix registrations, a CALL matches a handful, not all of them."""
+    from pubsubclub.frontends.wamp import dealer, registrations
+
+    router = WampRouter(Hub(), limits=WampLimits(max_registrations_per_session=20_000, max_registrations=20_000))
+    caller, caller_t = joined(router)
+    callee, callee_t = joined(router)
+    request = 0
+    for i in range(5000):
+        request += 1
+        callee.onMessage(message.Register(request, f"com.w{i}..x.y", match="wildcard"))
+        request += 1
+        callee.onMessage(message.Register(request, f"org.p{i}.", match="prefix"))
+    callee.onMessage(message.Register(request + 1, "com..x", match="wildcard"))
+    assert all(isinstance(m, message.Registered) for m in callee_t.sent)
+    tried: list[str] = []
+    real = registrations._wildcard
+    counting = lambda p, c: tried.append(p) or real(p, c)  # noqa: E731
+    monkeypatch.setattr(registrations, "_wildcard", counting)
+    monkeypatch.setattr(dealer, "_wildcard", counting, raising=False)  # where a scan would call it
+    caller.onMessage(message.Call(1, "com.any.x"))
+    caller.onMessage(message.Call(2, "org.p4999.z"))
+    invocations = [m for m in callee_t.sent if isinstance(m, message.Invocation)]
+    assert [m.procedure for m in invocations] == ["com.any.x", "org.p4999.z"]
+    assert tried == ["com..x"]

@@ -316,3 +316,111 @@ def test_codec_round_trips() -> None:
         psc_rpc.Cancel(4, "skip"),
     ):
         assert psc.decode(psc.encode(msg)) == msg
+
+
+def test_caller_disclosure_across_nodes_as_the_callers_node_decides(net: MemoryNetwork) -> None:
+    """The caller's identity reaches a callee on another node when the caller's node discloses it (disclose_me or
+    ``always``) or the registration asked ``disclose_caller``; otherwise the INVOCATION names nobody."""
+    a, b = node(net, "a", 9001), node(net, "b", 9002)
+    mesh(net, 9001, 9002)
+    plain = register(b, "com.plain")
+    asks = Party()
+    b.register(asks, "realm1", message.Register(2, "com.asks"), interruptible=True, disclose_caller=True)
+    local = Party()
+    a.register(local, "realm1", message.Register(3, "com.local"), disclose_caller=True)
+    net.flush()
+    who = (41, "alice", "writer")
+    cases = [
+        (plain, "com.plain", who, False, (None, None, None)),
+        (plain, "com.plain", who, True, who),
+        (asks, "com.asks", who, False, who),
+        # [wamp] disclose-caller = never: the caller's node hands no identity over.
+        (asks, "com.asks", (None, None, None), False, (None, None, None)),
+        (local, "com.local", who, False, who),
+    ]
+    for i, (callee, procedure, identity, disclose, expected) in enumerate(cases):
+        callee.take()
+        a.call(Party(), "realm1", message.Call(10 + i, procedure), identity=identity, disclose=disclose)
+        net.flush()
+        [invocation] = [m for m in callee.take() if isinstance(m, message.Invocation)]
+        assert (invocation.caller, invocation.caller_authid, invocation.caller_authrole) == expected, (procedure, i)
+
+
+def test_disclosure_options_survive_autobahns_parser() -> None:
+    """CALL ``disclose_me`` and REGISTER ``disclose_caller`` (dropped by Autobahn's parse) are kept by the codec."""
+    from autobahn.wamp.serializer import JsonSerializer
+
+    from pubsubclub.frontends.wamp.codec import DisclosingCall, DisclosingRegister, decode
+
+    serializer = JsonSerializer()
+    raw = b'[48,1,{"disclose_me":true},"com.x",[1]]'
+    [call] = decode(serializer, raw, False)
+    assert type(call) is DisclosingCall and call.args == [1] and isinstance(call, message.Call)
+    [call] = decode(serializer, b'[48,2,{},"com.x"]', False)
+    assert type(call) is message.Call
+    [reg] = decode(serializer, b'[64,3,{"disclose_caller":true},"com.x"]', False)
+    assert type(reg) is DisclosingRegister
+    [reg] = decode(serializer, b'[64,4,{"disclose_caller":false},"com.x"]', False)
+    assert type(reg) is message.Register
+    disclosed = psc_rpc.Call(4, 5, "p.x", None, None, None, False, 77, "joe", "user", True)
+    assert psc.decode(psc.encode(disclosed)) == disclosed
+
+
+def test_calls_from_one_node_have_their_own_cap(net: MemoryNetwork) -> None:
+    """``[wamp] max-calls-per-link`` bounds the calls in flight from one other node apart from the node's own cap."""
+    a, b = node(net, "a", 9001), node(net, "b", 9002)
+    b.max_link_calls = 2
+    mesh(net, 9001, 9002)
+    callee = register(b, "com.slow")
+    net.flush()
+    caller = Party()
+    for request in (1, 2, 3):
+        a.call(caller, "realm1", message.Call(request, "com.slow"))
+    net.flush()
+    assert len(callee.take()) == 2
+    [refused] = caller.take()
+    assert (refused.request, refused.error) == (3, "pubsubclub.error.too_many_calls")
+    assert refused.kwargs == {"limit": "wamp.max-calls-per-link", "max": 2}
+    # Local callers are held to the node's cap only.
+    local = Party()
+    for request in (4, 5, 6):
+        b.call(local, "realm1", message.Call(request, "com.slow"))
+    assert len(callee.take()) == 3 and local.take() == []
+
+
+def test_rpc_payload_over_the_json_bounds_fails_that_call_only(net: MemoryNetwork) -> None:
+    """A PSC404 or PSC403 whose args break the JSON bounds ends that one call with wamp.error.invalid_payload;
+    the link stays open and the next call goes through."""
+    a, b = node(net, "a", 9001), node(net, "b", 9002)
+    a.federation.add_server(psc_url(9002))  # type: ignore[attr-defined]
+    [link] = net.answer()
+    callee = register(b, "com.deep")
+    net.flush()
+    [producer] = [s for s in b.federation._links if s.with_rpc]  # type: ignore[attr-defined]
+    [consumer] = [s for s in a.federation._links if s.with_rpc]  # type: ignore[attr-defined]
+    deep = b"[" * 70 + b"]" * 70
+    caller = Party()
+    for request, inject in ((1, "result"), (2, "call")):
+        a.call(caller, "realm1", message.Call(request, "com.deep"))
+        net.flush()
+        [call_id] = list(a._calls)
+        [registration] = list(b._by_id)
+        if inject == "result":
+            producer.send_raw(b"[404,%d,%s,null,{}]" % (call_id, deep))
+        else:
+            consumer.send_raw(b'[403,%d,%d,"com.deep",%s,null,{}]' % (call_id, registration, deep))
+        net.flush()
+        [answer] = caller.take()
+        assert (answer.request, answer.error) == (request, "wamp.error.invalid_payload"), answer.args
+        assert "nested deeper than" in answer.args[0]
+        assert link.client_wire.close() is None
+        for m in callee.take():
+            if isinstance(m, message.Invocation):
+                b.yielded(callee, message.Yield(m.request, args=["late"]))
+        net.flush()
+    a.call(caller, "realm1", message.Call(3, "com.deep"))
+    net.flush()
+    [invocation] = [m for m in callee.take() if isinstance(m, message.Invocation)]
+    b.yielded(callee, message.Yield(invocation.request, args=["ok"]))
+    net.flush()
+    assert [(m.request, m.args) for m in caller.take()] == [(3, ["ok"])]

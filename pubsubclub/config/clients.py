@@ -95,6 +95,14 @@ class WampSection:
         min=1,
         max=10_000_000,
     )
+    max_calls_per_link: int = setting(
+        10_000,
+        "RPC calls in flight on this node's callees from one other node (one link), all its callers together;"
+        " one more gets an ERROR",
+        metavar="N",
+        min=1,
+        max=10_000_000,
+    )
     max_subscriptions: int = setting(
         1000,
         "subscriptions one WAMP session may hold (exact and pattern); one more gets an ERROR",
@@ -170,6 +178,12 @@ class WampSection:
     def plain(self) -> str:
         """The plain realm: ``plain_realm``, else the first realm served (docs/architecture.md, "Realms")."""
         return self.plain_realm if self.plain_realm is not None else self.realms[0]
+    disclose_caller: str = setting(
+        "on-request",
+        "name a caller (session, authid, authrole) in its INVOCATIONs' details: never, on-request (a CALL with"
+        " disclose_me, or a REGISTER with disclose_caller) or always; decided on the caller's node",
+        choices=("never", "on-request", "always"),
+    )
 
 
 @dataclass(frozen=True)
@@ -364,4 +378,12 @@ class BridgeSection:
         metavar="URI",
         advanced=True,
         check=check_uri,
+    )
+    max_calls: int = setting(
+        1000,
+        "RPC calls in flight through the bridge, each way (router callers into the cluster, cluster callers"
+        " into the router); one more gets ERROR pubsubclub.error.too_many_calls",
+        metavar="N",
+        min=1,
+        max=1_000_000,
     )

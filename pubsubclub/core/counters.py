@@ -171,6 +171,12 @@ class BridgeEvent(enum.StrEnum):
     DROPPED_NO_ROUTER = "dropped_no_router"
     PUBLISH_ERRORS = "publish_errors"
     LOOPS_DROPPED = "loops_dropped"
+    #: RPC through the bridge (docs/bridge.md, "RPC"): calls each way, refusals past ``[bridge] max-calls``,
+    #: router registrations the cluster or the router refused to take.
+    CALLS_FROM_ROUTER = "calls_from_router"
+    CALLS_INTO_ROUTER = "calls_into_router"
+    CALLS_REFUSED = "calls_refused"
+    REGISTRATIONS_REFUSED = "registrations_refused"
 
 
 class SysVEvent(enum.StrEnum):

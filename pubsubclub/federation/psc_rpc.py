@@ -46,6 +46,8 @@ INVOKES = ("single", "roundrobin", "random", "first", "last")
 CANCEL_MODES = ("skip", "kill", "killnowait")
 #: WAMP ids are integers in [1, 2**53].
 MAX_ID = 2**53
+#: A call whose args or kwargs cannot cross a link (JSON bounds, a bad binary value) ends with this ERROR.
+INVALID_PAYLOAD = "wamp.error.invalid_payload"
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,6 +95,11 @@ class Call(ExtensionMessage):
     caller: int | None = None
     caller_authid: str | None = None
     caller_authrole: str | None = None
+    #: The caller's node discloses the caller whatever the registration asked (option ``"d"``).
+    disclose: bool = False
+    #: Why the call cannot be made (its args or kwargs broke the JSON bounds; never encoded): the
+    #: callee's node answers PSC405 ``wamp.error.invalid_payload`` for just this call.
+    problem: str | None = None
 
     def encode(self) -> bytes:
         """The bytes of this message."""
@@ -107,6 +114,8 @@ class Call(ExtensionMessage):
             options["ca"] = self.caller_authid
         if self.caller_authrole is not None:
             options["cr"] = self.caller_authrole
+        if self.disclose:
+            options["d"] = 1
         return _dumps([CALL, self.call, self.registration, self.procedure], self.args, self.kwargs, options)
 
 
@@ -190,8 +199,15 @@ def _one_of(name: str, value: Any, allowed: tuple[str, ...]) -> str:
     return value  # type: ignore[no-any-return]
 
 
-def _payload(name: str, params: list[Any], limits: Limits, data: bytes | str) -> tuple[Any, Any, dict[str, Any]]:
-    """``args``, ``kwargs`` and ``options`` (the last three items), checked and with binary values restored."""
+def _payload(
+    name: str, params: list[Any], limits: Limits, data: bytes | str
+) -> tuple[Any, Any, dict[str, Any], str | None]:
+    """``args``, ``kwargs``, ``options`` (the last three items) checked, binary values restored, and a problem.
+
+    A message of the wrong shape raises :class:`PSCDecodeError` (the link closes); args or kwargs that
+    break the JSON bounds, or a bad binary value, only spoil the one call: the problem is returned
+    (args and kwargs None) and the call ends with ERROR ``wamp.error.invalid_payload``.
+    """
     args, kwargs, options = params[-3], params[-2], params[-1]
     if args is not None and type(args) is not list:
         raise PSCDecodeError(f"{name} args must be a list or null")
@@ -199,19 +215,21 @@ def _payload(name: str, params: list[Any], limits: Limits, data: bytes | str) ->
         raise PSCDecodeError(f"{name} kwargs must be an object or null")
     if type(options) is not dict:
         raise PSCDecodeError(f"{name} options must be an object")
+    binary = options.get("b")
+    if binary is not None and (binary != 1 or type(binary) is not int):
+        raise PSCDecodeError(f'{name} option "b" must be 1')
     try:
+        # Measured on the whole message's text: ids, URIs and known options are checked on their own,
+        # so what breaks the bounds is the payload (or an unknown option, ignored anyway).
         jsonbounds.check_decoded(data, params, limits.json, wrapper_depth=1)
     except jsonbounds.BoundsError as e:
-        raise PSCDecodeError(f"{name}: {e}") from None
-    binary = options.get("b")
+        return None, None, options, f"{name} args or kwargs: {e}"
     if binary is not None:
-        if binary != 1 or type(binary) is not int:
-            raise PSCDecodeError(f'{name} option "b" must be 1')
         try:
             args, kwargs = binaryjson.from_json(args), binaryjson.from_json(kwargs)
         except binaryjson.BinaryDecodeError as e:
-            raise PSCDecodeError(f"{name}: {e}") from None
-    return args, kwargs, options
+            return None, None, options, f"{name} args or kwargs: {e}"
+    return args, kwargs, options, None
 
 
 def _flag(name: str, options: dict[str, Any], key: str) -> bool:
@@ -248,7 +266,7 @@ def _call(params: list[Any], limits: Limits, data: bytes | str) -> Call:
     call = _id("PSC403 call", params[0])
     registration = _id("PSC403 registration", params[1])
     procedure = _uri("PSC403 procedure", params[2], limits)
-    args, kwargs, options = _payload("PSC403", params, limits, data)
+    args, kwargs, options, problem = _payload("PSC403", params, limits, data)
     timeout = options.get("t")
     if timeout is not None and (type(timeout) is not int or not 0 <= timeout <= MAX_ID):
         raise PSCDecodeError('PSC403 option "t" must be an integer of milliseconds')
@@ -259,23 +277,29 @@ def _call(params: list[Any], limits: Limits, data: bytes | str) -> Call:
     for key, value in (("ca", authid), ("cr", authrole)):
         if value is not None and (type(value) is not str or len(value) > limits.max_topic_length):
             raise PSCDecodeError(f'PSC403 option "{key}" must be a string')
+    progress, disclose = _flag("PSC403", options, "p"), _flag("PSC403", options, "d")
     return Call(
-        call, registration, procedure, args, kwargs, timeout, _flag("PSC403", options, "p"), caller, authid, authrole
+        call, registration, procedure, args, kwargs, timeout, progress, caller, authid, authrole, disclose, problem
     )
 
 
-def _result(params: list[Any], limits: Limits, data: bytes | str) -> Result:
+def _result(params: list[Any], limits: Limits, data: bytes | str) -> Result | Error:
     _arity("PSC404", params, 4)
     call = _id("PSC404 call", params[0])
-    args, kwargs, options = _payload("PSC404", params, limits, data)
-    return Result(call, args, kwargs, _flag("PSC404", options, "p"))
+    args, kwargs, options, problem = _payload("PSC404", params, limits, data)
+    progress = _flag("PSC404", options, "p")
+    if problem is not None:
+        return Error(call, INVALID_PAYLOAD, [f"the callee's result cannot cross the link: {problem}"])
+    return Result(call, args, kwargs, progress)
 
 
 def _error(params: list[Any], limits: Limits, data: bytes | str) -> Error:
     _arity("PSC405", params, 5)
     call = _id("PSC405 call", params[0])
     uri = _uri("PSC405 error", params[1], limits)
-    args, kwargs, _ = _payload("PSC405", params, limits, data)
+    args, kwargs, _, problem = _payload("PSC405", params, limits, data)
+    if problem is not None:
+        return Error(call, INVALID_PAYLOAD, [f"the callee's error {uri} cannot cross the link: {problem}"])
     return Error(call, uri, args, kwargs)
 
 

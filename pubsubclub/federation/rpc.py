@@ -35,6 +35,7 @@ from autobahn.wamp import message
 
 from pubsubclub.federation import psc, psc_rpc
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, LinkError, LinkSession, Role
+from pubsubclub.frontends.wamp.registrations import DisclosedInvocation
 
 if TYPE_CHECKING:
     from pubsubclub.frontends.wamp.dealer import Dealer, _Registration
@@ -73,6 +74,7 @@ class _CalleeLink:
             msg.caller,
             msg.caller_authid,
             msg.caller_authrole,
+            isinstance(msg, DisclosedInvocation),
         ).encode()
         if len(data) > self.limit:
             return len(data), self.limit
@@ -202,7 +204,12 @@ class ClusterRPC:
         if caller is None:
             return
         if isinstance(msg, psc_rpc.Call):
-            if msg.procedure == META_QUERY:
+            if msg.problem is not None:
+                # Its args or kwargs broke the JSON bounds: this call fails, the link carries on.
+                caller.send_message(
+                    message.Error(message.Call.MESSAGE_TYPE, msg.call, psc_rpc.INVALID_PAYLOAD, args=[msg.problem])
+                )
+            elif msg.procedure == META_QUERY:
                 if self.meta is not None:
                     self.meta.serve(caller, msg.call, msg.args)
                 else:
@@ -228,7 +235,7 @@ class ClusterRPC:
                 receive_progress=msg.receive_progress or None,
             )
             disclosed = (msg.caller, msg.caller_authid, msg.caller_authrole)
-            dealer.remote_call(caller, msg.call, msg.registration, call, disclosed)
+            dealer.remote_call(caller, msg.call, msg.registration, call, disclosed, msg.disclose)
         elif isinstance(msg, psc_rpc.Cancel) and dealer is not None:
             dealer.cancel(caller, message.Cancel(msg.call, mode=msg.mode))
 

@@ -71,6 +71,7 @@ from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends.base import FrontendBase
 from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
 from pubsubclub.frontends.bridge.realm import RealmMap
+from pubsubclub.frontends.bridge.rpc import RouterRPC
 from pubsubclub.frontends.bridge.session import _BridgeSession, _RouterSink
 from pubsubclub.frontends.wamp.broker import event_arguments, wamp_envelope
 from pubsubclub.net.nodelay import set_no_delay
@@ -115,6 +116,7 @@ class RouterBridge(FrontendBase):
         trust_root: Any = None,
         retry: RetryPolicy = RetryPolicy(),
         rand: Any = random.random,
+        rpc: RouterRPC | None = None,
     ) -> None:
         super().__init__()
         assert section.router is not None, "a bridge needs --router"
@@ -157,6 +159,8 @@ class RouterBridge(FrontendBase):
         self._service: ClientService | None = None
         self._stopping = False
         federation.add_remote_topics_listener(self._remote_topics_changed)
+        #: RPC both ways through the active bridge (pubsubclub/frontends/bridge/rpc.py); None: no dealer.
+        self.rpc = rpc
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -228,6 +232,7 @@ class RouterBridge(FrontendBase):
             ),
             "subscriptions_seen": None if interest is None else interest.subscriptions(),
             "events": self._metrics.view("bridge"),
+            "rpc": None if self.rpc is None else self.rpc.stats(),
         }
 
     # -- credentials ------------------------------------------------------------------------
@@ -303,6 +308,8 @@ class RouterBridge(FrontendBase):
         self._interest = None
         self._synced = None
         self._router_subs.clear()
+        if self.rpc is not None:
+            self.rpc.stop()
         if not self._stopping:
             log.info(
                 "bridge: left {url}{reason}; reconnecting (interest kept until the router is read again)",
@@ -314,6 +321,8 @@ class RouterBridge(FrontendBase):
 
     def _registration_deleted(self, session_id: int, registration_id: int) -> None:
         """A registration went away: if it was the lock, a standby bridge may now become active."""
+        if self.rpc is not None:
+            self.rpc.deleted(registration_id)
         session = self.session
         if session is not None and not self.active and not self._stopping:
             defer.ensureDeferred(self._try_lead(session)).addErrback(
@@ -348,6 +357,8 @@ class RouterBridge(FrontendBase):
         self._metrics.event(BridgeEvent.ACTIVATIONS)
         log.info("bridge: active on {url} (holds {lock})", url=self.url, lock=self.lock)
         await self._read_interest(session)
+        if self.rpc is not None and self.session is session:
+            await self.rpc.start(session)
 
     def _lock_called(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The lock procedure answers who holds it (handy for operators)."""

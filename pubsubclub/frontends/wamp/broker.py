@@ -47,9 +47,11 @@ from pubsubclub.core.hub import Envelope, LimitExceeded
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.core.patterns import MATCHES, Pattern
 from pubsubclub.frontends.wamp.auth import NOT_AUTHORIZED
-from pubsubclub.frontends.wamp.codec import PublishRequest
+from pubsubclub.frontends.wamp.codec import DisclosingCall, DisclosingRegister, PublishRequest
 from pubsubclub.frontends.wamp.meta import META_PREFIXES
 from pubsubclub.frontends.wamp.publishing import (
+    DISCLOSE_ALWAYS,
+    DISCLOSE_NEVER,
     PAYLOAD_SIZE_EXCEEDED,
     PUBLICATION,
     RETAINED,
@@ -238,9 +240,19 @@ class BrokerSession(WampSession):
             self._error(request_type, msg.request, NOT_AUTHORIZED, text)
             return
         if isinstance(msg, message.Register):
-            self._router.dealer.register(self, self._realm, msg, interruptible=self._interruptible)
-        elif not (msg.procedure.startswith(META_PREFIXES) and self._router.meta.call(self, msg)):
+            disclose_caller = type(msg) is DisclosingRegister
+            self._router.dealer.register(self, self._realm, msg, self._interruptible, disclose_caller)
+            return
+        if msg.procedure.startswith(META_PREFIXES) and self._router.meta.call(self, msg):
+            return
+        # Caller disclosure ([wamp] disclose-caller), decided here on the caller's node.
+        policy = self._router.disclose_caller
+        if policy == DISCLOSE_NEVER:
             self._router.dealer.call(self, self._realm, msg)
+        else:
+            identity = (self.session_id, self.authid, self.authrole)
+            disclose = policy == DISCLOSE_ALWAYS or type(msg) is DisclosingCall
+            self._router.dealer.call(self, self._realm, msg, identity=identity, disclose=disclose)
 
     def _topic_problem(self, topic: str) -> str | None:
         return self._router.uri_problem(topic)
@@ -362,4 +374,3 @@ class BrokerSession(WampSession):
         answer = publish(self, msg)
         if answer is not None:
             self._send(answer)
-

@@ -219,8 +219,37 @@ def decode(serializer: Any, payload: bytes, is_binary: bool | None) -> list[Any]
         # A PUBLISH Autobahn had to decide reaches the broker in the same shape, with its size.
         if type(msg) is message.Publish:
             msg = PublishRequest.from_message(msg, len(payload), raw[2])
+        else:
+            _mark_disclosure(msg, raw)
         messages.append(msg)
     return messages
+
+
+class DisclosingCall(message.Call):  # type: ignore[misc]
+    """A CALL whose options ask ``disclose_me`` (Autobahn's ``Call.parse`` drops the option; decode marks it)."""
+
+    __slots__ = ()
+
+
+class DisclosingRegister(message.Register):  # type: ignore[misc]
+    """A REGISTER whose options ask ``disclose_caller`` (dropped by Autobahn's ``Register.parse`` too)."""
+
+    __slots__ = ()
+
+
+# Error texts name a message by its class (session.py's ``_kind``): these are still a CALL and a REGISTER.
+DisclosingCall.__name__ = "Call"
+DisclosingRegister.__name__ = "Register"
+
+
+def _mark_disclosure(msg: Any, raw: list[Any]) -> None:
+    """Keep the disclosure option Autobahn's parser drops, as the message's class (same slots, no copy)."""
+    options = raw[2] if len(raw) > 2 else None
+    if type(options) is dict:
+        if type(msg) is message.Call and options.get("disclose_me") is True:
+            msg.__class__ = DisclosingCall
+        elif type(msg) is message.Register and options.get("disclose_caller") is True:
+            msg.__class__ = DisclosingRegister
 
 
 def _parse(classes: dict[int, Any], raw: Any) -> Any:

@@ -67,13 +67,16 @@ from autobahn.wamp import message
 
 from pubsubclub.core.compaction import Compaction
 from pubsubclub.frontends.wamp.registrations import (
+    NO_IDENTITY,
     ClusterListener,
+    DisclosedInvocation,
+    Identity,
     Party,
+    PatternIndex,
     _Call,
     _forget,
     _Registration,
     _unoffered,
-    _wildcard,
 )
 
 NO_SUCH_PROCEDURE = "wamp.error.no_such_procedure"
@@ -111,6 +114,8 @@ class Dealer:
     max_pending_calls: int = 1000
     #: Calls the node may have in flight at once, all callers together; likewise.
     max_node_calls: int = 10_000
+    #: Calls from one other node (one link's stand-in) in flight here at once; likewise.
+    max_link_calls: int = 10_000
     #: Registrations one session may hold; one more gets ERROR ``TOO_MANY_REGISTRATIONS``.
     max_registrations: int = 1000
     #: Registrations the node may hold, all sessions together; likewise.
@@ -126,10 +131,14 @@ class Dealer:
     cluster: ClusterListener | None = None
     #: Also told of local registrations (the meta API's events, meta.py); None: nobody.
     observer: ClusterListener | None = None
+    #: Told whenever another node's registrations change (a bridge mirrors them into its router).
+    remote_changed: Callable[[], None] | None = None
     #: (realm, match, procedure) -> its registrations on every node, in their cluster-wide order.
     _by_procedure: dict[tuple[str, str, str], list[_Registration]] = field(default_factory=dict)
     #: The keys of ``_by_procedure`` with a prefix or wildcard match (searched when no exact one matches).
     _patterns: dict[tuple[str, str, str], None] = field(default_factory=dict)
+    #: The same keys, indexed so that a CALL finds its pattern without a scan of them all.
+    _pattern_index: PatternIndex = field(default_factory=PatternIndex)
     #: Round-robin position per shared procedure.
     _turns: dict[tuple[str, str, str], int] = field(default_factory=dict)
     #: Other nodes' registrations per link stand-in: remote id -> registration.
@@ -150,7 +159,13 @@ class Dealer:
     _calls_compaction: Compaction = field(default_factory=Compaction)
 
     def __post_init__(self) -> None:
-        for name in ("max_pending_calls", "max_node_calls", "max_registrations", "max_node_registrations"):
+        for name in (
+            "max_pending_calls",
+            "max_node_calls",
+            "max_link_calls",
+            "max_registrations",
+            "max_node_registrations",
+        ):
             value = getattr(self, name)
             if type(value) is not int or value <= 0:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
@@ -162,10 +177,18 @@ class Dealer:
 
     # -- callee side ----------------------------------------------------------------
 
-    def register(self, callee: Party, realm: str, msg: message.Register, interruptible: bool = False) -> None:
+    def register(
+        self,
+        callee: Party,
+        realm: str,
+        msg: message.Register,
+        interruptible: bool = False,
+        disclose_caller: bool = False,
+    ) -> None:
         """REGISTER: REGISTERED, or ERROR when the procedure already has a callee or asks what is not offered.
 
-        ``interruptible``: the callee announced call canceling (it understands INTERRUPT).
+        ``interruptible``: the callee announced call canceling (it understands INTERRUPT);
+        ``disclose_caller``: it asked for its callers' identity.
         """
         problem = _unoffered(msg)
         if problem is not None:
@@ -200,8 +223,9 @@ class Dealer:
             self._refuse_registration(callee, msg, text, "wamp.max-registrations-per-node", self.max_node_registrations)
             return
         registration = _Registration(
-            self.new_id(), realm, msg.procedure, callee, interruptible, match, invoke, self.clock(), self.node_id
-        )
+            self.new_id(), realm, msg.procedure, callee, interruptible, match, invoke, self.clock(), self.node_id,
+            disclose_caller=disclose_caller,
+        )  # fmt: skip
         self._insert(key, registration)
         self._by_id[registration.id] = registration
         if own is None:
@@ -220,6 +244,7 @@ class Dealer:
             group = self._by_procedure[key] = []
             if key[1] != "exact":
                 self._patterns[key] = None
+                self._pattern_index.add(key)
         orders = [r.order for r in group]
         group.insert(bisect.bisect(orders, registration.order), registration)
 
@@ -270,6 +295,8 @@ class Dealer:
                     message.Unregistered(0, registration=other.id, reason=PROCEDURE_ALREADY_EXISTS)
                 )
                 self._drop_registration(other, f"procedure {procedure!r} was registered earlier on node {head.node}")
+        if self.remote_changed is not None:
+            self.remote_changed()
 
     def remote_unregistered(self, link: Party, remote_id: int) -> None:
         """The node behind ``link`` dropped a registration: its calls in flight there end as that node says."""
@@ -289,9 +316,14 @@ class Dealer:
         request: int,
         registration_id: int,
         msg: message.Call,
-        caller: tuple[int | None, str | None, str | None] = (None, None, None),
+        caller: Identity = NO_IDENTITY,
+        disclose: bool = False,
     ) -> None:
-        """A call from another node (``link``: its stand-in) for a registration of this node, picked there."""
+        """A call from another node (``link``: its stand-in) for a registration of this node, picked there.
+
+        ``caller``: the identity the caller's node lets be known; ``disclose``: that node discloses it
+        whatever the registration asked (else only a ``disclose_caller`` registration is told).
+        """
         registration = self._by_id.get(registration_id)
         if registration is None:
             link.send_message(
@@ -303,10 +335,10 @@ class Dealer:
                 )
             )
             return
-        # The calls from one node together are held to the node's cap (the caller's node holds each caller to its own).
-        if self._over_caps(link, msg, self.max_node_calls):
+        # The calls from one node together have their own cap (the caller's node holds each caller to its own).
+        if self._over_caps(link, msg, self.max_link_calls, "wamp.max-calls-per-link"):
             return
-        self._invoke(link, msg, registration, caller)
+        self._invoke(link, msg, registration, caller if disclose or registration.disclose_caller else NO_IDENTITY)
 
     def _refuse_registration(self, callee: Party, msg: message.Register, text: str, limit: str, value: int) -> None:
         error = _limit_error(message.Register.MESSAGE_TYPE, msg.request, TOO_MANY_REGISTRATIONS, text, limit, value)
@@ -366,9 +398,23 @@ class Dealer:
 
     # -- caller side ----------------------------------------------------------------------
 
-    def call(self, caller: Party, realm: str, msg: message.Call) -> None:
-        """CALL: an INVOCATION to the callee (on this node or, over its link, another), or ERROR if there is none."""
-        registration = self._lookup(realm, msg.procedure)
+    def call(
+        self,
+        caller: Party,
+        realm: str,
+        msg: message.Call,
+        exclude: Party | None = None,
+        identity: Identity = NO_IDENTITY,
+        disclose: bool = False,
+    ) -> None:
+        """CALL: an INVOCATION to the callee (on this node or, over its link, another), or ERROR if there is none.
+
+        ``exclude``: a callee never picked for this call (a bridge's calls from its router never go
+        back to the router through the bridge's own mirror registrations). ``identity``: the caller
+        as its node lets it be known (``[wamp] disclose-caller`` not ``never``); ``disclose``: name it
+        to every callee, else only to one whose registration asked ``disclose_caller``.
+        """
+        registration = self._lookup(realm, msg.procedure, exclude)
         if registration is None:
             caller.send_message(
                 message.Error(
@@ -379,30 +425,28 @@ class Dealer:
                 )
             )
             return
-        if self._over_caps(caller, msg, self.max_pending_calls):
+        if self._over_caps(caller, msg, self.max_pending_calls, "wamp.max-pending-calls"):
             return
-        self._invoke(caller, msg, registration, (None, None, None))
+        if registration.remote_id is not None:
+            # The callee's node knows whether its registration asked: it gets the identity and our decision.
+            self._invoke(caller, msg, registration, identity, disclose)
+        else:
+            self._invoke(
+                caller, msg, registration, identity if disclose or registration.disclose_caller else NO_IDENTITY
+            )
 
-    def _lookup(self, realm: str, procedure: str) -> _Registration | None:
+    def _lookup(self, realm: str, procedure: str, exclude: Party | None = None) -> _Registration | None:
         """The callee for ``procedure``: exact, else the longest matching prefix, else a matching wildcard."""
         key = (realm, "exact", procedure)
         group = self._by_procedure.get(key)
+        if exclude is not None and group is not None and all(r.callee is exclude for r in group):
+            group = None
         if group is None and self._patterns:
-            best: tuple[int, int, str] | None = None
-            for k in self._patterns:
-                if k[0] != realm:
-                    continue
-                pattern = k[2]
-                rank: tuple[int, int, str] | None = None
-                if k[1] == "prefix":
-                    if procedure.startswith(pattern):
-                        rank = (1, len(pattern), pattern)
-                elif _wildcard(pattern, procedure):
-                    rank = (0, sum(1 for part in pattern.split(".") if part), pattern)
-                if rank is not None and (best is None or rank > best):
-                    best, key = rank, k
-            if best is not None:
-                group = self._by_procedure[key]
+            found = self._pattern_index.find(realm, procedure, self._by_procedure, exclude)
+            if found is not None:
+                key, group = found, self._by_procedure[found]
+        if exclude is not None and group:
+            group = [r for r in group if r.callee is not exclude]
         if not group:
             return None
         head = group[0]
@@ -419,11 +463,11 @@ class Dealer:
         self._turns[key] = turn + 1
         return callees[turn % len(callees)]
 
-    def _over_caps(self, caller: Party, msg: message.Call, per_caller: int) -> bool:
+    def _over_caps(self, caller: Party, msg: message.Call, per_caller: int, limit: str) -> bool:
         pending = self._by_caller.get(caller)
         if pending is not None and len(pending) >= per_caller:
-            text = f"this session already has {len(pending)} calls in flight, the limit is {per_caller}"
-            limit = "wamp.max-pending-calls" if per_caller == self.max_pending_calls else "wamp.max-calls-per-node"
+            who = "this session" if limit == "wamp.max-pending-calls" else "the calling node"
+            text = f"{who} already has {len(pending)} calls in flight, the limit is {per_caller}"
             self._refuse_call(caller, msg, text, limit, per_caller)
             return True
         if len(self._calls) >= self.max_node_calls:
@@ -437,7 +481,8 @@ class Dealer:
         caller: Party,
         msg: message.Call,
         registration: _Registration,
-        disclosed: tuple[int | None, str | None, str | None],
+        disclosed: Identity,
+        disclose: bool = False,
     ) -> None:
         invocation = self.new_id()
         call = self._calls[invocation] = _Call(caller, msg.request, registration.callee, registration)
@@ -450,7 +495,7 @@ class Dealer:
         self._calls_compaction.grown(len(self._calls))
         remote = registration.remote_id is not None
         too_big = registration.callee.send_if_fits(
-            message.Invocation(
+            (DisclosedInvocation if disclose else message.Invocation)(
                 invocation,
                 registration.remote_id if remote else registration.id,
                 args=msg.args,
@@ -556,7 +601,8 @@ class Dealer:
             group.remove(registration)
             if not group:
                 del self._by_procedure[key]
-                self._patterns.pop(key, None)
+                if self._patterns.pop(key, 0) is None:
+                    self._pattern_index.remove(key)
                 self._turns.pop(key, None)
         if registration.remote_id is None:
             self._by_id.pop(registration.id, None)
@@ -569,6 +615,8 @@ class Dealer:
             own = self._remote.get(registration.callee)
             if own is not None and own.get(registration.remote_id) is registration:
                 _forget(self._remote, registration.callee, registration.remote_id)
+            if self.remote_changed is not None:
+                self.remote_changed()
         if self._registrations_compaction.due(len(self._by_id)):
             self._by_id = dict(self._by_id)
             self._by_procedure = dict(self._by_procedure)
@@ -577,6 +625,15 @@ class Dealer:
             call = self._calls[invocation]
             self._finish(invocation)
             call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, uri, args=[why]))
+
+    def remote_procedures(self, realm: str) -> dict[tuple[str, str], str]:
+        """``(match, procedure)`` -> invoke policy of every other node's registration in ``realm``."""
+        found: dict[tuple[str, str], str] = {}
+        for own in self._remote.values():
+            for r in own.values():
+                if r.realm == realm:
+                    found.setdefault((r.match, r.procedure), r.invoke)
+        return found
 
     def registrations(self) -> int:
         """Procedures registered (for /stats)."""

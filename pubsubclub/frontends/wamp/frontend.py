@@ -40,6 +40,7 @@ class WampFrontend(FrontendBase):
             max_calls=section.max_calls_per_node,
             max_retained_topics=section.max_retained_topics,
             max_retained_bytes=section.max_retained_bytes,
+            max_calls_per_link=section.max_calls_per_link,
         )
         self.server = WampServer(
             hub,
@@ -50,6 +51,7 @@ class WampFrontend(FrontendBase):
             reactor=context.reactor,
             await_interest=section.await_interest,
             disclose_publisher=section.disclose_publisher,
+            disclose_caller=section.disclose_caller,
             max_call_seconds=section.call_timeout,
             max_pending_calls=section.max_pending_calls,
             login_throttle=context.login_throttle,

@@ -55,6 +55,8 @@ class WampLimits:
     max_retained_topics: int = 10_000
     #: Payload bytes of all retained events together (``[wamp] max-retained-bytes``).
     max_retained_bytes: int = 64 * 1024 * 1024
+    #: RPC calls in flight from one other node (one link) on this node (``[wamp] max-calls-per-link``).
+    max_calls_per_link: int = 10_000
     #: Unsent bytes queued for one client before it is dropped as too slow.
     max_send_buffer: int = 16 * 1024 * 1024
     #: Depth, integer range, floats and strings of every message (docs/security.md).
@@ -75,6 +77,7 @@ class WampLimits:
             "max_calls",
             "max_retained_topics",
             "max_retained_bytes",
+            "max_calls_per_link",
             "max_send_buffer",
         ):
             value = getattr(self, name)
@@ -132,6 +135,7 @@ class WampRouter:
         login_throttle: LoginThrottle | None = None,
         disclose_publisher: str = DISCLOSE_ON_REQUEST,
         plain_realm: str | None = None,
+        disclose_caller: str = DISCLOSE_ON_REQUEST,
     ) -> None:
         if not realms:
             raise ValueError("WampRouter needs at least one realm")
@@ -144,6 +148,10 @@ class WampRouter:
             raise ValueError(f"disclose_publisher must be one of {', '.join(DISCLOSURES)}, not {disclose_publisher!r}")
         #: When a publisher is named in its EVENTs (``[wamp] disclose-publisher``; publishing.py).
         self.disclose_publisher = disclose_publisher
+        if disclose_caller not in DISCLOSURES:
+            raise ValueError(f"disclose_caller must be one of {', '.join(DISCLOSURES)}, not {disclose_caller!r}")
+        #: When a caller is named in its INVOCATIONs (``[wamp] disclose-caller``; broker.py, dealer.py).
+        self.disclose_caller = disclose_caller
         self.hub = hub
         self.realms: tuple[str, ...] = tuple(realms)
         #: The realm whose WAMP topics are the plain hub topics, the same on every node (uris.py); it may be
@@ -175,6 +183,7 @@ class WampRouter:
             max_call_seconds=max_call_seconds,
             max_pending_calls=max_pending_calls,
             max_node_calls=limits.max_calls,
+            max_link_calls=limits.max_calls_per_link,
             max_registrations=limits.max_registrations_per_session,
             max_node_registrations=limits.max_registrations,
             refused=self.refused,

@@ -39,6 +39,7 @@ class WampServer:
         login_throttle: LoginThrottle | None = None,
         disclose_publisher: str = DISCLOSE_ON_REQUEST,
         plain_realm: str | None = None,
+        disclose_caller: str = DISCLOSE_ON_REQUEST,
     ) -> None:
         self.hub = hub
         if reactor is None:
@@ -61,6 +62,7 @@ class WampServer:
             login_throttle=login_throttle,
             disclose_publisher=disclose_publisher,
             plain_realm=plain_realm,
+            disclose_caller=disclose_caller,
         )
         self._reactor = reactor
 

@@ -474,6 +474,7 @@ class WampSession:
                         event_retention=True,
                     ),
                     "dealer": RoleDealerFeatures(
+                        caller_identification=True,
                         call_timeout=True,
                         progressive_call_results=True,
                         call_canceling=True,
