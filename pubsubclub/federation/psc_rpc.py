@@ -50,6 +50,11 @@ MAX_ID = 2**53
 INVALID_PAYLOAD = "wamp.error.invalid_payload"
 
 
+#: The procedure of a node-to-node WAMP meta query: a PSC403 for no registration (docs/protocol.md, 0.7,
+#: "Meta queries"); ``$`` is reserved, so no client can register or call it.
+META_QUERY = "$pubsubclub.meta.query"
+
+
 @dataclass(frozen=True, slots=True)
 class Register(ExtensionMessage):
     """PSC401: a registration of the sender's node (``created``: its registration time, the race rule's key)."""

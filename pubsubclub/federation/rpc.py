@@ -41,9 +41,8 @@ if TYPE_CHECKING:
     from pubsubclub.frontends.wamp.dealer import Dealer, _Registration
 
 
-#: The procedure of a node-to-node WAMP meta query: a PSC403 for no registration (docs/protocol.md, 0.7,
-#: "Meta queries"); ``$`` is reserved, so no client can register or call it.
-META_QUERY = "$pubsubclub.meta.query"
+#: Re-exported: the node-to-node meta query's procedure (defined with the codec, psc_rpc.py).
+META_QUERY = psc_rpc.META_QUERY
 
 
 class _CalleeLink:

@@ -44,7 +44,7 @@ from autobahn.wamp import message
 from twisted.logger import Logger
 
 from pubsubclub.core.compaction import Compaction
-from pubsubclub.federation.rpc import META_QUERY
+from pubsubclub.federation.psc_rpc import META_QUERY
 from pubsubclub.frontends.wamp.publishing import wamp_envelope
 from pubsubclub.frontends.wamp.registrations import _wildcard
 
