@@ -52,6 +52,7 @@ from pubsubclub.federation.forwarding import (  # noqa: F401 (re-exported: the f
 from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # noqa: F401 (re-exported)
 from pubsubclub.federation.linkserver import PSCServerFactory
 from pubsubclub.federation.receiving import Receiving
+from pubsubclub.federation.relay import Relay
 from pubsubclub.federation.replay import Inbox, Outbox
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.federation.rpc import ClusterRPC
@@ -78,7 +79,7 @@ from pubsubclub.net.ratelog import RateLimitedLog
 log = Logger()
 
 
-class Federation(Dialling, Interest, Forwarding, Receiving):
+class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
     """All PSC links of one node (both roles), driven by the hub and discovery."""
 
     def __init__(
@@ -182,6 +183,9 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         #: Forwarded PSC301s not yet in the metrics: (topic, link) -> [messages, bytes], and how many in all.
         self._forwarded: dict[tuple[str, Any], list[int]] = {}
         self._forwarded_n = 0
+        self.worker_prefix = None
+        self.unlisted = set()
+        self._relay_sent = {}
         self.metrics.add_settler(self._settle)
         hub.add_interest_listener(self)
         hub.add_pattern_listener(self)
@@ -283,6 +287,9 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
 
     def link_open(self, session: LinkSession) -> None:
         """Handshake done: the consumer sends its whole interest in one PSC201."""
+        if self.worker_prefix is not None:
+            link = self._links.get(session)
+            self.mark_worker(session, None if link is None else link.transport)
         if session.role is Role.CONSUMER:
             existing = None
             if session.peer_node is not None:
@@ -312,7 +319,10 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
                     self._reactor.callLater(0, self._forget_learned, server)
                 return
             self._producers[session] = None
-            topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
+            if self.worker_prefix is None:
+                topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
+            else:
+                topics = self.relay_topics(session)
             if session.with_replay and self.inbox is not None:
                 epoch, seq = self.inbox.position(session.peer_node or session.peer)
                 patterns = tuple(self._announced) if session.with_patterns else None

@@ -47,3 +47,9 @@ class FederationState:
     _held: dict[Pattern, None]
     _forwarded: dict[tuple[str, Any], list[int]]
     _forwarded_n: int
+    #: The primary worker's workers' node id prefix (federation/relay.py); None: no relaying.
+    worker_prefix: str | None
+    #: Server URLs never told to peers (the primary's workers).
+    unlisted: set[str]
+    #: Relay: what each producer was last asked for.
+    _relay_sent: dict[LinkSession, set[str]]

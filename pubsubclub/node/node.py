@@ -20,7 +20,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from twisted.internet import defer, task, threads
-from twisted.internet.endpoints import serverFromString
+from twisted.internet.endpoints import UNIXClientEndpoint, UNIXServerEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort, IReactorThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -41,7 +41,8 @@ from pubsubclub.frontends import registry
 from pubsubclub.frontends.base import HTTP_REFUSAL, Frontend, listen_url
 from pubsubclub.frontends.registry import FrontendContext, FrontendSpec
 from pubsubclub.net.edge import Edge, EdgeLimits, EdgeSettings, handshake_done
-from pubsubclub.node.ops import HealthResource, StatsResource, traffic
+from pubsubclub.node.ops import HealthResource, StatsResource, WorkersStatsResource, traffic
+from pubsubclub.node.workers import WorkerPlace
 
 log = Logger()
 
@@ -129,14 +130,23 @@ def federation_settings(config: NodeConfig) -> FederationSettings:
     )
 
 
-def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
-    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``."""
-    return Federation(
-        hub,
-        federation_settings(config),
-        reactor=reactor,
-        endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
-    )
+def build_federation(hub: Hub, config: NodeConfig, reactor: Any, place: WorkerPlace | None = None) -> Federation:
+    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``.
+
+    A worker (``place``) dials its fellow workers' URLs over their Unix sockets.
+    """
+    tcp = functools.partial(endpoint_for_url, trust_root=config.trust_root())
+    endpoint_factory: Any = tcp
+    if place is not None and place.count > 1:
+
+        def endpoint_factory(reactor: Any, url: str) -> Any:
+            path = place.socket_for_url(url)
+            return tcp(reactor, url) if path is None else UNIXClientEndpoint(reactor, path, timeout=5)
+
+    federation = Federation(hub, federation_settings(config), reactor=reactor, endpoint_factory=endpoint_factory)
+    if place is not None and place.primary and place.count > 1:
+        federation.enable_relay(f"{place.node_id}.w", {place.psc_url(i) for i in range(1, place.count)})
+    return federation
 
 
 def _world_readable(path: str) -> bool:
@@ -174,11 +184,18 @@ class _QuietSite(Site):
 class Node:
     """A running ``pubsubclub node``."""
 
-    def __init__(self, config: NodeConfig, reactor: Any = None, bridge: bool = False) -> None:
-        """A node; with ``bridge``, a bridge node: its only front-end is the router of ``config.bridge``."""
+    def __init__(
+        self, config: NodeConfig, reactor: Any = None, bridge: bool = False, place: WorkerPlace | None = None
+    ) -> None:
+        """A node; with ``bridge``, a bridge node: its only front-end is the router of ``config.bridge``.
+
+        ``place``: this process is one of a node's workers (pubsubclub/node/workers.py).
+        """
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
+        #: Which worker of its node this process is; None: the node is this one process.
+        self.place = place
         self.reactor = reactor
         #: WAMP principals and roles (``--auth``); None: every client anonymous, everything allowed.
         self.auth = config.auth_policy()
@@ -193,7 +210,7 @@ class Node:
             # The node announces at most this many patterns to a peer: holding more would be silent.
             max_patterns=config.federation.max_patterns_per_peer,
         )
-        self.federation = build_federation(self.hub, config, reactor)
+        self.federation = build_federation(self.hub, config, reactor, place)
         #: The connection layer every listener stands on (pubsubclub/net): deadlines, caps, pending bytes.
         self.edge = Edge(
             reactor,
@@ -302,6 +319,7 @@ class Node:
             **self._frontend_stats(),
             "edge": self.edge.stats(),
             "logins": None if self.login_throttle is None else self.login_throttle.stats(),
+            **({} if self.place is None else {"worker": {"index": self.place.index, "pid": os.getpid()}}),
         }
 
     def _frontend_stats(self) -> dict[str, Any]:
@@ -372,6 +390,8 @@ class Node:
                 await self._listen_frontend(frontend)
         await self._listen_psc()
         await self._listen_ops()
+        if self.place is not None and self.place.count > 1:
+            await self._listen_workers(self.place)
         for name, frontend in self.frontends_by_name.items():
             if name not in early:
                 await self._listen_frontend(frontend)
@@ -423,7 +443,13 @@ class Node:
             return
         ops = Resource()
         ops.putChild(b"health", HealthResource(self))
-        ops.putChild(b"stats", StatsResource(self.stats))
+        place = self.place
+        if place is not None and place.count > 1:
+            # The primary's /stats is the node's: its own counters and its workers' (node/ops.py).
+            sockets = [place.ops_socket(i) for i in range(1, place.count)]
+            ops.putChild(b"stats", WorkersStatsResource(self.stats, sockets, self.reactor))
+        else:
+            ops.putChild(b"stats", StatsResource(self.stats))
         ops.putChild(b"metrics", self._prometheus_resource())
         for frontend in self.frontends:
             for path, resource in frontend.operations().items():
@@ -433,6 +459,32 @@ class Node:
         self.ports.append(port)
         self.urls["health"] = listen_url(port, "http", "/health")
         self.urls["ops"] = listen_url(port, "http", "/")
+
+    async def _listen_workers(self, place: WorkerPlace) -> None:
+        """Links between the node's workers: each accepts PSC links on its Unix socket in the 0700 folder.
+
+        The primary dials every other worker and they dial it (one link each
+        way, as between nodes); every other worker also serves its /stats and
+        /health on a Unix socket, which the primary's /stats adds up.
+        """
+        path = place.psc_socket(place.index)
+        if os.path.exists(path):
+            os.unlink(path)  # left by this worker's previous process
+        root = Resource()
+        root.putChild(b"psc", self.federation.resource())
+        self.ports.append(await UNIXServerEndpoint(self.reactor, path, mode=0o600).listen(Site(root)))
+        if place.primary:
+            for index in range(1, place.count):
+                self.federation.add_server(place.psc_url(index))
+            return
+        ops = Resource()
+        ops.putChild(b"health", HealthResource(self))
+        ops.putChild(b"stats", StatsResource(self.stats))
+        path = place.ops_socket(place.index)
+        if os.path.exists(path):
+            os.unlink(path)
+        self.ports.append(await UNIXServerEndpoint(self.reactor, path, mode=0o600).listen(_QuietSite(ops)))
+        self.federation.add_server(place.psc_url(0))
 
     def _start_discovery(self) -> None:
         """Register in Consul and follow the service's healthy instances (after the listeners are up)."""

@@ -109,11 +109,15 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     from twisted.internet import reactor
 
     from pubsubclub.node.node import Node, print_ready
+    from pubsubclub.node.workers import WorkerPlace, worker_config
 
     exit_code = [0]
+    place = None if bridge else WorkerPlace.from_environment()
+    if place is not None:
+        config = worker_config(config, place)
 
     async def start() -> None:
-        node = Node(config, reactor, bridge=bridge)
+        node = Node(config, reactor, bridge=bridge, place=place)
         try:
             urls = await node.start()
         except CannotListenError as e:  # a port in use is a configuration error: name the flag, exit 2

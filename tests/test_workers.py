@@ -1,0 +1,202 @@
+"""A node with ``--workers 2``: one node to the cluster, clients on both workers, restarts and stops.
+
+Real processes: a 2-worker node ``wk`` and a plain node ``other`` linked to it,
+Autobahn-Python sessions on both. Which worker a session landed on is read
+from the node's /stats (``workers``: each worker's WAMP sessions).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import pytest_twisted
+from helpers.nodes import REPO, NodeProcess
+from helpers.polling import WAIT_SECONDS, until, wait_until
+from helpers.wampclient import connect, leave, publish_acked, subscribe
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "com.example.workers"
+#: Most sessions opened to land one on a given worker (the kernel picks a worker per connection).
+MAX_TRIES = 40
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NodeProcess, NodeProcess]]:
+    """``wk`` (2 workers) and ``other`` (1 process), each the other's peer."""
+    tmp = tmp_path_factory.mktemp("workers")
+    wk = NodeProcess("wk", tmp, extra=("--workers", "2", "--shutdown-timeout", "3"))
+    other = NodeProcess("other", tmp)
+    wk.peers = [other.psc_url]
+    other.peers = [wk.psc_url]
+    wk.start()
+    other.start()
+    yield wk, other
+    other.stop()
+    wk.stop()
+
+
+def rows(node: NodeProcess) -> list[dict[str, Any]]:
+    """The node's workers as /stats lists them."""
+    return list(node.stats()["workers"])
+
+
+def sessions_by_worker(node: NodeProcess) -> list[int]:
+    """WAMP sessions open on each worker (-1 for one that does not answer)."""
+    return [row["wamp_sessions"] if row["state"] == "up" else -1 for row in rows(node)]
+
+
+async def session_on(node: NodeProcess, index: int, extra: list[Any]) -> Any:
+    """A session that landed on worker ``index``; sessions that landed elsewhere go to ``extra`` (still open)."""
+    for _ in range(MAX_TRIES):
+        before = sessions_by_worker(node)
+        session = await connect(node.wamp_url)
+        await until(lambda: sum(sessions_by_worker(node)) == sum(before) + 1, "the session counted")
+        after = sessions_by_worker(node)
+        if after[index] == before[index] + 1:
+            return session
+        extra.append(session)
+    raise AssertionError(f"no session landed on worker {index} in {MAX_TRIES} tries")
+
+
+def wants(node: NodeProcess, index: int, topic: str, peer: str) -> bool:
+    """Whether worker ``index`` of ``node`` knows that ``peer`` wants ``topic`` from it."""
+    row = rows(node)[index]
+    return row["state"] == "up" and peer in (row["remote_interest"] or {}).get(topic, [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_worker_gets_other_nodes_and_other_workers_messages_once(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """A client on each worker gets a message published on another node, and one from the other worker, once."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    topic = f"{TOPIC}.once"
+    rec0, _ = await subscribe(s0, topic)
+    rec1, _ = await subscribe(s1, topic)
+    rec_remote, _ = await subscribe(remote, topic)
+    # Each worker knows the others want the topic; other knows wk does, and wk (the primary) knows other does.
+    await until(lambda: wants(wk, 1, topic, "wk"), "worker 1 to learn the primary's interest")
+    await until(lambda: "wk.w1" in wk.stats()["remote_interest"].get(topic, []), "the primary: worker 1's interest")
+    await until(lambda: "wk" in other.stats()["remote_interest"].get(topic, []), "other: wk's interest")
+    await until(lambda: "other" in wk.stats()["remote_interest"].get(topic, []), "wk: other's interest")
+    for i in range(5):
+        await publish_acked(remote, topic, "remote", i)
+    await publish_acked(remote, topic, "remote", "end")
+    for i in range(5):
+        await publish_acked(s1, topic, "w1", i)
+    await publish_acked(s1, topic, "w1", "end")
+    for i in range(5):
+        await publish_acked(s0, topic, "w0", i)
+    await publish_acked(s0, topic, "w0", "end")
+
+    def got(rec: Any, origin: str) -> list[Any]:
+        return [args[1] for args, _ in rec.events if args[0] == origin]
+
+    expected = [0, 1, 2, 3, 4, "end"]
+    await rec0.wait_until(lambda r: "end" in got(r, "remote") and "end" in got(r, "w1"))
+    await rec1.wait_until(lambda r: "end" in got(r, "remote") and "end" in got(r, "w0"))
+    await rec_remote.wait_until(lambda r: "end" in got(r, "w1") and "end" in got(r, "w0"))
+    # FIFO per (origin, topic): a duplicate would have come before "end".
+    assert got(rec0, "remote") == expected and got(rec0, "w1") == expected and got(rec0, "w0") == []
+    assert got(rec1, "remote") == expected and got(rec1, "w0") == expected and got(rec1, "w1") == []
+    assert got(rec_remote, "w0") == expected and got(rec_remote, "w1") == expected
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """/stats counts the node as a whole: hub counters and WAMP sessions summed over the workers."""
+    wk, _ = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    await publish_acked(s0, f"{TOPIC}.sum", 1)
+    await publish_acked(s1, f"{TOPIC}.sum", 2)
+    stats = wk.stats()
+    workers = stats["workers"]
+    assert [row["index"] for row in workers] == [0, 1] and all(row["state"] == "up" for row in workers)
+    assert workers[0]["hub"]["published"] >= 1 and workers[1]["hub"]["published"] >= 1
+    assert stats["hub"]["published"] == sum(row["hub"]["published"] for row in workers)
+    assert stats["wamp"]["sessions"] == sum(row["wamp_sessions"] for row in workers) == 2 + len(extra)
+    await leave(s0, s1, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_killed_worker_is_restarted_and_its_clients_come_back_without_duplicates(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """kill -9 of worker 1: it is restarted, its clients reconnect, and the others get each message once."""
+    wk, other = nodes
+    topic = f"{TOPIC}.restart"
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    rec0, _ = await subscribe(s0, topic)
+    rec_remote, _ = await subscribe(remote, topic)
+    old_pid = rows(wk)[1]["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+    await until(lambda: rows(wk)[1].get("pid") not in (None, old_pid), "worker 1 restarted", timeout=WAIT_SECONDS)
+    assert wk.proc is not None and wk.proc.poll() is None  # the node itself lives on
+    await until(lambda: not s1.is_attached(), "worker 1's old client to see its connection end")
+    back = await session_on(wk, 1, extra)
+    await until(lambda: wants(wk, 1, topic, "wk"), "the new worker 1 to learn the primary's interest")
+    await until(lambda: "wk" in other.stats()["remote_interest"].get(topic, []), "other: wk's interest")
+    for i in range(3):
+        await publish_acked(back, topic, "w1", i)
+    await publish_acked(back, topic, "w1", "end")
+    await publish_acked(remote, topic, "remote", "end")
+
+    def got(rec: Any, origin: str) -> list[Any]:
+        return [args[1] for args, _ in rec.events if args[0] == origin]
+
+    await rec0.wait_until(lambda r: "end" in got(r, "w1") and "end" in got(r, "remote"))
+    await rec_remote.wait_until(lambda r: "end" in got(r, "w1"))
+    assert got(rec0, "w1") == [0, 1, 2, "end"] and got(rec0, "remote") == ["end"]
+    assert got(rec_remote, "w1") == [0, 1, 2, "end"]
+    await leave(s0, back, remote, *extra)
+
+
+def test_listener_in_use_stops_the_start_with_an_error(tmp_path: Any) -> None:
+    """A client port already taken: the supervisor exits 2, naming the flag, and starts no worker."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "pubsubclub", "node", "--workers", "2", "--wamp", f"tcp:{port}:interface=127.0.0.1",
+             "--psc", "tcp:0:interface=127.0.0.1"],
+            cwd=REPO, capture_output=True, text=True, timeout=WAIT_SECONDS,
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"--wamp tcp:{port}:interface=127.0.0.1: cannot listen" in result.stderr
+    assert "supervising" not in result.stderr
+
+
+def test_sigterm_stops_every_worker(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """SIGTERM to the node stops every worker within the shutdown bound; no process is left (runs last)."""
+    wk, _ = nodes
+    pids = [row["pid"] for row in rows(wk)]
+    assert len(pids) == 2 and all(pids)
+    assert wk.stop() == 0
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(lambda: all(gone(pid) for pid in pids), "every worker gone")
