@@ -19,7 +19,8 @@ import pytest
 import pytest_twisted
 from helpers.nodes import REPO, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
-from helpers.wampclient import connect, leave, publish_acked, subscribe
+from autobahn.wamp.types import SubscribeOptions
+from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
 
@@ -112,6 +113,41 @@ async def test_each_worker_gets_other_nodes_and_other_workers_messages_once(
     assert got(rec0, "remote") == expected and got(rec0, "w1") == expected and got(rec0, "w0") == []
     assert got(rec1, "remote") == expected and got(rec1, "w0") == expected and got(rec1, "w1") == []
     assert got(rec_remote, "w0") == expected and got(rec_remote, "w1") == expected
+    await leave(s0, s1, remote, *extra)
+
+
+def wants_pattern(node: NodeProcess, index: int, prefix: str, peer: str) -> bool:
+    """Whether worker ``index`` of ``node`` knows that ``peer`` holds the prefix pattern ``prefix``."""
+    row = rows(node)[index]
+    return row["state"] == "up" and peer in (row["remote_patterns"] or {}).get(f"prefix:{prefix}", [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_prefix_subscriptions_span_workers_and_nodes(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """A prefix subscription on worker 1 and one on another node each get every matching message once."""
+    wk, other = nodes
+    prefix = f"{TOPIC}.p."
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    rec1, rec_remote = Recorder(), Recorder()
+    await s1.subscribe(rec1, prefix, options=SubscribeOptions(match="prefix"))
+    await remote.subscribe(rec_remote, prefix, options=SubscribeOptions(match="prefix"))
+    await until(lambda: wants_pattern(wk, 0, prefix, "wk.w1"), "the primary: worker 1's pattern")
+    await until(lambda: wants_pattern(wk, 0, prefix, "other"), "the primary: other's pattern")
+    await until(lambda: wants_pattern(wk, 1, prefix, "wk"), "worker 1: the primary's pattern")
+    await until(lambda: "wk" in other.stats()["remote_patterns"].get(f"prefix:{prefix}", []), "other: wk's pattern")
+    await publish_acked(remote, f"{prefix}a", "remote")
+    await publish_acked(s0, f"{prefix}b", "w0")
+    await publish_acked(s1, f"{prefix}c", "w1")
+    await publish_acked(remote, f"{prefix}a", "end")
+    await publish_acked(s0, f"{prefix}b", "end")
+    await publish_acked(s1, f"{prefix}c", "end")
+    await rec1.wait_until(lambda r: r.args.count("end") == 2)
+    await rec_remote.wait_until(lambda r: r.args.count("end") == 2)
+    assert sorted(rec1.args) == sorted(["remote", "w0", "end", "end"])
+    assert sorted(rec_remote.args) == sorted(["w0", "w1", "end", "end"])
     await leave(s0, s1, remote, *extra)
 
 

@@ -186,6 +186,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         self.worker_prefix = None
         self.unlisted = set()
         self._relay_sent = {}
+        self._relay_sent_patterns = {}
         self.metrics.add_settler(self._settle)
         hub.add_interest_listener(self)
         hub.add_pattern_listener(self)
@@ -325,7 +326,12 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
                 topics = self.relay_topics(session)
             if session.with_replay and self.inbox is not None:
                 epoch, seq = self.inbox.position(session.peer_node or session.peer)
-                patterns = tuple(self._announced) if session.with_patterns else None
+                if not session.with_patterns:
+                    patterns = None
+                elif self.worker_prefix is None:
+                    patterns = tuple(self._announced)
+                else:
+                    patterns = self.relay_patterns(session)
                 session.send(psc.Resume(epoch, seq, tuple(topics), patterns))
             elif topics:
                 session.send(psc.Subscribe(tuple(topics)))

@@ -107,6 +107,9 @@ class Interest(FederationState):
         self._send_to_pattern_producers(psc.encode(message))
 
     def _send_to_pattern_producers(self, data: bytes) -> None:
+        if self.worker_prefix is not None:
+            self.sync_relay_interest()  # the relay tells each producer its own set (relay.py)
+            return
         for session in self._producers:
             if session.with_patterns:
                 session.send_raw(data)

@@ -30,6 +30,7 @@ from pubsubclub.federation import psc
 from pubsubclub.federation.state import FederationState
 
 if TYPE_CHECKING:
+    from pubsubclub.core.patterns import Pattern
     from pubsubclub.federation.replay import Stream
     from pubsubclub.federation.session import LinkSession
 
@@ -86,6 +87,33 @@ class Relay(FederationState):
                 wanted.add(topic)
         return wanted
 
+    def relay_wanted_patterns(self, producer: LinkSession) -> set[Pattern]:
+        """The patterns (PSC 0.5) to ask ``producer`` for, as :meth:`relay_wanted` for topics.
+
+        At most ``max-patterns-per-peer``: ours first, then our consumers'.
+        """
+        wanted = set(self._announced)
+        limit = self.limits.max_patterns_per_peer
+        if self.outbox is None:
+            return wanted
+        for pattern, peers in self.outbox.pattern_interest().items():
+            if len(wanted) >= limit:
+                break
+            if pattern in wanted:
+                continue
+            if producer.worker:
+                if any(peer != producer.peer_node for peer in peers):
+                    wanted.add(pattern)
+            elif any(self.is_worker_name(peer) for peer in peers):
+                wanted.add(pattern)
+        return wanted
+
+    def relay_patterns(self, producer: LinkSession) -> tuple[Pattern, ...]:
+        """The patterns of a new 0.5 consumer link's PSC103 (remembered as sent)."""
+        wanted = self.relay_wanted_patterns(producer)
+        self._relay_sent_patterns[producer] = wanted
+        return tuple(wanted)
+
     def relay_topics(self, producer: LinkSession) -> list[str]:
         """The topics of a new consumer link's first PSC201/PSC103 (remembered as sent)."""
         wanted = self.relay_wanted(producer)
@@ -112,6 +140,19 @@ class Relay(FederationState):
             for topic in told - wanted:
                 session.send(psc.Unsubscribe(topic))
             sent[session] = wanted
+        sent_patterns = self._relay_sent_patterns
+        for session in [s for s in sent_patterns if s not in self._producers]:
+            del sent_patterns[session]
+        for session in self._producers:
+            told_patterns = sent_patterns.get(session)
+            if told_patterns is None or not session.with_patterns:
+                continue
+            wanted_patterns = self.relay_wanted_patterns(session)
+            for pattern in told_patterns - wanted_patterns:
+                session.send(psc.UnsubscribePattern(pattern))
+            for pattern in wanted_patterns - told_patterns:
+                session.send(psc.SubscribePattern(pattern))
+            sent_patterns[session] = wanted_patterns
 
     # -- messages -------------------------------------------------------------------
 

@@ -53,3 +53,5 @@ class FederationState:
     unlisted: set[str]
     #: Relay: what each producer was last asked for.
     _relay_sent: dict[LinkSession, set[str]]
+    #: Relay: which patterns each 0.5 producer was last asked for.
+    _relay_sent_patterns: dict[LinkSession, set[Pattern]]

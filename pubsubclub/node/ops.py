@@ -170,6 +170,7 @@ def _worker_row(stats: dict[str, Any]) -> dict[str, Any]:
         "wamp_sessions": wamp.get("sessions") if isinstance(wamp, dict) else None,
         "hub": stats.get("hub"),
         "remote_interest": stats.get("remote_interest"),
+        "remote_patterns": stats.get("remote_patterns"),
     }
 
 
