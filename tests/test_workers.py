@@ -17,9 +17,9 @@ from typing import Any
 
 import pytest
 import pytest_twisted
+from autobahn.wamp.types import SubscribeOptions
 from helpers.nodes import REPO, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
-from autobahn.wamp.types import SubscribeOptions
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
@@ -58,8 +58,9 @@ async def session_on(node: NodeProcess, index: int, extra: list[Any]) -> Any:
     """A session that landed on worker ``index``; sessions that landed elsewhere go to ``extra`` (still open)."""
     for _ in range(MAX_TRIES):
         before = sessions_by_worker(node)
+        expected = sum(before) + 1
         session = await connect(node.wamp_url)
-        await until(lambda: sum(sessions_by_worker(node)) == sum(before) + 1, "the session counted")
+        await until(lambda n=expected: sum(sessions_by_worker(node)) == n, "the session counted")
         after = sessions_by_worker(node)
         if after[index] == before[index] + 1:
             return session

@@ -106,7 +106,9 @@ def worker_config(config: NodeConfig, place: WorkerPlace) -> NodeConfig:
         return f"systemd:domain={_domain(endpoint)}:name={key}"
 
     wamp = replace(
-        config.wamp, listen=adopted("wamp", config.wamp.listen), rawsocket=adopted("rawsocket", config.wamp.rawsocket)
+        config.wamp,
+        listen=adopted("wamp", config.wamp.listen) or config.wamp.listen,
+        rawsocket=adopted("rawsocket", config.wamp.rawsocket),
     )
     tep = replace(config.tep, listen=adopted("tep", config.tep.listen))
     node = replace(config.node, name=place.worker_id(place.index), http=adopted("http", config.node.http))
