@@ -20,6 +20,7 @@ import pytest_twisted
 from autobahn.wamp.types import SubscribeOptions
 from helpers.nodes import REPO, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
+from helpers.prometheus import metric_value
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 
 pytestmark = pytest.mark.slow
@@ -154,7 +155,7 @@ async def test_prefix_subscriptions_span_workers_and_nodes(nodes: tuple[NodeProc
 
 @pytest_twisted.ensureDeferred
 async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> None:
-    """/stats counts the node as a whole: hub counters and WAMP sessions summed over the workers."""
+    """/stats counts the node as a whole (hub counters, WAMP sessions summed); /metrics labels each worker's."""
     wk, _ = nodes
     extra: list[Any] = []
     s0 = await session_on(wk, 0, extra)
@@ -167,6 +168,10 @@ async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> 
     assert workers[0]["hub"]["published"] >= 1 and workers[1]["hub"]["published"] >= 1
     assert stats["hub"]["published"] == sum(row["hub"]["published"] for row in workers)
     assert stats["wamp"]["sessions"] == sum(row["wamp_sessions"] for row in workers) == 2 + len(extra)
+    # /metrics: every worker's series, labelled by worker.
+    text = wk.metrics()
+    published = [metric_value(text, "pubsubclub_events_total", event="published", worker=w) for w in ("0", "1")]
+    assert published[0] >= 1 and published[1] >= 1
     await leave(s0, s1, *extra)
 
 

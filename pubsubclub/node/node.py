@@ -41,7 +41,14 @@ from pubsubclub.frontends import registry
 from pubsubclub.frontends.base import HTTP_REFUSAL, Frontend, listen_url
 from pubsubclub.frontends.registry import FrontendContext, FrontendSpec
 from pubsubclub.net.edge import Edge, EdgeLimits, EdgeSettings, handshake_done
-from pubsubclub.node.ops import HealthResource, StatsResource, WorkersStatsResource, traffic
+from pubsubclub.node.ops import (
+    HealthResource,
+    MetricsTextResource,
+    StatsResource,
+    WorkersMetricsResource,
+    WorkersStatsResource,
+    traffic,
+)
 from pubsubclub.node.workers import WorkerPlace
 
 log = Logger()
@@ -445,12 +452,13 @@ class Node:
         ops.putChild(b"health", HealthResource(self))
         place = self.place
         if place is not None and place.count > 1:
-            # The primary's /stats is the node's: its own counters and its workers' (node/ops.py).
+            # The primary's /stats and /metrics are the node's: its own and its workers' (node/ops.py).
             sockets = [place.ops_socket(i) for i in range(1, place.count)]
             ops.putChild(b"stats", WorkersStatsResource(self.stats, sockets, self.reactor))
+            ops.putChild(b"metrics", WorkersMetricsResource(self._prometheus_text, sockets, self.reactor))
         else:
             ops.putChild(b"stats", StatsResource(self.stats))
-        ops.putChild(b"metrics", self._prometheus_resource())
+            ops.putChild(b"metrics", self._prometheus_resource())
         for frontend in self.frontends:
             for path, resource in frontend.operations().items():
                 ops.putChild(path, resource)
@@ -480,6 +488,7 @@ class Node:
         ops = Resource()
         ops.putChild(b"health", HealthResource(self))
         ops.putChild(b"stats", StatsResource(self.stats))
+        ops.putChild(b"metrics", MetricsTextResource(self._prometheus_text))
         path = place.ops_socket(place.index)
         if os.path.exists(path):
             os.unlink(path)
@@ -511,8 +520,13 @@ class Node:
 
     def _prometheus_resource(self) -> Any:
         """``GET /metrics`` in the Prometheus text format (same counters as the dumps)."""
-        from prometheus_client import CollectorRegistry
         from prometheus_client.twisted import MetricsResource
+
+        return MetricsResource(self._prometheus_registry())
+
+    def _prometheus_registry(self) -> Any:
+        """The registry ``/metrics`` is made from."""
+        from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
         registry.register(
@@ -520,7 +534,13 @@ class Node:
                 self.metrics, self.subscriber_gauges, self.federation.links, self.config.metrics.max_topics
             )
         )
-        return MetricsResource(registry)
+        return registry
+
+    def _prometheus_text(self) -> bytes:
+        """This process's ``/metrics`` text."""
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self._prometheus_registry()))
 
     async def stop(self) -> None:
         """Graceful shutdown: leave discovery, stop accepting, say goodbye to clients, close links."""

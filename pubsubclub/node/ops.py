@@ -186,3 +186,87 @@ class _UnixEndpoints:
         from twisted.internet.endpoints import UNIXClientEndpoint
 
         return UNIXClientEndpoint(self._reactor, self._path, timeout=WORKER_STATS_TIMEOUT)
+
+
+def merged_metrics(texts: list[tuple[str, str]]) -> bytes:
+    """Prometheus texts of several workers as one, each sample labelled ``worker="<index>"``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    families: dict[str, Any] = {}
+    for worker, text in texts:
+        for family in text_string_to_metric_families(text):
+            merged = families.get(family.name)
+            if merged is None:
+                merged = families[family.name] = family
+                samples = []
+            else:
+                samples = merged.samples
+            samples.extend(s._replace(labels={**s.labels, "worker": worker}) for s in family.samples)
+            merged.samples = samples
+
+    class _Merged:
+        def collect(self) -> Any:
+            return iter(families.values())
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Merged())
+    return bytes(generate_latest(registry))
+
+
+class WorkersMetricsResource(Resource):
+    """The primary worker's ``GET /metrics``: every worker's series, labelled ``worker`` (Prometheus text).
+
+    Sum ``by`` everything but ``worker`` for the node as a whole. A worker
+    that does not answer within :data:`WORKER_STATS_TIMEOUT` is left out.
+    """
+
+    isLeaf = True
+
+    def __init__(self, own: Callable[[], bytes], sockets: list[str], reactor: Any) -> None:
+        super().__init__()
+        self._own = own
+        self._sockets = sockets
+        self._reactor = reactor
+
+    def render_GET(self, request: Request) -> Any:  # noqa: N802 - Twisted Web API
+        """Ask the workers, then answer (NOT_DONE_YET meanwhile)."""
+        from twisted.internet import defer
+        from twisted.web.server import NOT_DONE_YET
+
+        asks = [self._ask(path) for path in self._sockets]
+        defer.gatherResults(asks).addCallback(self._answer, request)
+        return NOT_DONE_YET
+
+    def _ask(self, path: str) -> Any:
+        from twisted.web.client import Agent, readBody
+
+        reactor = self._reactor
+        agent = Agent.usingEndpointFactory(reactor, _UnixEndpoints(reactor, path))
+        d = agent.request(b"GET", b"http://worker/metrics").addCallback(readBody)
+        d.addTimeout(WORKER_STATS_TIMEOUT, reactor)
+        return d.addErrback(lambda _failure: None)
+
+    def _answer(self, answers: list[bytes | None], request: Request) -> None:
+        texts = [("0", self._own().decode())]
+        texts += [(str(i), text.decode()) for i, text in enumerate(answers, start=1) if text is not None]
+        body = merged_metrics(texts)
+        if not request.finished and not getattr(request, "_disconnected", False):
+            request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+            request.write(body)
+            request.finish()
+
+
+class MetricsTextResource(Resource):
+    """``GET /metrics`` of a worker's Unix ops socket (prometheus-client's WSGI resource wants a TCP peer)."""
+
+    isLeaf = True
+
+    def __init__(self, text: Callable[[], bytes]) -> None:
+        super().__init__()
+        self._text = text
+
+    def render_GET(self, request: Request) -> bytes:  # noqa: N802 - Twisted Web API
+        """This worker's series."""
+        request.setHeader(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")
+        return self._text()
