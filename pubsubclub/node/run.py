@@ -115,6 +115,7 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     place = None if bridge else WorkerPlace.from_environment()
     if place is not None:
         config = worker_config(config, place)
+        _stop_with_supervisor()
 
     async def start() -> None:
         node = Node(config, reactor, bridge=bridge, place=place)
@@ -151,6 +152,26 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return exit_code[0]
+
+
+def _stop_with_supervisor() -> None:
+    """A worker gets SIGTERM when its supervisor dies (Linux ``PR_SET_PDEATHSIG``): no orphaned workers.
+
+    Elsewhere (or without libc) nothing is set; a supervisor that is
+    SIGKILLed then leaves its workers to be stopped by hand.
+    """
+    import ctypes
+    import ctypes.util
+    import os
+
+    pr_set_pdeathsig = 1
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the supervisor died before prctl: it will not be signalled
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _stop_on_signals(reactor: Any) -> None:
