@@ -168,6 +168,7 @@ async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> 
     assert workers[0]["hub"]["published"] >= 1 and workers[1]["hub"]["published"] >= 1
     assert stats["hub"]["published"] == sum(row["hub"]["published"] for row in workers)
     assert stats["wamp"]["sessions"] == sum(row["wamp_sessions"] for row in workers) == 2 + len(extra)
+    assert wk.health()[1]["workers"] == {"count": 2, "linked": 2}
     # /metrics: every worker's series, labelled by worker.
     text = wk.metrics()
     published = [metric_value(text, "pubsubclub_events_total", event="published", worker=w) for w in ("0", "1")]

@@ -82,6 +82,13 @@ class HealthResource(Resource):
         }
         if bridge is not None:
             body["router_joined"] = bridge.session is not None
+        place = node.place
+        if place is not None and place.count > 1 and place.primary:
+            # The workers linked both ways to the primary (itself included): the node's serving width.
+            federation = node.federation
+            both = [link["peer_node"] for link in federation.links() if link["state"] == "open"]
+            linked = {peer for peer in both if federation.is_worker_name(peer) and both.count(peer) == 2}
+            body["workers"] = {"count": place.count, "linked": 1 + len(linked)}
         return json.dumps(body).encode()
 
 
