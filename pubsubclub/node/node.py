@@ -53,6 +53,9 @@ from pubsubclub.node.workers import WorkerPlace
 
 log = Logger()
 
+#: Longest a worker other than the primary waits for its links to the primary before it says it is ready, seconds.
+WORKER_LINK_WAIT = 30.0
+
 
 def edge_limits(config: NodeConfig, listener: str) -> EdgeLimits:
     """The connection layer's limits for ``listener`` (wamp, rawsocket, psc, nsd, tep, stream, ops, ...).
@@ -494,6 +497,15 @@ class Node:
             os.unlink(path)
         self.ports.append(await UNIXServerEndpoint(self.reactor, path, mode=0o600).listen(_QuietSite(ops)))
         self.federation.add_server(place.psc_url(0))
+        # Ready once linked to the primary both ways (so the node's ready line means every worker reaches the
+        # cluster), or after WORKER_LINK_WAIT seconds anyway: the links keep being retried.
+        deadline = self.reactor.seconds() + WORKER_LINK_WAIT
+        while self.federation.open_links() < 2:
+            if self.reactor.seconds() > deadline:
+                log.warn("worker {index}: not linked to the primary after {s} s; ready anyway", index=place.index,
+                         s=WORKER_LINK_WAIT)  # fmt: skip
+                break
+            await task.deferLater(self.reactor, 0.05, lambda: None)
 
     def _start_discovery(self) -> None:
         """Register in Consul and follow the service's healthy instances (after the listeners are up)."""
