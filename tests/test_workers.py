@@ -118,6 +118,30 @@ async def test_each_worker_gets_other_nodes_and_other_workers_messages_once(
     await leave(s0, s1, remote, *extra)
 
 
+def received_from(node: NodeProcess, peer: str) -> int:
+    """Messages the node's primary received from ``peer`` (a worker or another node)."""
+    return int(node.stats()["traffic"]["peers"].get(peer, {}).get("received", 0))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_topic_nobody_else_wants_stays_in_its_worker(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """Interest is as tight as between nodes: worker 1's publishes on a topic no other worker wants stay there."""
+    wk, _ = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    marker = f"{TOPIC}.tight.marker"
+    rec0, _ = await subscribe(s0, marker)
+    await until(lambda: wants(wk, 1, marker, "wk"), "worker 1 to learn the primary's interest in the marker")
+    before = received_from(wk, "wk.w1")
+    for i in range(5):
+        await publish_acked(s1, f"{TOPIC}.tight.unwanted", i)
+    await publish_acked(s1, marker, "end")
+    await rec0.wait_for(1)
+    assert received_from(wk, "wk.w1") == before + 1  # the marker only
+    await leave(s0, s1, *extra)
+
+
 def wants_pattern(node: NodeProcess, index: int, prefix: str, peer: str) -> bool:
     """Whether worker ``index`` of ``node`` knows that ``peer`` holds the prefix pattern ``prefix``."""
     row = rows(node)[index]
