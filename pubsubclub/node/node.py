@@ -249,6 +249,8 @@ class Node:
         self.frontend_specs: list[FrontendSpec] = [s for s in registry.specs() if s.mode == mode]
         for spec in self.frontend_specs:
             section = self.section_of(spec)
+            if spec.single_resource and place is not None and not place.primary:
+                continue  # the primary worker runs it (docs/architecture.md, "Workers")
             if spec.enabled(section):
                 frontend = spec.build(self.hub, section, context)
                 frontend.edge = self.edge

@@ -123,7 +123,8 @@ def worker_config(config: NodeConfig, place: WorkerPlace) -> NodeConfig:
             nsd=replace(config.nsd, listen=adopted("nsd", config.nsd.listen)),
             stream=replace(config.stream, listen=adopted("stream", config.stream.listen)),
         )
-    # The others: client listeners only; the primary is their one peer (they learn and advertise nothing).
+    # The others: client listeners only (the node skips single-resource front-ends, FrontendSpec); the primary
+    # is their one peer (they learn and advertise nothing).
     federation = replace(config.federation, listen=None, peers=(), advertise=None, learn_peers=False)
     return replace(
         config,
@@ -132,9 +133,6 @@ def worker_config(config: NodeConfig, place: WorkerPlace) -> NodeConfig:
         tep=tep,
         federation=federation,
         consul=replace(config.consul, url=None),
-        nsd=replace(config.nsd, listen=None),
-        stream=replace(config.stream, listen=None),
-        sysv=replace(config.sysv, key=None),
     )
 
 
