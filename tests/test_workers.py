@@ -7,6 +7,7 @@ from the node's /stats (``workers``: each worker's WAMP sessions).
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -21,7 +22,10 @@ from autobahn.wamp.types import SubscribeOptions
 from helpers.nodes import REPO, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.prometheus import metric_value
+from helpers.rawws import RECV_SECONDS
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow
 
@@ -234,6 +238,26 @@ async def test_killed_worker_is_restarted_and_its_clients_come_back_without_dupl
     assert got(rec0, "w1") == [0, 1, 2, "end"] and got(rec0, "remote") == ["end"]
     assert got(rec_remote, "w1") == [0, 1, 2, "end"]
     await leave(s0, back, remote, *extra)
+
+
+def test_tcp_peer_calling_itself_a_worker_is_refused(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """A peer that names itself wk.w1 over TCP is closed (4508) and the real worker 1 stays linked."""
+    wk, _ = nodes
+    ws = ws_connect(
+        wk.psc_url, subprotocols=["pubsubclub"], open_timeout=5, close_timeout=2, legacy=True,
+        additional_headers={"x-pubsubclub-node": "wk.w1"},
+    )  # fmt: skip
+    try:
+        ws.send(json.dumps([101, [0, 1]]))
+        assert json.loads(ws.recv(timeout=RECV_SECONDS)) == [102, [0, 1]]
+        with pytest.raises(ConnectionClosed) as closed:  # closed at once, before its first PSC201
+            ws.recv(timeout=RECV_SECONDS)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4508
+    finally:
+        ws.close()
+    assert wk.health()[1]["workers"] == {"count": 2, "linked": 2}
+    worker_links = sorted(link["peer"] for link in wk.stats()["links"] if link["peer_node"] == "wk.w1")
+    assert worker_links == ["unix", "ws://w1.workers.invalid:2/psc"]
 
 
 def test_listener_in_use_stops_the_start_with_an_error(tmp_path: Any) -> None:

@@ -290,7 +290,8 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         """Handshake done: the consumer sends its whole interest in one PSC201."""
         if self.worker_prefix is not None:
             link = self._links.get(session)
-            self.mark_worker(session, None if link is None else link.transport)
+            if not self.mark_worker(session, None if link is None else link.transport):
+                return
         if session.role is Role.CONSUMER:
             existing = None
             if session.peer_node is not None:

@@ -24,10 +24,14 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from twisted.internet.address import UNIXAddress
+from twisted.logger import Logger
 
 from pubsubclub.core.hub import GAP_TOPIC, Envelope
 from pubsubclub.federation import psc
+from pubsubclub.federation.session import CLOSE_SELF
 from pubsubclub.federation.state import FederationState
+
+log = Logger()
 
 if TYPE_CHECKING:
     from pubsubclub.core.patterns import Pattern
@@ -60,12 +64,26 @@ class Relay(FederationState):
         prefix = self.worker_prefix
         return prefix is not None and name is not None and name.startswith(prefix) and name[len(prefix) :].isdigit()
 
-    def mark_worker(self, session: LinkSession, transport: Any) -> None:
-        """Mark ``session`` as a worker link: a worker's node id, over a Unix socket (the 0700 folder)."""
+    def mark_worker(self, session: LinkSession, transport: Any) -> bool:
+        """Mark ``session`` as a worker link: a worker's node id, over a Unix socket (the 0700 folder).
+
+        False when the link must close: a peer that names itself one of our
+        workers over anything else (it would otherwise supersede the real
+        worker's link as "the same node dialling again").
+        """
         if self.worker_prefix is None or not self.is_worker_name(session.peer_node):
-            return
+            return True
         host = getattr(getattr(transport, "transport", None), "getHost", lambda: None)()
         session.worker = isinstance(host, UNIXAddress)
+        if not session.worker:
+            log.warn(
+                "refused a PSC link from {peer}: it names itself {node}, one of this node's workers",
+                peer=session.peer,
+                node=session.peer_node,
+            )
+            if transport is not None:
+                transport.close_link(CLOSE_SELF, f"node id {session.peer_node} belongs to one of this node's workers")
+        return session.worker
 
     # -- interest -----------------------------------------------------------------
 
