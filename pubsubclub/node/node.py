@@ -195,17 +195,25 @@ class Node:
     """A running ``pubsubclub node``."""
 
     def __init__(
-        self, config: NodeConfig, reactor: Any = None, bridge: bool = False, place: WorkerPlace | None = None
+        self,
+        config: NodeConfig,
+        reactor: Any = None,
+        bridge: bool = False,
+        place: WorkerPlace | None = None,
+        declared: NodeConfig | None = None,
     ) -> None:
         """A node; with ``bridge``, a bridge node: its only front-end is the router of ``config.bridge``.
 
-        ``place``: this process is one of a node's workers (pubsubclub/node/workers.py).
+        ``place``: this process is one of a node's workers (pubsubclub/node/workers.py), ``config`` its
+        worker's config, ``declared`` the node's as given (its listeners, for the exposure warnings).
         """
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
         #: Which worker of its node this process is; None: the node is this one process.
         self.place = place
+        #: The configuration as the operator gave it (a worker's ``config`` has inherited sockets instead).
+        self.declared = declared or config
         self.reactor = reactor
         #: WAMP principals and roles (``--auth``); None: every client anonymous, everything allowed.
         self.auth = config.auth_policy()
@@ -349,7 +357,8 @@ class Node:
 
     def _warn_about_exposure(self) -> None:
         config = self.config
-        public = [key for key, value in self.listeners().items() if binds_beyond_loopback(value)]
+        listeners = self.listeners() if self.place is None else self.declared.listeners()
+        public = [key for key, value in listeners.items() if binds_beyond_loopback(value)]
         if public and config.federation.cluster_secret_file is None:
             log.warn(
                 "SECURITY WARNING: listeners {keys} accept connections beyond this host and there is no"
@@ -393,9 +402,10 @@ class Node:
 
     async def start(self) -> dict[str, str]:
         """Listen, link to the configured peers, and return the node's URLs."""
-        for warning in self.config.warnings:
-            log.warn("{warning}", warning=warning)
-        self._warn_about_exposure()
+        if self.place is None or self.place.primary:  # said once per node, not once per worker
+            for warning in self.config.warnings:
+                log.warn("{warning}", warning=warning)
+            self._warn_about_exposure()
         early = {s.name for s in self.frontend_specs if s.early}
         for name, frontend in self.frontends_by_name.items():
             if name in early:

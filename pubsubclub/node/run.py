@@ -130,12 +130,13 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
 
     from pubsubclub.node.node import Node, print_ready
     exit_code = [0]
+    declared = config
     if place is not None:
         config = worker_config(config, place)
         _stop_with_supervisor()
 
     async def start() -> None:
-        node = Node(config, reactor, bridge=bridge, place=place)
+        node = Node(config, reactor, bridge=bridge, place=place, declared=declared)
         try:
             urls = await node.start()
         except CannotListenError as e:  # a port in use is a configuration error: name the flag, exit 2
