@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from typing import Any
 
@@ -11,7 +12,9 @@ from twisted.internet.error import ProcessDone, ProcessTerminated
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 
-from pubsubclub.config import NodeConfig
+from pubsubclub.config import ConfigError, NodeConfig
+from pubsubclub.config.declare import workers_count
+from pubsubclub.config.load import build, load_toml
 from pubsubclub.node.supervisor import (
     EXIT_MARGIN,
     RESTART_DELAY,
@@ -21,7 +24,7 @@ from pubsubclub.node.supervisor import (
     Supervisor,
     SupervisorBug,
 )
-from pubsubclub.node.workers import WORKER_ENV, WorkerPlace
+from pubsubclub.node.workers import WORKER_ENV, ListenerProblem, WorkerPlace, bind_listeners, worker_config
 
 
 class FakeProcess:
@@ -148,3 +151,43 @@ def test_events_without_a_transition_are_bugs() -> None:
         supervisor.handle(Event.RESTARTS_USED_UP)
     supervisor.state = State.STOPPED
     supervisor.handle(Event.EXITED)  # late news: ignored
+
+
+def test_workers_setting_takes_a_count_or_auto(tmp_path: Any) -> None:
+    """``workers``: a number (flag or TOML integer), ``auto`` (the host's cores); 0 is refused naming the key."""
+    toml = tmp_path / "node.toml"
+    toml.write_text("workers = 3\n")
+    assert build(load_toml(str(toml)), {}).node.workers == "3"
+    assert workers_count(build({}, {"workers": "auto"}).node.workers) == max(1, min(os.cpu_count() or 1, 256))
+    with pytest.raises(ConfigError, match="'workers': must be auto or a whole number"):
+        build({}, {"workers": "0"})
+
+
+def test_worker_config_gives_the_primary_the_single_parts() -> None:
+    """Client listeners become inherited sockets everywhere; PSC, ops, peers and Consul stay with worker 0."""
+    config = build({}, {"wamp": "tcp:8080", "psc": "tcp:9001", "http": "tcp:8181", "peers": ("ws://p:1/psc",)})
+    place = WorkerPlace(0, 2, "n", "/tmp/x", ("wamp", "psc", "http"))
+    primary = worker_config(config, place)
+    assert primary.wamp.listen == "systemd:domain=INET:name=wamp"
+    assert primary.federation.listen == "systemd:domain=INET:name=psc" and primary.node.http is not None
+    assert primary.federation.peers == ("ws://p:1/psc",) and primary.node.name == "n"
+    other = worker_config(config, replace(place, index=1, fds=("wamp",)))
+    assert other.wamp.listen == "systemd:domain=INET:name=wamp" and other.node.name == "n.w1"
+    assert other.federation.listen is None and other.node.http is None and other.federation.peers == ()
+    assert other.federation.learn_peers is False
+
+
+def test_client_listeners_share_a_port_and_must_be_tcp() -> None:
+    """Each worker gets its own socket on the client port (SO_REUSEPORT); a non-TCP client listener is refused."""
+    config = build({}, {"wamp": "tcp:0:interface=127.0.0.1", "psc": "tcp:0:interface=127.0.0.1"})
+    bound = bind_listeners(config, 3)
+    try:
+        ports = {sock.getsockname()[1] for sock in bound["wamp"]}
+        assert len(bound["wamp"]) == 3 and len(ports) == 1 and len(bound["psc"]) == 1
+    finally:
+        for sockets in bound.values():
+            for sock in sockets:
+                sock.close()
+    unix = build({}, {"wamp": "unix:/tmp/pubsubclub-test-wamp.sock"})  # ssl: alike (its files must exist)
+    with pytest.raises(ListenerProblem, match="--wamp unix:/tmp/pubsubclub-test-wamp.sock: with --workers above 1"):
+        bind_listeners(unix, 2)

@@ -40,6 +40,7 @@ def setting(
     check: Callable[[str, Any], None] | None = None,
     shown_default: str | None = None,
     advanced: bool = False,
+    toml_int: bool = False,
 ) -> Any:
     """Declare one setting: a dataclass field that also knows its flag, help text and valid values.
 
@@ -50,6 +51,7 @@ def setting(
     ``check(key, value)`` raises :class:`ConfigError` for any other rule on
     the value alone (applied to each item of a list; None is "not set" and
     never checked). Rules between settings stay in ``NodeConfig.validate``.
+    ``toml_int``: a string setting that TOML may also give as an integer (``workers = 4``).
     """
     meta = {
         "help": help,
@@ -61,6 +63,7 @@ def setting(
         "check": check,
         "shown_default": shown_default,
         "advanced": advanced,
+        "toml_int": toml_int,
     }
     return field(default=default, metadata=meta)
 

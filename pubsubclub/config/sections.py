@@ -121,6 +121,7 @@ class NodeSection:
         " auto: one per core (docs/architecture.md, Workers)",
         metavar="N|auto",
         check=check_workers,
+        toml_int=True,
     )
     worker_max_restarts: int = setting(
         5,
