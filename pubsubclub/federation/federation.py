@@ -184,6 +184,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         self._forwarded: dict[tuple[str, Any], list[int]] = {}
         self._forwarded_n = 0
         self.worker_prefix = None
+        self.learn_from_peers = True
         self.unlisted = set()
         self._relay_sent = {}
         self._relay_sent_patterns = {}

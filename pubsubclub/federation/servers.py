@@ -136,8 +136,8 @@ class Dialling(FederationState):
 
     def _learn(self, heard: tuple[str | None, str | None]) -> None:
         """Dial the nodes a peer told us about in its handshake that we do not dial yet."""
-        if not self.learn_peers:
-            return  # a node told not to tell whom it dials learns nothing either (a worker, a Consul member)
+        if not self.learn_from_peers:
+            return  # a worker other than the primary: its one peer is the primary
         advertised, peers = heard
         urls = ([advertised] if advertised else []) + (peers.split()[:MAX_LEARNED_PER_LINK] if peers else [])
         for url in urls:

@@ -49,6 +49,8 @@ class FederationState:
     _forwarded_n: int
     #: The primary worker's workers' node id prefix (federation/relay.py); None: no relaying.
     worker_prefix: str | None
+    #: Dial the URLs peers tell in their handshakes (off in a node's workers other than the primary).
+    learn_from_peers: bool
     #: Server URLs never told to peers (the primary's workers).
     unlisted: set[str]
     #: Relay: what each producer was last asked for.
