@@ -119,6 +119,9 @@ async def test_each_worker_gets_other_nodes_and_other_workers_messages_once(
     assert got(rec0, "remote") == expected and got(rec0, "w1") == expected and got(rec0, "w0") == []
     assert got(rec1, "remote") == expected and got(rec1, "w0") == expected and got(rec1, "w1") == []
     assert got(rec_remote, "w0") == expected and got(rec_remote, "w1") == expected
+    # To the other node wk is one node: one link each way, no worker URL learned.
+    assert other.stats()["servers"] == [wk.psc_url]
+    assert sorted(link["peer_node"] for link in other.stats()["links"] if link["state"] == "open") == ["wk", "wk"]
     await leave(s0, s1, remote, *extra)
 
 
