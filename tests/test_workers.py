@@ -243,6 +243,48 @@ async def test_killed_worker_is_restarted_and_its_clients_come_back_without_dupl
     await leave(s0, back, remote, *extra)
 
 
+def answers(predicate: Any) -> Any:
+    """``predicate``, false while the node's ops listener does not answer (its primary is restarting)."""
+
+    def check() -> bool:
+        try:
+            return bool(predicate())
+        except OSError:
+            return False
+
+    return check
+
+
+@pytest_twisted.ensureDeferred
+async def test_killed_primary_is_restarted_and_the_other_worker_reaches_the_cluster_again(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """kill -9 of the primary (worker 0): it is restarted; a client of worker 1 that stayed trades messages once."""
+    wk, other = nodes
+    topic = f"{TOPIC}.primary"
+    extra: list[Any] = []
+    s1 = await session_on(wk, 1, extra)
+    old_pid = rows(wk)[0]["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+    await until(answers(lambda: rows(wk)[0].get("pid") not in (None, old_pid)), "worker 0 restarted")
+    await until(answers(lambda: wk.health()[1]["workers"]["linked"] == 2), "worker 1 linked to the new primary")
+    assert s1.is_attached()  # worker 1 and its clients lived on
+    rec1, _ = await subscribe(s1, topic)
+    remote = await connect(other.wamp_url)
+    rec_remote, _ = await subscribe(remote, topic)
+    await until(answers(lambda: wants(wk, 1, topic, "wk")), "worker 1: the primary's interest")
+    await until(answers(lambda: "wk" in other.stats()["remote_interest"].get(topic, [])), "other: wk's interest")
+    await until(answers(lambda: "other" in wk.stats()["remote_interest"].get(topic, [])), "wk: other's interest")
+    await publish_acked(remote, topic, "remote")
+    await publish_acked(remote, topic, "end")
+    await publish_acked(s1, topic, "w1")
+    await publish_acked(s1, topic, "end")
+    await rec1.wait_until(lambda r: "end" in r.args)
+    await rec_remote.wait_until(lambda r: "end" in r.args)
+    assert rec1.args == ["remote", "end"] and rec_remote.args == ["w1", "end"]  # a duplicate would precede "end"
+    await leave(s1, remote, *extra)
+
+
 def test_tcp_peer_calling_itself_a_worker_is_refused(nodes: tuple[NodeProcess, NodeProcess]) -> None:
     """A peer that names itself wk.w1 over TCP is closed (4508) and the real worker 1 stays linked."""
     wk, _ = nodes
