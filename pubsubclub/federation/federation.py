@@ -188,6 +188,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         self.unlisted = set()
         self._relay_sent = {}
         self._relay_sent_patterns = {}
+        self._relay_hint = None
         self.metrics.add_settler(self._settle)
         hub.add_interest_listener(self)
         hub.add_pattern_listener(self)
@@ -387,6 +388,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         peer = session.peer_node or session.peer
         for topic in topics:
             self.hub.remote_subscribed(topic, peer)
+        self._relay_hint = topics  # the relay then looks at these topics only (relay.py)
         self._remote_topics_changed()
 
     def _supersede_ghosts(self, session: LinkSession) -> None:
@@ -454,6 +456,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
             sessions.pop(session, None)
             if not sessions:
                 del self._by_topic[topic]
+        self._relay_hint = (topic,)
         self._remote_topics_changed()
 
     def link_pattern(self, session: LinkSession, pattern: Pattern, added: bool) -> None:

@@ -35,12 +35,15 @@ class Interest(FederationState):
         def sync_relay_interest(self) -> None:
             """Relay: tell every producer what it is now asked for (relay.py)."""
 
+        def sync_relay_topics(self, topics: tuple[str, ...]) -> None:
+            """Relay: the same, for ``topics`` only (relay.py)."""
+
     # -- hub listeners -----------------------------------------------------
 
     def topic_added(self, topic: str) -> None:
         """First local subscriber: ask every producer for the topic."""
         if self.worker_prefix is not None:
-            self.sync_relay_interest()
+            self.sync_relay_topics((topic,))
             return
         if self._producers and topic != GAP_TOPIC:
             data = psc.encode(psc.Subscribe((topic,)))
@@ -67,7 +70,7 @@ class Interest(FederationState):
     def topic_removed(self, topic: str) -> None:
         """Last local subscriber gone: tell every producer."""
         if self.worker_prefix is not None:
-            self.sync_relay_interest()
+            self.sync_relay_topics((topic,))
             return
         if self._producers and topic != GAP_TOPIC:
             data = psc.encode(psc.Unsubscribe(topic))

@@ -57,7 +57,7 @@ class Relay(FederationState):
         """Relay for workers named ``<worker_prefix><index>``; ``unlisted``: their URLs, never told to peers."""
         self.worker_prefix = worker_prefix
         self.unlisted = unlisted
-        self.add_remote_topics_listener(self.sync_relay_interest)
+        self.add_remote_topics_listener(self._remote_changed)
 
     def is_worker_name(self, name: str | None) -> bool:
         """Whether ``name`` is one of this node's workers' node ids."""
@@ -138,11 +138,52 @@ class Relay(FederationState):
         self._relay_sent[producer] = wanted
         return sorted(wanted)
 
+    def _remote_changed(self) -> None:
+        """Consumers' interest changed: in the hinted topics only (a PSC201/202), else anywhere (links, streams)."""
+        hint, self._relay_hint = self._relay_hint, None
+        if hint is None:
+            self.sync_relay_interest()
+        else:
+            self.sync_relay_topics(hint)
+
+    def relay_wants(self, producer: LinkSession, topic: str) -> bool:
+        """:meth:`relay_wanted` for one topic: a look at its own subscribers and consumers, not the whole interest."""
+        if topic == GAP_TOPIC:
+            return False
+        if self.hub.subscribers(topic):
+            return True
+        peers = [s.peer_node or s.peer for s in self._by_topic.get(topic, ())]
+        if self.outbox is not None:
+            streams = self.outbox.streams_for(topic) or ()
+            peers += [stream.consumer or "?" for stream in streams if topic in stream.topics]
+        if producer.worker:
+            return any(peer != producer.peer_node for peer in peers)
+        return any(self.is_worker_name(peer) for peer in peers)
+
+    def sync_relay_topics(self, topics: tuple[str, ...]) -> None:
+        """:meth:`sync_relay_interest` for ``topics`` only: what a subscribe or unsubscribe changes, in O(topics)."""
+        for session in self._producers:
+            told = self._relay_sent.get(session)
+            if told is None:
+                continue  # its link is opening: its first message carries the whole set
+            added = []
+            for topic in topics:
+                if self.relay_wants(session, topic):
+                    if topic not in told:
+                        told.add(topic)
+                        added.append(topic)
+                elif topic in told:
+                    told.discard(topic)
+                    session.send(psc.Unsubscribe(topic))
+            if added:
+                session.send(psc.Subscribe(tuple(added)))
+
     def sync_relay_interest(self) -> None:
         """Tell every producer what it is now asked for, as PSC201/PSC202 differences from what it was told.
 
-        Runs on every change of interest (ours or our consumers'): a walk of
-        the node's interest per producer, off the message path.
+        Runs when links, streams or patterns change (rarely): a walk of the
+        node's whole interest per producer, off the message path. A subscribe
+        or unsubscribe (ours or a consumer's) takes :meth:`sync_relay_topics`.
         """
         sent = self._relay_sent
         for session in [s for s in sent if s not in self._producers]:

@@ -55,5 +55,7 @@ class FederationState:
     unlisted: set[str]
     #: Relay: what each producer was last asked for.
     _relay_sent: dict[LinkSession, set[str]]
+    #: Relay: the topics whose consumers changed, when only those did (else None: look at everything).
+    _relay_hint: tuple[str, ...] | None
     #: Relay: which patterns each 0.5 producer was last asked for.
     _relay_sent_patterns: dict[LinkSession, set[Pattern]]
