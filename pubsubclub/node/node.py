@@ -500,7 +500,7 @@ class Node:
         self.ports.append(await UNIXServerEndpoint(self.reactor, path, mode=0o600).listen(Site(root)))
         if place.primary:
             for index in range(1, place.count):
-                self.federation.add_server(place.psc_url(index))
+                defer.ensureDeferred(self._dial_worker(place, index))
             return
         ops = Resource()
         ops.putChild(b"health", HealthResource(self))
@@ -510,7 +510,7 @@ class Node:
         if os.path.exists(path):
             os.unlink(path)
         self.ports.append(await UNIXServerEndpoint(self.reactor, path, mode=0o600).listen(_QuietSite(ops)))
-        self.federation.add_server(place.psc_url(0))
+        await self._dial_worker(place, 0)
         # Ready once linked to the primary both ways (so the node's ready line means every worker reaches the
         # cluster), or after WORKER_LINK_WAIT seconds anyway: the links keep being retried.
         deadline = self.reactor.seconds() + WORKER_LINK_WAIT
@@ -520,6 +520,15 @@ class Node:
                          s=WORKER_LINK_WAIT)  # fmt: skip
                 break
             await task.deferLater(self.reactor, 0.05, lambda: None)
+
+    async def _dial_worker(self, place: WorkerPlace, index: int) -> None:
+        """Link to worker ``index`` once its socket exists (workers start together; a first dial that finds
+        nothing would wait out a whole retry delay), or after WORKER_LINK_WAIT seconds anyway."""
+        deadline = self.reactor.seconds() + WORKER_LINK_WAIT
+        while not os.path.exists(place.psc_socket(index)) and self.reactor.seconds() < deadline:
+            await task.deferLater(self.reactor, 0.02, lambda: None)
+        if self.state not in ("stopping", "stopped"):
+            self.federation.add_server(place.psc_url(index))
 
     def _start_discovery(self) -> None:
         """Register in Consul and follow the service's healthy instances (after the listeners are up)."""
