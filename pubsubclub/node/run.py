@@ -129,6 +129,7 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     from twisted.internet import reactor
 
     from pubsubclub.node.node import Node, print_ready
+
     exit_code = [0]
     declared = config
     if place is not None:
