@@ -123,6 +123,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "node":
             config = node_config(args)
+            from pubsubclub.config.declare import workers_count
+            from pubsubclub.node.workers import WorkerPlace
+
+            count = workers_count(config.node.workers)
+            if count > 1 and WorkerPlace.from_environment() is None:
+                from pubsubclub.node.supervisor import run_supervisor
+
+                return run_supervisor(config, count, list(sys.argv[1:] if argv is None else argv))
             from pubsubclub.node.run import run_node
 
             return run_node(config)

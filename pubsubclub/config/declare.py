@@ -9,6 +9,7 @@ From that one declaration come the TOML key, the command-line flag and its
 from __future__ import annotations
 
 import ipaddress
+import os
 from collections.abc import Callable
 from dataclasses import MISSING, Field, dataclass, field
 from typing import Any
@@ -40,6 +41,7 @@ def setting(
     shown_default: str | None = None,
     advanced: bool = False,
     aliases: tuple[str, ...] = (),
+    toml_int: bool = False,
 ) -> Any:
     """Declare one setting: a dataclass field that also knows its flag, help text and valid values.
 
@@ -52,6 +54,7 @@ def setting(
     never checked). Rules between settings stay in ``NodeConfig.validate``.
     ``aliases`` are further TOML keys of the same section that set it (an
     earlier name); a list setting's key also takes a single string.
+    ``toml_int``: a string setting that TOML may also give as an integer (``workers = 4``).
     """
     meta = {
         "help": help,
@@ -64,6 +67,7 @@ def setting(
         "shown_default": shown_default,
         "advanced": advanced,
         "aliases": aliases,
+        "toml_int": toml_int,
     }
     return field(default=default, metadata=meta)
 
@@ -254,6 +258,25 @@ def check_text(low: int, high: int, *, spaces: bool = True) -> Callable[[str, An
             raise ConfigError(key, f"must be {low}-{high} characters" + ("" if spaces else " without spaces"))
 
     return check
+
+
+#: Most worker processes one node may run (``workers``).
+MAX_WORKERS = 256
+
+
+def check_workers(key: str, value: Any) -> None:
+    """``workers``: ``auto`` or a whole number from 1 to :data:`MAX_WORKERS`."""
+    if value == "auto":
+        return
+    if not isinstance(value, str) or not value.isdigit() or not 1 <= int(value) <= MAX_WORKERS:
+        raise ConfigError(key, f"must be auto or a whole number from 1 to {MAX_WORKERS}")
+
+
+def workers_count(value: str) -> int:
+    """How many workers ``workers`` asks for (``auto``: the host's cores, at most :data:`MAX_WORKERS`)."""
+    if value == "auto":
+        return max(1, min(os.cpu_count() or 1, MAX_WORKERS))
+    return int(value)
 
 
 def check_sysv_key(key: str, value: Any) -> None:

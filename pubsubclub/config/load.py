@@ -101,6 +101,8 @@ def _typed(name: str, found: Setting, value: Any) -> Any:
         if not isinstance(value, (int, float)) or isinstance(value, bool):
             raise ConfigError(name, "must be a number")
         value = float(value)
+    elif found.field.metadata.get("toml_int") and type(value) is int:
+        value = str(value)  # e.g. workers = 4 (the setting also takes "auto")
     elif not isinstance(value, str):
         raise ConfigError(name, "must be a string")
     return value

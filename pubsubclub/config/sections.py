@@ -18,6 +18,7 @@ from pubsubclub.config.declare import (
     check_endpoint,
     check_http_url,
     check_text,
+    check_workers,
     check_ws_url,
     setting,
 )
@@ -113,6 +114,22 @@ class NodeSection:
         metavar="S",
         min=0.1,
         max=3600,
+    )
+    workers: str = setting(
+        "1",
+        "worker processes behind the client listeners (WAMP, RawSocket, TEP), one node to the cluster;"
+        " auto: one per core (docs/architecture.md, Workers)",
+        metavar="N|auto",
+        check=check_workers,
+        toml_int=True,
+    )
+    worker_max_restarts: int = setting(
+        5,
+        "with --workers above 1: crashed workers restarted per minute at most (each after a growing delay);"
+        " past it the node stops with an error",
+        metavar="N",
+        min=0,
+        max=1000,
     )
 
 

@@ -53,6 +53,7 @@ from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # 
 from pubsubclub.federation.linkserver import PSCServerFactory
 from pubsubclub.federation.realmcheck import PLAIN_REALM_HEADER, REALM_CONFLICT, realm_conflict, realm_header
 from pubsubclub.federation.receiving import Receiving
+from pubsubclub.federation.relay import Relay
 from pubsubclub.federation.replay import Inbox, Outbox
 from pubsubclub.federation.retained import ClusterRetained
 from pubsubclub.federation.retry import RetryPolicy
@@ -80,7 +81,7 @@ from pubsubclub.net.ratelog import RateLimitedLog
 log = Logger()
 
 
-class Federation(Dialling, Interest, Forwarding, Receiving):
+class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
     """All PSC links of one node (both roles), driven by the hub and discovery."""
 
     def __init__(
@@ -191,6 +192,12 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         #: Forwarded PSC301s not yet in the metrics: (topic, link) -> [messages, bytes], and how many in all.
         self._forwarded: dict[tuple[str, Any], list[int]] = {}
         self._forwarded_n = 0
+        self.worker_prefix = None
+        self.learn_from_peers = True
+        self.unlisted = set()
+        self._relay_sent = {}
+        self._relay_sent_patterns = {}
+        self._relay_hint = None
         self.metrics.add_settler(self._settle)
         hub.add_interest_listener(self)
         hub.add_pattern_listener(self)
@@ -305,6 +312,10 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
 
     def link_open(self, session: LinkSession) -> None:
         """Handshake done: the consumer sends its whole interest in one PSC201."""
+        if self.worker_prefix is not None:
+            link = self._links.get(session)
+            if not self.mark_worker(session, None if link is None else link.transport):
+                return
         if session.role is Role.CONSUMER:
             existing = None
             if session.peer_node is not None:
@@ -334,10 +345,18 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
                     self._reactor.callLater(0, self._forget_learned, server)
                 return
             self._producers[session] = None
-            topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
+            if self.worker_prefix is None:
+                topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
+            else:
+                topics = self.relay_topics(session)
             if session.with_replay and self.inbox is not None:
                 epoch, seq = self.inbox.position(session.peer_node or session.peer)
-                patterns = tuple(self._announced) if session.with_patterns else None
+                if not session.with_patterns:
+                    patterns = None
+                elif self.worker_prefix is None:
+                    patterns = tuple(self._announced)
+                else:
+                    patterns = self.relay_patterns(session)
                 session.send(psc.Resume(epoch, seq, tuple(topics), patterns))
             elif topics:
                 session.send(psc.Subscribe(tuple(topics)))
@@ -394,6 +413,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
         peer = session.peer_node or session.peer
         for topic in topics:
             self.hub.remote_subscribed(topic, peer)
+        self._relay_hint = topics  # the relay then looks at these topics only (relay.py)
         self._remote_topics_changed()
 
     def _supersede_ghosts(self, session: LinkSession) -> None:
@@ -461,6 +481,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving):
             sessions.pop(session, None)
             if not sessions:
                 del self._by_topic[topic]
+        self._relay_hint = (topic,)
         self._remote_topics_changed()
 
     def link_pattern(self, session: LinkSession, pattern: Pattern, added: bool) -> None:

@@ -9,7 +9,7 @@ streams; sent here and counted once per read of the metrics.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.logger import Logger
 
@@ -61,6 +61,13 @@ class Forwarding(FederationState):
         """Whether a local publish on ``topic`` would go to some other node (a consumer or replay stream wants it)."""
         outbox = self.outbox
         return bool(self._by_topic.get(topic)) or (outbox is not None and outbox.wants(topic))
+
+    if TYPE_CHECKING:
+
+        def relay_targets(
+            self, origin: LinkSession, sessions: dict[LinkSession, None] | None, streams: dict[Stream, None] | None
+        ) -> tuple[dict[LinkSession, None] | None, dict[Stream, None] | None]:
+            """Relay: the consumers a message received on ``origin`` goes on to (relay.py)."""
 
     def forward_problem(self, envelope: Envelope) -> str | None:
         """Why a local publish cannot cross the links (its PSC301 is over the link frame limit), or None.
@@ -122,11 +129,13 @@ class Forwarding(FederationState):
             )  # fmt: skip
         return rich
 
-    def local_published(self, envelope: Envelope) -> None:
+    def local_published(self, envelope: Envelope, relayed_from: LinkSession | None = None) -> None:
         """Forward a local publish to each consumer that asked for its topic.
 
         Counted as forwarded in :attr:`_forwarded`, added to the metrics before
         any read of them (:meth:`_settle`): the same totals, no per-message call.
+        ``relayed_from``: the primary worker relays a message received on that
+        link, to the consumers split horizon leaves (federation/relay.py).
         """
         topic = envelope.topic
         sessions = self._by_topic.get(topic)
@@ -134,6 +143,10 @@ class Forwarding(FederationState):
         streams = None if outbox is None else outbox.streams_for(topic)
         if not sessions and not streams:
             return
+        if relayed_from is not None:
+            sessions, streams = self.relay_targets(relayed_from, sessions, streams)
+            if not sessions and not streams:
+                return
         plain: bytes | None = None
         rich: bytes | None = None
         forwarded = self._forwarded

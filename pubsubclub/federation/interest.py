@@ -8,6 +8,7 @@ interest (topics and patterns consumers asked for, for the hub and /stats).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from twisted.internet import defer
 from twisted.logger import Logger
@@ -29,10 +30,21 @@ INTEREST_SETTLE_TIMEOUT = 5.0
 class Interest(FederationState):
     """Interest in both directions (a part of :class:`Federation`)."""
 
+    if TYPE_CHECKING:
+
+        def sync_relay_interest(self) -> None:
+            """Relay: tell every producer what it is now asked for (relay.py)."""
+
+        def sync_relay_topics(self, topics: tuple[str, ...]) -> None:
+            """Relay: the same, for ``topics`` only (relay.py)."""
+
     # -- hub listeners -----------------------------------------------------
 
     def topic_added(self, topic: str) -> None:
         """First local subscriber: ask every producer for the topic."""
+        if self.worker_prefix is not None:
+            self.sync_relay_topics((topic,))
+            return
         if self._producers and topic != GAP_TOPIC:
             data = psc.encode(psc.Subscribe((topic,)))
             for session in self._producers:
@@ -57,6 +69,9 @@ class Interest(FederationState):
 
     def topic_removed(self, topic: str) -> None:
         """Last local subscriber gone: tell every producer."""
+        if self.worker_prefix is not None:
+            self.sync_relay_topics((topic,))
+            return
         if self._producers and topic != GAP_TOPIC:
             data = psc.encode(psc.Unsubscribe(topic))
             for session in self._producers:
@@ -95,6 +110,9 @@ class Interest(FederationState):
         self._send_to_pattern_producers(psc.encode(message))
 
     def _send_to_pattern_producers(self, data: bytes) -> None:
+        if self.worker_prefix is not None:
+            self.sync_relay_interest()  # the relay tells each producer its own set (relay.py)
+            return
         for session in self._producers:
             if session.with_patterns:
                 session.send_raw(data)

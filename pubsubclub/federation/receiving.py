@@ -38,6 +38,9 @@ class Receiving(FederationState):
         def _remote_topics_changed(self) -> None:
             """Tell the remote-topics listeners (:class:`~pubsubclub.federation.interest.Interest`)."""
 
+        def relayed(self, session: LinkSession, envelopes: Iterator[Envelope]) -> Iterator[Envelope]:
+            """Relay: ``envelopes``, each forwarded on once delivered (relay.py)."""
+
     def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
         """0.3: a consumer resumes its stream; answer PSC104, resend what it missed, then go live."""
         assert self.outbox is not None  # 0.3 is offered only with an outbox
@@ -119,8 +122,11 @@ class Receiving(FederationState):
         metrics = hub.metrics
         received: dict[str, list[int]] = {}
         latencies: dict[str, list[float]] = {}
+        envelopes = self._envelopes(session, messages, sizes, received, latencies)
+        if self.worker_prefix is not None:  # the primary worker: relayed on as well (relay.py)
+            envelopes = self.relayed(session, envelopes)
         try:
-            hub.deliver_remote_batch(self._envelopes(session, messages, sizes, received, latencies))
+            hub.deliver_remote_batch(envelopes)
         finally:
             n = 0
             peer = session.peer_node or session.peer

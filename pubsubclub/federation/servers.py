@@ -128,13 +128,16 @@ class Dialling(FederationState):
         """Handshake headers telling a peer where to reach us and whom we dial (both directions)."""
         if not self.learn_peers:
             return {}
-        headers = {PEERS_HEADER: " ".join(list(self._servers)[:MAX_LEARNED_PER_LINK])}
+        listed = [url for url in self._servers if url not in self.unlisted]  # never a node's own workers
+        headers = {PEERS_HEADER: " ".join(listed[:MAX_LEARNED_PER_LINK])}
         if self.announce_url is not None:
             headers[ADVERTISE_HEADER] = self.announce_url
         return headers
 
     def _learn(self, heard: tuple[str | None, str | None]) -> None:
         """Dial the nodes a peer told us about in its handshake that we do not dial yet."""
+        if not self.learn_from_peers:
+            return  # a worker other than the primary: its one peer is the primary
         advertised, peers = heard
         urls = ([advertised] if advertised else []) + (peers.split()[:MAX_LEARNED_PER_LINK] if peers else [])
         for url in urls:

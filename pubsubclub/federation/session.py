@@ -147,6 +147,8 @@ class LinkSession:
         self.resumed = False
         #: The consumer at the other end has sent its first PSC201 (producer role).
         self.topics_heard = False
+        #: A link to one of this node's own workers (federation/relay.py): messages on it are relayed.
+        self.worker = False
         self._send = send
         self._owner = owner
         self._versions = versions

@@ -47,3 +47,15 @@ class FederationState:
     _held: dict[Pattern, None]
     _forwarded: dict[tuple[str, Any], list[int]]
     _forwarded_n: int
+    #: The primary worker's workers' node id prefix (federation/relay.py); None: no relaying.
+    worker_prefix: str | None
+    #: Dial the URLs peers tell in their handshakes (off in a node's workers other than the primary).
+    learn_from_peers: bool
+    #: Server URLs never told to peers (the primary's workers).
+    unlisted: set[str]
+    #: Relay: what each producer was last asked for.
+    _relay_sent: dict[LinkSession, set[str]]
+    #: Relay: the topics whose consumers changed, when only those did (else None: look at everything).
+    _relay_hint: tuple[str, ...] | None
+    #: Relay: which patterns each 0.5 producer was last asked for.
+    _relay_sent_patterns: dict[LinkSession, set[Pattern]]

@@ -83,6 +83,8 @@ class FrontendSpec:
     early: bool = False
     #: The counter vocabularies it reports under (core/counters.py component names), for docs and checks.
     counters: tuple[str, ...] = ()
+    #: It owns one resource (a store, a log, a kernel queue): with ``--workers``, only the primary worker runs it.
+    single_resource: bool = False
 
     @property
     def config_key(self) -> str:

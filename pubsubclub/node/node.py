@@ -20,7 +20,7 @@ from dataclasses import fields, replace
 from typing import Any
 
 from twisted.internet import defer, task, threads
-from twisted.internet.endpoints import serverFromString
+from twisted.internet.endpoints import UNIXClientEndpoint, UNIXServerEndpoint, serverFromString
 from twisted.internet.interfaces import IListeningPort, IReactorThreads
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -41,9 +41,20 @@ from pubsubclub.frontends import registry
 from pubsubclub.frontends.base import HTTP_REFUSAL, Frontend, listen_url
 from pubsubclub.frontends.registry import FrontendContext, FrontendSpec
 from pubsubclub.net.edge import Edge, EdgeLimits, EdgeSettings, handshake_done
-from pubsubclub.node.ops import HealthResource, StatsResource, traffic
+from pubsubclub.node.ops import (
+    HealthResource,
+    MetricsTextResource,
+    StatsResource,
+    WorkersMetricsResource,
+    WorkersStatsResource,
+    traffic,
+)
+from pubsubclub.node.workers import WorkerPlace
 
 log = Logger()
+
+#: Longest a worker other than the primary waits for its links to the primary before it says it is ready, seconds.
+WORKER_LINK_WAIT = 30.0
 
 
 def edge_limits(config: NodeConfig, listener: str) -> EdgeLimits:
@@ -131,14 +142,25 @@ def federation_settings(config: NodeConfig) -> FederationSettings:
     )
 
 
-def build_federation(hub: Hub, config: NodeConfig, reactor: Any) -> Federation:
-    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``."""
-    return Federation(
-        hub,
-        federation_settings(config),
-        reactor=reactor,
-        endpoint_factory=functools.partial(endpoint_for_url, trust_root=config.trust_root()),
-    )
+def build_federation(hub: Hub, config: NodeConfig, reactor: Any, place: WorkerPlace | None = None) -> Federation:
+    """The federation of ``config.federation`` (and the node-wide limits) around ``hub``.
+
+    A worker (``place``) dials its fellow workers' URLs over their Unix sockets.
+    """
+    tcp = functools.partial(endpoint_for_url, trust_root=config.trust_root())
+    endpoint_factory: Any = tcp
+    if place is not None and place.count > 1:
+
+        def endpoint_factory(reactor: Any, url: str) -> Any:
+            path = place.socket_for_url(url)
+            return tcp(reactor, url) if path is None else UNIXClientEndpoint(reactor, path, timeout=5)
+
+    federation = Federation(hub, federation_settings(config), reactor=reactor, endpoint_factory=endpoint_factory)
+    if place is not None and not place.primary:
+        federation.learn_from_peers = False  # its one peer is the primary, whose peers are not its business
+    if place is not None and place.primary and place.count > 1:
+        federation.enable_relay(f"{place.node_id}.w", {place.psc_url(i) for i in range(1, place.count)})
+    return federation
 
 
 def _world_readable(path: str) -> bool:
@@ -176,11 +198,26 @@ class _QuietSite(Site):
 class Node:
     """A running ``pubsubclub node``."""
 
-    def __init__(self, config: NodeConfig, reactor: Any = None, bridge: bool = False) -> None:
-        """A node; with ``bridge``, a bridge node: its only front-end is the router of ``config.bridge``."""
+    def __init__(
+        self,
+        config: NodeConfig,
+        reactor: Any = None,
+        bridge: bool = False,
+        place: WorkerPlace | None = None,
+        declared: NodeConfig | None = None,
+    ) -> None:
+        """A node; with ``bridge``, a bridge node: its only front-end is the router of ``config.bridge``.
+
+        ``place``: this process is one of a node's workers (pubsubclub/node/workers.py), ``config`` its
+        worker's config, ``declared`` the node's as given (its listeners, for the exposure warnings).
+        """
         if reactor is None:
             from twisted.internet import reactor
         self.config = config
+        #: Which worker of its node this process is; None: the node is this one process.
+        self.place = place
+        #: The configuration as the operator gave it (a worker's ``config`` has inherited sockets instead).
+        self.declared = declared or config
         self.reactor = reactor
         #: WAMP principals and roles (``--auth``); None: every client anonymous, everything allowed.
         self.auth = config.auth_policy()
@@ -195,7 +232,7 @@ class Node:
             # The node announces at most this many patterns to a peer: holding more would be silent.
             max_patterns=config.federation.max_patterns_per_peer,
         )
-        self.federation = build_federation(self.hub, config, reactor)
+        self.federation = build_federation(self.hub, config, reactor, place)
         #: The connection layer every listener stands on (pubsubclub/net): deadlines, caps, pending bytes.
         self.edge = Edge(
             reactor,
@@ -224,6 +261,8 @@ class Node:
         self.frontend_specs: list[FrontendSpec] = [s for s in registry.specs() if s.mode == mode]
         for spec in self.frontend_specs:
             section = self.section_of(spec)
+            if spec.single_resource and place is not None and not place.primary:
+                continue  # the primary worker runs it (docs/architecture.md, "Workers")
             if spec.enabled(section):
                 frontend = spec.build(self.hub, section, context)
                 frontend.edge = self.edge
@@ -304,6 +343,7 @@ class Node:
             **self._frontend_stats(),
             "edge": self.edge.stats(),
             "logins": None if self.login_throttle is None else self.login_throttle.stats(),
+            **({} if self.place is None else {"worker": {"index": self.place.index, "pid": os.getpid()}}),
         }
 
     def _frontend_stats(self) -> dict[str, Any]:
@@ -321,7 +361,8 @@ class Node:
 
     def _warn_about_exposure(self) -> None:
         config = self.config
-        public = [key for key, value in self.listeners().items() if binds_beyond_loopback(value)]
+        listeners = self.listeners() if self.place is None else self.declared.listeners()
+        public = [key for key, value in listeners.items() if binds_beyond_loopback(value)]
         if public and config.federation.cluster_secret_file is None:
             log.warn(
                 "SECURITY WARNING: listeners {keys} accept connections beyond this host and there is no"
@@ -365,15 +406,18 @@ class Node:
 
     async def start(self) -> dict[str, str]:
         """Listen, link to the configured peers, and return the node's URLs."""
-        for warning in self.config.warnings:
-            log.warn("{warning}", warning=warning)
-        self._warn_about_exposure()
+        if self.place is None or self.place.primary:  # said once per node, not once per worker
+            for warning in self.config.warnings:
+                log.warn("{warning}", warning=warning)
+            self._warn_about_exposure()
         early = {s.name for s in self.frontend_specs if s.early}
         for name, frontend in self.frontends_by_name.items():
             if name in early:
                 await self._listen_frontend(frontend)
         await self._listen_psc()
         await self._listen_ops()
+        if self.place is not None and self.place.count > 1:
+            await self._listen_workers(self.place)
         for name, frontend in self.frontends_by_name.items():
             if name not in early:
                 await self._listen_frontend(frontend)
@@ -425,8 +469,15 @@ class Node:
             return
         ops = Resource()
         ops.putChild(b"health", HealthResource(self))
-        ops.putChild(b"stats", StatsResource(self.stats))
-        ops.putChild(b"metrics", self._prometheus_resource())
+        place = self.place
+        if place is not None and place.count > 1:
+            # The primary's /stats and /metrics are the node's: its own and its workers' (node/ops.py).
+            sockets = [place.ops_socket(i) for i in range(1, place.count)]
+            ops.putChild(b"stats", WorkersStatsResource(self.stats, sockets, self.reactor))
+            ops.putChild(b"metrics", WorkersMetricsResource(self._prometheus_text, sockets, self.reactor))
+        else:
+            ops.putChild(b"stats", StatsResource(self.stats))
+            ops.putChild(b"metrics", self._prometheus_resource())
         for frontend in self.frontends:
             for path, resource in frontend.operations().items():
                 ops.putChild(path, resource)
@@ -435,6 +486,51 @@ class Node:
         self.ports.append(port)
         self.urls["health"] = listen_url(port, "http", "/health")
         self.urls["ops"] = listen_url(port, "http", "/")
+
+    async def _listen_workers(self, place: WorkerPlace) -> None:
+        """Links between the node's workers: each accepts PSC links on its Unix socket in the 0700 folder.
+
+        The primary dials every other worker and they dial it (one link each
+        way, as between nodes); every other worker also serves its /stats and
+        /health on a Unix socket, which the primary's /stats adds up.
+        """
+        path = place.psc_socket(place.index)
+        if os.path.exists(path):
+            os.unlink(path)  # left by this worker's previous process
+        root = Resource()
+        root.putChild(b"psc", self.federation.resource())
+        self.ports.append(await UNIXServerEndpoint(self.reactor, path, mode=0o600).listen(Site(root)))
+        if place.primary:
+            for index in range(1, place.count):
+                defer.ensureDeferred(self._dial_worker(place, index))
+            return
+        ops = Resource()
+        ops.putChild(b"health", HealthResource(self))
+        ops.putChild(b"stats", StatsResource(self.stats))
+        ops.putChild(b"metrics", MetricsTextResource(self._prometheus_text))
+        path = place.ops_socket(place.index)
+        if os.path.exists(path):
+            os.unlink(path)
+        self.ports.append(await UNIXServerEndpoint(self.reactor, path, mode=0o600).listen(_QuietSite(ops)))
+        await self._dial_worker(place, 0)
+        # Ready once linked to the primary both ways (so the node's ready line means every worker reaches the
+        # cluster), or after WORKER_LINK_WAIT seconds anyway: the links keep being retried.
+        deadline = self.reactor.seconds() + WORKER_LINK_WAIT
+        while self.federation.open_links() < 2:
+            if self.reactor.seconds() > deadline:
+                log.warn("worker {index}: not linked to the primary after {s} s; ready anyway", index=place.index,
+                         s=WORKER_LINK_WAIT)  # fmt: skip
+                break
+            await task.deferLater(self.reactor, 0.05, lambda: None)
+
+    async def _dial_worker(self, place: WorkerPlace, index: int) -> None:
+        """Link to worker ``index`` once its socket exists (workers start together; a first dial that finds
+        nothing would wait out a whole retry delay), or after WORKER_LINK_WAIT seconds anyway."""
+        deadline = self.reactor.seconds() + WORKER_LINK_WAIT
+        while not os.path.exists(place.psc_socket(index)) and self.reactor.seconds() < deadline:
+            await task.deferLater(self.reactor, 0.02, lambda: None)
+        if self.state not in ("stopping", "stopped"):
+            self.federation.add_server(place.psc_url(index))
 
     def _start_discovery(self) -> None:
         """Register in Consul and follow the service's healthy instances (after the listeners are up)."""
@@ -461,8 +557,13 @@ class Node:
 
     def _prometheus_resource(self) -> Any:
         """``GET /metrics`` in the Prometheus text format (same counters as the dumps)."""
-        from prometheus_client import CollectorRegistry
         from prometheus_client.twisted import MetricsResource
+
+        return MetricsResource(self._prometheus_registry())
+
+    def _prometheus_registry(self) -> Any:
+        """The registry ``/metrics`` is made from."""
+        from prometheus_client import CollectorRegistry
 
         registry = CollectorRegistry()
         registry.register(
@@ -470,7 +571,13 @@ class Node:
                 self.metrics, self.subscriber_gauges, self.federation.links, self.config.metrics.max_topics
             )
         )
-        return MetricsResource(registry)
+        return registry
+
+    def _prometheus_text(self) -> bytes:
+        """This process's ``/metrics`` text."""
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self._prometheus_registry()))
 
     async def stop(self) -> None:
         """Graceful shutdown: leave discovery, stop accepting, say goodbye to clients, close links."""

@@ -62,13 +62,30 @@ class readable_retries:  # noqa: N801 (an observer wrapper, used like a function
         self.observer(event)
 
 
-def start_logging(level: str) -> None:
-    """Log to stderr at ``level`` and above (Twisted's "Starting factory" lines at debug only)."""
+@implementer(ILogObserver)
+class tagged:  # noqa: N801 (an observer wrapper, used like a function)
+    """``observer``, with ``tag`` before every event's namespace (a worker's lines say which worker wrote them)."""
+
+    def __init__(self, observer: ILogObserver, tag: str) -> None:
+        self.observer = observer
+        self.tag = tag
+
+    def __call__(self, event: Any) -> None:
+        """Pass ``event`` on, its namespace tagged."""
+        event = {**event, "log_namespace": f"{self.tag} {event.get('log_namespace', '-')}"}
+        if "log_system" in event:  # Twisted's legacy lines show their system instead of the namespace
+            event["log_system"] = f"{self.tag} {event['log_system']}"
+        self.observer(event)
+
+
+def start_logging(level: str, tag: str | None = None) -> None:
+    """Log to stderr at ``level`` and above (Twisted's "Starting factory" lines at debug only); ``tag``: see tagged."""
     threshold = LogLevel.levelWithName(level)
     predicate = LogLevelFilterPredicate(defaultLogLevel=threshold)
-    observer = FilteringLogObserver(
-        readable_retries(textFileLogObserver(sys.stderr)), [chatter_below(threshold), predicate]
-    )
+    output: ILogObserver = readable_retries(textFileLogObserver(sys.stderr))
+    if tag is not None:
+        output = tagged(output, tag)
+    observer = FilteringLogObserver(output, [chatter_below(threshold), predicate])
     globalLogBeginner.beginLoggingTo([observer], redirectStandardIO=False)
 
 
@@ -102,7 +119,10 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     ``on_ready(node)`` runs once the node is up and has printed its ready line
     (the link bench drives the node's hub from inside the process with it).
     """
-    start_logging(config.node.log_level)
+    from pubsubclub.node.workers import WorkerPlace, worker_config
+
+    place = None if bridge else WorkerPlace.from_environment()
+    start_logging(config.node.log_level, None if place is None else f"worker {place.index}")
     import txaio
 
     txaio.use_twisted()
@@ -111,9 +131,13 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     from pubsubclub.node.node import Node, print_ready
 
     exit_code = [0]
+    declared = config
+    if place is not None:
+        config = worker_config(config, place)
+        _stop_with_supervisor()
 
     async def start() -> None:
-        node = Node(config, reactor, bridge=bridge)
+        node = Node(config, reactor, bridge=bridge, place=place, declared=declared)
         try:
             urls = await node.start()
         except CannotListenError as e:  # a port in use is a configuration error: name the flag, exit 2
@@ -147,6 +171,26 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     return exit_code[0]
+
+
+def _stop_with_supervisor() -> None:
+    """A worker gets SIGTERM when its supervisor dies (Linux ``PR_SET_PDEATHSIG``): no orphaned workers.
+
+    Elsewhere (or without libc) nothing is set; a supervisor that is
+    SIGKILLed then leaves its workers to be stopped by hand.
+    """
+    import ctypes
+    import ctypes.util
+    import os
+
+    pr_set_pdeathsig = 1
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() == 1:  # the supervisor died before prctl: it will not be signalled
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _stop_on_signals(reactor: Any) -> None:

@@ -71,5 +71,6 @@ register(
         enabled=lambda section: section.listen is not None,
         endpoints=lambda section: {"nsd": section.listen},
         counters=("nsd",),
+        single_resource=True,  # its SQLite store
     )
 )

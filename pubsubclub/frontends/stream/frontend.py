@@ -25,5 +25,6 @@ register(
         enabled=lambda section: section.listen is not None,
         endpoints=lambda section: {"stream": section.listen},
         counters=("stream",),
+        single_resource=True,  # its log and committed offsets
     )
 )

@@ -237,5 +237,6 @@ register(
         build=build,
         enabled=lambda section: section.key is not None,
         counters=("sysv",),
+        single_resource=True,  # one kernel queue and its saved registry
     )
 )

@@ -1,0 +1,338 @@
+"""A node with ``--workers 2``: one node to the cluster, clients on both workers, restarts and stops.
+
+Real processes: a 2-worker node ``wk`` and a plain node ``other`` linked to it,
+Autobahn-Python sessions on both. Which worker a session landed on is read
+from the node's /stats (``workers``: each worker's WAMP sessions).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import pytest_twisted
+from autobahn.wamp.types import SubscribeOptions
+from helpers.nodes import REPO, NodeProcess
+from helpers.polling import WAIT_SECONDS, until, wait_until
+from helpers.prometheus import metric_value
+from helpers.rawws import RECV_SECONDS
+from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect as ws_connect
+
+pytestmark = pytest.mark.slow
+
+TOPIC = "com.example.workers"
+#: Most sessions opened to land one on a given worker (the kernel picks a worker per connection).
+MAX_TRIES = 40
+
+
+@pytest.fixture(scope="module")
+def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NodeProcess, NodeProcess]]:
+    """``wk`` (2 workers) and ``other`` (1 process), each the other's peer."""
+    tmp = tmp_path_factory.mktemp("workers")
+    wk = NodeProcess("wk", tmp, extra=("--workers", "2", "--shutdown-timeout", "3"))
+    other = NodeProcess("other", tmp)
+    wk.peers = [other.psc_url]
+    other.peers = [wk.psc_url]
+    wk.start()
+    other.start()
+    yield wk, other
+    other.stop()
+    wk.stop()
+
+
+def rows(node: NodeProcess) -> list[dict[str, Any]]:
+    """The node's workers as /stats lists them."""
+    return list(node.stats()["workers"])
+
+
+def sessions_by_worker(node: NodeProcess) -> list[int]:
+    """WAMP sessions open on each worker (-1 for one that does not answer)."""
+    return [row["wamp_sessions"] if row["state"] == "up" else -1 for row in rows(node)]
+
+
+async def session_on(node: NodeProcess, index: int, extra: list[Any]) -> Any:
+    """A session that landed on worker ``index``; sessions that landed elsewhere go to ``extra`` (still open)."""
+    for _ in range(MAX_TRIES):
+        before = sessions_by_worker(node)
+        expected = sum(before) + 1
+        session = await connect(node.wamp_url)
+        await until(lambda n=expected: sum(sessions_by_worker(node)) == n, "the session counted")
+        after = sessions_by_worker(node)
+        if after[index] == before[index] + 1:
+            return session
+        extra.append(session)
+    raise AssertionError(f"no session landed on worker {index} in {MAX_TRIES} tries")
+
+
+def wants(node: NodeProcess, index: int, topic: str, peer: str) -> bool:
+    """Whether worker ``index`` of ``node`` knows that ``peer`` wants ``topic`` from it."""
+    row = rows(node)[index]
+    return row["state"] == "up" and peer in (row["remote_interest"] or {}).get(topic, [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_each_worker_gets_other_nodes_and_other_workers_messages_once(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """A client on each worker gets a message published on another node, and one from the other worker, once."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    topic = f"{TOPIC}.once"
+    rec0, _ = await subscribe(s0, topic)
+    rec1, _ = await subscribe(s1, topic)
+    rec_remote, _ = await subscribe(remote, topic)
+    # Each worker knows the others want the topic; other knows wk does, and wk (the primary) knows other does.
+    await until(lambda: wants(wk, 1, topic, "wk"), "worker 1 to learn the primary's interest")
+    await until(lambda: "wk.w1" in wk.stats()["remote_interest"].get(topic, []), "the primary: worker 1's interest")
+    await until(lambda: "wk" in other.stats()["remote_interest"].get(topic, []), "other: wk's interest")
+    await until(lambda: "other" in wk.stats()["remote_interest"].get(topic, []), "wk: other's interest")
+    for i in range(5):
+        await publish_acked(remote, topic, "remote", i)
+    await publish_acked(remote, topic, "remote", "end")
+    for i in range(5):
+        await publish_acked(s1, topic, "w1", i)
+    await publish_acked(s1, topic, "w1", "end")
+    for i in range(5):
+        await publish_acked(s0, topic, "w0", i)
+    await publish_acked(s0, topic, "w0", "end")
+
+    def got(rec: Any, origin: str) -> list[Any]:
+        return [args[1] for args, _ in rec.events if args[0] == origin]
+
+    expected = [0, 1, 2, 3, 4, "end"]
+    await rec0.wait_until(lambda r: "end" in got(r, "remote") and "end" in got(r, "w1"))
+    await rec1.wait_until(lambda r: "end" in got(r, "remote") and "end" in got(r, "w0"))
+    await rec_remote.wait_until(lambda r: "end" in got(r, "w1") and "end" in got(r, "w0"))
+    # FIFO per (origin, topic): a duplicate would have come before "end".
+    assert got(rec0, "remote") == expected and got(rec0, "w1") == expected and got(rec0, "w0") == []
+    assert got(rec1, "remote") == expected and got(rec1, "w0") == expected and got(rec1, "w1") == []
+    assert got(rec_remote, "w0") == expected and got(rec_remote, "w1") == expected
+    # To the other node wk is one node: one link each way, no worker URL learned.
+    assert other.stats()["servers"] == [wk.psc_url]
+    assert sorted(link["peer_node"] for link in other.stats()["links"] if link["state"] == "open") == ["wk", "wk"]
+    await leave(s0, s1, remote, *extra)
+
+
+def received_from(node: NodeProcess, peer: str) -> int:
+    """Messages the node's primary received from ``peer`` (a worker or another node)."""
+    return int(node.stats()["traffic"]["peers"].get(peer, {}).get("received", 0))
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_topic_nobody_else_wants_stays_in_its_worker(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """Interest is as tight as between nodes: worker 1's publishes on a topic no other worker wants stay there."""
+    wk, _ = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    marker = f"{TOPIC}.tight.marker"
+    rec0, _ = await subscribe(s0, marker)
+    await until(lambda: wants(wk, 1, marker, "wk"), "worker 1 to learn the primary's interest in the marker")
+    before = received_from(wk, "wk.w1")
+    for i in range(5):
+        await publish_acked(s1, f"{TOPIC}.tight.unwanted", i)
+    await publish_acked(s1, marker, "end")
+    await rec0.wait_for(1)
+    assert received_from(wk, "wk.w1") == before + 1  # the marker only
+    await leave(s0, s1, *extra)
+
+
+def wants_pattern(node: NodeProcess, index: int, prefix: str, peer: str) -> bool:
+    """Whether worker ``index`` of ``node`` knows that ``peer`` holds the prefix pattern ``prefix``."""
+    row = rows(node)[index]
+    return row["state"] == "up" and peer in (row["remote_patterns"] or {}).get(f"prefix:{prefix}", [])
+
+
+@pytest_twisted.ensureDeferred
+async def test_prefix_subscriptions_span_workers_and_nodes(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """A prefix subscription on worker 1 and one on another node each get every matching message once."""
+    wk, other = nodes
+    prefix = f"{TOPIC}.p."
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    rec1, rec_remote = Recorder(), Recorder()
+    await s1.subscribe(rec1, prefix, options=SubscribeOptions(match="prefix"))
+    await remote.subscribe(rec_remote, prefix, options=SubscribeOptions(match="prefix"))
+    await until(lambda: wants_pattern(wk, 0, prefix, "wk.w1"), "the primary: worker 1's pattern")
+    await until(lambda: wants_pattern(wk, 0, prefix, "other"), "the primary: other's pattern")
+    await until(lambda: wants_pattern(wk, 1, prefix, "wk"), "worker 1: the primary's pattern")
+    await until(lambda: "wk" in other.stats()["remote_patterns"].get(f"prefix:{prefix}", []), "other: wk's pattern")
+    await publish_acked(remote, f"{prefix}a", "remote")
+    await publish_acked(s0, f"{prefix}b", "w0")
+    await publish_acked(s1, f"{prefix}c", "w1")
+    await publish_acked(remote, f"{prefix}a", "end")
+    await publish_acked(s0, f"{prefix}b", "end")
+    await publish_acked(s1, f"{prefix}c", "end")
+    await rec1.wait_until(lambda r: r.args.count("end") == 2)
+    await rec_remote.wait_until(lambda r: r.args.count("end") == 2)
+    assert sorted(rec1.args) == sorted(["remote", "w0", "end", "end"])
+    assert sorted(rec_remote.args) == sorted(["w0", "w1", "end", "end"])
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """/stats counts the node as a whole (hub counters, WAMP sessions summed); /metrics labels each worker's."""
+    wk, _ = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    await publish_acked(s0, f"{TOPIC}.sum", 1)
+    await publish_acked(s1, f"{TOPIC}.sum", 2)
+    stats = wk.stats()
+    workers = stats["workers"]
+    assert [row["index"] for row in workers] == [0, 1] and all(row["state"] == "up" for row in workers)
+    assert workers[0]["hub"]["published"] >= 1 and workers[1]["hub"]["published"] >= 1
+    assert stats["hub"]["published"] == sum(row["hub"]["published"] for row in workers)
+    assert stats["wamp"]["sessions"] == sum(row["wamp_sessions"] for row in workers) == 2 + len(extra)
+    assert wk.health()[1]["workers"] == {"count": 2, "linked": 2}
+    # /metrics: every worker's series, labelled by worker.
+    text = wk.metrics()
+    published = [metric_value(text, "pubsubclub_events_total", event="published", worker=w) for w in ("0", "1")]
+    assert published[0] >= 1 and published[1] >= 1
+    await leave(s0, s1, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_killed_worker_is_restarted_and_its_clients_come_back_without_duplicates(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """kill -9 of worker 1: it is restarted, its clients reconnect, and the others get each message once."""
+    wk, other = nodes
+    topic = f"{TOPIC}.restart"
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    rec0, _ = await subscribe(s0, topic)
+    rec_remote, _ = await subscribe(remote, topic)
+    old_pid = rows(wk)[1]["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+    await until(lambda: rows(wk)[1].get("pid") not in (None, old_pid), "worker 1 restarted", timeout=WAIT_SECONDS)
+    assert wk.proc is not None and wk.proc.poll() is None  # the node itself lives on
+    await until(lambda: not s1.is_attached(), "worker 1's old client to see its connection end")
+    back = await session_on(wk, 1, extra)
+    await until(lambda: wants(wk, 1, topic, "wk"), "the new worker 1 to learn the primary's interest")
+    await until(lambda: "wk" in other.stats()["remote_interest"].get(topic, []), "other: wk's interest")
+    for i in range(3):
+        await publish_acked(back, topic, "w1", i)
+    await publish_acked(back, topic, "w1", "end")
+    await publish_acked(remote, topic, "remote", "end")
+
+    def got(rec: Any, origin: str) -> list[Any]:
+        return [args[1] for args, _ in rec.events if args[0] == origin]
+
+    await rec0.wait_until(lambda r: "end" in got(r, "w1") and "end" in got(r, "remote"))
+    await rec_remote.wait_until(lambda r: "end" in got(r, "w1"))
+    assert got(rec0, "w1") == [0, 1, 2, "end"] and got(rec0, "remote") == ["end"]
+    assert got(rec_remote, "w1") == [0, 1, 2, "end"]
+    await leave(s0, back, remote, *extra)
+
+
+def answers(predicate: Any) -> Any:
+    """``predicate``, false while the node's ops listener does not answer (its primary is restarting)."""
+
+    def check() -> bool:
+        try:
+            return bool(predicate())
+        except OSError:
+            return False
+
+    return check
+
+
+@pytest_twisted.ensureDeferred
+async def test_killed_primary_is_restarted_and_the_other_worker_reaches_the_cluster_again(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """kill -9 of the primary (worker 0): it is restarted; a client of worker 1 that stayed trades messages once."""
+    wk, other = nodes
+    topic = f"{TOPIC}.primary"
+    extra: list[Any] = []
+    s1 = await session_on(wk, 1, extra)
+    old_pid = rows(wk)[0]["pid"]
+    os.kill(old_pid, signal.SIGKILL)
+    await until(answers(lambda: rows(wk)[0].get("pid") not in (None, old_pid)), "worker 0 restarted")
+    await until(answers(lambda: wk.health()[1]["workers"]["linked"] == 2), "worker 1 linked to the new primary")
+    assert s1.is_attached()  # worker 1 and its clients lived on
+    rec1, _ = await subscribe(s1, topic)
+    remote = await connect(other.wamp_url)
+    rec_remote, _ = await subscribe(remote, topic)
+    await until(answers(lambda: wants(wk, 1, topic, "wk")), "worker 1: the primary's interest")
+    await until(answers(lambda: "wk" in other.stats()["remote_interest"].get(topic, [])), "other: wk's interest")
+    await until(answers(lambda: "other" in wk.stats()["remote_interest"].get(topic, [])), "wk: other's interest")
+    await publish_acked(remote, topic, "remote")
+    await publish_acked(remote, topic, "end")
+    await publish_acked(s1, topic, "w1")
+    await publish_acked(s1, topic, "end")
+    await rec1.wait_until(lambda r: "end" in r.args)
+    await rec_remote.wait_until(lambda r: "end" in r.args)
+    assert rec1.args == ["remote", "end"] and rec_remote.args == ["w1", "end"]  # a duplicate would precede "end"
+    await leave(s1, remote, *extra)
+
+
+def test_tcp_peer_calling_itself_a_worker_is_refused(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """A peer that names itself wk.w1 over TCP is closed (4508) and the real worker 1 stays linked."""
+    wk, _ = nodes
+    ws = ws_connect(
+        wk.psc_url, subprotocols=["pubsubclub"], open_timeout=5, close_timeout=2, legacy=True,
+        additional_headers={"x-pubsubclub-node": "wk.w1"},
+    )  # fmt: skip
+    try:
+        ws.send(json.dumps([101, [0, 1]]))
+        assert json.loads(ws.recv(timeout=RECV_SECONDS)) == [102, [0, 1]]
+        with pytest.raises(ConnectionClosed) as closed:  # closed at once, before its first PSC201
+            ws.recv(timeout=RECV_SECONDS)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 4508
+    finally:
+        ws.close()
+    assert wk.health()[1]["workers"] == {"count": 2, "linked": 2}
+    worker_links = sorted(link["peer"] for link in wk.stats()["links"] if link["peer_node"] == "wk.w1")
+    assert worker_links == ["unix", "ws://w1.workers.invalid:2/psc"]
+
+
+def test_listener_in_use_stops_the_start_with_an_error(tmp_path: Any) -> None:
+    """A client port already taken: the supervisor exits 2, naming the flag, and starts no worker."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "pubsubclub", "node", "--workers", "2", "--wamp", f"tcp:{port}:interface=127.0.0.1",
+             "--psc", "tcp:0:interface=127.0.0.1"],
+            cwd=REPO, capture_output=True, text=True, timeout=WAIT_SECONDS,
+        )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert f"--wamp tcp:{port}:interface=127.0.0.1: cannot listen" in result.stderr
+    assert "supervising" not in result.stderr
+
+
+def test_sigterm_stops_every_worker(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """SIGTERM to the node stops every worker within the shutdown bound; no process is left (runs last)."""
+    wk, _ = nodes
+    pids = [row["pid"] for row in rows(wk)]
+    assert len(pids) == 2 and all(pids)
+    assert wk.stop() == 0
+
+    def gone(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(lambda: all(gone(pid) for pid in pids), "every worker gone")
