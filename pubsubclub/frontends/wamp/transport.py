@@ -62,7 +62,8 @@ from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
-from pubsubclub.net.wsframes import receive_data, send_message
+from pubsubclub.net.wsframes import direct_frame, receive_data
+from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
@@ -70,8 +71,8 @@ log = Logger()
 _OPEN = WampWebSocketServerProtocol.STATE_OPEN
 
 
-class WampServerProtocol(WampWebSocketServerProtocol):
-    """A WAMP-over-WebSocket server connection driving one BrokerSession."""
+class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # type: ignore[misc]
+    """A WAMP-over-WebSocket server connection driving one BrokerSession (slimmed while idle: net/wsslim.py)."""
 
     _session: Any
     _backlog: SendBacklog | None = None
@@ -106,7 +107,9 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         if self.state != _OPEN:
             return
         data, is_binary = self._serializer.serialize(msg)
-        send_message(self, data, is_binary)
+        frame = direct_frame(self, data, is_binary)
+        if frame is not None:
+            self.queue_frame(frame)
         if self._backlog is not None:
             self._backlog.written(len(data))
 
@@ -124,16 +127,20 @@ class WampServerProtocol(WampWebSocketServerProtocol):
         """
         if self.state != _OPEN:
             return
-        send_message(self, data, self._serializer._serializer.BINARY)
+        # Written with this turn's other frames (net/turnwrite.py): one transport write per turn.
+        frame = direct_frame(self, data, self._serializer._serializer.BINARY)
+        if frame is not None:
+            self.queue_frame(frame)
         if self._backlog is not None:
             self._backlog.written(len(data))
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return unsent_bytes(self.transport, self._backlog)
+        return unsent_bytes(self.transport, self._backlog) + self._turn_bytes
 
     def drop(self, reason: str) -> None:
         """Abort the TCP connection now (a close frame would queue behind the backlog)."""
+        self.discard_frames()
         self.wasClean = False
         self.wasNotCleanReason = reason
         self.dropConnection(abort=True)
@@ -336,6 +343,8 @@ def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResour
         # A client that never finishes the upgrade is closed (the session then has its own join timeout).
         openHandshakeTimeout=router.limits.join_timeout,
     )
+    # The options as class attributes, not copied into every connection (memory per idle session).
+    factory.protocol = slim_protocol(WampServerProtocol, factory)
     return WebSocketResource(factory)
 
 
