@@ -1,8 +1,7 @@
-"""An idle WAMP WebSocket connection keeps little, and a turn's frames reach the transport as one write.
+"""An idle WAMP WebSocket connection keeps little, and still works as Autobahn's does.
 
 In memory: the node's own WAMP factory (``wamp_resource``) on a string
-transport, past a real upgrade and HELLO/WELCOME, with the turn writer on a
-memory clock.
+transport, past a real upgrade and HELLO/WELCOME, timers on a memory clock.
 """
 
 from __future__ import annotations
@@ -20,7 +19,6 @@ from pubsubclub.core.hub import Hub
 from pubsubclub.federation.transport import _bind_timers
 from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.frontends.wamp.transport import wamp_resource
-from pubsubclub.net.turnwrite import TurnWriter
 
 HELLO = b'[1,"realm1",{"roles":{"subscriber":{}}}]'
 
@@ -45,14 +43,7 @@ def _server_frames(data: bytes) -> list[bytes]:
 
 
 class Wire(StringTransport):
-    """A string transport that counts its writes."""
-
-    writes = 0
-
-    def write(self, data: bytes) -> None:
-        """Count, then keep the bytes."""
-        self.writes += 1
-        super().write(data)
+    """A string transport that lets Autobahn unregister a producer it never registered."""
 
     def unregisterProducer(self) -> None:  # noqa: N802 - Twisted API
         """Forget the producer, if any."""
@@ -64,7 +55,6 @@ def joined() -> tuple[Any, Wire, MemoryReactorClock]:
     clock = MemoryReactorClock()
     router = WampRouter(Hub("n1"), call_later=clock.callLater)
     factory = wamp_resource(router)._factory
-    factory.turn_writer = TurnWriter(clock.callLater)
     _bind_timers(factory, clock)
     protocol = factory.buildProtocol(None)
     wire = Wire()
@@ -79,7 +69,6 @@ def joined() -> tuple[Any, Wire, MemoryReactorClock]:
     clock.advance(0)
     assert _server_frames(wire.value().split(b"\r\n\r\n", 1)[1])[0].startswith(b"[2,"), wire.value()
     wire.clear()
-    wire.writes = 0
     return protocol, wire, clock
 
 
@@ -98,38 +87,6 @@ def test_idle_connection_keeps_little() -> None:
     protocol.connectionLost(Failure(ConnectionDone()))
 
 
-def test_turn_frames_are_one_write_in_order() -> None:
-    """Frames sent in one turn reach the transport once, at the end of the turn; anything else flushes them first."""
-    protocol, wire, clock = joined()
-    protocol.send_encoded(b"[36,1,1,{},[1]]")
-    protocol.send_encoded(b"[36,1,2,{},[2]]")
-    assert wire.value() == b""
-    assert protocol.unsent_bytes() >= 2 * (2 + 15)  # queued counts as unsent
-    clock.advance(0)
-    assert wire.writes == 1
-    assert _server_frames(wire.value()) == [b"[36,1,1,{},[1]]", b"[36,1,2,{},[2]]"]
-    wire.clear()
-    # A ping written through Autobahn in the same turn goes after the frames queued before it.
-    protocol.send_encoded(b"[36,1,3,{},[3]]")
-    protocol.sendPing(b"p")
-    frames = wire.value()
-    assert frames[0] == 0x81 and _server_frames(frames)[0] == b"[36,1,3,{},[3]]"
-    assert frames.endswith(b"\x89\x01p")
-    clock.advance(0)
-    protocol.dropConnection(abort=True)
-    protocol.connectionLost(Failure(ConnectionDone()))
-
-
-def test_dropped_connection_writes_nothing_queued() -> None:
-    """A connection dropped (or lost) with frames queued writes none of them afterwards."""
-    protocol, wire, clock = joined()
-    protocol.send_encoded(b"[36,1,1,{},[1]]")
-    protocol.drop("test")
-    protocol.connectionLost(Failure(ConnectionDone()))
-    clock.advance(0)
-    assert wire.value() == b""
-
-
 def test_chopped_send_gets_a_real_queue() -> None:
     """Autobahn's queued sending (chopsize) still works: the queue is made when first needed."""
     from twisted.internet import reactor as global_reactor
@@ -143,5 +100,24 @@ def test_chopped_send_gets_a_real_queue() -> None:
     assert list(protocol.send_queue) == [(b"cd", True), (b"ef", True)]
     for call in set(global_reactor.getDelayedCalls()) - before:
         call.cancel()
+    protocol.dropConnection(abort=True)
+    protocol.connectionLost(Failure(ConnectionDone()))
+
+
+def test_fragmented_text_is_validated_with_a_validator_made_on_use() -> None:
+    """A fragmented non-ASCII text message goes through Autobahn's validator, made then, and is answered."""
+    protocol, wire, clock = joined()
+    message = '[32,7,{},"café.news"]'.encode()
+    cut = message.index(b"\xc3") + 1  # a fragment boundary inside the two-octet character
+    mask = b"abcd"
+
+    def fragment(opcode: int, fin: bool, payload: bytes) -> bytes:
+        body = bytes(b ^ mask[i % 4] for i, b in enumerate(payload))
+        return bytes([(0x80 if fin else 0) | opcode, 0x80 | len(payload)]) + mask + body
+
+    protocol.dataReceived(fragment(1, False, message[:cut]) + fragment(0, True, message[cut:]))
+    clock.advance(0)
+    assert protocol._slim_validator is not None
+    assert _server_frames(wire.value())[0].startswith(b"[33,7,"), wire.value()
     protocol.dropConnection(abort=True)
     protocol.connectionLost(Failure(ConnectionDone()))

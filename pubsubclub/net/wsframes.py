@@ -48,18 +48,6 @@ _LONG = struct.Struct("!BBQ").pack
 
 def send_message(protocol: Any, payload: bytes, binary: bool) -> None:
     """``protocol.sendMessage(payload, binary)``, written directly when nothing but the frame is needed."""
-    frame = direct_frame(protocol, payload, binary)
-    if frame is not None:
-        protocol.transport.write(frame)
-        protocol.trafficStats.outgoingOctetsWireLevel += len(frame)
-
-
-def direct_frame(protocol: Any, payload: bytes, binary: bool) -> bytes | None:
-    """The frame :func:`send_message` would write directly, counted as sent; None: sent through Autobahn instead.
-
-    The caller writes the frame (at once, or with the others of this reactor
-    turn) and adds its length to ``trafficStats.outgoingOctetsWireLevel``.
-    """
     length = len(payload)
     if (
         protocol.state != _OPEN
@@ -72,7 +60,7 @@ def direct_frame(protocol: Any, payload: bytes, binary: bool) -> bytes | None:
         or 0 < protocol.autoFragmentSize < length
     ):
         protocol.sendMessage(payload, binary)
-        return None
+        return
     first = _FIN_BINARY if binary else _FIN_TEXT
     if length <= 125:
         header = bytes((first, length))
@@ -80,12 +68,14 @@ def direct_frame(protocol: Any, payload: bytes, binary: bool) -> bytes | None:
         header = _MEDIUM(first, 126, length)
     else:
         header = _LONG(first, 127, length)
+    frame = header + payload
     stats = protocol.trafficStats
     stats.outgoingWebSocketMessages += 1
     stats.outgoingOctetsAppLevel += length
     stats.outgoingOctetsWebSocketLevel += length
     stats.outgoingWebSocketFrames += 1
-    return header + payload
+    protocol.transport.write(frame)
+    stats.outgoingOctetsWireLevel += len(frame)
 
 
 #: RFC 6455 caps a 64-bit payload length at 2**63 - 1 (Autobahn refuses more).

@@ -36,10 +36,6 @@ from types import FunctionType, MappingProxyType
 from typing import Any, TypeVar
 
 from autobahn.websocket.utf8validator import Utf8Validator
-from twisted.internet.protocol import connectionDone
-from twisted.python.failure import Failure
-
-from pubsubclub.net.turnwrite import turn_writer
 
 __all__ = ["SlimServerProtocol", "slim_protocol"]
 
@@ -49,7 +45,6 @@ _NOTHING_QUEUED: tuple[()] = ()
 #: class defines the name (:func:`slim_protocol`); one missing here just lands in the instance dictionary.
 CONNECTION_STATE = (
     "_backlog", "_perMessageCompress", "_results", "_serializer", "_session", "_slim_queue", "_slim_validator",
-    "_turn_out", "_turn_bytes",
     "_transport_details", "_valid_events", "_wskey", "autoPingPending", "autoPingPendingCall", "autoPingPendingSent",
     "autoPingPendingSeq", "autoPingTimeoutCall", "closeHandshakeTimeoutCall", "closedByMe", "current_frame", "data",
     "droppedByMe", "failedByMe", "http_request_host", "http_request_params", "http_request_path",
@@ -68,16 +63,8 @@ _HANDSHAKE_LEFTOVERS = ("http_headers", "http_request_data", "http_response_data
 
 
 class SlimServerProtocol:
-    """Mixin (before the Autobahn server protocol in the bases): lazy send queue and validator, no handshake text.
+    """Mixin (before the Autobahn server protocol in the bases): lazy send queue and validator, no handshake text."""
 
-    Also the turn's frame queue (:mod:`pubsubclub.net.turnwrite`): :meth:`queue_frame`
-    collects direct-path frames, flushed once at the end of the reactor turn or
-    before anything else this connection writes.
-    """
-
-    #: Frames queued in this reactor turn (None: none), and their bytes.
-    _turn_out: list[bytes] | None
-    _turn_bytes: int
     _slim_queue: deque[Any] | None
     _slim_validator: Any
     http_headers: Any = MappingProxyType({})
@@ -86,8 +73,6 @@ class SlimServerProtocol:
 
     def __init__(self) -> None:
         # Set here, not as class defaults, so the subclass can keep them in slots.
-        self._turn_out = None
-        self._turn_bytes = 0
         self._slim_queue = None
         self._slim_validator = None
         super().__init__()
@@ -103,43 +88,8 @@ class SlimServerProtocol:
         # Autobahn sets a new empty deque at connect: nothing to keep until something is queued.
         self._slim_queue = queue if len(queue) else None
 
-    def queue_frame(self, frame: bytes) -> None:
-        """Write ``frame`` (made by ``wsframes.direct_frame``) with the turn's others, at the end of this turn."""
-        out = self._turn_out
-        if out is None:
-            self._turn_out = [frame]
-            # The factory's own writer when it has one (tests on a memory reactor), else the process's.
-            writer = getattr(self.factory, "turn_writer", None) or turn_writer()  # type: ignore[attr-defined]
-            writer.queue(self)
-        else:
-            out.append(frame)
-        self._turn_bytes += len(frame)
-
-    def flush_frames(self) -> None:
-        """Hand this turn's queued frames to the transport as one write."""
-        out = self._turn_out
-        if out is None:
-            return
-        self._turn_out = None
-        self._turn_bytes = 0
-        data = out[0] if len(out) == 1 else b"".join(out)
-        self.transport.write(data)  # type: ignore[attr-defined]
-        self.trafficStats.outgoingOctetsWireLevel += len(data)  # type: ignore[attr-defined]
-
-    def discard_frames(self) -> None:
-        """Forget the queued frames (the connection is being dropped)."""
-        self._turn_out = None
-        self._turn_bytes = 0
-
-    def connectionLost(self, reason: Failure = connectionDone) -> None:  # noqa: N802 - Twisted API
-        """Gone: nothing queued is written any more."""
-        self.discard_frames()
-        super().connectionLost(reason)  # type: ignore[misc]
-
     def sendData(self, data: bytes, sync: bool = False, chopsize: int | None = None) -> None:  # noqa: N802
-        """Autobahn's ``sendData``, after this turn's queued frames; a real send queue made first when it will queue."""
-        if self._turn_out is not None:
-            self.flush_frames()
+        """Autobahn's ``sendData``, with a real queue made first when it will queue (``sync`` or ``chopsize``)."""
         if (sync or (chopsize and chopsize > 0)) and self._slim_queue is None:
             self._slim_queue = deque()
         super().sendData(data, sync, chopsize)  # type: ignore[misc]

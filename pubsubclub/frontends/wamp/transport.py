@@ -62,7 +62,7 @@ from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
-from pubsubclub.net.wsframes import direct_frame, receive_data
+from pubsubclub.net.wsframes import receive_data, send_message
 from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
@@ -107,9 +107,7 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
         if self.state != _OPEN:
             return
         data, is_binary = self._serializer.serialize(msg)
-        frame = direct_frame(self, data, is_binary)
-        if frame is not None:
-            self.queue_frame(frame)
+        send_message(self, data, is_binary)
         if self._backlog is not None:
             self._backlog.written(len(data))
 
@@ -127,20 +125,16 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
         """
         if self.state != _OPEN:
             return
-        # Written with this turn's other frames (net/turnwrite.py): one transport write per turn.
-        frame = direct_frame(self, data, self._serializer._serializer.BINARY)
-        if frame is not None:
-            self.queue_frame(frame)
+        send_message(self, data, self._serializer._serializer.BINARY)
         if self._backlog is not None:
             self._backlog.written(len(data))
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return unsent_bytes(self.transport, self._backlog) + self._turn_bytes
+        return unsent_bytes(self.transport, self._backlog)
 
     def drop(self, reason: str) -> None:
         """Abort the TCP connection now (a close frame would queue behind the backlog)."""
-        self.discard_frames()
         self.wasClean = False
         self.wasNotCleanReason = reason
         self.dropConnection(abort=True)
