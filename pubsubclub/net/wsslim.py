@@ -108,9 +108,12 @@ class SlimServerProtocol:
         self._slim_validator = None
 
     def _onOpen(self) -> None:  # noqa: N802 - Autobahn's internal hook, called once the handshake is done
-        for name in _HANDSHAKE_LEFTOVERS:
-            self.__dict__.pop(name, None)
-        super()._onOpen()  # type: ignore[misc]
+        """Autobahn's (``onOpen`` may still read the handshake), then the handshake's text is let go."""
+        try:
+            super()._onOpen()  # type: ignore[misc]
+        finally:
+            for name in _HANDSHAKE_LEFTOVERS:
+                self.__dict__.pop(name, None)
 
 
 P = TypeVar("P")
