@@ -10,6 +10,7 @@ import sys
 from collections import deque
 from typing import Any
 
+import pytest
 from autobahn.websocket.protocol import WebSocketProtocol
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
@@ -83,6 +84,20 @@ def test_idle_connection_keeps_little() -> None:
     assert "utf8validator" not in state and protocol._slim_validator is None
     # Autobahn's own connection holds about 90 attributes here: a 3.3 KB dictionary.
     assert sys.getsizeof(state) < 600, sorted(state)
+    protocol.dropConnection(abort=True)
+    protocol.connectionLost(Failure(ConnectionDone()))
+
+
+def test_connecting_formats_no_option_list(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Opening a connection pretty-prints no list of options for Autobahn's debug line (CPU per connection)."""
+    import autobahn.websocket.protocol as autobahn_protocol
+
+    formatted: list[Any] = []
+    real = autobahn_protocol.pformat
+    monkeypatch.setattr(autobahn_protocol, "pformat", lambda value: formatted.append(value) or real(value))
+    protocol, _, _ = joined()
+    assert formatted == [[]]
+    assert protocol.openHandshakeTimeout == 10.0  # every option still there, from the class
     protocol.dropConnection(abort=True)
     protocol.connectionLost(Failure(ConnectionDone()))
 

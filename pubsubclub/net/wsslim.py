@@ -13,6 +13,10 @@ session, tail"), this module takes off:
   them set and each connection's dictionary stays under 85 entries (half
   the size). A factory's options are set once, before it listens; a
   protocol that changes one for itself still gets an instance attribute.
+  With them all set, Autobahn's connect-time loop over the options has
+  nothing to copy; the subclass gives it an empty list, which also spares
+  the pretty-printed debug line it formats for every connection whether or
+  not debug logging is on (0.4 ms of CPU per connection).
 * **the send queue**: a ``deque`` (760 bytes, a block of 64 slots) that only
   ever holds frames when a caller asks Autobahn to send synchronously or in
   chops (``sendData(sync=True)`` / ``chopsize``). It is created on such a
@@ -131,4 +135,7 @@ def slim_protocol(base: type[P], factory: Any) -> type[P]:
         value = getattr(factory, name)
         # A function stored on the class would become a method: keep it a plain callable.
         options[name] = staticmethod(value) if isinstance(value, FunctionType) else value
+    # Autobahn's connect-time loop over the options would copy none of them (all are set now) but
+    # still pretty-print them all for a debug line, logged or not: 0.4 ms of CPU per connection.
+    options["CONFIG_ATTRS"] = ()
     return type(base.__name__, (base,), {**options, "__module__": base.__module__, "__qualname__": base.__qualname__})
