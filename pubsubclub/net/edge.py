@@ -135,17 +135,20 @@ class EdgeConnection(ProtocolWrapper):
 
     factory: EdgeListener
 
-    #: Bytes arrived since the last sweep (one store per read: the whole per-read cost).
-    heard = False
-    #: The protocol said its handshake is complete.
-    handshaken = False
-    #: The guard (or an abort) has ended this connection; nothing more is written.
-    closing = False
-    #: ``keepalive()`` was called in this quiet period.
-    pinged = False
+    # The guard's own state in slots: one per connection, and an instance dictionary whose
+    # keys arrive in varying order is a large unshared one (memory per idle session).
+    __slots__ = ("heard", "handshaken", "closing", "pinged", "address", "connected_at", "heard_at", "_buffer", "_cap")
 
     def __init__(self, factory: EdgeListener, wrapped: Protocol, address: str, now: float) -> None:
         super().__init__(factory, wrapped)  # type: ignore[arg-type]
+        #: Bytes arrived since the last sweep (one store per read: the whole per-read cost).
+        self.heard = False
+        #: The protocol said its handshake is complete.
+        self.handshaken = False
+        #: The guard (or an abort) has ended this connection; nothing more is written.
+        self.closing = False
+        #: ``keepalive()`` was called in this quiet period.
+        self.pinged = False
         self.address = address
         self.connected_at = now
         #: When bytes were last seen (to the sweep period).

@@ -63,6 +63,7 @@ from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
 from pubsubclub.net.wsframes import receive_data, send_message
+from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
@@ -70,8 +71,8 @@ log = Logger()
 _OPEN = WampWebSocketServerProtocol.STATE_OPEN
 
 
-class WampServerProtocol(WampWebSocketServerProtocol):
-    """A WAMP-over-WebSocket server connection driving one BrokerSession."""
+class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # type: ignore[misc]
+    """A WAMP-over-WebSocket server connection driving one BrokerSession (slimmed while idle: net/wsslim.py)."""
 
     _session: Any
     _backlog: SendBacklog | None = None
@@ -336,6 +337,8 @@ def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResour
         # A client that never finishes the upgrade is closed (the session then has its own join timeout).
         openHandshakeTimeout=router.limits.join_timeout,
     )
+    # The options as class attributes, not copied into every connection (memory per idle session).
+    factory.protocol = slim_protocol(WampServerProtocol, factory)
     return WebSocketResource(factory)
 
 
