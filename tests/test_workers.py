@@ -13,17 +13,20 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import pytest_twisted
-from autobahn.wamp.types import SubscribeOptions
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 from helpers.nodes import REPO, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.prometheus import metric_value
 from helpers.rawws import RECV_SECONDS
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
+from twisted.internet import reactor, task
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
@@ -205,6 +208,154 @@ async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> 
     published = [metric_value(text, "pubsubclub_events_total", event="published", worker=w) for w in ("0", "1")]
     assert published[0] >= 1 and published[1] >= 1
     await leave(s0, s1, *extra)
+
+
+async def call_soon(session: Any, procedure: str, *args: Any) -> Any:
+    """The result of calling ``procedure``, called again while its registration has not reached the caller (bounded)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        try:
+            return await session.call(procedure, *args)
+        except ApplicationError as e:
+            if e.error != "wamp.error.no_such_procedure" or time.monotonic() > deadline:
+                raise
+        await task.deferLater(reactor, 0.02, lambda: None)
+
+
+async def call_error(session: Any, procedure: str, *args: Any) -> ApplicationError:
+    """The ApplicationError a call ends with (fails if it returns)."""
+    with pytest.raises(ApplicationError) as raised:
+        await session.call(procedure, *args)
+    return raised.value
+
+
+@pytest_twisted.ensureDeferred
+async def test_callee_on_worker_1_is_called_from_the_other_node_and_from_worker_0(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """A procedure registered on worker 1 answers callers on another node and on worker 0, errors included,
+    and is one single registration cluster-wide (procedure_already_exists on the other node)."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    procedure = f"{TOPIC}.rpc.on_w1"
+
+    def on_w1(x: int) -> list[Any]:
+        if x < 0:
+            raise ApplicationError("com.example.negative", x, why="below zero")
+        return ["w1", x]
+
+    await s1.register(on_w1, procedure)
+    assert await call_soon(remote, procedure, 1) == ["w1", 1]
+    assert await call_soon(s0, procedure, 2) == ["w1", 2]
+    error = await call_error(remote, procedure, -1)
+    assert error.error == "com.example.negative" and error.args == (-1,) and error.kwargs == {"why": "below zero"}
+    refused = Recorder()
+    with pytest.raises(ApplicationError) as taken:
+        await remote.register(refused, procedure)
+    assert taken.value.error == "wamp.error.procedure_already_exists"
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_caller_on_worker_1_calls_a_callee_on_the_other_node(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """A client of worker 1 calls a procedure registered on another node, and one registered on worker 0."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    await remote.register(lambda x: ["other", x], f"{TOPIC}.rpc.on_other")
+    await s0.register(lambda x: ["w0", x], f"{TOPIC}.rpc.on_w0")
+    assert await call_soon(s1, f"{TOPIC}.rpc.on_other", 3) == ["other", 3]
+    assert await call_soon(s1, f"{TOPIC}.rpc.on_w0", 4) == ["w0", 4]
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_roundrobin_registration_spreads_over_both_workers_and_the_other_node(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """One roundrobin procedure with a callee on each worker and on the other node: callers on the other
+    node and on worker 1 reach each callee in turn."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    procedure = f"{TOPIC}.rpc.rr"
+    shared = RegisterOptions(invoke="roundrobin")
+    for name, session in (("w0", s0), ("w1", s1), ("other", remote)):
+        await session.register(lambda name=name: name, procedure, options=shared)
+    for caller in (remote, s1):
+        seen: set[str] = set()
+        deadline = time.monotonic() + WAIT_SECONDS
+        while seen != {"w0", "w1", "other"}:  # until the caller's node knows all three callees (bounded)
+            assert time.monotonic() < deadline, f"only {sorted(seen)} reached"
+            seen.add(await call_soon(caller, procedure))
+        got = [await caller.call(procedure) for _ in range(6)]
+        assert sorted(got) == ["other", "other", "w0", "w0", "w1", "w1"] and got[:3] == got[3:]
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_retained_event_of_worker_1_reaches_the_other_node_and_worker_0(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """A retained publish on worker 1 is given to get_retained subscribers on the other node and on worker 0,
+    and one on the other node to those on worker 1."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    retain = PublishOptions(acknowledge=True, retain=True)
+    await s1.publish(f"{TOPIC}.ret.w1", "from w1", options=retain)
+    await remote.publish(f"{TOPIC}.ret.other", "from other", options=retain)
+
+    async def retained(session: Any, topic: str) -> list[Any]:
+        """What a new get_retained subscription to ``topic`` gets, asked again until it gets something (bounded)."""
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            rec = Recorder()
+            sub = await session.subscribe(rec, topic, options=SubscribeOptions(get_retained=True))
+            await session.publish(topic, "marker", options=PublishOptions(acknowledge=True, exclude_me=False))
+            await rec.wait_until(lambda r: "marker" in r.args)
+            await sub.unsubscribe()
+            got = rec.args[: rec.args.index("marker")]
+            if got or time.monotonic() > deadline:
+                return got
+            await task.deferLater(reactor, 0.05, lambda: None)
+
+    assert await retained(remote, f"{TOPIC}.ret.w1") == ["from w1"]
+    assert await retained(s0, f"{TOPIC}.ret.w1") == ["from w1"]
+    assert await retained(s1, f"{TOPIC}.ret.other") == ["from other"]
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_session_count_from_the_other_node_counts_both_workers_sessions(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """wamp.session.count asked on the other node or on worker 1 counts every session of both workers once,
+    and wamp.session.list names worker 1's sessions to the other node."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    expected = sum(sessions_by_worker(wk)) + int(other.stats()["wamp"]["sessions"])
+    assert sessions_by_worker(wk)[1] >= 1
+    assert await remote.call("wamp.session.count") == expected
+    assert await s1.call("wamp.session.count") == expected
+    assert await s0.call("wamp.session.count") == expected
+    listed = await remote.call("wamp.session.list")
+    assert len(listed) == expected and s1.details.session in listed and s0.details.session in listed
+    details = await remote.call("wamp.session.get", s1.details.session)
+    assert details["node"] == "wk.w1"
+    await leave(s0, s1, remote, *extra)
 
 
 @pytest_twisted.ensureDeferred
