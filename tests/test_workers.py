@@ -26,7 +26,7 @@ from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.prometheus import metric_value
 from helpers.rawws import RECV_SECONDS
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
-from twisted.internet import reactor, task
+from twisted.internet import defer, reactor, task
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
@@ -362,7 +362,8 @@ async def test_session_count_from_the_other_node_counts_both_workers_sessions(
 async def test_killed_worker_is_restarted_and_its_clients_come_back_without_duplicates(
     nodes: tuple[NodeProcess, NodeProcess],
 ) -> None:
-    """kill -9 of worker 1: it is restarted, its clients reconnect, and the others get each message once."""
+    """kill -9 of worker 1: it is restarted, its clients reconnect, and the others get each message once;
+    a call from another node in flight to a callee of worker 1 ends with ERROR node_unreachable."""
     wk, other = nodes
     topic = f"{TOPIC}.restart"
     extra: list[Any] = []
@@ -371,8 +372,26 @@ async def test_killed_worker_is_restarted_and_its_clients_come_back_without_dupl
     remote = await connect(other.wamp_url)
     rec0, _ = await subscribe(s0, topic)
     rec_remote, _ = await subscribe(remote, topic)
+    invoked: list[int] = []
+
+    def hang() -> defer.Deferred[None]:
+        invoked.append(1)
+        return defer.Deferred()
+
+    await s1.register(hang, f"{TOPIC}.rpc.hang")
+    deadline = time.monotonic() + WAIT_SECONDS
+    pending = remote.call(f"{TOPIC}.rpc.hang")
+    while not invoked:  # until the callee has the call (its registration may still be on its way)
+        assert time.monotonic() < deadline, "the call never reached worker 1"
+        if pending.called:
+            pending.addErrback(lambda _: None)
+            pending = remote.call(f"{TOPIC}.rpc.hang")
+        await task.deferLater(reactor, 0.02, lambda: None)
     old_pid = rows(wk)[1]["pid"]
     os.kill(old_pid, signal.SIGKILL)
+    with pytest.raises(ApplicationError) as lost:
+        await pending
+    assert lost.value.error == "pubsubclub.error.node_unreachable"
     await until(lambda: rows(wk)[1].get("pid") not in (None, old_pid), "worker 1 restarted", timeout=WAIT_SECONDS)
     assert wk.proc is not None and wk.proc.poll() is None  # the node itself lives on
     await until(lambda: not s1.is_attached(), "worker 1's old client to see its connection end")

@@ -617,6 +617,7 @@ class Dealer:
             self._interrupt(invocation, call)
 
     def _drop_registration(self, registration: _Registration, why: str, uri: str = CANCELED) -> None:
+        relayed: ClusterListener | None = None
         key = (registration.realm, registration.match, registration.procedure)
         group = self._by_procedure.get(key)
         if group is not None and registration in group:
@@ -637,8 +638,7 @@ class Dealer:
             own = self._remote.get(registration.callee)
             if own is not None and own.get(registration.remote_id) is registration:
                 _forget(self._remote, registration.callee, registration.remote_id)
-                if self.relay is not None:
-                    self.relay.unregistered(registration)
+                relayed = self.relay
             if self.remote_changed is not None:
                 self.remote_changed()
         if self._registrations_compaction.due(len(self._by_id)):
@@ -649,6 +649,9 @@ class Dealer:
             call = self._calls[invocation]
             self._finish(invocation)
             call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, uri, args=[why]))
+        if relayed is not None:
+            # After its calls' ERRORs: a node that re-announced it ends them with this node's reason.
+            relayed.unregistered(registration)
 
     def remote_procedures(self, realm: str) -> dict[tuple[str, str], str]:
         """``(match, procedure)`` -> invoke policy of every other node's registration in ``realm``."""
