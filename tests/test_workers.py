@@ -252,6 +252,10 @@ async def test_callee_on_worker_1_is_called_from_the_other_node_and_from_worker_
     assert await call_soon(s0, procedure, 2) == ["w1", 2]
     error = await call_error(remote, procedure, -1)
     assert error.error == "com.example.negative" and error.args == (-1,) and error.kwargs == {"why": "below zero"}
+    # The meta API on the other node names worker 1's session as the callee.
+    reg_id = await remote.call("wamp.registration.lookup", procedure)
+    assert await remote.call("wamp.registration.list_callees", reg_id) == [s1.details.session]
+    assert await remote.call("wamp.registration.count_callees", reg_id) == 1
     refused = Recorder()
     with pytest.raises(ApplicationError) as taken:
         await remote.register(refused, procedure)
@@ -356,6 +360,34 @@ async def test_session_count_from_the_other_node_counts_both_workers_sessions(
     details = await remote.call("wamp.session.get", s1.details.session)
     assert details["node"] == "wk.w1"
     await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_meta_events_of_each_worker_reach_the_other_node_and_the_other_worker(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """wamp.session.on_join of a session on worker 1 reaches a subscriber on the other node; one of a session
+    on the other node reaches a subscriber on worker 1."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    on_join = "wamp.session.on_join"
+    rec_remote, _ = await subscribe(remote, on_join)
+    rec1, _ = await subscribe(s1, on_join)
+    hub_topic = f"$meta.realm1#{on_join}"
+    await until(lambda: wants(wk, 1, hub_topic, "wk"), "worker 1 to learn the other node's interest in on_join")
+    await until(lambda: "wk" in other.stats()["remote_interest"].get(hub_topic, []), "other: worker 1's interest")
+    joined = await session_on(wk, 1, extra)
+    newcomer = await connect(other.wamp_url)
+
+    def joins(rec: Recorder) -> list[int]:
+        return [args[0]["session"] for args, _ in rec.events]
+
+    await rec_remote.wait_until(lambda r: joined.details.session in joins(r))
+    await rec1.wait_until(lambda r: newcomer.details.session in joins(r))
+    assert joins(rec_remote).count(joined.details.session) == 1
+    await leave(s1, remote, joined, newcomer, *extra)
 
 
 @pytest_twisted.ensureDeferred
