@@ -1,0 +1,173 @@
+"""The primary's relay of RPC and retained events (federation/rpc.py, retained.py) over in-memory links.
+
+A primary ``p`` with two workers ``p.w1`` and ``p.w2`` and a plain node ``b``,
+linked as a node with ``--workers 3`` is (each worker to the primary both
+ways, ``b`` to the primary both ways), on one :class:`MemoryNetwork`. Worker
+links are Unix-socket links in a real node; here the relay is told which links
+are workers' by name (``mark_worker`` is replaced), everything else is real.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from autobahn.wamp import message
+from test_rpc_memory import Party, node, register
+
+from pubsubclub.core.retained import RetainedEvent, RetainedStore
+from pubsubclub.federation.relay import Relay
+from pubsubclub.federation.session import LinkSession
+from pubsubclub.frontends.wamp.dealer import Dealer
+from pubsubclub.testing import MemoryNetwork, no_logged_errors, psc_url
+
+PORTS = {"p": 9101, "p.w1": 9102, "p.w2": 9103, "b": 9104}
+
+
+@pytest.fixture
+def net(monkeypatch: pytest.MonkeyPatch) -> Iterator[MemoryNetwork]:
+    """An empty in-memory network whose relays take a worker's name for a worker link."""
+
+    def mark_worker(self: Relay, session: LinkSession, transport: Any) -> bool:
+        session.worker = self.is_worker_name(session.peer_node)
+        return True
+
+    monkeypatch.setattr(Relay, "mark_worker", mark_worker)
+    with no_logged_errors():
+        yield MemoryNetwork()
+
+
+def cluster(net: MemoryNetwork) -> dict[str, Dealer]:
+    """The primary, its two workers and ``b``, linked as a node with workers is, each with a dealer."""
+    dealers = {name: node(net, name, port) for name, port in PORTS.items()}
+    primary = dealers["p"].federation  # type: ignore[attr-defined]
+    primary.enable_relay("p.w", set())
+    for name in ("p.w1", "p.w2", "b"):
+        primary.add_server(psc_url(PORTS[name]))
+        dealers[name].federation.add_server(psc_url(PORTS["p"]))  # type: ignore[attr-defined]
+    net.answer()
+    return dealers
+
+
+def call(dealer: Dealer, procedure: str, request: int = 1) -> Party:
+    """A caller session on ``dealer`` with one CALL of ``procedure`` made."""
+    caller = Party()
+    dealer.call(caller, "realm1", message.Call(request, procedure))
+    return caller
+
+
+def answer(net: MemoryNetwork, callee: Party, dealer: Dealer, value: str) -> None:
+    """``callee`` (on ``dealer``) answers its one INVOCATION with ``value``."""
+    net.flush()
+    [invocation] = callee.take()
+    assert isinstance(invocation, message.Invocation)
+    dealer.yielded(callee, message.Yield(invocation.request, args=[value]))
+    net.flush()
+
+
+def test_a_workers_procedure_is_called_from_the_other_worker_and_another_node(net: MemoryNetwork) -> None:
+    """Worker 1's registration reaches worker 2 and node b (re-announced by the primary, never back to worker 1);
+    their calls go through the primary and the answers come back."""
+    d = cluster(net)
+    callee = register(d["p.w1"], "com.w1")
+    net.flush()
+    # Once everywhere, and worker 1 is not told of its own registration.
+    tables = {name: dealer.tables()["remote_registrations"] for name, dealer in d.items()}
+    assert tables == {"p": 1, "p.w1": 0, "p.w2": 1, "b": 1}
+    for name in ("p.w2", "b", "p"):
+        caller = call(d[name], "com.w1")
+        answer(net, callee, d["p.w1"], name)
+        assert [(type(m), m.args) for m in caller.take()] == [(message.Result, [name])]
+    assert all(dealer.tables()["calls"] == 0 for dealer in d.values())
+    # A single registration is single cluster-wide.
+    other = Party()
+    d["b"].register(other, "realm1", message.Register(5, "com.w1"))
+    assert [m.error for m in other.take()] == ["wamp.error.procedure_already_exists"]
+    # Unregistered: gone everywhere.
+    [reg_id] = [r.id for r in d["p.w1"].local_registrations()]
+    d["p.w1"].unregister(callee, message.Unregister(2, reg_id))
+    net.flush()
+    assert all(dealer.tables()["remote_registrations"] == 0 for dealer in d.values())
+
+
+def test_another_nodes_procedure_reaches_each_worker_but_no_other_node(net: MemoryNetwork) -> None:
+    """Node b's registration is re-announced to the workers only; worker 2 calls it through the primary."""
+    d = cluster(net)
+    callee = register(d["b"], "com.b")
+    net.flush()
+    tables = {name: dealer.tables()["remote_registrations"] for name, dealer in d.items()}
+    assert tables == {"p": 1, "p.w1": 1, "p.w2": 1, "b": 0}
+    caller = call(d["p.w2"], "com.b")
+    answer(net, callee, d["b"], "from b")
+    assert [m.args for m in caller.take()] == [["from b"]]
+
+
+def test_a_worker_link_lost_ends_the_relayed_calls_with_node_unreachable(net: MemoryNetwork) -> None:
+    """Worker 1's links dropping: node b's call in flight to its callee ends with node_unreachable, and the
+    registration leaves every table."""
+    d = cluster(net)
+    register(d["p.w1"], "com.w1")
+    net.flush()
+    caller = call(d["b"], "com.w1")
+    net.flush()
+    for session, link in list(d["p"].federation._links.items()):  # type: ignore[attr-defined]
+        if session.peer_node == "p.w1":
+            link.close(1000, "worker gone")
+    net.flush()
+    assert [m.error for m in caller.take()] == ["pubsubclub.error.node_unreachable"]
+    assert d["b"].tables()["remote_registrations"] == 0 and d["p.w2"].tables()["remote_registrations"] == 0
+
+
+def test_roundrobin_over_two_workers_and_another_node(net: MemoryNetwork) -> None:
+    """A roundrobin procedure with callees on worker 1, worker 2 and node b: callers on b and on worker 2
+    reach each in turn."""
+    d = cluster(net)
+    callees = {}
+    for name in ("p.w1", "p.w2", "b"):
+        callees[name] = register(d[name], "com.rr", invoke="roundrobin")
+        net.flush()
+    for where in ("b", "p.w2"):
+        got = []
+        for request in range(6):
+            caller = call(d[where], "com.rr", request)
+            net.flush()
+            [name] = [name for name, callee in callees.items() if callee.sent]
+            answer(net, callees[name], d[name], name)
+            assert [m.args for m in caller.take()] == [[name]]
+            got.append(name)
+        assert sorted(got) == ["b", "b", "p.w1", "p.w1", "p.w2", "p.w2"] and got[:3] == got[3:]
+
+
+def test_retained_events_reach_every_worker_and_node_once(net: MemoryNetwork) -> None:
+    """A retained event of worker 1 reaches the primary, worker 2 and b; one of b reaches every worker;
+    none goes back to where it came from twice (last-writer-wins keeps each table at one event)."""
+    d = cluster(net)
+    stores = {}
+    for name, dealer in d.items():
+        stores[name] = RetainedStore()
+        dealer.federation.retained.attach(stores[name])  # type: ignore[attr-defined]
+    net.flush()
+    received: dict[str, list[str]] = {name: [] for name in d}
+    for name, dealer in d.items():
+        retained = dealer.federation.retained  # type: ignore[attr-defined]
+
+        def receive(session: Any, msg: Any, name: str = name, inner: Any = retained.receive) -> None:
+            received[name].append(msg.event.topic)
+            inner(session, msg)
+
+        retained.receive = receive
+
+    def event(topic: str, origin: str) -> RetainedEvent:
+        return RetainedEvent(topic, [origin], False, None, 1.0, origin, "m1", 10)
+
+    stores["p.w1"].retain(event("t.w1", "p.w1"))
+    stores["b"].retain(event("t.b", "b"))
+    net.flush()
+    assert all(sorted(e.topic for e in store.events()) == ["t.b", "t.w1"] for store in stores.values())
+    assert {name: sorted(topics) for name, topics in received.items()} == {
+        "p": ["t.b", "t.w1"],
+        "p.w1": ["t.b"],
+        "p.w2": ["t.b", "t.w1"],
+        "b": ["t.w1"],
+    }
