@@ -171,3 +171,19 @@ def test_retained_events_reach_every_worker_and_node_once(net: MemoryNetwork) ->
         "p.w2": ["t.b", "t.w1"],
         "b": ["t.w1"],
     }
+
+
+def test_the_primary_announces_no_more_registrations_than_a_node_may_hold(net: MemoryNetwork) -> None:
+    """Past max-registrations-per-node the primary re-announces no more (logged), so no node closes its link
+    for holding too many from one node; the registration is still callable from the primary."""
+    d = cluster(net)
+    for dealer in d.values():
+        dealer.max_node_registrations = 2
+    callees = [register(d["p.w1"], f"com.w1.{i}") for i in range(2)]
+    callees.append(register(d["p.w2"], "com.w2"))
+    net.flush()
+    assert d["b"].tables()["remote_registrations"] == 2 and d["p"].tables()["remote_registrations"] == 3
+    assert all(link["state"] == "open" for link in d["b"].federation.links())  # type: ignore[attr-defined]
+    caller = call(d["p"], "com.w2")
+    answer(net, callees[2], d["p.w2"], "w2")
+    assert [m.args for m in caller.take()] == [["w2"]]

@@ -41,6 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autobahn.wamp import message
+from twisted.logger import Logger
 
 from pubsubclub.federation import psc, psc_rpc
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, LinkError, LinkSession, Role
@@ -49,6 +50,8 @@ from pubsubclub.frontends.wamp.registrations import DisclosedInvocation
 if TYPE_CHECKING:
     from pubsubclub.frontends.wamp.dealer import Dealer, _Registration
 
+
+log = Logger()
 
 #: Re-exported: the node-to-node meta query's procedure (defined with the codec, psc_rpc.py).
 META_QUERY = psc_rpc.META_QUERY
@@ -141,6 +144,8 @@ class ClusterRPC:
         #: Re-announced registrations by the id this node announced them with, and that id by registration.
         self._relayed: dict[int, _Registration] = {}
         self._relay_ids: dict[_Registration, int] = {}
+        #: Past the cap of registrations one node announces (logged once until there is room again).
+        self._relay_full = False
 
     def attach(self, dealer: Dealer) -> None:
         """Serve ``dealer``'s registrations to the cluster and route its calls to other nodes."""
@@ -306,11 +311,26 @@ class ClusterRPC:
 
     def relay_registered(self, registration: _Registration) -> None:
         """Another link's registration: re-announced where split horizon allows (a relaying primary only)."""
-        if not self.relaying or not isinstance(registration.callee, _CalleeLink) or self.dealer is None:
+        dealer = self.dealer
+        if not self.relaying or not isinstance(registration.callee, _CalleeLink) or dealer is None:
             return
-        reg_id = self.dealer.new_id()
+        if len(self._relayed) + dealer.registrations() >= dealer.max_node_registrations:
+            # What a node announces on one link is capped by every node at max-registrations-per-node:
+            # past it the registration stays callable from here and its own worker only.
+            if not self._relay_full:
+                log.warn(
+                    "not re-announcing {procedure} from {node}: this node already announces {n} registrations, "
+                    "the limit of wamp.max-registrations-per-node",
+                    procedure=registration.procedure,
+                    node=registration.node,
+                    n=len(self._relayed) + dealer.registrations(),
+                )
+            self._relay_full = True
+            return
+        self._relay_full = False
+        reg_id = dealer.new_id()
         while reg_id in self._relayed:
-            reg_id = self.dealer.new_id()
+            reg_id = dealer.new_id()
         self._relayed[reg_id] = registration
         self._relay_ids[registration] = reg_id
         data = _announcement(registration, reg_id)
