@@ -391,6 +391,24 @@ async def test_meta_events_of_each_worker_reach_the_other_node_and_the_other_wor
 
 
 @pytest_twisted.ensureDeferred
+async def test_worker_1_asks_the_primary_for_gap_reports_and_no_node_is_asked(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """A gap subscriber on worker 1 makes it ask the primary for the primary's gap reports (which the primary
+    forwards to workers only); the other node is never asked for them."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s1 = await session_on(wk, 1, extra)
+    await subscribe(s1, "wamp.pubsubclub.gap")
+    await until(lambda: "wk.w1" in wk.stats()["remote_interest"].get("$cluster.gap", []), "the primary: w1 asks")
+    marker = f"{TOPIC}.gap.marker"
+    await subscribe(s1, marker)
+    await until(lambda: "wk" in other.stats()["remote_interest"].get(marker, []), "other: wk's later interest")
+    assert "$cluster.gap" not in other.stats()["remote_interest"]
+    await leave(s1, *extra)
+
+
+@pytest_twisted.ensureDeferred
 async def test_killed_worker_is_restarted_and_its_clients_come_back_without_duplicates(
     nodes: tuple[NodeProcess, NodeProcess],
 ) -> None:

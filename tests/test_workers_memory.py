@@ -16,11 +16,13 @@ import pytest
 from autobahn.wamp import message
 from test_rpc_memory import Party, node, register
 
+from pubsubclub.core.hub import GAP_TOPIC
 from pubsubclub.core.retained import RetainedEvent, RetainedStore
 from pubsubclub.federation.relay import Relay
+from pubsubclub.federation.replay import Gap
 from pubsubclub.federation.session import LinkSession
 from pubsubclub.frontends.wamp.dealer import Dealer
-from pubsubclub.testing import MemoryNetwork, no_logged_errors, psc_url
+from pubsubclub.testing import MemoryNetwork, RecordingSink, no_logged_errors, psc_url
 
 PORTS = {"p": 9101, "p.w1": 9102, "p.w2": 9103, "b": 9104}
 
@@ -43,6 +45,8 @@ def cluster(net: MemoryNetwork) -> dict[str, Dealer]:
     dealers = {name: node(net, name, port) for name, port in PORTS.items()}
     primary = dealers["p"].federation  # type: ignore[attr-defined]
     primary.enable_relay("p.w", set())
+    for name in ("p.w1", "p.w2"):
+        dealers[name].federation.asks_gaps = True  # type: ignore[attr-defined]  # as node.py sets it
     for name in ("p.w1", "p.w2", "b"):
         primary.add_server(psc_url(PORTS[name]))
         dealers[name].federation.add_server(psc_url(PORTS["p"]))  # type: ignore[attr-defined]
@@ -187,3 +191,20 @@ def test_the_primary_announces_no_more_registrations_than_a_node_may_hold(net: M
     caller = call(d["p"], "com.w2")
     answer(net, callees[2], d["p.w2"], "w2")
     assert [m.args for m in caller.take()] == [["w2"]]
+
+
+def test_a_gap_the_primary_sees_reaches_the_workers_clients_but_no_other_node(net: MemoryNetwork) -> None:
+    """A gap in node b's stream, seen by the primary, is told to the gap subscribers of a worker too, and never
+    to another node (which does not ask for gap reports)."""
+    d = cluster(net)
+    sinks = {name: RecordingSink() for name in d}
+    for name, dealer in d.items():
+        dealer.federation.hub.subscribe(GAP_TOPIC, sinks[name])  # type: ignore[attr-defined]
+    net.flush()
+    primary = d["p"].federation  # type: ignore[attr-defined]
+    assert sorted(primary.remote_interest().get(GAP_TOPIC, [])) == ["p.w1", "p.w2"]
+    primary._report_gap(Gap("b", 3, "window"))
+    net.flush()
+    got = {name: [e.payload for e in sink.got] for name, sink in sinks.items()}
+    report = {"origin": "b", "lost": 3, "reason": "window"}
+    assert got == {"p": [report], "p.w1": [report], "p.w2": [report], "b": []}

@@ -104,7 +104,7 @@ class Relay(FederationState):
         """
         wanted = {topic for topic in self.hub.topics() if topic != GAP_TOPIC}
         for topic, peers in self.remote_interest().items():
-            if topic in wanted:
+            if topic in wanted or topic == GAP_TOPIC:
                 continue
             if producer.worker:
                 if any(peer != producer.peer_node for peer in peers):
@@ -229,6 +229,11 @@ class Relay(FederationState):
             yield envelope
             self.local_published(envelope, session)
 
+    def relay_gap(self, envelope: Envelope) -> None:
+        """A gap report this primary made (another node's stream): to the workers that asked, never to a node."""
+        if self.worker_prefix is not None:
+            self.local_published(envelope, _FROM_A_NODE)  # type: ignore[arg-type]
+
     def relay_targets(
         self,
         origin: LinkSession,
@@ -250,3 +255,13 @@ class Relay(FederationState):
         if link is not None:
             return bool(link.worker)
         return self.is_worker_name(stream.consumer)
+
+
+class _FromANode:
+    """The origin :meth:`Relay.relay_gap` names: another node's link (split horizon then keeps the workers only)."""
+
+    worker = False
+    peer_node = None
+
+
+_FROM_A_NODE = _FromANode()
