@@ -208,3 +208,20 @@ def test_a_gap_the_primary_sees_reaches_the_workers_clients_but_no_other_node(ne
     got = {name: [e.payload for e in sink.got] for name, sink in sinks.items()}
     report = {"origin": "b", "lost": 3, "reason": "window"}
     assert got == {"p": [report], "p.w1": [report], "p.w2": [report], "b": []}
+
+
+def test_caller_disclosure_crosses_the_primary(net: MemoryNetwork) -> None:
+    """A callee on worker 1 that asked disclose_caller learns the identity of a caller on node b; one that did
+    not, does not (the callee's process decides, as between two nodes)."""
+    d = cluster(net)
+    asked, silent = Party(), Party()
+    d["p.w1"].register(asked, "realm1", message.Register(1, "com.asked"), disclose_caller=True)
+    d["p.w1"].register(silent, "realm1", message.Register(2, "com.silent"))
+    net.flush()
+    for procedure in ("com.asked", "com.silent"):
+        d["b"].call(Party(), "realm1", message.Call(1, procedure), identity=(77, "alice", "user"))
+    net.flush()
+    [_, invocation] = asked.take()
+    assert (invocation.caller, invocation.caller_authid, invocation.caller_authrole) == (77, "alice", "user")
+    [_, invocation] = silent.take()
+    assert invocation.caller is None
