@@ -479,11 +479,13 @@ def answers(predicate: Any) -> Any:
 async def test_killed_primary_is_restarted_and_the_other_worker_reaches_the_cluster_again(
     nodes: tuple[NodeProcess, NodeProcess],
 ) -> None:
-    """kill -9 of the primary (worker 0): it is restarted; a client of worker 1 that stayed trades messages once."""
+    """kill -9 of the primary (worker 0): it is restarted; a client of worker 1 that stayed trades messages once,
+    and its registration is callable from the other node again."""
     wk, other = nodes
     topic = f"{TOPIC}.primary"
     extra: list[Any] = []
     s1 = await session_on(wk, 1, extra)
+    await s1.register(lambda: "w1", f"{TOPIC}.rpc.survives")
     old_pid = rows(wk)[0]["pid"]
     os.kill(old_pid, signal.SIGKILL)
     await until(answers(lambda: rows(wk)[0].get("pid") not in (None, old_pid)), "worker 0 restarted")
@@ -502,6 +504,8 @@ async def test_killed_primary_is_restarted_and_the_other_worker_reaches_the_clus
     await rec1.wait_until(lambda r: "end" in r.args)
     await rec_remote.wait_until(lambda r: "end" in r.args)
     assert rec1.args == ["remote", "end"] and rec_remote.args == ["w1", "end"]  # a duplicate would precede "end"
+    # Worker 1's registration came back with the new primary, which announces it to the other node again.
+    assert await call_soon(remote, f"{TOPIC}.rpc.survives") == "w1"
     await leave(s1, remote, *extra)
 
 

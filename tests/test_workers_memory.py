@@ -225,3 +225,19 @@ def test_caller_disclosure_crosses_the_primary(net: MemoryNetwork) -> None:
     assert (invocation.caller, invocation.caller_authid, invocation.caller_authrole) == (77, "alice", "user")
     [_, invocation] = silent.take()
     assert invocation.caller is None
+
+
+def test_another_node_lost_ends_a_workers_relayed_calls_with_node_unreachable(net: MemoryNetwork) -> None:
+    """Node b's links dropping: worker 2's call in flight to b's callee ends with node_unreachable, and b's
+    registration leaves the workers' tables."""
+    d = cluster(net)
+    register(d["b"], "com.b")
+    net.flush()
+    caller = call(d["p.w2"], "com.b")
+    net.flush()
+    for session, link in list(d["p"].federation._links.items()):  # type: ignore[attr-defined]
+        if session.peer_node == "b":
+            link.close(1000, "node gone")
+    net.flush()
+    assert [m.error for m in caller.take()] == ["pubsubclub.error.node_unreachable"]
+    assert d["p.w1"].tables()["remote_registrations"] == 0 and d["p.w2"].tables()["remote_registrations"] == 0
