@@ -18,6 +18,7 @@ from test_rpc_memory import Party, node, register
 
 from pubsubclub.core.hub import GAP_TOPIC
 from pubsubclub.core.retained import RetainedEvent, RetainedStore
+from pubsubclub.federation import psc_rpc
 from pubsubclub.federation.relay import Relay
 from pubsubclub.federation.replay import Gap
 from pubsubclub.federation.session import LinkSession
@@ -241,3 +242,22 @@ def test_another_node_lost_ends_a_workers_relayed_calls_with_node_unreachable(ne
     net.flush()
     assert [m.error for m in caller.take()] == ["pubsubclub.error.node_unreachable"]
     assert d["p.w1"].tables()["remote_registrations"] == 0 and d["p.w2"].tables()["remote_registrations"] == 0
+
+
+def test_a_re_announced_id_called_back_from_its_own_side_is_refused(net: MemoryNetwork) -> None:
+    """Node b sends a PSC403 for the primary's id of b's own registration (never announced to b): the primary
+    answers no_such_procedure and invokes nobody, so no call goes round in a loop."""
+    d = cluster(net)
+    callee = register(d["b"], "com.b")
+    net.flush()
+    rpc = d["p"].federation.rpc  # type: ignore[attr-defined]
+    [relayed_id] = list(rpc._relayed)
+    b_rpc = d["b"].federation.rpc  # type: ignore[attr-defined]
+    [(_, link)] = b_rpc.peers()
+    answers: list[Any] = []
+    original = b_rpc.receive
+    b_rpc.receive = lambda session, msg: answers.append(msg) or original(session, msg)
+    link.session.send_raw(psc_rpc.Call(5, relayed_id, "com.b").encode())
+    net.flush()
+    assert [(type(m).__name__, m.error) for m in answers] == [("Error", "wamp.error.no_such_procedure")]
+    assert callee.take() == [] and d["p"].tables()["calls"] == 0
