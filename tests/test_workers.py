@@ -210,6 +210,13 @@ async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> 
     await leave(s0, s1, *extra)
 
 
+def linked_both_ways(node: NodeProcess, peer: str) -> bool:
+    """Whether ``node`` (its primary) has an open link to ``peer`` in each role."""
+    links = node.stats()["links"]
+    roles = sorted(link["role"] for link in links if link["peer_node"] == peer and link["state"] == "open")
+    return roles == ["consumer", "producer"]
+
+
 async def call_soon(session: Any, procedure: str, *args: Any) -> Any:
     """The result of calling ``procedure``, called again while its registration has not reached the caller (bounded)."""
     deadline = time.monotonic() + WAIT_SECONDS
@@ -343,13 +350,15 @@ async def test_retained_event_of_worker_1_reaches_the_other_node_and_worker_0(
 async def test_session_count_from_the_other_node_counts_both_workers_sessions(
     nodes: tuple[NodeProcess, NodeProcess],
 ) -> None:
-    """wamp.session.count asked on the other node or on worker 1 counts every session of both workers once,
-    and wamp.session.list names worker 1's sessions to the other node."""
+    """wamp.session.count asked on the other node or on worker 1 counts every session of both workers once;
+    wamp.session.list/get and wamp.subscription.lookup/count_subscribers find worker 1's from the other node."""
     wk, other = nodes
     extra: list[Any] = []
     s0 = await session_on(wk, 0, extra)
     s1 = await session_on(wk, 1, extra)
     remote = await connect(other.wamp_url)
+    # The meta API asks the nodes it is linked to as consumer: wait for wk's link to other (dialled at start).
+    await until(lambda: linked_both_ways(wk, "other"), "wk linked to other both ways")
     expected = sum(sessions_by_worker(wk)) + int(other.stats()["wamp"]["sessions"])
     assert sessions_by_worker(wk)[1] >= 1
     assert await remote.call("wamp.session.count") == expected
@@ -359,6 +368,12 @@ async def test_session_count_from_the_other_node_counts_both_workers_sessions(
     assert len(listed) == expected and s1.details.session in listed and s0.details.session in listed
     details = await remote.call("wamp.session.get", s1.details.session)
     assert details["node"] == "wk.w1"
+    # A subscription on worker 1 only: the other node finds it and counts its subscriber.
+    topic = f"{TOPIC}.meta.only_w1"
+    await subscribe(s1, topic)
+    sub_id = await remote.call("wamp.subscription.lookup", topic)
+    assert sub_id is not None and await remote.call("wamp.subscription.count_subscribers", sub_id) == 1
+    assert await remote.call("wamp.subscription.list_subscribers", sub_id) == [s1.details.session]
     await leave(s0, s1, remote, *extra)
 
 
