@@ -15,13 +15,15 @@ from typing import Any
 import pytest
 from autobahn.wamp import message
 from test_rpc_memory import Party, node, register
+from test_wamp_meta_memory import FakeLink, FakeRPC, joined
 
-from pubsubclub.core.hub import GAP_TOPIC
+from pubsubclub.core.hub import GAP_TOPIC, Hub
 from pubsubclub.core.retained import RetainedEvent, RetainedStore
 from pubsubclub.federation import psc_rpc
 from pubsubclub.federation.relay import Relay
 from pubsubclub.federation.replay import Gap
 from pubsubclub.federation.session import LinkSession
+from pubsubclub.frontends.wamp import WampRouter
 from pubsubclub.frontends.wamp.dealer import Dealer
 from pubsubclub.testing import MemoryNetwork, RecordingSink, no_logged_errors, psc_url
 
@@ -261,3 +263,22 @@ def test_a_re_announced_id_called_back_from_its_own_side_is_refused(net: MemoryN
     net.flush()
     assert [(type(m).__name__, m.error) for m in answers] == [("Error", "wamp.error.no_such_procedure")]
     assert callee.take() == [] and d["p"].tables()["calls"] == 0
+
+
+def test_a_worker_without_its_primary_answers_meta_incomplete_not_a_smaller_count() -> None:
+    """A worker whose link to the primary is down (the primary restarting) answers wamp.session.count with ERROR
+    meta_incomplete naming the primary, never with its own sessions alone; with the link up it asks the primary."""
+    router = WampRouter(Hub("p.w1"))
+    rpc = FakeRPC([])
+    rpc.required_peer = "p"  # type: ignore[attr-defined]  # as node.py sets it in a worker
+    router.meta.attach(rpc, lambda topic: False)
+    session, transport = joined(router)
+    session.onMessage(message.Call(5, "wamp.session.count"))
+    [error] = transport.sent
+    assert isinstance(error, message.Error) and error.error == "pubsubclub.error.meta_incomplete"
+    assert error.kwargs == {"nodes": ["p"]}
+    link = FakeLink()
+    rpc._peers = [("p", link)]
+    session.onMessage(message.Call(6, "wamp.session.count"))
+    [query] = link.sent
+    assert isinstance(query, message.Invocation) and query.args == ["count", {"realm": "realm1", "roles": None}]

@@ -141,6 +141,8 @@ class ClusterRPC:
         self.meta: Any = None
         #: The primary of a node with workers: other links' registrations are re-announced (relay.py).
         self.relaying = False
+        #: A worker other than the primary: the primary's node id, without whose link the cluster is out of reach.
+        self.required_peer: str | None = None
         #: Re-announced registrations by the id this node announced them with, and that id by registration.
         self._relayed: dict[int, _Registration] = {}
         self._relay_ids: dict[_Registration, int] = {}

@@ -675,14 +675,20 @@ class WampMeta:
 
         False (nothing sent) past ``max_queries`` queries in flight.
         """
+        unreachable: dict[str, str] = {}
         if links is None:
             links = self.rpc.peers() if self.rpc is not None else []
+            required = getattr(self.rpc, "required_peer", None)
+            if required is not None and all(node != required for node, _ in links):
+                # A worker whose primary is away (restarting) reaches no other process: say so, never undercount.
+                unreachable[required] = "the link to this node's primary worker is down"
         if not links:
-            done({}, {})
+            done({}, unreachable)
             return True
         if len(self._queries) >= self.limits.max_queries:
             return False
         pending = _Query(done)
+        pending.missing.update(unreachable)
         timeout = self.limits.timeout
         invocation_args = [query, params]
         seen: set[str] = set()
