@@ -322,6 +322,8 @@ async def test_retained_event_of_worker_1_reaches_the_other_node_and_worker_0(
     s0 = await session_on(wk, 0, extra)
     s1 = await session_on(wk, 1, extra)
     remote = await connect(other.wamp_url)
+    # Worker links speak 0.8 (retained events) as links between nodes do.
+    assert {link["version"] for link in wk.stats()["links"] if link["peer_node"] == "wk.w1"} == {"0.8"}
     retain = PublishOptions(acknowledge=True, retain=True)
     await s1.publish(f"{TOPIC}.ret.w1", "from w1", options=retain)
     await remote.publish(f"{TOPIC}.ret.other", "from other", options=retain)
