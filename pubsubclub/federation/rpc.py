@@ -308,7 +308,6 @@ class ClusterRPC:
         for session in self._callers:
             session.send_raw(data)
 
-
     # -- other links' registrations, re-announced by a relaying primary ----------------------
 
     def relay_registered(self, registration: _Registration) -> None:
