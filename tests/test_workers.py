@@ -1,5 +1,8 @@
 """A node with ``--workers 2``: one node to the cluster, clients on both workers, restarts and stops.
 
+One node for messages, RPC (registrations, calls, shared registrations, a dying worker's calls), retained
+events, the meta API and gap reports: the primary relays them (federation/relay.py, rpc.py, retained.py).
+
 Real processes: a 2-worker node ``wk`` and a plain node ``other`` linked to it,
 Autobahn-Python sessions on both. Which worker a session landed on is read
 from the node's /stats (``workers``: each worker's WAMP sessions).
