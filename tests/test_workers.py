@@ -1,5 +1,8 @@
 """A node with ``--workers 2``: one node to the cluster, clients on both workers, restarts and stops.
 
+One node for messages, RPC (registrations, calls, shared registrations, a dying worker's calls), retained
+events, the meta API and gap reports: the primary relays them (federation/relay.py, rpc.py, retained.py).
+
 Real processes: a 2-worker node ``wk`` and a plain node ``other`` linked to it,
 Autobahn-Python sessions on both. Which worker a session landed on is read
 from the node's /stats (``workers``: each worker's WAMP sessions).
@@ -13,17 +16,20 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import pytest_twisted
-from autobahn.wamp.types import SubscribeOptions
+from autobahn.wamp.exception import ApplicationError
+from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
 from helpers.nodes import REPO, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.prometheus import metric_value
 from helpers.rawws import RECV_SECONDS
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
+from twisted.internet import defer, reactor, task
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect as ws_connect
 
@@ -207,11 +213,227 @@ async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> 
     await leave(s0, s1, *extra)
 
 
+def linked_both_ways(node: NodeProcess, peer: str) -> bool:
+    """Whether ``node`` (its primary) has an open link to ``peer`` in each role."""
+    links = node.stats()["links"]
+    roles = sorted(link["role"] for link in links if link["peer_node"] == peer and link["state"] == "open")
+    return roles == ["consumer", "producer"]
+
+
+async def call_soon(session: Any, procedure: str, *args: Any) -> Any:
+    """The result of calling ``procedure``, called again while its registration has not reached the caller (bounded)."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        try:
+            return await session.call(procedure, *args)
+        except ApplicationError as e:
+            if e.error != "wamp.error.no_such_procedure" or time.monotonic() > deadline:
+                raise
+        await task.deferLater(reactor, 0.02, lambda: None)
+
+
+async def call_error(session: Any, procedure: str, *args: Any) -> ApplicationError:
+    """The ApplicationError a call ends with (fails if it returns)."""
+    with pytest.raises(ApplicationError) as raised:
+        await session.call(procedure, *args)
+    return raised.value
+
+
+@pytest_twisted.ensureDeferred
+async def test_callee_on_worker_1_is_called_from_the_other_node_and_from_worker_0(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """A procedure registered on worker 1 answers callers on another node and on worker 0, errors included,
+    and is one single registration cluster-wide (procedure_already_exists on the other node)."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    procedure = f"{TOPIC}.rpc.on_w1"
+
+    def on_w1(x: int) -> list[Any]:
+        if x < 0:
+            raise ApplicationError("com.example.negative", x, why="below zero")
+        return ["w1", x]
+
+    await s1.register(on_w1, procedure)
+    assert await call_soon(remote, procedure, 1) == ["w1", 1]
+    assert await call_soon(s0, procedure, 2) == ["w1", 2]
+    error = await call_error(remote, procedure, -1)
+    assert error.error == "com.example.negative" and error.args == (-1,) and error.kwargs == {"why": "below zero"}
+    # The meta API on the other node names worker 1's session as the callee.
+    reg_id = await remote.call("wamp.registration.lookup", procedure)
+    assert await remote.call("wamp.registration.list_callees", reg_id) == [s1.details.session]
+    assert await remote.call("wamp.registration.count_callees", reg_id) == 1
+    refused = Recorder()
+    with pytest.raises(ApplicationError) as taken:
+        await remote.register(refused, procedure)
+    assert taken.value.error == "wamp.error.procedure_already_exists"
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_caller_on_worker_1_calls_a_callee_on_the_other_node(nodes: tuple[NodeProcess, NodeProcess]) -> None:
+    """A client of worker 1 calls a procedure registered on another node, and one registered on worker 0."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    await remote.register(lambda x: ["other", x], f"{TOPIC}.rpc.on_other")
+    await s0.register(lambda x: ["w0", x], f"{TOPIC}.rpc.on_w0")
+    assert await call_soon(s1, f"{TOPIC}.rpc.on_other", 3) == ["other", 3]
+    assert await call_soon(s1, f"{TOPIC}.rpc.on_w0", 4) == ["w0", 4]
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_roundrobin_registration_spreads_over_both_workers_and_the_other_node(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """One roundrobin procedure with a callee on each worker and on the other node: callers on the other
+    node and on worker 1 reach each callee in turn."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    procedure = f"{TOPIC}.rpc.rr"
+    shared = RegisterOptions(invoke="roundrobin")
+    for name, session in (("w0", s0), ("w1", s1), ("other", remote)):
+        await session.register(lambda name=name: name, procedure, options=shared)
+    for caller in (remote, s1):
+        seen: set[str] = set()
+        deadline = time.monotonic() + WAIT_SECONDS
+        while seen != {"w0", "w1", "other"}:  # until the caller's node knows all three callees (bounded)
+            assert time.monotonic() < deadline, f"only {sorted(seen)} reached"
+            seen.add(await call_soon(caller, procedure))
+        got = [await caller.call(procedure) for _ in range(6)]
+        assert sorted(got) == ["other", "other", "w0", "w0", "w1", "w1"] and got[:3] == got[3:]
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_retained_event_of_worker_1_reaches_the_other_node_and_worker_0(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """A retained publish on worker 1 is given to get_retained subscribers on the other node and on worker 0,
+    and one on the other node to those on worker 1."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    # Worker links speak 0.8 (retained events) as links between nodes do.
+    assert {link["version"] for link in wk.stats()["links"] if link["peer_node"] == "wk.w1"} == {"0.8"}
+    retain = PublishOptions(acknowledge=True, retain=True)
+    await s1.publish(f"{TOPIC}.ret.w1", "from w1", options=retain)
+    await remote.publish(f"{TOPIC}.ret.other", "from other", options=retain)
+
+    async def retained(session: Any, topic: str) -> list[Any]:
+        """What a new get_retained subscription to ``topic`` gets, asked again until it gets something (bounded)."""
+        deadline = time.monotonic() + WAIT_SECONDS
+        while True:
+            rec = Recorder()
+            sub = await session.subscribe(rec, topic, options=SubscribeOptions(get_retained=True))
+            await session.publish(topic, "marker", options=PublishOptions(acknowledge=True, exclude_me=False))
+            await rec.wait_until(lambda r: "marker" in r.args)
+            await sub.unsubscribe()
+            got = rec.args[: rec.args.index("marker")]
+            if got or time.monotonic() > deadline:
+                return got
+            await task.deferLater(reactor, 0.05, lambda: None)
+
+    assert await retained(remote, f"{TOPIC}.ret.w1") == ["from w1"]
+    assert await retained(s0, f"{TOPIC}.ret.w1") == ["from w1"]
+    assert await retained(s1, f"{TOPIC}.ret.other") == ["from other"]
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_session_count_from_the_other_node_counts_both_workers_sessions(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """wamp.session.count asked on the other node or on worker 1 counts every session of both workers once;
+    wamp.session.list/get and wamp.subscription.lookup/count_subscribers find worker 1's from the other node."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s0 = await session_on(wk, 0, extra)
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    # The meta API asks the nodes it is linked to as consumer: wait for wk's link to other (dialled at start).
+    await until(lambda: linked_both_ways(wk, "other"), "wk linked to other both ways")
+    expected = sum(sessions_by_worker(wk)) + int(other.stats()["wamp"]["sessions"])
+    assert sessions_by_worker(wk)[1] >= 1
+    assert await remote.call("wamp.session.count") == expected
+    assert await s1.call("wamp.session.count") == expected
+    assert await s0.call("wamp.session.count") == expected
+    listed = await remote.call("wamp.session.list")
+    assert len(listed) == expected and s1.details.session in listed and s0.details.session in listed
+    details = await remote.call("wamp.session.get", s1.details.session)
+    assert details["node"] == "wk.w1"
+    # A subscription on worker 1 only: the other node finds it and counts its subscriber.
+    topic = f"{TOPIC}.meta.only_w1"
+    await subscribe(s1, topic)
+    sub_id = await remote.call("wamp.subscription.lookup", topic)
+    assert sub_id is not None and await remote.call("wamp.subscription.count_subscribers", sub_id) == 1
+    assert await remote.call("wamp.subscription.list_subscribers", sub_id) == [s1.details.session]
+    await leave(s0, s1, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_meta_events_of_each_worker_reach_the_other_node_and_the_other_worker(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """wamp.session.on_join of a session on worker 1 reaches a subscriber on the other node; one of a session
+    on the other node reaches a subscriber on worker 1."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s1 = await session_on(wk, 1, extra)
+    remote = await connect(other.wamp_url)
+    on_join = "wamp.session.on_join"
+    rec_remote, _ = await subscribe(remote, on_join)
+    rec1, _ = await subscribe(s1, on_join)
+    hub_topic = f"$meta.realm1#{on_join}"
+    await until(lambda: wants(wk, 1, hub_topic, "wk"), "worker 1 to learn the other node's interest in on_join")
+    await until(lambda: "wk" in other.stats()["remote_interest"].get(hub_topic, []), "other: worker 1's interest")
+    joined = await session_on(wk, 1, extra)
+    newcomer = await connect(other.wamp_url)
+
+    def joins(rec: Recorder) -> list[int]:
+        return [args[0]["session"] for args, _ in rec.events]
+
+    await rec_remote.wait_until(lambda r: joined.details.session in joins(r))
+    await rec1.wait_until(lambda r: newcomer.details.session in joins(r))
+    assert joins(rec_remote).count(joined.details.session) == 1
+    await leave(s1, remote, joined, newcomer, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_worker_1_asks_the_primary_for_gap_reports_and_no_node_is_asked(
+    nodes: tuple[NodeProcess, NodeProcess],
+) -> None:
+    """A gap subscriber on worker 1 makes it ask the primary for the primary's gap reports (which the primary
+    forwards to workers only); the other node is never asked for them."""
+    wk, other = nodes
+    extra: list[Any] = []
+    s1 = await session_on(wk, 1, extra)
+    await subscribe(s1, "wamp.pubsubclub.gap")
+    await until(lambda: "wk.w1" in wk.stats()["remote_interest"].get("$cluster.gap", []), "the primary: w1 asks")
+    marker = f"{TOPIC}.gap.marker"
+    await subscribe(s1, marker)
+    await until(lambda: "wk" in other.stats()["remote_interest"].get(marker, []), "other: wk's later interest")
+    assert "$cluster.gap" not in other.stats()["remote_interest"]
+    await leave(s1, *extra)
+
+
 @pytest_twisted.ensureDeferred
 async def test_killed_worker_is_restarted_and_its_clients_come_back_without_duplicates(
     nodes: tuple[NodeProcess, NodeProcess],
 ) -> None:
-    """kill -9 of worker 1: it is restarted, its clients reconnect, and the others get each message once."""
+    """kill -9 of worker 1: it is restarted, its clients reconnect, and the others get each message once;
+    a call from another node in flight to a callee of worker 1 ends with ERROR node_unreachable."""
     wk, other = nodes
     topic = f"{TOPIC}.restart"
     extra: list[Any] = []
@@ -220,8 +442,26 @@ async def test_killed_worker_is_restarted_and_its_clients_come_back_without_dupl
     remote = await connect(other.wamp_url)
     rec0, _ = await subscribe(s0, topic)
     rec_remote, _ = await subscribe(remote, topic)
+    invoked: list[int] = []
+
+    def hang() -> defer.Deferred[None]:
+        invoked.append(1)
+        return defer.Deferred()
+
+    await s1.register(hang, f"{TOPIC}.rpc.hang")
+    deadline = time.monotonic() + WAIT_SECONDS
+    pending = remote.call(f"{TOPIC}.rpc.hang")
+    while not invoked:  # until the callee has the call (its registration may still be on its way)
+        assert time.monotonic() < deadline, "the call never reached worker 1"
+        if pending.called:
+            pending.addErrback(lambda _: None)
+            pending = remote.call(f"{TOPIC}.rpc.hang")
+        await task.deferLater(reactor, 0.02, lambda: None)
     old_pid = rows(wk)[1]["pid"]
     os.kill(old_pid, signal.SIGKILL)
+    with pytest.raises(ApplicationError) as lost:
+        await pending
+    assert lost.value.error == "pubsubclub.error.node_unreachable"
     await until(lambda: rows(wk)[1].get("pid") not in (None, old_pid), "worker 1 restarted", timeout=WAIT_SECONDS)
     assert wk.proc is not None and wk.proc.poll() is None  # the node itself lives on
     await until(lambda: not s1.is_attached(), "worker 1's old client to see its connection end")
@@ -259,11 +499,13 @@ def answers(predicate: Any) -> Any:
 async def test_killed_primary_is_restarted_and_the_other_worker_reaches_the_cluster_again(
     nodes: tuple[NodeProcess, NodeProcess],
 ) -> None:
-    """kill -9 of the primary (worker 0): it is restarted; a client of worker 1 that stayed trades messages once."""
+    """kill -9 of the primary (worker 0): it is restarted; a client of worker 1 that stayed trades messages once,
+    and its registration is callable from the other node again."""
     wk, other = nodes
     topic = f"{TOPIC}.primary"
     extra: list[Any] = []
     s1 = await session_on(wk, 1, extra)
+    await s1.register(lambda: "w1", f"{TOPIC}.rpc.survives")
     old_pid = rows(wk)[0]["pid"]
     os.kill(old_pid, signal.SIGKILL)
     await until(answers(lambda: rows(wk)[0].get("pid") not in (None, old_pid)), "worker 0 restarted")
@@ -282,6 +524,8 @@ async def test_killed_primary_is_restarted_and_the_other_worker_reaches_the_clus
     await rec1.wait_until(lambda r: "end" in r.args)
     await rec_remote.wait_until(lambda r: "end" in r.args)
     assert rec1.args == ["remote", "end"] and rec_remote.args == ["w1", "end"]  # a duplicate would precede "end"
+    # Worker 1's registration came back with the new primary, which announces it to the other node again.
+    assert await call_soon(remote, f"{TOPIC}.rpc.survives") == "w1"
     await leave(s1, remote, *extra)
 
 

@@ -194,6 +194,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         self._forwarded_n = 0
         self.worker_prefix = None
         self.learn_from_peers = True
+        self.asks_gaps = False
         self.unlisted = set()
         self._relay_sent = {}
         self._relay_sent_patterns = {}
@@ -346,7 +347,8 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
                 return
             self._producers[session] = None
             if self.worker_prefix is None:
-                topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC]  # gap reports stay local
+                # Gap reports stay local (a worker asks its primary for the primary's).
+                topics = [topic for topic in self.hub.topics() if topic != GAP_TOPIC or self.asks_gaps]
             else:
                 topics = self.relay_topics(session)
             if session.with_replay and self.inbox is not None:

@@ -45,7 +45,7 @@ class Interest(FederationState):
         if self.worker_prefix is not None:
             self.sync_relay_topics((topic,))
             return
-        if self._producers and topic != GAP_TOPIC:
+        if self._producers and (topic != GAP_TOPIC or self.asks_gaps):
             data = psc.encode(psc.Subscribe((topic,)))
             for session in self._producers:
                 session.send_raw(data)
@@ -72,7 +72,7 @@ class Interest(FederationState):
         if self.worker_prefix is not None:
             self.sync_relay_topics((topic,))
             return
-        if self._producers and topic != GAP_TOPIC:
+        if self._producers and (topic != GAP_TOPIC or self.asks_gaps):
             data = psc.encode(psc.Unsubscribe(topic))
             for session in self._producers:
                 session.send_raw(data)

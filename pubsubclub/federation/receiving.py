@@ -41,6 +41,9 @@ class Receiving(FederationState):
         def relayed(self, session: LinkSession, envelopes: Iterator[Envelope]) -> Iterator[Envelope]:
             """Relay: ``envelopes``, each forwarded on once delivered (relay.py)."""
 
+        def relay_gap(self, envelope: Envelope) -> None:
+            """Relay: a gap report to the workers that asked (relay.py)."""
+
     def link_resume(self, session: LinkSession, message: psc.Resume) -> None:
         """0.3: a consumer resumes its stream; answer PSC104, resend what it missed, then go live."""
         assert self.outbox is not None  # 0.3 is offered only with an outbox
@@ -91,7 +94,9 @@ class Receiving(FederationState):
         )
         now = self._reactor.seconds()
         payload = {"origin": gap.producer, "lost": gap.lost, "reason": gap.reason}
-        self.hub.deliver_remote(Envelope(GAP_TOPIC, payload, origin=self.node_id, published_at=now))
+        report = Envelope(GAP_TOPIC, payload, origin=self.node_id, published_at=now)
+        self.hub.deliver_remote(report)
+        self.relay_gap(report)
 
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         """A producer sent a PSC301 whose message breaks the JSON bounds: count it, keep the link."""

@@ -43,6 +43,11 @@ class Relay(FederationState):
     """Relaying between a node's workers and the cluster (a part of :class:`Federation`)."""
 
     if TYPE_CHECKING:
+        from pubsubclub.federation.retained import ClusterRetained
+        from pubsubclub.federation.rpc import ClusterRPC
+
+        rpc: ClusterRPC
+        retained: ClusterRetained
 
         def local_published(self, envelope: Envelope, relayed_from: LinkSession | None = None) -> None:
             """Forward a message to the consumers that asked for its topic (forwarding.py)."""
@@ -58,6 +63,9 @@ class Relay(FederationState):
         self.worker_prefix = worker_prefix
         self.unlisted = unlisted
         self.add_remote_topics_listener(self._remote_changed)
+        # Registrations and retained events cross the node's links with the same split horizon.
+        self.rpc.relaying = True
+        self.retained.relaying = True
 
     def is_worker_name(self, name: str | None) -> bool:
         """Whether ``name`` is one of this node's workers' node ids."""
@@ -96,7 +104,7 @@ class Relay(FederationState):
         """
         wanted = {topic for topic in self.hub.topics() if topic != GAP_TOPIC}
         for topic, peers in self.remote_interest().items():
-            if topic in wanted:
+            if topic in wanted or topic == GAP_TOPIC:
                 continue
             if producer.worker:
                 if any(peer != producer.peer_node for peer in peers):
@@ -221,6 +229,11 @@ class Relay(FederationState):
             yield envelope
             self.local_published(envelope, session)
 
+    def relay_gap(self, envelope: Envelope) -> None:
+        """A gap report this primary made (another node's stream): to the workers that asked, never to a node."""
+        if self.worker_prefix is not None:
+            self.local_published(envelope, _FROM_A_NODE)  # type: ignore[arg-type]
+
     def relay_targets(
         self,
         origin: LinkSession,
@@ -242,3 +255,13 @@ class Relay(FederationState):
         if link is not None:
             return bool(link.worker)
         return self.is_worker_name(stream.consumer)
+
+
+class _FromANode:
+    """The origin :meth:`Relay.relay_gap` names: another node's link (split horizon then keeps the workers only)."""
+
+    worker = False
+    peer_node = None
+
+
+_FROM_A_NODE = _FromANode()

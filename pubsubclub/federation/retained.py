@@ -19,6 +19,13 @@ retained events (not live ones) go to every 0.8 node.
   (:meth:`RetainedStore.merge`); past this node's caps it is dropped and
   counted (``pubsubclub_errors_total{component="psc",reason="retained_cap"}``).
 
+A node with workers (docs/architecture.md, "Workers") is one node here too:
+its primary *relays* (:attr:`ClusterRetained.relaying`) a PSC501 that changed
+its table on, with split horizon (one from a worker: to the other nodes and
+the other workers; one from another node: to the workers), so every worker
+and every node holds every retained event; a link-up table is already the
+whole table, replicas included.
+
 Sans-IO apart from the injected ``call_later`` and ``queued`` callables.
 """
 
@@ -60,6 +67,8 @@ class ClusterRetained:
         self.store: RetainedStore | None = None
         #: Open 0.8 links where we are the producer: retained events go there.
         self._consumers: dict[LinkSession, None] = {}
+        #: The primary of a node with workers: peers' events go on to the others (relay.py).
+        self.relaying = False
 
     def attach(self, store: RetainedStore) -> None:
         """Share ``store`` with the cluster: its local events go out, peers' events come in."""
@@ -111,7 +120,15 @@ class ClusterRetained:
         store = self.store
         if store is None:
             return  # no WAMP here: nobody can ask for retained events
-        if store.merge(msg.event) is None:
+        merged = store.merge(msg.event)
+        if merged and self.relaying:
+            data = None
+            for target in self._consumers:
+                if session.peer_node == target.peer_node or not (target.worker or session.worker):
+                    continue  # split horizon: never back to its worker, never from one node to another
+                data = data or psc_retain.Retained(msg.event).encode()
+                target.send_raw(data)
+        if merged is None:
             self.metrics.error(Source.PSC, "retained_cap")
             log.debug(
                 "dropped the retained event of {topic} from {peer}: over this node's retained caps",

@@ -23,6 +23,15 @@ with ERROR ``pubsubclub.error.node_unreachable`` to each caller (and the
 node's registrations leave the table until the link is back), on the
 callee's node the calls are forgotten and interruptible callees get INTERRUPT.
 
+A node with workers (``--workers N``, docs/architecture.md, "Workers") is one
+dealer to the cluster: its primary *relays* (:attr:`ClusterRPC.relaying`). It
+re-announces each registration learned on one link, under an id of its own,
+on the links split horizon allows (one from a worker: to the other nodes and
+the other workers; one from another node: to the workers), and a PSC403 for
+such an id goes on over the registration's link as a call the primary's
+dealer makes (:meth:`Dealer.relayed_call`), so its answers, cancels, timeouts
+and a link's loss come back as for any call.
+
 Sans-IO: links are :class:`~pubsubclub.federation.session.LinkSession`
 objects (``send_raw``), the dealer is injected with :meth:`ClusterRPC.attach`.
 """
@@ -32,6 +41,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from autobahn.wamp import message
+from twisted.logger import Logger
 
 from pubsubclub.federation import psc, psc_rpc
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, LinkError, LinkSession, Role
@@ -40,6 +50,8 @@ from pubsubclub.frontends.wamp.registrations import DisclosedInvocation
 if TYPE_CHECKING:
     from pubsubclub.frontends.wamp.dealer import Dealer, _Registration
 
+
+log = Logger()
 
 #: Re-exported: the node-to-node meta query's procedure (defined with the codec, psc_rpc.py).
 META_QUERY = psc_rpc.META_QUERY
@@ -127,11 +139,21 @@ class ClusterRPC:
         self._callees: dict[LinkSession, _CalleeLink] = {}
         #: The WAMP meta API's queries to and from other nodes (frontends/wamp/meta.py); None: not served.
         self.meta: Any = None
+        #: The primary of a node with workers: other links' registrations are re-announced (relay.py).
+        self.relaying = False
+        #: A worker other than the primary: the primary's node id, without whose link the cluster is out of reach.
+        self.required_peer: str | None = None
+        #: Re-announced registrations by the id this node announced them with, and that id by registration.
+        self._relayed: dict[int, _Registration] = {}
+        self._relay_ids: dict[_Registration, int] = {}
+        #: Past the cap of registrations one node announces (logged once until there is room again).
+        self._relay_full = False
 
     def attach(self, dealer: Dealer) -> None:
         """Serve ``dealer``'s registrations to the cluster and route its calls to other nodes."""
         self.dealer = dealer
         dealer.cluster = self
+        dealer.relay = _Relayed(self)
         dealer.node_id = self.node_id
         for session in self._callers:
             self._announce_all(session)
@@ -139,6 +161,26 @@ class ClusterRPC:
     def peers(self) -> list[tuple[str, _CalleeLink]]:
         """Each other node (by name) with the stand-in a call to it goes through (the meta API asks them)."""
         return [(session.peer_node or session.peer, link) for session, link in self._callees.items()]
+
+    def relay_peers(self, party: Any) -> list[tuple[str, _CalleeLink]]:
+        """:meth:`peers` a relaying primary asks for a query that came over ``party``'s link (split horizon)."""
+        source = getattr(party, "session", None)
+        if not self.relaying or source is None:
+            return []
+        return [(s.peer_node or s.peer, link) for s, link in self._callees.items() if _split(source, s)]
+
+    def relay_callees(self, party: Any, ids: list[Any]) -> dict[_CalleeLink, tuple[str, list[int]]]:
+        """Of registration ids a consumer link (``party``) asks about, the re-announced: per link, their own ids."""
+        source = getattr(party, "session", None)
+        found: dict[_CalleeLink, tuple[str, list[int]]] = {}
+        for reg_id in ids:
+            registration = self._relayed.get(reg_id) if type(reg_id) is int else None
+            if registration is None or source is None or not _relays(registration, source):
+                continue
+            link = registration.callee
+            assert isinstance(link, _CalleeLink) and registration.remote_id is not None
+            found.setdefault(link, (registration.node, []))[1].append(registration.remote_id)
+        return found
 
     def stats(self) -> dict[str, int]:
         """Open links carrying RPC, by direction."""
@@ -158,6 +200,9 @@ class ClusterRPC:
         if self.dealer is not None:
             for registration in self.dealer.local_registrations():
                 session.send_raw(_announcement(registration))
+            for reg_id, registration in self._relayed.items():
+                if _relays(registration, session):
+                    session.send_raw(_announcement(registration, reg_id))
 
     def link_closed(self, session: LinkSession) -> None:
         """A link closed: the calls in flight over it end, the other node's registrations leave the table."""
@@ -234,7 +279,11 @@ class ClusterRPC:
                 receive_progress=msg.receive_progress or None,
             )
             disclosed = (msg.caller, msg.caller_authid, msg.caller_authrole)
-            dealer.remote_call(caller, msg.call, msg.registration, call, disclosed, msg.disclose)
+            relayed = self._relayed.get(msg.registration)
+            if relayed is not None and _relays(relayed, session):
+                dealer.relayed_call(caller, relayed, call, disclosed, msg.disclose)
+            else:
+                dealer.remote_call(caller, msg.call, msg.registration, call, disclosed, msg.disclose)
         elif isinstance(msg, psc_rpc.Cancel) and dealer is not None:
             dealer.cancel(caller, message.Cancel(msg.call, mode=msg.mode))
 
@@ -259,10 +308,84 @@ class ClusterRPC:
         for session in self._callers:
             session.send_raw(data)
 
+    # -- other links' registrations, re-announced by a relaying primary ----------------------
 
-def _announcement(registration: Any) -> bytes:
+    def relay_registered(self, registration: _Registration) -> None:
+        """Another link's registration: re-announced where split horizon allows (a relaying primary only)."""
+        dealer = self.dealer
+        if not self.relaying or not isinstance(registration.callee, _CalleeLink) or dealer is None:
+            return
+        if len(self._relayed) + dealer.registrations() >= dealer.max_node_registrations:
+            # What a node announces on one link is capped by every node at max-registrations-per-node:
+            # past it the registration stays callable from here and its own worker only.
+            if not self._relay_full:
+                log.warn(
+                    "not re-announcing {procedure} from {node}: this node already announces {n} registrations, "
+                    "the limit of wamp.max-registrations-per-node",
+                    procedure=registration.procedure,
+                    node=registration.node,
+                    n=len(self._relayed) + dealer.registrations(),
+                )
+            self._relay_full = True
+            return
+        self._relay_full = False
+        reg_id = dealer.new_id()
+        while reg_id in self._relayed:
+            reg_id = dealer.new_id()
+        self._relayed[reg_id] = registration
+        self._relay_ids[registration] = reg_id
+        data = _announcement(registration, reg_id)
+        for session in self._callers:
+            if _relays(registration, session):
+                session.send_raw(data)
+
+    def relay_unregistered(self, registration: _Registration) -> None:
+        """A re-announced registration went: PSC402 where it was announced."""
+        reg_id = self._relay_ids.pop(registration, None)
+        if reg_id is None:
+            return
+        del self._relayed[reg_id]
+        data = psc_rpc.Unregister(reg_id).encode()
+        for session in self._callers:
+            if _relays(registration, session):
+                session.send_raw(data)
+
+
+class _Relayed:
+    """The dealer's listener for other links' registrations: :class:`ClusterRPC`'s relay methods."""
+
+    __slots__ = ("rpc",)
+
+    def __init__(self, rpc: ClusterRPC) -> None:
+        self.rpc = rpc
+
+    def registered(self, registration: _Registration) -> None:
+        """Another link's registration came."""
+        self.rpc.relay_registered(registration)
+
+    def unregistered(self, registration: _Registration) -> None:
+        """It went."""
+        self.rpc.relay_unregistered(registration)
+
+
+def _relays(registration: _Registration, target: LinkSession) -> bool:
+    """Split horizon: whether a registration learned on its link goes to ``target`` (a consumer link).
+
+    A worker's goes to the other nodes and the other workers; another node's to the workers only.
+    """
+    return _split(registration.callee.session, target)  # type: ignore[attr-defined]
+
+
+def _split(source: LinkSession, target: LinkSession) -> bool:
+    """Split horizon of a relaying primary: whether what came over ``source`` goes on over ``target``."""
+    if target.worker:
+        return bool(source.peer_node != target.peer_node)
+    return bool(source.worker)
+
+
+def _announcement(registration: Any, reg_id: int | None = None) -> bytes:
     return psc_rpc.Register(
-        registration.id,
+        registration.id if reg_id is None else reg_id,
         registration.realm,
         registration.procedure,
         registration.match,

@@ -51,6 +51,8 @@ class FederationState:
     worker_prefix: str | None
     #: Dial the URLs peers tell in their handshakes (off in a node's workers other than the primary).
     learn_from_peers: bool
+    #: Ask producers for gap reports too (a node's workers other than the primary: the primary's, relay.py).
+    asks_gaps: bool
     #: Server URLs never told to peers (the primary's workers).
     unlisted: set[str]
     #: Relay: what each producer was last asked for.

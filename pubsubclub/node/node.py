@@ -158,6 +158,8 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any, place: WorkerPl
     federation = Federation(hub, federation_settings(config), reactor=reactor, endpoint_factory=endpoint_factory)
     if place is not None and not place.primary:
         federation.learn_from_peers = False  # its one peer is the primary, whose peers are not its business
+        federation.asks_gaps = True  # the gaps the primary sees in other nodes' streams are its clients' too
+        federation.rpc.required_peer = place.node_id  # meta queries: without the primary the answer is incomplete
     if place is not None and place.primary and place.count > 1:
         federation.enable_relay(f"{place.node_id}.w", {place.psc_url(i) for i in range(1, place.count)})
     return federation

@@ -133,6 +133,9 @@ class Dealer:
     observer: ClusterListener | None = None
     #: Told whenever another node's registrations change (a bridge mirrors them into its router).
     remote_changed: Callable[[], None] | None = None
+    #: Told of each other node's registration coming and going (the primary of a node with workers
+    #: re-announces them, federation/rpc.py); None: nobody.
+    relay: ClusterListener | None = None
     #: (realm, match, procedure) -> its registrations on every node, in their cluster-wide order.
     _by_procedure: dict[tuple[str, str, str], list[_Registration]] = field(default_factory=dict)
     #: The keys of ``_by_procedure`` with a prefix or wildcard match (searched when no exact one matches).
@@ -285,6 +288,8 @@ class Dealer:
         own[remote_id] = registration
         key = (realm, match, procedure)
         self._insert(key, registration)
+        if self.relay is not None:
+            self.relay.registered(registration)
         group = self._by_procedure[key]
         head = group[0]
         for other in list(group):
@@ -339,6 +344,23 @@ class Dealer:
         if self._over_caps(link, msg, self.max_link_calls, "wamp.max-calls-per-link"):
             return
         self._invoke(link, msg, registration, caller if disclose or registration.disclose_caller else NO_IDENTITY)
+
+    def relayed_call(
+        self,
+        link: Party,
+        registration: _Registration,
+        msg: message.Call,
+        caller: Identity = NO_IDENTITY,
+        disclose: bool = False,
+    ) -> None:
+        """A call from another node or worker (``link``) for a registration of a third, which this node re-announced.
+
+        The primary of a node with workers (federation/rpc.py): the call goes on over the
+        registration's own link with the caller's node's identity and decision, as one made here would.
+        """
+        if self._over_caps(link, msg, self.max_link_calls, "wamp.max-calls-per-link"):
+            return
+        self._invoke(link, msg, registration, caller, disclose)
 
     def _refuse_registration(self, callee: Party, msg: message.Register, text: str, limit: str, value: int) -> None:
         error = _limit_error(message.Register.MESSAGE_TYPE, msg.request, TOO_MANY_REGISTRATIONS, text, limit, value)
@@ -595,6 +617,7 @@ class Dealer:
             self._interrupt(invocation, call)
 
     def _drop_registration(self, registration: _Registration, why: str, uri: str = CANCELED) -> None:
+        relayed: ClusterListener | None = None
         key = (registration.realm, registration.match, registration.procedure)
         group = self._by_procedure.get(key)
         if group is not None and registration in group:
@@ -615,6 +638,7 @@ class Dealer:
             own = self._remote.get(registration.callee)
             if own is not None and own.get(registration.remote_id) is registration:
                 _forget(self._remote, registration.callee, registration.remote_id)
+                relayed = self.relay
             if self.remote_changed is not None:
                 self.remote_changed()
         if self._registrations_compaction.due(len(self._by_id)):
@@ -625,6 +649,9 @@ class Dealer:
             call = self._calls[invocation]
             self._finish(invocation)
             call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, uri, args=[why]))
+        if relayed is not None:
+            # After its calls' ERRORs: a node that re-announced it ends them with this node's reason.
+            relayed.unregistered(registration)
 
     def remote_procedures(self, realm: str) -> dict[tuple[str, str], str]:
         """``(match, procedure)`` -> invoke policy of every other node's registration in ``realm``."""

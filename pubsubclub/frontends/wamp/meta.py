@@ -675,14 +675,20 @@ class WampMeta:
 
         False (nothing sent) past ``max_queries`` queries in flight.
         """
+        unreachable: dict[str, str] = {}
         if links is None:
             links = self.rpc.peers() if self.rpc is not None else []
+            required = getattr(self.rpc, "required_peer", None)
+            if required is not None and all(node != required for node, _ in links):
+                # A worker whose primary is away (restarting) reaches no other process: say so, never undercount.
+                unreachable[required] = "the link to this node's primary worker is down"
         if not links:
-            done({}, {})
+            done({}, unreachable)
             return True
         if len(self._queries) >= self.limits.max_queries:
             return False
         pending = _Query(done)
+        pending.missing.update(unreachable)
         timeout = self.limits.timeout
         invocation_args = [query, params]
         seen: set[str] = set()
@@ -776,10 +782,67 @@ class WampMeta:
         except (_BadArgument, TypeError) as e:  # TypeError: an unhashable id or realm from a confused peer
             party.send_message(message.Error(message.Call.MESSAGE_TYPE, call, INVALID_ARGUMENT, args=[str(e)]))
             return
+        if getattr(self.rpc, "relaying", False):
+            self._serve_relayed(party, call, args[0], args[1], answer)
+            return
+        self._send_answer(party, call, answer)
+
+    def _serve_relayed(self, party: Any, call: int, query: str, params: dict[str, Any], answer: Any) -> None:
+        """The primary of a node with workers answers for what the asker reaches through it alone.
+
+        A query from another node: this process and its workers; from a worker: this process,
+        the other workers and the other nodes (split horizon, as messages are relayed). Their
+        answers are combined into one, so the asker counts each session once.
+        """
+        asks: list[tuple[dict[str, Any], list[tuple[str, Any]]]] = []
+        if query == "callees":
+            ids = params.get("ids")
+            for link, (node, own_ids) in self.rpc.relay_callees(party, ids if isinstance(ids, list) else []).items():
+                asks.append(({"ids": own_ids}, [(node, link)]))
+        else:
+            links = self.rpc.relay_peers(party)
+            if links:
+                asks.append((params, links))
+        if not asks:
+            self._send_answer(party, call, answer)
+            return
+        answers: list[Any] = [answer]
+        missing: dict[str, str] = {}
+        left = [len(asks)]
+
+        def done(remote: dict[str, Any], lost: dict[str, str]) -> None:
+            answers.extend(remote[node] for node in sorted(remote))
+            missing.update(lost)
+            left[0] -= 1
+            if left[0]:
+                return
+            if missing:
+                why = "; ".join(f"{node}: {missing[node]}" for node in sorted(missing))
+                text = f"node {self.node_id} could not answer for {', '.join(sorted(missing))} ({why})"
+                party.send_message(message.Error(message.Call.MESSAGE_TYPE, call, INCOMPLETE, args=[text]))
+                return
+            self._send_answer(party, call, _combine(query, params, answers, self.limits.max_results))
+
+        for sub_params, links in asks:
+            if not self._ask(query, sub_params, done, links):
+                text = f"node {self.node_id} already has {len(self._queries)} meta queries in flight"
+                party.send_message(message.Error(message.Call.MESSAGE_TYPE, call, TOO_MANY_QUERIES, args=[text]))
+                return
+
+    def _send_answer(self, party: Any, call: int, answer: Any) -> None:
         too_big = party.send_if_fits(message.Result(call, args=[answer]))
         if too_big is not None:
             text = f"node {self.node_id}'s answer would be {too_big[0]} bytes, over the link's limit of {too_big[1]}"
             party.send_message(message.Error(message.Call.MESSAGE_TYPE, call, PAYLOAD_SIZE_EXCEEDED, args=[text]))
+
+
+def _combine(query: str, params: dict[str, Any], answers: list[Any], limit: int) -> Any:
+    """One answer to ``query`` from several processes' (a relaying primary's and those it asked)."""
+    if query == "count" or (query == "subscribers" and params.get("count")):
+        return sum(n for n in answers if type(n) is int)
+    if query in ("session", "sub_lookup", "sub_get"):
+        return next((a for a in answers if a is not None), None)
+    return [item for a in answers if isinstance(a, list) for item in a][: limit + 1]
 
 
 def _total(answers: dict[str, Any]) -> int:
