@@ -35,6 +35,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pubsubclub.bench.calls import DEFAULT_WINDOW, measure_calls
+from pubsubclub.bench.fanout import measure_fanout
+from pubsubclub.bench.idle import idle_node_flags, measure_idle
 from pubsubclub.bench.nodes import free_port, local, machine, node_pair, progress, start_node, stop
 from pubsubclub.bench.wamp import Target, check_wamp_args, measure
 
@@ -46,6 +49,10 @@ CLIENTS: dict[str, dict[str, str]] = {
 }
 TOPOLOGIES = ("single", "pair")
 RLINK_ROLE = "rlink"
+#: The row groups of the table (``--rows``): pub/sub runs, cross-node calls, idle sessions, fan-out.
+ROW_GROUPS = ("events", "calls", "idle", "fanout")
+#: The call clients compared (``pubsubclub.bench.calls``), both JSON over WebSocket.
+CALL_CLIENTS = {"autobahn-json-ws": "autobahn", "lean-json-ws": "lean"}
 
 
 # -- pubsubclub --------------------------------------------------------------------
@@ -83,12 +90,22 @@ def _node_public_key(node_dir: Path) -> str:
     raise RuntimeError(f"no public key in {cbdir / 'key.pub'}")
 
 
-def _with_rlink(config: dict[str, Any], peer_key: str, peer_port: int) -> dict[str, Any]:
-    """``config`` (one router) plus an rlink to the router on ``peer_port`` whose node key is ``peer_key``."""
+def _with_rlink(config: dict[str, Any], peer_key: str, peer_port: int, calls: bool = False) -> dict[str, Any]:
+    """``config`` (one router) plus an rlink to the router on ``peer_port`` whose node key is ``peer_key``.
+
+    With ``calls`` the rlink forwards the router's own registrations too (and
+    every role discloses its callers: an rlink refuses to forward a call whose
+    caller it does not know).
+    """
     from pubsubclub.testing.crossbar import permission, role
 
     config = copy.deepcopy(config)
     worker = config["workers"][0]
+    if calls:
+        for realm in worker["realms"]:
+            for r in realm["roles"]:
+                for p in r["permissions"]:
+                    p["disclose"]["caller"] = True
     cryptosign = {"type": "static", "principals": {
         "peer-router": {"realm": "realm1", "role": RLINK_ROLE, "authorized_keys": [peer_key]}}}  # fmt: skip
     for transport in worker["transports"]:
@@ -104,28 +121,47 @@ def _with_rlink(config: dict[str, Any], peer_key: str, peer_port: int) -> dict[s
             # Each router forwards what its own clients publish; remote events stay put (no loops).
             "forward_local_events": True,
             "forward_remote_events": False,
-            "forward_local_invocations": False,
+            # Each router registers its own clients' procedures on the other (calls cross once); the
+            # other router's forwarding registrations are not sent back (forward_remote_invocations).
+            "forward_local_invocations": calls,
             "forward_remote_invocations": False,
         }]  # fmt: skip
     return config
 
 
-def _crossbar(topology: str, workdir: Path) -> tuple[Target, Callable[[], None]]:
+def _without_pings(config: dict[str, Any]) -> dict[str, Any]:
+    """``config`` with the WebSocket auto-ping off: the idle and fan-out clients never answer pings."""
+    config = copy.deepcopy(config)
+    for transport in config["workers"][0]["transports"]:
+        if transport["type"] == "web":
+            transport["paths"]["ws"].pop("options", None)
+    return config
+
+
+def _crossbar(
+    topology: str, workdir: Path, calls: bool = False, pings: bool = True
+) -> tuple[Target, Callable[[], None]]:
     from pubsubclub.testing.crossbar import CrossbarProcess, router_config
 
+    if calls or not pings:
+        workdir = workdir / ("calls" if calls else "quiet")  # node directories of their own (keys, configs, logs)
     names = ["single"] if topology == "single" else ["a", "b"]
     ports = {name: (free_port(), free_port()) for name in names}
     # An rlink re-publishes an event only when it knows the publisher: disclosure on (for the pair).
     configs = {name: router_config(ws, rawsocket_port=rs, disclose_publisher=topology == "pair")
                for name, (ws, rs) in ports.items()}  # fmt: skip
+    if not pings:
+        configs = {name: _without_pings(config) for name, config in configs.items()}
     if topology == "pair":
         keys = {name: _node_public_key(workdir / f"crossbar-{name}") for name in names}
         for name, peer in (("a", "b"), ("b", "a")):
-            configs[name] = _with_rlink(configs[name], keys[peer], ports[peer][0])
+            configs[name] = _with_rlink(configs[name], keys[peer], ports[peer][0], calls)
     routers: list[CrossbarProcess] = []
     try:
         for name in names:
-            router = CrossbarProcess(workdir / f"crossbar-{name}", ports[name][0], configs[name], f"crossbar-{name}")
+            # For calls, warnings only: its rlink logs two info lines per forwarded call (the nodes log warnings).
+            router = CrossbarProcess(workdir / f"crossbar-{name}", ports[name][0], configs[name], f"crossbar-{name}",
+                                     loglevel="warn" if calls else "info")  # fmt: skip
             progress(f"starting Crossbar router {name} (ws {ports[name][0]}, rawsocket {ports[name][1]})")
             routers.append(router.start())
     except BaseException:
@@ -171,13 +207,98 @@ def _ratio(ours: float | None, theirs: float | None) -> float | None:
     return None if ours is None or not theirs else ours / theirs
 
 
+def _medians(samples: list[dict[str, Any]], keys: tuple[str, ...]) -> dict[str, Any]:
+    """The median of each of ``keys`` over ``samples``, with every sample kept (the noise)."""
+    cell: dict[str, Any] = {key: statistics.median(s[key] for s in samples) for key in keys}
+    cell.update(runs=len(samples), each=samples)
+    return cell
+
+
+def _rows(
+    cells: dict[str, dict[str, Any]], group: str, clients: list[str], keys: tuple[str, ...]
+) -> list[dict[str, Any]]:
+    rows = []
+    for client in clients:
+        ours, theirs = cells[f"pubsubclub/{client}"], cells[f"crossbar/{client}"]
+        rows.append({"group": group, "client": client, "pubsubclub": ours, "crossbar": theirs,
+                     "ratio": {key: _ratio(ours[key], theirs[key]) for key in keys}})  # fmt: skip
+    return rows
+
+
+CALL_KEYS = ("calls_per_s", "server_cpu_us_per_call", "p50_ms", "p99_ms")
+
+
+def _calls_rows(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """Cross-node calls: two pubsubclub nodes, then two Crossbar routers whose rlinks forward registrations."""
+    cells: dict[str, dict[str, Any]] = {}
+    for system in ("pubsubclub", "crossbar"):
+        progress(f"{system}, calls: caller on A, callee on B")
+        if system == "pubsubclub":
+            (pa, ra), (pb, rb) = node_pair()
+            urls, pids = (ra["wamp"], rb["wamp"]), [pa.pid, pb.pid]
+            stop_system: Callable[[], None] = lambda procs=(pa, pb): stop(procs)  # noqa: E731
+        else:
+            target, stop_system = _crossbar("pair", workdir, calls=True)
+            urls, pids = target.ws, list(target.pids)
+        try:
+            for client, kind in CALL_CLIENTS.items():
+                progress(f"{system}, calls: {client}")
+                run_args = argparse.Namespace(**{**vars(args), "client": kind, "window": DEFAULT_WINDOW})
+                samples = [measure_calls(run_args, urls[0], urls[1], pids) for _ in range(args.runs)]
+                cells[f"{system}/{client}"] = _medians(samples, CALL_KEYS)
+        finally:
+            stop_system()
+    return _rows(cells, "calls", list(CALL_CLIENTS), CALL_KEYS)
+
+
+def _single_rows(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
+    """Idle subscribed sessions and fan-out 1 -> N on one pubsubclub node and on one Crossbar router."""
+    cells: dict[str, dict[str, Any]] = {}
+    subscribers = args.subscribers or 1000
+    for system in ("pubsubclub", "crossbar"):
+        for group in [g for g in ("idle", "fanout") if g in args.rows.split(",")]:
+            progress(f"{system}, {group}")
+            if system == "pubsubclub":
+                proc, ready = start_node(f"bench-{group}", ["--wamp", local(free_port()), "--psc", local(0),
+                                         *idle_node_flags(max(args.sessions, subscribers))])  # fmt: skip
+                port, pids = int(ready["wamp"].rsplit(":", 1)[1].split("/", 1)[0]), [proc.pid]
+                stop_system: Callable[[], None] = lambda procs=(proc,): stop(procs)  # noqa: E731
+            else:
+                target, stop_system = _crossbar("single", workdir, pings=False)
+                port, pids = int(target.ws[0].rsplit(":", 1)[1].split("/", 1)[0]), list(target.pids)
+            try:
+                samples = []
+                for _ in range(args.runs):
+                    if group == "idle":
+                        samples.append(measure_idle(port, pids, args.sessions, args.max_seconds))
+                    else:
+                        figures = measure_fanout([port], None, subscribers, args.fanout_messages, args.size,
+                                                 args.max_seconds)  # fmt: skip
+                        if figures["lost"]:
+                            raise RuntimeError(f"{system} fan-out: {figures['lost']} deliveries lost")
+                        samples.append(figures)
+                keys = ("bytes_per_session",) if group == "idle" else ("deliveries_per_second",)
+                cells[f"{system}/{group}"] = _medians(samples, keys)
+            finally:
+                stop_system()
+    rows = []
+    for group, key in (("idle", "bytes_per_session"), ("fanout", "deliveries_per_second")):
+        if f"pubsubclub/{group}" in cells:
+            rows += _rows(cells, group, [group], (key,))
+    for row in rows:
+        row["client"] = "lean-ws"  # the asyncio WebSocket client of pubsubclub.bench.idle
+    return rows
+
+
 def run_peers_bench(args: argparse.Namespace) -> int:
     """Every client x topology against pubsubclub and Crossbar; one table of ratios."""
     clients = args.clients.split(",") if args.clients else list(CLIENTS)
     topologies = TOPOLOGIES if args.topology == "both" else (args.topology,)
     unknown = [c for c in clients if c not in CLIENTS]
-    if unknown or args.runs < 1:
-        raise SystemExit(f"pubsubclub: error: --clients takes {', '.join(CLIENTS)}; --runs at least 1")
+    groups = args.rows.split(",")
+    if unknown or args.runs < 1 or not set(groups) <= set(ROW_GROUPS):
+        raise SystemExit(f"pubsubclub: error: --clients takes {', '.join(CLIENTS)}; --rows takes "
+                         f"{', '.join(ROW_GROUPS)}; --runs at least 1")  # fmt: skip
     check_wamp_args(argparse.Namespace(**{**vars(args), **CLIENTS["lean"]}))
     from pubsubclub.testing.crossbar import CrossbarMissing, crossbar_executable
 
@@ -185,13 +306,15 @@ def run_peers_bench(args: argparse.Namespace) -> int:
         crossbar_executable()  # a clear error now rather than after the pubsubclub runs
     except CrossbarMissing as e:
         raise SystemExit(f"pubsubclub: error: {e}") from None
-    progress(f"settings: --scenario peers --clients {','.join(clients)} --topology {args.topology} --runs "
-             f"{args.runs} --count {args.count} --latency-count {args.latency_count} --rate {args.rate} --size "
-             f"{args.size}")  # fmt: skip
+    progress(f"settings: --scenario peers --rows {args.rows} --clients {','.join(clients)} --topology "
+             f"{args.topology} --runs {args.runs} --count {args.count} --latency-count {args.latency_count} --rate "
+             f"{args.rate} --size {args.size} --sessions {args.sessions} --subscribers {args.subscribers or 1000} "
+             f"--fanout-messages {args.fanout_messages} --max-seconds {args.max_seconds:g}")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="pubsubclub-bench-peers-"))
     rows: list[dict[str, Any]] = []
+    other_rows: list[dict[str, Any]] = []
     try:
-        for topology in topologies:
+        for topology in topologies if "events" in groups else ():
             cells: dict[str, dict[str, Any]] = {}
             for system in ("pubsubclub", "crossbar"):
                 progress(f"{system}, {topology}")
@@ -212,13 +335,18 @@ def run_peers_bench(args: argparse.Namespace) -> int:
                     "ratio": {key: _ratio(ours[key], theirs[key]) for key in ("msgs_per_s", "server_cpu_us_per_msg",
                                                                               "p99_ms")},
                 })  # fmt: skip
+        if "calls" in groups:
+            other_rows += _calls_rows(args, workdir)
+        if "idle" in groups or "fanout" in groups:
+            other_rows += _single_rows(args, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-    results = {"machine": machine(), "scenario": "peers", "runs": args.runs, "count": args.count, "rows": rows}
+    results = {"machine": machine(), "scenario": "peers", "runs": args.runs, "count": args.count, "rows": rows,
+               "other_rows": other_rows}  # fmt: skip
     if args.json:
         print(json.dumps(results, indent=2))
     else:
-        print(_table(rows))
+        print("\n\n".join(t for t in (_table(rows) if rows else "", _other_table(other_rows, args)) if t))
     return 0
 
 
@@ -241,4 +369,32 @@ def _table(rows: list[dict[str, Any]]) -> str:
             f"{num(theirs['server_cpu_us_per_msg'], 1)} | {num(ratio['server_cpu_us_per_msg'], 2)} | "
             f"{num(ours['p99_ms'], 2)} | {num(theirs['p99_ms'], 2)} | {num(ratio['p99_ms'], 2)} |"
         )
+    return "\n".join(lines)
+
+
+#: Per row group: (figure, unit, digits) for each column pair of the second table.
+_OTHER_COLUMNS: dict[str, list[tuple[str, str, int]]] = {
+    "calls": [("calls_per_s", "calls/s", 0), ("server_cpu_us_per_call", "CPU us/call", 1), ("p50_ms", "p50 ms", 2),
+              ("p99_ms", "p99 ms", 2)],
+    "idle": [("bytes_per_session", "KiB/session", 1)],
+    "fanout": [("deliveries_per_second", "deliveries/s", 0)],
+}  # fmt: skip
+
+
+def _other_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """Calls, idle and fan-out rows: one line per figure, pubsubclub / Crossbar."""
+    if not rows:
+        return ""
+    where = {
+        "calls": f"pair, caller on A, callee on B; {DEFAULT_WINDOW} in flight, latency at {args.rate}/s",
+        "idle": f"single, {args.sessions} subscribed sessions",
+        "fanout": f"single, 1 -> {args.subscribers or 1000}, {args.fanout_messages} messages",
+    }
+    lines = ["| group | client | figure | pubsubclub | Crossbar | ratio |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        for key, unit, digits in _OTHER_COLUMNS[r["group"]]:
+            scale = 1 / 1024 if unit == "KiB/session" else 1
+            ours, theirs, ratio = r["pubsubclub"][key] * scale, r["crossbar"][key] * scale, r["ratio"][key]
+            lines.append(f"| {r['group']} ({where[r['group']]}) | {r['client']} | {unit} | {ours:,.{digits}f} | "
+                         f"{theirs:,.{digits}f} | {'-' if ratio is None else f'{ratio:.2f}'} |")  # fmt: skip
     return "\n".join(lines)
