@@ -144,6 +144,7 @@ def measure_idle(port: int, pids: list[int], count: int, max_seconds: float) -> 
         loop.close()
     return {
         "sessions": count,
+        "subscribed": len(writers),  # each one's SUBSCRIBED read back
         "rss_before": before,
         "rss_after": after,
         "bytes_per_session": (after - before) / count,

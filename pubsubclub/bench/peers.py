@@ -17,6 +17,22 @@ public key (an rlink's remote leg authenticates with the node key), and an
 rlink to the other router that forwards local events only (so nothing loops).
 A router's CPU is its whole process tree (controller and router worker).
 
+More row groups (``--rows``, default all) run on the same servers:
+
+* **calls** (on the pair): cross-node RPC, :mod:`pubsubclub.bench.calls`'s
+  caller on A and callee on B, with Autobahn-Python and with the lean
+  WebSocket clients; the routers' rlinks also forward their own clients'
+  registrations (``forward_local_invocations``) and every role discloses
+  callers (an rlink refuses to forward a call from an unknown caller);
+* **idle** and **fanout** (on the single server): memory per idle subscribed
+  session (:mod:`pubsubclub.bench.idle`) and fan-out 1 -> ``--subscribers``
+  (:mod:`pubsubclub.bench.fanout`).
+
+The routers run with ``--loglevel warn`` (the nodes log warnings only; an
+rlink logs two info lines per forwarded call) and without WebSocket
+auto-ping (the idle and fan-out clients never answer pings; the nodes get
+the same flags as the idle scenario's).
+
 Each cell is the median of ``--runs`` runs; the table gives pubsubclub /
 Crossbar for every figure (above 1 is better for msgs/s, below 1 for CPU
 and p99).
@@ -58,10 +74,12 @@ CALL_CLIENTS = {"autobahn-json-ws": "autobahn", "lean-json-ws": "lean"}
 # -- pubsubclub --------------------------------------------------------------------
 
 
-def _pubsubclub(topology: str) -> tuple[Target, Callable[[], None]]:
+def _pubsubclub(topology: str, sessions: int = 0) -> tuple[Target, Callable[[], None]]:
     if topology == "single":
+        # Caps raised for the idle and fan-out rows' sessions from one address (as their scenarios do).
+        extra = idle_node_flags(sessions) if sessions else []
         proc, ready = start_node("bench-single", ["--wamp", local(free_port()), "--psc", local(free_port()),
-                                                  "--rawsocket", local(free_port())])  # fmt: skip
+                                                  "--rawsocket", local(free_port()), *extra])  # fmt: skip
         target = Target(ws=(ready["wamp"],) * 2, rs=(ready["rawsocket"],) * 2, pids=(proc.pid,))
         return target, lambda: stop([proc])
     (pa, ra), (pb, rb) = node_pair(("--rawsocket", "tcp:0:interface=127.0.0.1"))
@@ -138,30 +156,27 @@ def _without_pings(config: dict[str, Any]) -> dict[str, Any]:
     return config
 
 
-def _crossbar(
-    topology: str, workdir: Path, calls: bool = False, pings: bool = True
-) -> tuple[Target, Callable[[], None]]:
+def _crossbar(topology: str, workdir: Path) -> tuple[Target, Callable[[], None]]:
+    """One router or two joined by rlinks (events and registrations), WebSocket auto-ping off, warnings only."""
     from pubsubclub.testing.crossbar import CrossbarProcess, router_config
 
-    if calls or not pings:
-        workdir = workdir / ("calls" if calls else "quiet")  # node directories of their own (keys, configs, logs)
     names = ["single"] if topology == "single" else ["a", "b"]
     ports = {name: (free_port(), free_port()) for name in names}
     # An rlink re-publishes an event only when it knows the publisher: disclosure on (for the pair).
     configs = {name: router_config(ws, rawsocket_port=rs, disclose_publisher=topology == "pair")
                for name, (ws, rs) in ports.items()}  # fmt: skip
-    if not pings:
-        configs = {name: _without_pings(config) for name, config in configs.items()}
+    # The idle and fan-out clients never answer pings (the nodes' idle deadline is off for them likewise).
+    configs = {name: _without_pings(config) for name, config in configs.items()}
     if topology == "pair":
         keys = {name: _node_public_key(workdir / f"crossbar-{name}") for name in names}
         for name, peer in (("a", "b"), ("b", "a")):
-            configs[name] = _with_rlink(configs[name], keys[peer], ports[peer][0], calls)
+            configs[name] = _with_rlink(configs[name], keys[peer], ports[peer][0], calls=True)
     routers: list[CrossbarProcess] = []
     try:
         for name in names:
-            # For calls, warnings only: its rlink logs two info lines per forwarded call (the nodes log warnings).
+            # Warnings only, as the nodes: an rlink logs two info lines per call it forwards.
             router = CrossbarProcess(workdir / f"crossbar-{name}", ports[name][0], configs[name], f"crossbar-{name}",
-                                     loglevel="warn" if calls else "info")  # fmt: skip
+                                     loglevel="warn")  # fmt: skip
             progress(f"starting Crossbar router {name} (ws {ports[name][0]}, rawsocket {ports[name][1]})")
             routers.append(router.start())
     except BaseException:
@@ -219,7 +234,7 @@ def _rows(
 ) -> list[dict[str, Any]]:
     rows = []
     for client in clients:
-        ours, theirs = cells[f"pubsubclub/{client}"], cells[f"crossbar/{client}"]
+        ours, theirs = cells[f"pubsubclub/{group}/{client}"], cells[f"crossbar/{group}/{client}"]
         rows.append({"group": group, "client": client, "pubsubclub": ours, "crossbar": theirs,
                      "ratio": {key: _ratio(ours[key], theirs[key]) for key in keys}})  # fmt: skip
     return rows
@@ -228,66 +243,38 @@ def _rows(
 CALL_KEYS = ("calls_per_s", "server_cpu_us_per_call", "p50_ms", "p99_ms")
 
 
-def _calls_rows(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
-    """Cross-node calls: two pubsubclub nodes, then two Crossbar routers whose rlinks forward registrations."""
-    cells: dict[str, dict[str, Any]] = {}
-    for system in ("pubsubclub", "crossbar"):
-        progress(f"{system}, calls: caller on A, callee on B")
-        if system == "pubsubclub":
-            (pa, ra), (pb, rb) = node_pair()
-            urls, pids = (ra["wamp"], rb["wamp"]), [pa.pid, pb.pid]
-            stop_system: Callable[[], None] = lambda procs=(pa, pb): stop(procs)  # noqa: E731
-        else:
-            target, stop_system = _crossbar("pair", workdir, calls=True)
-            urls, pids = target.ws, list(target.pids)
-        try:
-            for client, kind in CALL_CLIENTS.items():
-                progress(f"{system}, calls: {client}")
-                run_args = argparse.Namespace(**{**vars(args), "client": kind, "window": DEFAULT_WINDOW})
-                samples = [measure_calls(run_args, urls[0], urls[1], pids) for _ in range(args.runs)]
-                cells[f"{system}/{client}"] = _medians(samples, CALL_KEYS)
-        finally:
-            stop_system()
-    return _rows(cells, "calls", list(CALL_CLIENTS), CALL_KEYS)
+def _call_cells(args: argparse.Namespace, system: str, target: Target) -> dict[str, dict[str, Any]]:
+    """Cross-node calls on a pair: caller on A, callee on B, each call client."""
+    cells = {}
+    for client, kind in CALL_CLIENTS.items():
+        progress(f"{system}, calls: {client}")
+        run_args = argparse.Namespace(**{**vars(args), "client": kind, "window": DEFAULT_WINDOW})
+        samples = [measure_calls(run_args, target.ws[0], target.ws[1], list(target.pids)) for _ in range(args.runs)]
+        cells[f"{system}/calls/{client}"] = _medians(samples, CALL_KEYS)
+    return cells
 
 
-def _single_rows(args: argparse.Namespace, workdir: Path) -> list[dict[str, Any]]:
-    """Idle subscribed sessions and fan-out 1 -> N on one pubsubclub node and on one Crossbar router."""
-    cells: dict[str, dict[str, Any]] = {}
-    subscribers = args.subscribers or 1000
-    for system in ("pubsubclub", "crossbar"):
-        for group in [g for g in ("idle", "fanout") if g in args.rows.split(",")]:
-            progress(f"{system}, {group}")
-            if system == "pubsubclub":
-                proc, ready = start_node(f"bench-{group}", ["--wamp", local(free_port()), "--psc", local(0),
-                                         *idle_node_flags(max(args.sessions, subscribers))])  # fmt: skip
-                port, pids = int(ready["wamp"].rsplit(":", 1)[1].split("/", 1)[0]), [proc.pid]
-                stop_system: Callable[[], None] = lambda procs=(proc,): stop(procs)  # noqa: E731
-            else:
-                target, stop_system = _crossbar("single", workdir, pings=False)
-                port, pids = int(target.ws[0].rsplit(":", 1)[1].split("/", 1)[0]), list(target.pids)
-            try:
-                samples = []
-                for _ in range(args.runs):
-                    if group == "idle":
-                        samples.append(measure_idle(port, pids, args.sessions, args.max_seconds))
-                    else:
-                        figures = measure_fanout([port], None, subscribers, args.fanout_messages, args.size,
-                                                 args.max_seconds)  # fmt: skip
-                        if figures["lost"]:
-                            raise RuntimeError(f"{system} fan-out: {figures['lost']} deliveries lost")
-                        samples.append(figures)
-                keys = ("bytes_per_session",) if group == "idle" else ("deliveries_per_second",)
-                cells[f"{system}/{group}"] = _medians(samples, keys)
-            finally:
-                stop_system()
-    rows = []
-    for group, key in (("idle", "bytes_per_session"), ("fanout", "deliveries_per_second")):
-        if f"pubsubclub/{group}" in cells:
-            rows += _rows(cells, group, [group], (key,))
-    for row in rows:
-        row["client"] = "lean-ws"  # the asyncio WebSocket client of pubsubclub.bench.idle
-    return rows
+def _single_cells(
+    args: argparse.Namespace, system: str, target: Target, groups: list[str]
+) -> dict[str, dict[str, Any]]:
+    """Idle subscribed sessions and fan-out 1 -> N on one server."""
+    cells = {}
+    port, pids = int(target.ws[0].rsplit(":", 1)[1].split("/", 1)[0]), list(target.pids)
+    for group in [g for g in ("idle", "fanout") if g in groups]:
+        progress(f"{system}, {group}")
+        samples = []
+        for _ in range(args.runs):
+            if group == "idle":
+                samples.append(measure_idle(port, pids, args.sessions, args.max_seconds))
+                continue
+            figures = measure_fanout([port], None, args.subscribers or 1000, args.fanout_messages, args.size,
+                                     args.max_seconds)  # fmt: skip
+            if figures["lost"]:
+                raise RuntimeError(f"{system} fan-out: {figures['lost']} deliveries lost")
+            samples.append(figures)
+        keys = ("bytes_per_session",) if group == "idle" else ("deliveries_per_second",)
+        cells[f"{system}/{group}/{group}"] = _medians(samples, keys)
+    return cells
 
 
 def run_peers_bench(args: argparse.Namespace) -> int:
@@ -313,32 +300,44 @@ def run_peers_bench(args: argparse.Namespace) -> int:
     workdir = Path(tempfile.mkdtemp(prefix="pubsubclub-bench-peers-"))
     rows: list[dict[str, Any]] = []
     other_rows: list[dict[str, Any]] = []
+    # Each server set is started once per system and serves every group that runs on it.
+    wanted = [t for t in ("single", "pair") if (t in topologies and "events" in groups) or
+              (t == "pair" and "calls" in groups) or (t == "single" and {"idle", "fanout"} & set(groups))]  # fmt: skip
     try:
-        for topology in topologies if "events" in groups else ():
+        for topology in wanted:
+            events = "events" in groups and topology in topologies
             cells: dict[str, dict[str, Any]] = {}
             for system in ("pubsubclub", "crossbar"):
                 progress(f"{system}, {topology}")
                 if system == "pubsubclub":
-                    target, stop_system = _pubsubclub(topology)
+                    target, stop_system = _pubsubclub(topology, max(args.sessions, args.subscribers or 1000))
                 else:
                     target, stop_system = _crossbar(topology, workdir)
                 try:
-                    for client in clients:
+                    for client in clients if events else ():
                         progress(f"{system}, {topology}: {client}")
                         cells[f"{system}/{client}"] = _cell(args, client, target)
+                    if topology == "pair" and "calls" in groups:
+                        cells.update(_call_cells(args, system, target))
+                    if topology == "single":
+                        cells.update(_single_cells(args, system, target, groups))
                 finally:
                     stop_system()
-            for client in clients:
+            if topology == "pair" and "calls" in groups:
+                other_rows += _rows(cells, "calls", list(CALL_CLIENTS), CALL_KEYS)
+            for group, key in (("idle", "bytes_per_session"), ("fanout", "deliveries_per_second")):
+                if f"pubsubclub/{group}/{group}" in cells:
+                    group_rows = _rows(cells, group, [group], (key,))
+                    for row in group_rows:
+                        row["client"] = "lean-ws"  # the asyncio WebSocket client of pubsubclub.bench.idle
+                    other_rows += group_rows
+            for client in clients if events else ():
                 ours, theirs = cells[f"pubsubclub/{client}"], cells[f"crossbar/{client}"]
                 rows.append({
                     "client": client, "topology": topology, "pubsubclub": ours, "crossbar": theirs,
                     "ratio": {key: _ratio(ours[key], theirs[key]) for key in ("msgs_per_s", "server_cpu_us_per_msg",
                                                                               "p99_ms")},
                 })  # fmt: skip
-        if "calls" in groups:
-            other_rows += _calls_rows(args, workdir)
-        if "idle" in groups or "fanout" in groups:
-            other_rows += _single_rows(args, workdir)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     results = {"machine": machine(), "scenario": "peers", "runs": args.runs, "count": args.count, "rows": rows,
@@ -395,6 +394,8 @@ def _other_table(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         for key, unit, digits in _OTHER_COLUMNS[r["group"]]:
             scale = 1 / 1024 if unit == "KiB/session" else 1
             ours, theirs, ratio = r["pubsubclub"][key] * scale, r["crossbar"][key] * scale, r["ratio"][key]
-            lines.append(f"| {r['group']} ({where[r['group']]}) | {r['client']} | {unit} | {ours:,.{digits}f} | "
-                         f"{theirs:,.{digits}f} | {'-' if ratio is None else f'{ratio:.2f}'} |")  # fmt: skip
+            lines.append(f"| {r['group']} | {r['client']} | {unit} | {ours:,.{digits}f} | {theirs:,.{digits}f} | "
+                         f"{'-' if ratio is None else f'{ratio:.2f}'} |")  # fmt: skip
+    lines.append("")
+    lines += [f"{group}: {text}" for group, text in where.items() if any(r["group"] == group for r in rows)]
     return "\n".join(lines)
