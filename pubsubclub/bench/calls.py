@@ -195,7 +195,8 @@ def _client_main(argv: list[str]) -> int:
                 if done == sent and not finished.called:
                     finished.callback(None)
             try:
-                await finished.addTimeout(30, reactor)  # the calls in flight when sending stopped
+                # The run's time bound, then 30 s for the calls still in flight when sending stopped.
+                await finished.addTimeout(max(run_until - time.time(), 0) + 30, reactor)
             except defer.TimeoutError:
                 result["timed_out"] = True
             end = time.time()

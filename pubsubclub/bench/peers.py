@@ -310,7 +310,8 @@ def run_peers_bench(args: argparse.Namespace) -> int:
             for system in ("pubsubclub", "crossbar"):
                 progress(f"{system}, {topology}")
                 if system == "pubsubclub":
-                    target, stop_system = _pubsubclub(topology, max(args.sessions, args.subscribers or 1000))
+                    # Room for the idle sessions and the fan-out's together (closes may lag behind opens).
+                    target, stop_system = _pubsubclub(topology, args.sessions + (args.subscribers or 1000) + 1)
                 else:
                     target, stop_system = _crossbar(topology, workdir)
                 try:
