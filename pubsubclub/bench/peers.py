@@ -67,6 +67,8 @@ TOPOLOGIES = ("single", "pair")
 RLINK_ROLE = "rlink"
 #: The row groups of the table (``--rows``): pub/sub runs, cross-node calls, idle sessions, fan-out.
 ROW_GROUPS = ("events", "calls", "idle", "fanout")
+#: Messages of the fan-out row unless ``--fanout-messages`` says otherwise.
+PEERS_FANOUT_MESSAGES = 500
 #: The call clients compared (``pubsubclub.bench.calls``), both JSON over WebSocket.
 CALL_CLIENTS = {"autobahn-json-ws": "autobahn", "lean-json-ws": "lean"}
 
@@ -287,6 +289,8 @@ def run_peers_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"pubsubclub: error: --clients takes {', '.join(CLIENTS)}; --rows takes "
                          f"{', '.join(ROW_GROUPS)}; --runs at least 1")  # fmt: skip
     check_wamp_args(argparse.Namespace(**{**vars(args), **CLIENTS["lean"]}))
+    # Fewer than the fanout scenario's 2,000: one Crossbar router takes ~25,000 deliveries/s (docs/benchmarks.md).
+    args.fanout_messages = args.fanout_messages or PEERS_FANOUT_MESSAGES
     from pubsubclub.testing.crossbar import CrossbarMissing, crossbar_executable
 
     try:

@@ -95,7 +95,9 @@ def parser() -> argparse.ArgumentParser:
         default="events,calls,idle,fanout",
         help="peers: comma-separated row groups: events (the wamp runs), calls, idle, fanout (default: all)",
     )
-    bench.add_argument("--fanout-messages", type=int, default=2000, help="fanout: messages published (default 2000)")
+    bench.add_argument(
+        "--fanout-messages", type=int, help="fanout: messages published (default 2000; peers' fan-out row: 500)"
+    )
     bench.add_argument("--nodes", type=int, default=3, help="fanout: linked nodes (default 3; 1: all on one node)")
     bench.add_argument(
         "--workers", type=int, default=1, help="fanout: the nodes' --workers (default 1: the flag is not passed)"
