@@ -115,6 +115,25 @@ def test_bench_lean_clients_deliver_every_message_one_to_one() -> None:
 
 
 @pytest.mark.slow
+def test_bench_lean_clients_on_one_node() -> None:
+    """``bench --client lean --nodes 1``: N publishers and M subscribers on one node, every message delivered."""
+    results, err = bench("--client", "lean", "--nodes", "1", "--publishers", "2", "--subscribers", "2",
+                         "--count", "1000", "--max-seconds", "20")  # fmt: skip
+    assert "starting one node" in err and "--nodes 1 --workers 1" in err
+    assert (results["throughput"]["received"], results["throughput"]["lost"]) == (2000, 0)
+
+
+def test_bench_wamp_passes_workers_to_the_nodes_only_when_not_one() -> None:
+    """The WAMP bench's nodes get ``--workers N`` for N != 1 and no flag for 1."""
+    import argparse
+
+    from pubsubclub.bench.wamp import workers_flag
+
+    assert workers_flag(argparse.Namespace(workers=1)) == []
+    assert workers_flag(argparse.Namespace(workers=4)) == ["--workers", "4"]
+
+
+@pytest.mark.slow
 def test_bench_lean_window_too_small_for_the_clients_is_refused() -> None:
     """A window that could stall the slowest publisher for good is refused before any node starts."""
     result = subprocess.run(

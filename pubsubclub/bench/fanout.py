@@ -132,7 +132,7 @@ def measure_fanout(
 def run_fanout_bench(args: argparse.Namespace) -> int:
     """Start the nodes, fan one publisher out to the subscribers, print deliveries/s."""
     subscribers, count, size = args.subscribers or 1000, args.fanout_messages or 2000, args.size
-    nodes, workers = args.nodes, args.workers
+    nodes, workers = args.nodes or NODES, args.workers
     if nodes < 1 or workers < 1:
         raise SystemExit("pubsubclub: error: --nodes and --workers must be at least 1")
     progress(

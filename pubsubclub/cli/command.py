@@ -98,9 +98,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--fanout-messages", type=int, help="fanout: messages published (default 2000; peers' fan-out row: 500)"
     )
-    bench.add_argument("--nodes", type=int, default=3, help="fanout: linked nodes (default 3; 1: all on one node)")
     bench.add_argument(
-        "--workers", type=int, default=1, help="fanout: the nodes' --workers (default 1: the flag is not passed)"
+        "--nodes", type=int, help="fanout: linked nodes (default 3; 1: all on one node); wamp: 2 (default) or 1"
+    )
+    bench.add_argument(
+        "--workers", type=int, default=1, help="fanout, wamp: the nodes' --workers (default 1: the flag is not passed)"
     )
     bench.add_argument("--sessions", type=int, default=10_000, help="idle: WAMP sessions to open (default 10000)")
     bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
