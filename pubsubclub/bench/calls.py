@@ -282,6 +282,8 @@ def measure_calls(args: argparse.Namespace, caller_url: str, callee_url: str, pi
 def run_calls_bench(args: argparse.Namespace) -> int:
     """Two nodes, callee on B, caller on A; print calls/s, p50/p99 and the nodes' CPU per call."""
     window = args.window or DEFAULT_WINDOW
+    if getattr(args, "target", None):
+        raise SystemExit("pubsubclub: error: --scenario calls starts its own two nodes; --target is for the wamp runs")
     if window < 1 or args.count < 1 or args.latency_count < 1 or args.rate < 1:
         raise SystemExit("pubsubclub: error: --window, --count, --latency-count and --rate must be at least 1")
     progress(
