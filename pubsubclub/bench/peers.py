@@ -250,7 +250,9 @@ def _call_cells(args: argparse.Namespace, system: str, target: Target) -> dict[s
     cells = {}
     for client, kind in CALL_CLIENTS.items():
         progress(f"{system}, calls: {client}")
-        run_args = argparse.Namespace(**{**vars(args), "client": kind, "window": DEFAULT_WINDOW})
+        run_args = argparse.Namespace(
+            **{**vars(args), "client": kind, "window": DEFAULT_WINDOW, "count": args.calls or args.count}
+        )
         samples = [measure_calls(run_args, target.ws[0], target.ws[1], list(target.pids)) for _ in range(args.runs)]
         cells[f"{system}/calls/{client}"] = _medians(samples, CALL_KEYS)
     return cells
@@ -299,8 +301,9 @@ def run_peers_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"pubsubclub: error: {e}") from None
     progress(f"settings: --scenario peers --rows {args.rows} --clients {','.join(clients)} --topology "
              f"{args.topology} --runs {args.runs} --count {args.count} --latency-count {args.latency_count} --rate "
-             f"{args.rate} --size {args.size} --sessions {args.sessions} --subscribers {args.subscribers or 1000} "
-             f"--fanout-messages {args.fanout_messages} --max-seconds {args.max_seconds:g}")  # fmt: skip
+             f"{args.rate} --size {args.size} --calls {args.calls or args.count} --sessions {args.sessions} "
+             f"--subscribers {args.subscribers or 1000} --fanout-messages {args.fanout_messages} --max-seconds "
+             f"{args.max_seconds:g}")  # fmt: skip
     workdir = Path(tempfile.mkdtemp(prefix="pubsubclub-bench-peers-"))
     rows: list[dict[str, Any]] = []
     other_rows: list[dict[str, Any]] = []

@@ -90,6 +90,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--topology", choices=["single", "pair", "both"], default="both", help="peers: one server, two linked, or both"
     )
+    bench.add_argument("--calls", type=int, help="peers: calls in the calls rows' throughput run (default: --count)")
     bench.add_argument(
         "--rows",
         default="events,calls,idle,fanout",
