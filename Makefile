@@ -76,8 +76,10 @@ bench: $(STAMP)
 	$(VENV)/bin/pubsubclub bench
 
 # The WAMP runs against pubsubclub and Crossbar.io (one server, then two linked), one table of
-# ratios (docs/benchmarks.md). BENCH_PEERS_ARGS adds settings, e.g. BENCH_PEERS_ARGS='--runs 1'.
-BENCH_PEERS_ARGS ?= --runs 3
+# ratios (docs/benchmarks.md), then cross-node calls, idle sessions and fan-out (--rows).
+# BENCH_PEERS_ARGS adds settings, e.g. BENCH_PEERS_ARGS='--runs 1 --rows calls'. The time bound of
+# each run is 120 s: 10,000 idle sessions take a minute to open on a loaded 2-core machine.
+BENCH_PEERS_ARGS ?= --runs 3 --max-seconds 120
 bench-peers: $(STAMP) $(CROSSBAR_STAMP)
 	$(VENV)/bin/pubsubclub bench --scenario peers $(BENCH_PEERS_ARGS)
 

@@ -49,6 +49,7 @@ def test_bench_idle_scenario_measures_memory_per_session() -> None:
     """``bench --scenario idle`` opens the sessions (every HELLO answered with WELCOME) and reports RSS per session."""
     results, _ = bench("--scenario", "idle", "--sessions", "100")
     assert results["sessions"] == 100 and results["rss_after"] >= results["rss_before"] > 0
+    assert results["subscribed"] == 100
 
 
 @pytest.mark.slow
@@ -56,6 +57,44 @@ def test_bench_fanout_scenario_delivers_every_message_to_every_subscriber() -> N
     """``bench --scenario fanout`` over 3 nodes: every subscriber gets every message, the rate is reported."""
     results, _ = bench("--scenario", "fanout", "--subscribers", "30", "--fanout-messages", "100")
     assert (results["deliveries"], results["lost"]) == (3000, 0) and results["deliveries_per_second"] > 0
+
+
+@pytest.mark.slow
+def test_bench_fanout_scenario_on_one_node() -> None:
+    """``bench --scenario fanout --nodes 1``: publisher and subscribers on one node, none lost."""
+    results, _ = bench("--scenario", "fanout", "--nodes", "1", "--subscribers", "20", "--fanout-messages", "50")
+    assert (results["nodes"], results["workers"], results["deliveries"], results["lost"]) == (1, 1, 1000, 0)
+
+
+def test_bench_fanout_passes_workers_to_the_node_only_when_not_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fan-out bench gives its nodes ``--workers N`` for N != 1 and leaves the flag out for 1."""
+    from pubsubclub.bench import fanout
+
+    started: list[list[str]] = []
+    monkeypatch.setattr(fanout, "start_node", lambda name, args: (started.append(args), ({}, {}))[1])
+    fanout.start_fanout_nodes(1, 1, 10)
+    fanout.start_fanout_nodes(1, 2, 10)
+    assert "--workers" not in started[0]
+    assert started[1][started[1].index("--workers") + 1] == "2"
+
+
+@pytest.mark.slow
+def test_bench_calls_scenario_answers_every_call() -> None:
+    """``bench --scenario calls``: Autobahn caller on A, callee on B; every call answered, figures reported."""
+    results, err = bench("--scenario", "calls", "--count", "300", "--latency-count", "50", "--rate", "200",
+                         "--max-seconds", "20")  # fmt: skip
+    assert "settings: --scenario calls --count 300 --window 100" in err
+    assert (results["calls"], results["latency_calls"]) == (300, 50)
+    assert results["p99_ms"] >= results["p50_ms"] > 0 and results["caller_cpu_us_per_call"] > 0
+
+
+@pytest.mark.slow
+def test_bench_calls_scenario_with_lean_clients() -> None:
+    """``bench --scenario calls --client lean``: the lean WebSocket caller and callee answer every call."""
+    results, _ = bench("--scenario", "calls", "--client", "lean", "--count", "2000", "--window", "20",
+                       "--latency-count", "50", "--rate", "200", "--max-seconds", "20")  # fmt: skip
+    assert (results["calls"], results["latency_calls"], results["window"]) == (2000, 50, 20)
+    assert results["p99_ms"] >= results["p50_ms"] > 0
 
 
 @pytest.mark.slow
@@ -73,6 +112,25 @@ def test_bench_lean_clients_deliver_every_message_one_to_one() -> None:
     assert (t["sent"], t["received"], t["lost"]) == (3000, 3000, 0)
     assert t["delivered_rate"] > 0 and t["server_cpu_us_per_msg"] > 0
     assert (results["serializer"], results["transport"], results["latency"]) == ("json", "rawsocket", None)
+
+
+@pytest.mark.slow
+def test_bench_lean_clients_on_one_node() -> None:
+    """``bench --client lean --nodes 1``: N publishers and M subscribers on one node, every message delivered."""
+    results, err = bench("--client", "lean", "--nodes", "1", "--publishers", "2", "--subscribers", "2",
+                         "--count", "1000", "--max-seconds", "20")  # fmt: skip
+    assert "starting one node" in err and "--nodes 1 --workers 1" in err
+    assert (results["throughput"]["received"], results["throughput"]["lost"]) == (2000, 0)
+
+
+def test_bench_wamp_passes_workers_to_the_nodes_only_when_not_one() -> None:
+    """The WAMP bench's nodes get ``--workers N`` for N != 1 and no flag for 1."""
+    import argparse
+
+    from pubsubclub.bench.wamp import workers_flag
+
+    assert workers_flag(argparse.Namespace(workers=1)) == []
+    assert workers_flag(argparse.Namespace(workers=4)) == ["--workers", "4"]
 
 
 @pytest.mark.slow
@@ -116,8 +174,8 @@ def test_bench_peers_runs_against_pubsubclub_and_crossbar_routers_joined_by_rlin
     holds both systems' figures and their ratios. Needs ``make crossbar``.
     """
     results, err = bench("--scenario", "peers", "--topology", "pair", "--clients", "autobahn-json-ws,lean",
-                         "--count", "5000", "--latency-count", "50", "--rate", "200", "--max-seconds", "30",
-                         timeout=280)  # fmt: skip
+                         "--rows", "events,calls", "--calls", "300", "--count", "5000", "--latency-count", "50",
+                         "--rate", "200", "--max-seconds", "30", timeout=280)  # fmt: skip
     # 5,000 messages: CPU in /proc counts 10 ms ticks, and 300 messages at ~10 us each (a node pair
     # now) or even Crossbar's did not always reach one tick, so a figure read 0.0.
     assert "starting Crossbar router a" in err and "starting Crossbar router b" in err
@@ -130,6 +188,14 @@ def test_bench_peers_runs_against_pubsubclub_and_crossbar_routers_joined_by_rlin
             assert cell["msgs_per_s"] > 0 and cell["server_cpu_us_per_msg"] > 0
         assert row["ratio"]["msgs_per_s"] == row["pubsubclub"]["msgs_per_s"] / row["crossbar"]["msgs_per_s"]
     assert rows[0]["crossbar"]["p99_ms"] > 0 and rows[1]["crossbar"]["p99_ms"] is None
+    # The same pairs answered cross-node calls (Crossbar's rlinks forwarding the callee's registration).
+    calls = results["other_rows"]
+    assert [(r["group"], r["client"]) for r in calls] == [("calls", "autobahn-json-ws"), ("calls", "lean-json-ws")]
+    for row in calls:
+        for system in ("pubsubclub", "crossbar"):
+            cell = row[system]
+            assert cell["each"][0]["calls"] == 300 and cell["each"][0]["latency_calls"] == 50
+            assert cell["calls_per_s"] > 0 and cell["p99_ms"] >= cell["p50_ms"] > 0
 
 
 @pytest.mark.slow

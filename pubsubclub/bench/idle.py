@@ -2,10 +2,13 @@
 
 One node is started; a lean client opens ``--sessions`` WebSocket connections
 (a minimal RFC 6455 client on asyncio: the upgrade, one masked text frame
-with HELLO, the WELCOME read back) and keeps them open, idle. The node's RSS
+with HELLO, the WELCOME read back, then one SUBSCRIBE to a topic all share
+and its SUBSCRIBED) and keeps them open, idle. The node's RSS
 (``/proc/<pid>/status``) is read before the first connection and after the
-last WELCOME; the difference divided by the count is the cost of one idle
-session (its TCP connection, WebSocket protocol and broker session).
+last SUBSCRIBED; the difference divided by the count is the cost of one idle
+subscribed session (its TCP connection, WebSocket protocol, broker session
+and subscription). ``make bench-peers`` measures the same against one
+Crossbar router (the RSS of its whole process tree).
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import struct
 import time
 from typing import Any
 
-from pubsubclub.bench.nodes import free_port, local, machine, progress, rss, start_node, stop
+from pubsubclub.bench.nodes import free_port, local, machine, progress, start_node, stop, tree_rss
 
 HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}}}]).encode()
+#: The topic every idle session subscribes to.
+IDLE_TOPIC = "pubsubclub.bench.idle"
 
 
 def frame(payload: bytes) -> bytes:
@@ -64,7 +69,12 @@ async def joined_session(port: int, hello: bytes = HELLO) -> tuple[asyncio.Strea
 
 
 async def _session(port: int) -> asyncio.StreamWriter:
-    return (await joined_session(port))[1]
+    reader, writer = await joined_session(port)
+    writer.write(frame(json.dumps([32, 1, {}, IDLE_TOPIC]).encode()))
+    answer = await read_frame(reader)
+    if not answer.startswith(b"[33,"):
+        raise RuntimeError(f"no SUBSCRIBED: {answer[:80]!r}")
+    return writer
 
 
 async def _open_all(port: int, count: int, deadline: float) -> list[asyncio.StreamWriter]:
@@ -91,42 +101,52 @@ def run_idle_bench(args: argparse.Namespace) -> int:
     if want < count + 256:
         raise SystemExit(f"pubsubclub: error: the open-file limit ({hard}) is too low for {count} sessions")
     port = free_port()
-    # One address holds every session, and the lean client never answers pings: raise the
-    # connection layer's caps to the count and turn its idle deadline off (docs/security.md).
-    cap = str(count + 64)
-    node, _ = start_node(
-        "bench-idle",
-        ["--wamp", local(port), "--psc", local(0), "--edge-max-per-address", cap, "--edge-max-connections", cap,
-         "--edge-idle-timeout", "0"],
-    )  # fmt: skip
-    writers: list[Any] = []
+    node, _ = start_node("bench-idle", ["--wamp", local(port), "--psc", local(0), *idle_node_flags(count)])
     try:
-        before = rss(node.pid)
-        loop = asyncio.new_event_loop()
-        started = time.perf_counter()
-        writers = loop.run_until_complete(_open_all(port, count, time.monotonic() + args.max_seconds))
-        opened = time.perf_counter() - started
-        after = rss(node.pid)
-        for writer in writers:
-            writer.transport.abort()
-        loop.close()
+        figures = measure_idle(port, [node.pid], count, args.max_seconds)
     finally:
         stop([node])
-    per_session = (after - before) / count
-    results = {
-        "machine": machine(),
-        "scenario": "idle",
-        "sessions": count,
-        "rss_before": before,
-        "rss_after": after,
-        "bytes_per_session": per_session,
-        "open_seconds": opened,
-    }
+    results = {"machine": machine(), "scenario": "idle", **figures}
     if args.json:
         print(json.dumps(results, indent=2))
     else:
         print(
-            f"{count} idle WAMP sessions: node RSS {before / 2**20:.1f} -> {after / 2**20:.1f} MiB, "
-            f"{per_session / 1024:.1f} KiB per session (opened in {opened:.1f} s)"
+            f"{count} idle subscribed WAMP sessions: node RSS {figures['rss_before'] / 2**20:.1f} -> "
+            f"{figures['rss_after'] / 2**20:.1f} MiB, {figures['bytes_per_session'] / 1024:.1f} KiB per session "
+            f"(opened in {figures['open_seconds']:.1f} s)"
         )
     return 0
+
+
+def idle_node_flags(count: int) -> list[str]:
+    """A node's flags for ``count`` idle sessions from one address.
+
+    One address holds every session, and the lean client never answers pings: the connection
+    layer's caps go up to the count and its idle deadline is off (docs/security.md).
+    """
+    cap = str(count + 64)
+    return ["--edge-max-per-address", cap, "--edge-max-connections", cap, "--edge-idle-timeout", "0"]
+
+
+def measure_idle(port: int, pids: list[int], count: int, max_seconds: float) -> dict[str, Any]:
+    """Open ``count`` idle subscribed sessions on ``port``; the RSS of ``pids`` (and their children) around it."""
+    before = tree_rss(pids)
+    loop = asyncio.new_event_loop()
+    writers: list[Any] = []
+    try:
+        started = time.perf_counter()
+        writers = loop.run_until_complete(_open_all(port, count, time.monotonic() + max_seconds))
+        opened = time.perf_counter() - started
+        after = tree_rss(pids)
+    finally:
+        for writer in writers:
+            writer.transport.abort()
+        loop.close()
+    return {
+        "sessions": count,
+        "subscribed": len(writers),  # each one's SUBSCRIBED read back
+        "rss_before": before,
+        "rss_after": after,
+        "bytes_per_session": (after - before) / count,
+        "open_seconds": opened,
+    }

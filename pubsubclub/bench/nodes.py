@@ -20,6 +20,9 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
+#: Names a directory: every node a bench starts runs under cProfile and leaves its profile there.
+PROFILE_ENV = "PUBSUBCLUB_BENCH_PROFILE"
+
 
 def progress(text: str) -> None:
     """One progress line on stderr."""
@@ -47,6 +50,28 @@ def cpu_seconds(pid: int) -> float:
 
 def tree_cpu_seconds(pids: list[int]) -> float:
     """CPU seconds of ``pids`` and all their descendants (a Crossbar node runs its router in a child)."""
+    total = 0.0
+    for pid in descendants(pids):
+        try:
+            total += cpu_seconds(pid)
+        except OSError:
+            continue  # a child that exited took its CPU time with it
+    return total
+
+
+def tree_rss(pids: list[int]) -> int:
+    """Resident set size of ``pids`` and all their descendants, in bytes."""
+    total = 0
+    for pid in descendants(pids):
+        try:
+            total += rss(pid)
+        except (OSError, RuntimeError):
+            continue  # gone meanwhile
+    return total
+
+
+def descendants(pids: list[int]) -> set[int]:
+    """``pids`` and every process below them."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -61,13 +86,7 @@ def tree_cpu_seconds(pids: list[int]) -> float:
         for child in [c for c, p in parents.items() if p == parent and c not in tree]:
             tree.add(child)
             todo.append(child)
-    total = 0.0
-    for pid in tree:
-        try:
-            total += cpu_seconds(pid)
-        except OSError:
-            continue  # a child that exited took its CPU time with it
-    return total
+    return tree
 
 
 def rss(pid: int) -> int:
@@ -99,8 +118,16 @@ def machine() -> dict[str, Any]:
 def start_node(
     name: str, args: list[str], command: list[str] | None = None
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:
-    """Start ``pubsubclub node --name NAME ARGS`` (or ``command``) quietly; the process and its ready line."""
+    """Start ``pubsubclub node --name NAME ARGS`` (or ``command``) quietly; the process and its ready line.
+
+    With ``PUBSUBCLUB_BENCH_PROFILE=DIR`` in the environment a node runs under
+    cProfile and writes ``DIR/NAME.prof`` when it stops (for ``pstats``).
+    """
     cmd = command or [sys.executable, "-m", "pubsubclub", "node"]
+    profile_dir = os.environ.get(PROFILE_ENV)
+    if profile_dir and not command:
+        cmd = [sys.executable, "-m", "cProfile", "-o", os.path.join(profile_dir, f"{name}.prof"), "-m", "pubsubclub",
+               "node"]  # fmt: skip
     proc = subprocess.Popen(
         [*cmd, "--name", name, "--log-level", "warn", "--no-chat-page", *args],
         stdout=subprocess.PIPE,

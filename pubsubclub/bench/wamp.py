@@ -31,7 +31,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from pubsubclub.bench.lean import lean_run, lean_window
-from pubsubclub.bench.nodes import machine, node_pair, progress, stop, tree_cpu_seconds, wait_interest
+from pubsubclub.bench.nodes import (
+    free_port,
+    local,
+    machine,
+    node_pair,
+    progress,
+    start_node,
+    stop,
+    tree_cpu_seconds,
+    wait_interest,
+)
 from pubsubclub.net.nodelay import set_no_delay
 
 TOPIC = "pubsubclub.bench"
@@ -262,14 +272,23 @@ def _settings(args: argparse.Namespace) -> str:
         f"settings: --count {args.count} --size {args.size} --rate {args.rate} --latency-count "
         f"{args.latency_count} --max-seconds {args.max_seconds:g} --realm {args.realm} {wire} "
         f"(defaults: 50000, 100, 1000, 5000, 60, realm1, json, websocket, autobahn)"
-        + (f"; targets {args.target[0]} -> {args.target[1]}" if args.target else "; two local nodes")
+        + (f"; targets {args.target[0]} -> {args.target[1]}" if args.target else
+           f"; --nodes {args.nodes or 2} --workers {getattr(args, 'workers', 1)} (local nodes)")  # fmt: skip
     )
+
+
+def workers_flag(args: argparse.Namespace) -> list[str]:
+    """``--workers N`` for the nodes when N is not 1; nothing for 1 (a node without the flag runs as before)."""
+    workers = getattr(args, "workers", 1)
+    return ["--workers", str(workers)] if workers != 1 else []
 
 
 def check_wamp_args(args: argparse.Namespace) -> None:
     """SystemExit for settings the WAMP runs cannot use, before anything starts."""
     if args.publishers < 1 or (args.subscribers or 1) < 1:
         raise SystemExit("pubsubclub: error: --publishers and --subscribers must be at least 1")
+    if getattr(args, "nodes", None) not in (None, 1, 2) or getattr(args, "workers", 1) < 1:
+        raise SystemExit("pubsubclub: error: --nodes takes 1 or 2 here, --workers at least 1")
     if args.client == "lean":
         args.transport = "rawsocket"
         args.serializer = "json"
@@ -288,9 +307,16 @@ def run_bench(args: argparse.Namespace) -> int:
             if args.target_ops:
                 wait_interest(args.target_ops, [TOPIC])
             target = Target(ws=tuple(args.target))  # type: ignore[arg-type]
+        elif (args.nodes or 2) == 1:
+            # Publishers and subscribers on one node (e.g. the lean clients on a node with --workers).
+            progress("starting one node (bench-single) on 127.0.0.1")
+            flags = ["--wamp", local(free_port()), "--psc", local(0), "--rawsocket", local(free_port())]
+            proc, ready = start_node("bench-single", [*flags, *workers_flag(args)])
+            procs.append(proc)
+            target = Target(ws=(ready["wamp"],) * 2, rs=(ready["rawsocket"],) * 2, pids=(proc.pid,))
         else:
             progress("starting two nodes (bench-a, bench-b) on 127.0.0.1")
-            (pa, ready_a), (pb, ready_b) = node_pair(("--rawsocket", "tcp:0:interface=127.0.0.1"))
+            (pa, ready_a), (pb, ready_b) = node_pair(("--rawsocket", "tcp:0:interface=127.0.0.1", *workers_flag(args)))
             procs += [pa, pb]
             progress(f"node pids: A {pa.pid}, B {pb.pid} (for a profiler)")
             target = Target(
@@ -315,7 +341,8 @@ def run_bench(args: argparse.Namespace) -> int:
         t, lat = throughput, latency
         print(
             f"throughput: sent {t['sent']} at {t['publish_rate']:.0f}/s, delivered {t['received']} "
-            f"at {t['delivered_rate']:.0f} msgs/s cross-node, lost {t['lost']}"
+            f"at {t['delivered_rate']:.0f} msgs/s {'on one node' if args.nodes == 1 else 'cross-node'}, "
+            f"lost {t['lost']}"
             + (f", nodes' CPU {t['server_cpu_us_per_msg']:.1f} us/msg" if "server_cpu_us_per_msg" in t else "")
             + (
                 f"; clients' CPU: publisher {t['publisher_cpu_us_per_msg']:.1f}, subscriber "

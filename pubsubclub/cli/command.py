@@ -55,18 +55,20 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "link", "peers", "stream", "idle", "fanout"],
+        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls"],
         default="wamp",
         help="wamp: cross-node WAMP throughput and latency (default); link: node to node with no WAMP client;"
         " peers: the wamp runs against pubsubclub and Crossbar.io (make bench-peers); stream: durable stream publish"
         " and catch-up; idle: node memory per idle WAMP session;"
-        " fanout: one publisher to --subscribers over 3 nodes",
+        " fanout: one publisher to --subscribers over 3 nodes (--nodes 1: on one node);"
+        " calls: cross-node RPC, Autobahn caller on A, callee on B",
     )
     bench.add_argument(
         "--client",
         choices=["autobahn", "lean"],
         default="autobahn",
-        help="wamp: Autobahn-Python clients (default) or lean orjson/RawSocket client processes (throughput only)",
+        help="wamp: Autobahn-Python clients (default) or lean orjson/RawSocket client processes (throughput only);"
+        " calls: Autobahn-Python (default) or lean orjson/WebSocket caller and callee",
     )
     bench.add_argument(
         "--serializer", choices=["json", "msgpack"], default="json", help="wamp: Autobahn clients' serializer"
@@ -78,7 +80,9 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--subscribers", type=int, help="fanout: subscribers (default 1000); wamp --client lean: processes (default 1)"
     )
-    bench.add_argument("--window", type=int, help="wamp --client lean, link: messages in flight (default 20000)")
+    bench.add_argument(
+        "--window", type=int, help="wamp --client lean, link: messages in flight (default 20000); calls: calls (100)"
+    )
     bench.add_argument("--runs", type=int, default=1, help="peers: runs per figure, the median is shown (default 1)")
     bench.add_argument(
         "--clients", help="peers: comma-separated autobahn-json-ws, autobahn-msgpack-rs, lean (default: all)"
@@ -86,7 +90,21 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--topology", choices=["single", "pair", "both"], default="both", help="peers: one server, two linked, or both"
     )
-    bench.add_argument("--fanout-messages", type=int, default=2000, help="fanout: messages published (default 2000)")
+    bench.add_argument("--calls", type=int, help="peers: calls in the calls rows' throughput run (default: --count)")
+    bench.add_argument(
+        "--rows",
+        default="events,calls,idle,fanout",
+        help="peers: comma-separated row groups: events (the wamp runs), calls, idle, fanout (default: all)",
+    )
+    bench.add_argument(
+        "--fanout-messages", type=int, help="fanout: messages published (default 2000; peers' fan-out row: 500)"
+    )
+    bench.add_argument(
+        "--nodes", type=int, help="fanout: linked nodes (default 3; 1: all on one node); wamp: 2 (default) or 1"
+    )
+    bench.add_argument(
+        "--workers", type=int, default=1, help="fanout, wamp: the nodes' --workers (default 1: the flag is not passed)"
+    )
     bench.add_argument("--sessions", type=int, default=10_000, help="idle: WAMP sessions to open (default 10000)")
     bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
     bench.add_argument("--relaxed", action="store_true", help="stream: the node acks after write(), no fsync")
@@ -189,6 +207,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from pubsubclub.bench.idle import run_idle_bench
 
         return run_idle_bench(args)
+    if args.scenario == "calls":
+        from pubsubclub.bench.calls import run_calls_bench
+
+        return run_calls_bench(args)
     if args.scenario == "stream":
         from pubsubclub.bench.stream import run_stream_bench
 

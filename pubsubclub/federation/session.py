@@ -241,7 +241,12 @@ class LinkSession:
                 raise LinkError(CLOSE_BAD_MESSAGE, "bad PSC batch: an empty line")
             if self.state is LinkState.CLOSED:
                 return
-            self._receive_one(part, bounded)
+            if message is None:
+                self._receive_one(part, bounded)  # decoded again, for its error
+            else:
+                # Decoded above (an RPC answer, most often): not a second time.
+                self.last_size = len(part)
+                self._dispatch(message)
         if run:
             self._owner.link_received_batch(self, run, sizes)
 
@@ -260,6 +265,10 @@ class LinkSession:
             raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
         except psc.PSCDecodeError as e:
             raise LinkError(CLOSE_BAD_MESSAGE, f"bad PSC message: {e}") from None
+        self._dispatch(message)
+
+    def _dispatch(self, message: psc.Message) -> None:
+        """One decoded message, by the link's state and role."""
         if isinstance(message, psc_retain.Retained):
             if not (self.with_retained and self.state is LinkState.OPEN and self.role is Role.CONSUMER):
                 raise self._unexpected(message)

@@ -40,6 +40,8 @@ CROSSBAR_ENV = "PUBSUBCLUB_CROSSBAR"
 DEFAULT_CROSSBAR = REPO / ".crossbar-venv" / "bin" / "crossbar"
 #: The log line Crossbar writes once every configured worker and transport is up.
 READY_LINE = "local node configuration ran successfully"
+#: The ``--loglevel`` values at which Crossbar prints READY_LINE.
+_READY_LEVELS = ("info", "debug", "trace")
 #: Crossbar 26.10 starts in ~3-6 s on an idle machine; two cores shared by a test suite need more.
 START_SECONDS = 60.0
 #: Bound for a stop (SIGTERM) before the process is killed.
@@ -228,6 +230,8 @@ class CrossbarProcess:
     port: int
     config: dict[str, Any] = field(default_factory=dict)
     name: str = "crossbar"
+    #: Crossbar's ``--loglevel``; above ``info`` its ready line is not printed and the open port is the sign.
+    loglevel: str = "info"
     proc: subprocess.Popen[bytes] | None = None
     _ready: threading.Event = field(default_factory=threading.Event)
     _reader: threading.Thread | None = None
@@ -280,7 +284,7 @@ class CrossbarProcess:
                 "--cbdir",
                 str(self.cbdir),
                 "--loglevel",
-                "info",
+                self.loglevel,
                 "--logformat",
                 "standard",
                 "--color",
@@ -295,7 +299,7 @@ class CrossbarProcess:
         self._reader = threading.Thread(target=self._copy_log, args=(self.proc,), daemon=True, name=f"{self.name}-log")
         self._reader.start()
         deadline = time.monotonic() + timeout
-        while not self._ready.wait(0.05):
+        while not (self._ready.wait(0.05) or (self.loglevel not in _READY_LEVELS and port_open(self.port))):
             if self.proc.poll() is not None:
                 self._reader.join(5)
                 raise AssertionError(f"{self.name} exited with {self.proc.returncode} during start; log:\n{self.log()}")
