@@ -339,6 +339,9 @@ class Relay:
 
     def close(self) -> None:
         """Stop accepting and relaying; wait for the threads."""
+        # shutdown wakes the thread blocked in accept() (close alone leaves it there until join's timeout).
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
             sockets = list(self._sockets)
