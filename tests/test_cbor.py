@@ -24,7 +24,7 @@ from autobahn.twisted.rawsocket import WampRawSocketClientFactory
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp.serializer import CBORSerializer, JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig
-from helpers.nodes import Cluster, NodeProcess, share_logs, unshare_logs
+from helpers.nodes import Cluster, NodeProcess, share_logs, start_all, unshare_logs
 from helpers.polling import until
 from helpers.ports import free_port
 from helpers.rawsocketclient import Raw
@@ -59,8 +59,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nodes[0].peers, nodes[1].peers = [nodes[1].psc_url], [nodes[0].psc_url]
     share_logs(nodes)
     try:
-        for node in nodes:
-            node.start()
+        start_all(nodes)
         cluster = Cluster(nodes)
         cluster.wait_linked()
         yield cluster

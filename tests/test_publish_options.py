@@ -18,7 +18,7 @@ import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp import message
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
-from helpers.nodes import Cluster, NodeProcess, share_logs, unshare_logs
+from helpers.nodes import Cluster, NodeProcess, share_logs, start_all, unshare_logs
 from helpers.polling import until
 from helpers.wampclient import Recorder, connect, leave
 
@@ -66,8 +66,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nodes[0].peers, nodes[1].peers = [nodes[1].psc_url], [nodes[0].psc_url]
     share_logs(nodes)
     try:
-        for node in nodes:
-            node.start()
+        start_all(nodes)
         cluster = Cluster(nodes)
         cluster.wait_linked()
         yield cluster

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from helpers.certs import CA, make_ca
-from helpers.nodes import REPO, NodeProcess
+from helpers.nodes import REPO, NodeProcess, start_all
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.wampclient import connect as wamp_connect
 from helpers.wampclient import leave, publish_acked, subscribe
@@ -572,8 +572,7 @@ def test_public_listener_without_secret_warns(nodes: Nodes, tmp_path: Path) -> N
     closed = nodes.make("closed", "--cluster-secret-file", str(write(tmp_path / "secret", SECRET)))
     closed.extra = (*closed.extra, "--psc", f"tcp:{closed.psc_port}:interface=0.0.0.0")
     loopback = nodes.make("loopback")
-    for node in (open_node, closed, loopback):
-        node.start()
+    start_all([open_node, closed, loopback])
     warnings = [line for line in log_of(open_node).splitlines() if "SECURITY WARNING" in line]
     assert len(warnings) == 1 and "listeners psc " in warnings[0], warnings
     assert "SECURITY WARNING" not in log_of(closed)

@@ -182,13 +182,22 @@ class NodeProcess:
 
     def start(self) -> NodeProcess:
         """Start the process and wait for its ready line."""
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> NodeProcess:
+        """Start the process without waiting (:meth:`wait_ready` next; :func:`start_all` starts several)."""
         log = open(self.log_path, "a")
         watch_log(self.log_path)
         self.proc = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO, env=self.env
         )
         log.close()
-        assert self.proc.stdout is not None
+        return self
+
+    def wait_ready(self) -> NodeProcess:
+        """Wait for the ready line of the process :meth:`launch` started and read back its ports."""
+        assert self.proc is not None and self.proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         if not sel.select(WAIT_SECONDS):
@@ -294,6 +303,22 @@ class Cluster:
         await until(self.meshed, "full mesh of open links")
 
 
+def start_all(nodes: list[NodeProcess]) -> list[NodeProcess]:
+    """Start every node at once and wait until each is ready (their start-ups overlap; on failure all are stopped)."""
+    try:
+        for node in nodes:
+            node.launch()
+        for node in nodes:
+            node.wait_ready()
+    except BaseException:
+        for node in nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.kill()
+                node.proc.wait()
+        raise
+    return nodes
+
+
 def start_cluster(
     tmp_path: Path, n: int, listen_role: str = "producer", extra: tuple[str, ...] = (), frontends: bool = False
 ) -> Cluster:
@@ -301,8 +326,7 @@ def start_cluster(
     nodes = [NodeProcess(f"node{i + 1}", tmp_path, listen_role, extra, frontends) for i in range(n)]
     for node in nodes:
         node.peers = [other.psc_url for other in nodes if other is not node]
-    for node in nodes:
-        node.start()
+    start_all(nodes)
     return Cluster(nodes)
 
 
