@@ -175,16 +175,23 @@ class RawDialler:
         except InvalidStatus as e:
             return int(e.response.status_code)
 
-    def first_frame(self, make: Callable[[str | None, str | None], bytes]) -> tuple[int, str]:
+    def first_frame(
+        self, make: Callable[[str | None, str | None], bytes], accepted: Callable[[], bool] | None = None
+    ) -> tuple[int, str]:
         """Upgrade, send ``make(answer header, listener node id)`` first, return the close (code, reason).
 
-        A proof the listener accepts leaves the connection open: then (0, "open").
+        A proof the listener accepts leaves the connection open: then (0, "open"). Given
+        ``accepted`` (the listener's own word that it took the proof), that is awaited while
+        the connection is held; otherwise the connection must outlive the 5 s proof deadline.
         """
         with ws_connect(
             self.url, subprotocols=["pubsubclub"], additional_headers=self.headers, open_timeout=5, close_timeout=5
         ) as ws:
             headers = ws.response.headers
             ws.send(make(headers.get("X-PubSubClub-Auth"), headers.get("X-PubSubClub-Node")).decode())
+            if accepted is not None:
+                wait_until(accepted, "the listener to start a session on the proof")
+                return 0, "open"
             try:
                 ws.recv(timeout=2 * 5)
             except ConnectionClosed as e:
@@ -233,7 +240,9 @@ def test_captured_proof_opens_nothing(guarded: NodeProcess, nodes: Nodes, tmp_pa
     def replay(answer: str | None, listener: str | None) -> bytes:
         return captured[0]
 
-    assert RawDialler(guarded.psc_url, headers).first_frame(prove) == (0, "open")
+    # The proof is good: the listener starts a PSC session for it (its links show node "raw").
+    took_it = lambda: any(link["peer_node"] == "raw" for link in guarded.stats()["links"])  # noqa: E731
+    assert RawDialler(guarded.psc_url, headers).first_frame(prove, accepted=took_it) == (0, "open")
     assert RawDialler(other.psc_url, headers).first_frame(replay) == (4401, "wrong cluster secret proof")
     assert RawDialler(guarded.psc_url, headers).first_frame(replay) == (4401, "wrong cluster secret proof")
     guarded.stop()
