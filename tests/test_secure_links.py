@@ -124,7 +124,7 @@ async def test_same_secret_links_and_wamp_crosses(nodes: Nodes, tmp_path: Path) 
     a = nodes.make("a", "--cluster-secret-file", str(secret))
     b = nodes.make("b", "--cluster-secret-file", str(secret))
     a.peers, b.peers = [b.psc_url], [a.psc_url]
-    a.start(), b.start()
+    start_all([a, b])
     await until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "links both ways")
     await assert_publish_crosses(a, b, a.wamp_url, b.wamp_url)
     assert a.stats()["federation"]["auth_refused"] == b.stats()["federation"]["auth_refused"] == 0
@@ -142,9 +142,8 @@ def test_wrong_or_missing_secret_refused(guarded: NodeProcess, nodes: Nodes, tmp
     other = write(tmp_path / "other-secret", OTHER_SECRET)
     wrong = nodes.make("wrong", "--cluster-secret-file", str(other))
     missing = nodes.make("missing")
-    for node in (wrong, missing):
-        node.peers = [guarded.psc_url]
-        node.start()
+    wrong.peers = missing.peers = [guarded.psc_url]
+    start_all([wrong, missing])
     wait_for_log(guarded, "(node missing): HTTP 401, no cluster secret proof")
     wait_for_log(missing, f"could not link to {guarded.psc_url}: WebSocket connection upgrade failed [401]")
     wait_for_log(wrong, f"{guarded.psc_url} did not prove the cluster secret (wrong cluster secret proof)")
@@ -531,7 +530,7 @@ async def test_tls_links_and_wamp_cross(nodes: Nodes, ca: CA, server_cert: Path,
         )
     a.peers = [f"wss://localhost:{b.psc_port}/psc"]
     b.peers = [f"wss://127.0.0.1:{a.psc_port}/psc"]
-    a.start(), b.start()
+    start_all([a, b])
     assert a.ready["psc"] == f"wss://127.0.0.1:{a.psc_port}/psc"
     assert a.ready["wamp"] == f"wss://127.0.0.1:{a.wamp_port}/ws"
     await until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "TLS links both ways")
