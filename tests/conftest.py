@@ -13,7 +13,13 @@ import pytest
 pytest.register_assert_rewrite("helpers")
 
 import pytest_twisted  # noqa: E402
-from helpers.nodes import Cluster, start_cluster, take_watched_logs, unhandled_errors  # noqa: E402
+from helpers.nodes import (  # noqa: E402
+    Cluster,
+    shared_log_errors,
+    start_cluster,
+    take_watched_logs,
+    unhandled_errors,
+)
 from hypothesis import settings  # noqa: E402
 
 if TYPE_CHECKING:
@@ -28,10 +34,11 @@ settings.load_profile("pubsubclub")
 
 @pytest.fixture(autouse=True)
 def no_unhandled_errors_in_node_logs() -> Iterator[None]:
-    """Fail any test whose node processes logged an unhandled error (a traceback)."""
+    """Fail any test whose node processes logged an unhandled error (a traceback); shared nodes: during the test."""
     take_watched_logs()
     yield
     found = {str(path): lines for path in take_watched_logs() if (lines := unhandled_errors(path))}
+    found.update((str(path), lines) for path, lines in shared_log_errors().items())
     if found:
         report = "\n".join(f"{path}:\n  " + "\n  ".join(lines[:5]) for path, lines in found.items())
         pytest.fail(f"node logs show unhandled errors:\n{report}", pytrace=False)

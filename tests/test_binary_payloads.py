@@ -9,7 +9,7 @@ arrives as bytes on the other node: real bytes to MessagePack subscribers, the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 import orjson
@@ -19,7 +19,7 @@ from autobahn.exception import PayloadExceededError
 from autobahn.wamp.types import PublishOptions
 from helpers.bigpublish import FOLLOWERS as SIZE_FOLLOWERS
 from helpers.bigpublish import publish_big_then_followers
-from helpers.nodes import Cluster, interest_reached
+from helpers.nodes import Cluster, interest_reached, share_logs, start_cluster, unshare_logs
 from helpers.wampclient import connect, leave, subscribe
 from hypothesis import given
 from hypothesis import strategies as st
@@ -144,25 +144,37 @@ def test_0_6_link_carries_bytes_and_an_older_link_gets_only_json(net: MemoryNetw
 # -- two real nodes ---------------------------------------------------------------------------------
 
 
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two linked nodes, shared by the module's real-node tests (each has topics of its own)."""
+    cluster = start_cluster(tmp_path_factory.mktemp("binary"), 2)
+    share_logs(cluster.nodes)
+    try:
+        yield cluster
+    finally:
+        for node in cluster.nodes:
+            node.stop()
+        unshare_logs(cluster.nodes)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("publisher", ["msgpack", "json"])
 @pytest_twisted.ensureDeferred
-async def test_binary_publish_on_a_reaches_msgpack_and_json_subscribers_on_b(
-    cluster_factory: Callable[..., Cluster], publisher: str
-) -> None:
+async def test_binary_publish_on_a_reaches_msgpack_and_json_subscribers_on_b(pair: Cluster, publisher: str) -> None:
     """Bytes in args and nested in kwargs, published on A, arrive exactly on B with both serializers; then 20 more."""
-    cluster = cluster_factory(2)
+    cluster = pair
     await cluster.linked()
     a, b = cluster[0], cluster[1]
+    topic = f"bin.{publisher}"
     sub_msgpack = await connect(b.wamp_url, serializer="msgpack")
     sub_json = await connect(b.wamp_url, serializer="json")
-    rec_msgpack, _ = await subscribe(sub_msgpack, "bin")
-    rec_json, _ = await subscribe(sub_json, "bin")
-    await interest_reached(a, b, "bin")
+    rec_msgpack, _ = await subscribe(sub_msgpack, topic)
+    rec_json, _ = await subscribe(sub_json, topic)
+    await interest_reached(a, b, topic)
     pub = await connect(a.wamp_url, serializer=publisher)
     # Autobahn's JSON serializer writes the bytes as "\0" + base64; the broker reads them back as bytes.
-    await pub.publish("bin", *ARGS, options=ACK, **KWARGS)
-    await defer.gatherResults([pub.publish("bin", i, options=ACK) for i in range(FOLLOWERS)])
+    await pub.publish(topic, *ARGS, options=ACK, **KWARGS)
+    await defer.gatherResults([pub.publish(topic, i, options=ACK) for i in range(FOLLOWERS)])
     expected: list[tuple[tuple[Any, ...], dict[str, Any]]] = [(tuple(ARGS), KWARGS)]
     expected += [((i,), {}) for i in range(FOLLOWERS)]
     for rec in (rec_msgpack, rec_json):
@@ -175,11 +187,9 @@ async def test_binary_publish_on_a_reaches_msgpack_and_json_subscribers_on_b(
 
 @pytest.mark.slow
 @pytest_twisted.ensureDeferred
-async def test_binary_publish_whose_base64_would_not_fit_the_link_is_refused_before_published(
-    cluster_factory: Callable[..., Cluster],
-) -> None:
+async def test_binary_publish_whose_base64_would_not_fit_the_link_is_refused_before_published(pair: Cluster) -> None:
     """1,000,000 MessagePack bytes (under the 1 MiB limit, 1.33 MB as base64) get ERROR, never PUBLISHED; 20 follow."""
-    cluster = cluster_factory(2)
+    cluster = pair
     await cluster.linked()
     refused, got = await publish_big_then_followers(cluster, "bin.big", "msgpack", b"\xff" * 1_000_000)
     assert isinstance(refused, PayloadExceededError), "acknowledged, but it cannot reach the other node"

@@ -24,7 +24,7 @@ from autobahn.twisted.rawsocket import WampRawSocketClientFactory
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp.serializer import CBORSerializer, JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig
-from helpers.nodes import Cluster, NodeProcess
+from helpers.nodes import Cluster, NodeProcess, share_logs, start_all, unshare_logs
 from helpers.polling import until
 from helpers.ports import free_port
 from helpers.rawsocketclient import Raw
@@ -51,18 +51,34 @@ def raw_port(node: NodeProcess) -> int:
     return int(node.ready["rawsocket"].rsplit(":", 1)[1])
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[Cluster]:
-    """Two linked nodes, each with WebSocket and RawSocket listeners."""
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two linked nodes, each with WebSocket and RawSocket listeners (shared: each test has its own topic)."""
+    tmp_path = tmp_path_factory.mktemp("cbor")
     nodes = [rawsocket_node(f"node{i}", tmp_path) for i in (1, 2)]
     nodes[0].peers, nodes[1].peers = [nodes[1].psc_url], [nodes[0].psc_url]
-    for node in nodes:
-        node.start()
-    cluster = Cluster(nodes)
-    cluster.wait_linked()
-    yield cluster
-    for node in nodes:
+    share_logs(nodes)
+    try:
+        start_all(nodes)
+        cluster = Cluster(nodes)
+        cluster.wait_linked()
+        yield cluster
+    finally:
+        for node in nodes:
+            node.stop()
+        unshare_logs(nodes)
+
+
+@pytest.fixture(scope="module")
+def bounds_node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """One node with RawSocket for the raw bound checks (shared: each check has its own connection)."""
+    node = rawsocket_node("bounds", tmp_path_factory.mktemp("bounds"))
+    share_logs([node])
+    try:
+        yield node.start()
+    finally:
         node.stop()
+        unshare_logs([node])
 
 
 async def rs_connect(port: int, serializer: str) -> ApplicationSession:
@@ -155,24 +171,19 @@ def _nested(depth: int) -> Any:
         (b"\x85\x10\x02\xa0\x61t\x81\x5b" + (2**62).to_bytes(8, "big") + b"ab", "premature end of stream"),
     ],
 )
-def test_cbor_beyond_the_bounds_is_aborted(tmp_path: Path, publish: bytes, problem: str) -> None:
+def test_cbor_beyond_the_bounds_is_aborted(bounds_node: NodeProcess, publish: bytes, problem: str) -> None:
     """Too deep, any tag, undefined, NaN, a length past the end: ABORT protocol_violation naming it, then closed."""
-    node = rawsocket_node("bounds", tmp_path)
-    node.start()
-    try:
-        raw = Raw(raw_port(node))
-        assert raw.handshake((0xF << 4) | 3) == bytes([0x7F, (11 << 4) | 3, 0, 0])
-        raw.frame(0, cbor2.dumps([1, "realm1", {"roles": {"publisher": {}}}]))
-        kind, welcome = raw.next_frame()
-        assert kind == 0 and cbor2.loads(welcome)[0] == 2
-        raw.frame(0, publish)
-        kind, answer = raw.next_frame()
-        abort = cbor2.loads(answer)
-        assert abort[0] == 3 and abort[2] == "wamp.error.protocol_violation", abort
-        assert problem in abort[1]["message"], abort
-        assert raw.closed()
-    finally:
-        node.stop()
+    raw = Raw(raw_port(bounds_node))
+    assert raw.handshake((0xF << 4) | 3) == bytes([0x7F, (11 << 4) | 3, 0, 0])
+    raw.frame(0, cbor2.dumps([1, "realm1", {"roles": {"publisher": {}}}]))
+    kind, welcome = raw.next_frame()
+    assert kind == 0 and cbor2.loads(welcome)[0] == 2
+    raw.frame(0, publish)
+    kind, answer = raw.next_frame()
+    abort = cbor2.loads(answer)
+    assert abort[0] == 3 and abort[2] == "wamp.error.protocol_violation", abort
+    assert problem in abort[1]["message"], abort
+    assert raw.closed()
 
 
 @pytest_twisted.ensureDeferred

@@ -10,19 +10,23 @@ import pytest
 import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions
-from helpers.nodes import NodeProcess
+from helpers.nodes import NodeProcess, share_logs, unshare_logs
 from helpers.wampclient import connect, leave
 from twisted.internet import defer, reactor
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeProcess]:
-    """One node."""
-    started = NodeProcess("rpc", tmp_path).start()
-    yield started
-    started.stop()
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """One node (shared: each test's sessions leave, taking their registrations with them)."""
+    started = NodeProcess("rpc", tmp_path_factory.mktemp("dealer"))
+    share_logs([started])
+    try:
+        yield started.start()
+    finally:
+        started.stop()
+        unshare_logs([started])
 
 
 async def call_error(session: Any, procedure: str, *args: Any, **kwargs: Any) -> ApplicationError:

@@ -11,12 +11,11 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import orjson
 import pytest
 import pytest_twisted
-from helpers.nodes import NodeProcess
+from helpers.nodes import NodeProcess, share_logs, unshare_logs
 from helpers.ports import free_port
 from helpers.rawsocketclient import Raw
 from helpers.rawws import close_of
@@ -32,19 +31,22 @@ JOIN_TIMEOUT = 0.5
 WAIT = 10.0
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeProcess]:
-    """A node with a short join timeout, serving WebSocket and RawSocket."""
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node with a short join timeout, serving WebSocket and RawSocket (shared: each test has its own connections)."""
     raw_port = free_port()
     started = NodeProcess(
         "joins",
-        tmp_path,
+        tmp_path_factory.mktemp("joins"),
         extra=("--wamp-join-timeout", str(JOIN_TIMEOUT), "--rawsocket", f"tcp:{raw_port}:interface=127.0.0.1"),
     )
     started.raw_port = raw_port  # type: ignore[attr-defined]
-    started.start()
-    yield started
-    started.stop()
+    share_logs([started])
+    try:
+        yield started.start()
+    finally:
+        started.stop()
+        unshare_logs([started])
 
 
 def closed_by_server(sock: socket.socket) -> float:

@@ -9,7 +9,7 @@ the 20 always arrive. Absence is proven with the 20 sent after it.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Iterator
 from typing import Any
 
 import msgpack
@@ -18,7 +18,7 @@ import pytest
 import pytest_twisted
 from autobahn.exception import PayloadExceededError
 from helpers.bigpublish import FOLLOWERS, publish_big_then_followers
-from helpers.nodes import Cluster
+from helpers.nodes import Cluster, share_logs, start_cluster, unshare_logs
 from helpers.polling import wait_until
 from helpers.tepclient import join, recv, send, tep
 
@@ -26,6 +26,30 @@ pytestmark = pytest.mark.slow
 
 #: The issue's publish: 1,048,568 bytes, just under the default --max-message-size of 1 MiB.
 NEAR_MIB = 1_048_568
+
+
+def shared_pair(tmp_path_factory: pytest.TempPathFactory, frontends: bool) -> Iterator[Cluster]:
+    """Two linked nodes for the module's tests (each has its own topics; a dropped link fails the next one too)."""
+    cluster = start_cluster(tmp_path_factory.mktemp("sizes"), 2, frontends=frontends)
+    share_logs(cluster.nodes)
+    try:
+        yield cluster
+    finally:
+        for node in cluster.nodes:
+            node.stop()
+        unshare_logs(cluster.nodes)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two linked nodes (WAMP only)."""
+    yield from shared_pair(tmp_path_factory, frontends=False)
+
+
+@pytest.fixture(scope="module")
+def tep_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two linked nodes with their front-ends (TEP among them)."""
+    yield from shared_pair(tmp_path_factory, frontends=True)
 
 
 def wamp_publish_size(serializer: str, topic: str, arg: Any) -> int:
@@ -42,11 +66,9 @@ def filler(serializer: str, topic: str, unit: str, size: int) -> str:
 
 
 @pytest_twisted.ensureDeferred
-async def test_wamp_publish_just_under_a_mib_reaches_the_other_node_and_so_do_the_next_20(
-    cluster_factory: Callable[..., Cluster],
-) -> None:
+async def test_wamp_publish_just_under_a_mib_reaches_the_other_node_and_so_do_the_next_20(pair: Cluster) -> None:
     """A 1,048,568-byte WAMP JSON PUBLISH under the limit is PUBLISHED and delivered on B; the next 20 too."""
-    cluster = cluster_factory(2)
+    cluster = pair
     await cluster.linked()
     big = filler("json", "big.json", "x", NEAR_MIB)
     assert NEAR_MIB - 8 <= wamp_publish_size("json", "big.json", big) <= NEAR_MIB
@@ -57,11 +79,9 @@ async def test_wamp_publish_just_under_a_mib_reaches_the_other_node_and_so_do_th
 
 
 @pytest_twisted.ensureDeferred
-async def test_msgpack_publish_that_would_not_fit_the_link_is_refused_before_published(
-    cluster_factory: Callable[..., Cluster],
-) -> None:
+async def test_msgpack_publish_that_would_not_fit_the_link_is_refused_before_published(pair: Cluster) -> None:
     """A MessagePack PUBLISH under the limit whose JSON for the link is 6 times larger gets ERROR, never PUBLISHED."""
-    cluster = cluster_factory(2)
+    cluster = pair
     await cluster.linked()
     # A control character is one byte in MessagePack and six ("\\u0001") in the PSC301's JSON.
     big = filler("msgpack", "big.msgpack", "\x01", NEAR_MIB)
@@ -73,11 +93,9 @@ async def test_msgpack_publish_that_would_not_fit_the_link_is_refused_before_pub
     assert got == list(range(FOLLOWERS))
 
 
-def test_tep_frame_just_under_a_mib_reaches_the_other_node_and_so_do_the_next_20(
-    cluster_factory: Callable[..., Cluster],
-) -> None:
+def test_tep_frame_just_under_a_mib_reaches_the_other_node_and_so_do_the_next_20(tep_pair: Cluster) -> None:
     """A TEP frame of just under 1 MiB published on A reaches a TEP client on B; the next 20 too."""
-    cluster = cluster_factory(2, frontends=True)
+    cluster = tep_pair
     cluster.wait_linked()
     a, b = cluster[0], cluster[1]
     frame_overhead = len(orjson.dumps({"topic": "bigtep", "payload": ""}))
@@ -93,9 +111,9 @@ def test_tep_frame_just_under_a_mib_reaches_the_other_node_and_so_do_the_next_20
     assert got == [big, *range(FOLLOWERS)]
 
 
-def test_tep_frame_that_would_not_fit_the_link_gets_an_error(cluster_factory: Callable[..., Cluster]) -> None:
+def test_tep_frame_that_would_not_fit_the_link_gets_an_error(tep_pair: Cluster) -> None:
     """A TEP frame under the limit whose JSON grows past the link limit (floats) gets #error; the next 20 arrive."""
-    cluster = cluster_factory(2, frontends=True)
+    cluster = tep_pair
     cluster.wait_linked()
     a, b = cluster[0], cluster[1]
     # "1e15" is 4 bytes in the frame and 18 ("1000000000000000.0") once re-encoded.

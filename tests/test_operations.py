@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import pytest_twisted
-from helpers.nodes import NodeProcess
+from helpers.nodes import NodeProcess, start_all
 from helpers.polling import until, wait_until
 from helpers.wampclient import connect
 
@@ -50,8 +50,7 @@ async def test_sigterm_says_goodbye_to_clients_and_closes_links(tmp_path: Path) 
     b = NodeProcess("b", tmp_path)
     a.peers = [b.psc_url]
     b.peers = [a.psc_url]
-    a.start()
-    b.start()
+    start_all([a, b])
     try:
         await until(lambda: b.health()[1]["open_links"] == 2, "links up")
         session = await connect(a.wamp_url)
@@ -84,8 +83,9 @@ def test_public_operations_listener_warns(tmp_path: Path) -> None:
     """--http bound beyond loopback logs a security warning naming what it exposes; loopback does not."""
     from helpers.ports import free_port
 
-    public = NodeProcess("public", tmp_path, extra=("--http", f"tcp:{free_port()}")).start()
-    private = NodeProcess("private", tmp_path).start()
+    public = NodeProcess("public", tmp_path, extra=("--http", f"tcp:{free_port()}"))
+    private = NodeProcess("private", tmp_path)
+    start_all([public, private])
     try:
         assert "the operations listener" in public.log_path.read_text()
         assert "/stats shows peer addresses" in public.log_path.read_text()

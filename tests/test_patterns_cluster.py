@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from autobahn.wamp.types import SubscribeOptions
-from helpers.nodes import Cluster, NodeProcess
+from helpers.nodes import Cluster, NodeProcess, start_all
 from helpers.polling import until
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 
@@ -83,8 +83,7 @@ async def test_a_peer_without_the_extension_still_sends_exact_topics(tmp_path: P
         node.peers = [other.psc_url for other in nodes if other is not node]
     cluster = Cluster(nodes)
     try:
-        for node in nodes:
-            node.start()
+        start_all(nodes)
         await cluster.linked()
         versions = {(link["peer_node"], link["version"]) for link in nodes[1].stats()["links"]}
         assert versions == {("node1", "0.8"), ("node3", "0.4")}

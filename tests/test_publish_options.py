@@ -11,7 +11,6 @@ topic: it arrives after it).
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,7 +18,7 @@ import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp import message
 from autobahn.wamp.types import PublishOptions, SubscribeOptions
-from helpers.nodes import Cluster, NodeProcess
+from helpers.nodes import Cluster, NodeProcess, share_logs, start_all, unshare_logs
 from helpers.polling import until
 from helpers.wampclient import Recorder, connect, leave
 
@@ -54,20 +53,27 @@ ticket = "carol-ticket"
 MARKER = "marker"
 
 
-@pytest.fixture
-def pair(tmp_path: Path) -> Iterator[Cluster]:
-    """Two linked nodes with the same --auth policy (anonymous guests and three ticket principals)."""
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """Two linked nodes with the same --auth policy (anonymous guests and three ticket principals).
+
+    Shared by the module's tests: each uses its own topic and sessions.
+    """
+    tmp_path = tmp_path_factory.mktemp("options")
     policy = tmp_path / "auth.toml"
     policy.write_text(POLICY)
     nodes = [NodeProcess(f"node{i}", tmp_path, extra=("--auth", str(policy))) for i in (1, 2)]
     nodes[0].peers, nodes[1].peers = [nodes[1].psc_url], [nodes[0].psc_url]
-    for node in nodes:
-        node.start()
-    cluster = Cluster(nodes)
-    cluster.wait_linked()
-    yield cluster
-    for node in nodes:
-        node.stop()
+    share_logs(nodes)
+    try:
+        start_all(nodes)
+        cluster = Cluster(nodes)
+        cluster.wait_linked()
+        yield cluster
+    finally:
+        for node in nodes:
+            node.stop()
+        unshare_logs(nodes)
 
 
 async def user(node: NodeProcess, name: str | None) -> ApplicationSession:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import struct
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from autobahn.twisted.rawsocket import WampRawSocketClientFactory
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp.serializer import JsonSerializer, MsgPackSerializer
 from autobahn.wamp.types import ComponentConfig
-from helpers.nodes import NodeProcess
+from helpers.nodes import NodeProcess, share_logs, unshare_logs
 from helpers.ports import free_port
 from helpers.rawsocketclient import Raw
 from helpers.wampclient import TIMEOUT, leave, publish_acked, subscribe
@@ -25,16 +24,21 @@ from twisted.internet.endpoints import TCP4ClientEndpoint
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeProcess]:
-    """A node serving WAMP over WebSocket and over RawSocket."""
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """A node serving WAMP over WebSocket and over RawSocket (shared: each test has its own connections)."""
     raw_port = free_port()
-    started = NodeProcess("raw", tmp_path, extra=("--rawsocket", f"tcp:{raw_port}:interface=127.0.0.1"))
+    extra = ("--rawsocket", f"tcp:{raw_port}:interface=127.0.0.1")
+    started = NodeProcess("raw", tmp_path_factory.mktemp("rawsocket"), extra=extra)
     started.raw_port = raw_port  # type: ignore[attr-defined]
-    started.start()
-    assert started.ready["rawsocket"] == f"rs://127.0.0.1:{raw_port}"
-    yield started
-    started.stop()
+    share_logs([started])
+    try:
+        started.start()
+        assert started.ready["rawsocket"] == f"rs://127.0.0.1:{raw_port}"
+        yield started
+    finally:
+        started.stop()
+        unshare_logs([started])
 
 
 async def rs_connect(port: int, serializer: str) -> ApplicationSession:

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.spark import T0, TEST_JAVA_OPTIONS, TINY_DATA_CONF, assert_frame, conf_flags, counter, write_dump
+from helpers.spark import (
+    INTERPRETED_CONF,
+    T0,
+    TEST_JAVA_OPTIONS,
+    TINY_DATA_CONF,
+    assert_frame,
+    conf_flags,
+    counter,
+    write_dump,
+)
 from pyspark.sql import SparkSession
 
 from pubsubclub.cli import command as cli
@@ -254,7 +263,8 @@ def test_spark_submit_runs_the_same_job(spark: SparkSession, cluster_dumps: Path
         # The driver JVM's options go to spark-submit itself: the job's own --conf flags reach a running JVM.
         [str(submit), "--master", "local[1]", "--driver-java-options", TEST_JAVA_OPTIONS, "--py-files", str(package),
          str(REPO / "pubsubclub/reports/submit.py"), "--metrics", str(cluster_dumps),
-         "--out", str(tmp_path / "submitted"), "--conf", "spark.ui.enabled=false", *conf_flags(TINY_DATA_CONF)],
+         "--out", str(tmp_path / "submitted"), "--conf", "spark.ui.enabled=false",
+         *conf_flags({**TINY_DATA_CONF, **INTERPRETED_CONF})],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from helpers.certs import CA, make_ca
-from helpers.nodes import REPO, NodeProcess
+from helpers.nodes import REPO, NodeProcess, start_all
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.wampclient import connect as wamp_connect
 from helpers.wampclient import leave, publish_acked, subscribe
@@ -124,7 +124,7 @@ async def test_same_secret_links_and_wamp_crosses(nodes: Nodes, tmp_path: Path) 
     a = nodes.make("a", "--cluster-secret-file", str(secret))
     b = nodes.make("b", "--cluster-secret-file", str(secret))
     a.peers, b.peers = [b.psc_url], [a.psc_url]
-    a.start(), b.start()
+    start_all([a, b])
     await until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "links both ways")
     await assert_publish_crosses(a, b, a.wamp_url, b.wamp_url)
     assert a.stats()["federation"]["auth_refused"] == b.stats()["federation"]["auth_refused"] == 0
@@ -142,9 +142,8 @@ def test_wrong_or_missing_secret_refused(guarded: NodeProcess, nodes: Nodes, tmp
     other = write(tmp_path / "other-secret", OTHER_SECRET)
     wrong = nodes.make("wrong", "--cluster-secret-file", str(other))
     missing = nodes.make("missing")
-    for node in (wrong, missing):
-        node.peers = [guarded.psc_url]
-        node.start()
+    wrong.peers = missing.peers = [guarded.psc_url]
+    start_all([wrong, missing])
     wait_for_log(guarded, "(node missing): HTTP 401, no cluster secret proof")
     wait_for_log(missing, f"could not link to {guarded.psc_url}: WebSocket connection upgrade failed [401]")
     wait_for_log(wrong, f"{guarded.psc_url} did not prove the cluster secret (wrong cluster secret proof)")
@@ -175,16 +174,23 @@ class RawDialler:
         except InvalidStatus as e:
             return int(e.response.status_code)
 
-    def first_frame(self, make: Callable[[str | None, str | None], bytes]) -> tuple[int, str]:
+    def first_frame(
+        self, make: Callable[[str | None, str | None], bytes], accepted: Callable[[], bool] | None = None
+    ) -> tuple[int, str]:
         """Upgrade, send ``make(answer header, listener node id)`` first, return the close (code, reason).
 
-        A proof the listener accepts leaves the connection open: then (0, "open").
+        A proof the listener accepts leaves the connection open: then (0, "open"). Given
+        ``accepted`` (the listener's own word that it took the proof), that is awaited while
+        the connection is held; otherwise the connection must outlive the 5 s proof deadline.
         """
         with ws_connect(
             self.url, subprotocols=["pubsubclub"], additional_headers=self.headers, open_timeout=5, close_timeout=5
         ) as ws:
             headers = ws.response.headers
             ws.send(make(headers.get("X-PubSubClub-Auth"), headers.get("X-PubSubClub-Node")).decode())
+            if accepted is not None:
+                wait_until(accepted, "the listener to start a session on the proof")
+                return 0, "open"
             try:
                 ws.recv(timeout=2 * 5)
             except ConnectionClosed as e:
@@ -233,7 +239,9 @@ def test_captured_proof_opens_nothing(guarded: NodeProcess, nodes: Nodes, tmp_pa
     def replay(answer: str | None, listener: str | None) -> bytes:
         return captured[0]
 
-    assert RawDialler(guarded.psc_url, headers).first_frame(prove) == (0, "open")
+    # The proof is good: the listener starts a PSC session for it (its links show node "raw").
+    took_it = lambda: any(link["peer_node"] == "raw" for link in guarded.stats()["links"])  # noqa: E731
+    assert RawDialler(guarded.psc_url, headers).first_frame(prove, accepted=took_it) == (0, "open")
     assert RawDialler(other.psc_url, headers).first_frame(replay) == (4401, "wrong cluster secret proof")
     assert RawDialler(guarded.psc_url, headers).first_frame(replay) == (4401, "wrong cluster secret proof")
     guarded.stop()
@@ -339,6 +347,9 @@ class Relay:
 
     def close(self) -> None:
         """Stop accepting and relaying; wait for the threads."""
+        # shutdown wakes the thread blocked in accept() (close alone leaves it there until join's timeout).
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
         self.listener.close()
         with self._lock:
             sockets = list(self._sockets)
@@ -519,7 +530,7 @@ async def test_tls_links_and_wamp_cross(nodes: Nodes, ca: CA, server_cert: Path,
         )
     a.peers = [f"wss://localhost:{b.psc_port}/psc"]
     b.peers = [f"wss://127.0.0.1:{a.psc_port}/psc"]
-    a.start(), b.start()
+    start_all([a, b])
     assert a.ready["psc"] == f"wss://127.0.0.1:{a.psc_port}/psc"
     assert a.ready["wamp"] == f"wss://127.0.0.1:{a.wamp_port}/ws"
     await until(lambda: len(open_links(a)) == 2 and len(open_links(b)) == 2, "TLS links both ways")
@@ -569,8 +580,7 @@ def test_public_listener_without_secret_warns(nodes: Nodes, tmp_path: Path) -> N
     closed = nodes.make("closed", "--cluster-secret-file", str(write(tmp_path / "secret", SECRET)))
     closed.extra = (*closed.extra, "--psc", f"tcp:{closed.psc_port}:interface=0.0.0.0")
     loopback = nodes.make("loopback")
-    for node in (open_node, closed, loopback):
-        node.start()
+    start_all([open_node, closed, loopback])
     warnings = [line for line in log_of(open_node).splitlines() if "SECURITY WARNING" in line]
     assert len(warnings) == 1 and "listeners psc " in warnings[0], warnings
     assert "SECURITY WARNING" not in log_of(closed)

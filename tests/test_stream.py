@@ -7,11 +7,12 @@ after, never with a sleep.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.nodes import NodeProcess
+from helpers.nodes import NodeProcess, share_logs, unshare_logs
 from helpers.polling import wait_until
 from helpers.streamclient import OK, StreamClient, error
 
@@ -20,14 +21,20 @@ from pubsubclub.frontends.stream import codec as c
 pytestmark = pytest.mark.slow
 
 E = c.Position.EARLIEST
+#: Numbers for the bad-input cases' topics.
+OTHER_TOPICS = itertools.count()
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeProcess]:
-    """One node with the stream front-end on (and NSD, TEP)."""
-    started = NodeProcess("s1", tmp_path, frontends=True).start()
-    yield started
-    started.stop()
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """One node with the stream front-end on (and NSD, TEP); shared, so each test has topics of its own."""
+    started = NodeProcess("s1", tmp_path_factory.mktemp("stream"), frontends=True)
+    share_logs([started])
+    try:
+        yield started.start()
+    finally:
+        started.stop()
+        unshare_logs([started])
 
 
 def client(node: NodeProcess, **kwargs: int) -> StreamClient:
@@ -202,8 +209,9 @@ def test_bad_input_gets_an_error_and_a_close_and_others_go_on(
     bad = StreamClient(node.stream_port)
     bad.raw(data)
     assert bad.closed() == [error(code)]
-    other.send(c.Publish("t.other", b"still here"), c.Subscribe("t.other", E))
-    assert other.recv(3) == [OK, OK, c.Message("t.other", 0, b"still here")]
+    topic = f"t.other.{next(OTHER_TOPICS)}"  # one per case: the node (and its log) is shared
+    other.send(c.Publish(topic, b"still here"), c.Subscribe(topic, E))
+    assert other.recv(3) == [OK, OK, c.Message(topic, 0, b"still here")]
     wait_until(lambda: "Traceback" not in node.log_path.read_text(), "no traceback", timeout=1)
 
 

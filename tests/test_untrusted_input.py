@@ -19,7 +19,7 @@ import msgpack
 import orjson
 import pytest
 import pytest_twisted
-from helpers.nodes import Cluster, NodeProcess, assert_clean_log
+from helpers.nodes import Cluster, NodeProcess, assert_clean_log, share_logs, unshare_logs
 from helpers.nsdclient import SANE_WHEN, SUCCESS, NSDClient
 from helpers.polling import until
 from helpers.pscpeer import psc_producer
@@ -166,12 +166,19 @@ async def test_forged_nsd_messages_are_not_read_as_genuine(cluster_factory: Call
 # -- point 5: malformed input on every listener -------------------------------------------------
 
 
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[NodeProcess]:
-    """One node with every front-end; it listens as consumer, so a raw PSC peer that dials it is a producer."""
-    proc = NodeProcess("n1", tmp_path, listen_role="consumer", frontends=True).start()
-    yield proc
-    proc.stop()
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """One node with every front-end; it listens as consumer, so a raw PSC peer that dials it is a producer.
+
+    Shared by the module's tests: the hostile input of one must not harm the next either.
+    """
+    proc = NodeProcess("n1", tmp_path_factory.mktemp("untrusted"), listen_role="consumer", frontends=True)
+    share_logs([proc])
+    try:
+        yield proc.start()
+    finally:
+        proc.stop()
+        unshare_logs([proc])
 
 
 def raw_wamp(node: NodeProcess, frames: list[str | bytes], subprotocol: str = "wamp.2.json") -> list[Any]:
@@ -301,8 +308,10 @@ async def test_hostile_psc_drops_bad_messages_and_closes_only_for_protocol_error
     """Out-of-bounds PSC301 messages are dropped (link kept); a frame nested 1,000 deep closes with 4400."""
     sub = await connect(node.wamp_url)
     rec, _ = await subscribe(sub, "wire.t")
+    before = node.stats()["federation"]  # the node is shared: its counters are compared with these
     producer = psc_producer(node)
-    await until(lambda: node.stats()["federation"]["links_opened"] == 1, "the raw producer's link")
+    opened = before["links_opened"] + 1
+    await until(lambda: node.stats()["federation"]["links_opened"] == opened, "the raw producer's link")
     bad_messages = [
         '[301, "wire.t", {"n": 9223372036854775808}]',
         '[301, "wire.t", [18446744073709551616]]',
@@ -315,7 +324,7 @@ async def test_hostile_psc_drops_bad_messages_and_closes_only_for_protocol_error
     await rec.wait_for(1)
     assert rec.args == ["good"]
     federation = node.stats()["federation"]
-    assert federation["dropped_bounds"] == 4 and federation["links_opened"] == 1
+    assert federation["dropped_bounds"] == before["dropped_bounds"] + 4 and federation["links_opened"] == opened
     with urllib.request.urlopen(f"http://127.0.0.1:{node.http_port}/metrics", timeout=5) as r:
         metrics = r.read().decode()
     assert 'pubsubclub_messages_total{frontend="psc",kind="dropped",peer="tcp4:' in metrics

@@ -46,6 +46,49 @@ def take_watched_logs() -> list[Path]:
     return taken
 
 
+#: Logs of nodes shared by several tests (module-scoped fixtures) and how far each was checked.
+_shared_logs: dict[Path, int] = {}
+
+
+def share_logs(nodes: list[NodeProcess]) -> None:
+    """Check these nodes' logs after every test from now on, each time for what they logged since.
+
+    For a module-scoped fixture: its nodes start before the test's own watch list is
+    reset (higher scopes are set up first), so :func:`watch_log` alone would miss them.
+    Call :func:`unshare_logs` when the fixture stops them.
+    """
+    for node in nodes:
+        _shared_logs.setdefault(node.log_path, 0)
+
+
+def shared_log_errors() -> dict[Path, list[str]]:
+    """The unhandled errors the shared logs show since the last call, per log."""
+    found: dict[Path, list[str]] = {}
+    for path, offset in list(_shared_logs.items()):
+        if not path.exists():
+            continue
+        with path.open("rb") as f:
+            f.seek(offset)
+            text = f.read()
+        # Only whole lines: the rest is read again next time.
+        end = text.rfind(b"\n") + 1
+        _shared_logs[path] = offset + end
+        lines = text[:end].decode(errors="replace").splitlines()
+        if errors := [line for line in lines if any(m in line for m in UNHANDLED_MARKERS)]:
+            found[path] = errors
+    return found
+
+
+def unshare_logs(nodes: list[NodeProcess]) -> None:
+    """Stop checking these (stopped) nodes' logs after each test; fail if they logged an unhandled error since."""
+    found = {path: lines for path, lines in shared_log_errors().items() if path in {n.log_path for n in nodes}}
+    for node in nodes:
+        _shared_logs.pop(node.log_path, None)
+    if found:
+        report = "\n".join(f"{path}:\n  " + "\n  ".join(lines[:5]) for path, lines in found.items())
+        raise AssertionError(f"node logs show unhandled errors:\n{report}")
+
+
 def unhandled_errors(path: Path) -> list[str]:
     """The lines of ``path`` that show an unhandled error."""
     if not path.exists():
@@ -139,13 +182,22 @@ class NodeProcess:
 
     def start(self) -> NodeProcess:
         """Start the process and wait for its ready line."""
+        self.launch()
+        return self.wait_ready()
+
+    def launch(self) -> NodeProcess:
+        """Start the process without waiting (:meth:`wait_ready` next; :func:`start_all` starts several)."""
         log = open(self.log_path, "a")
         watch_log(self.log_path)
         self.proc = subprocess.Popen(
             self.command(), stdout=subprocess.PIPE, stderr=log, text=True, cwd=REPO, env=self.env
         )
         log.close()
-        assert self.proc.stdout is not None
+        return self
+
+    def wait_ready(self) -> NodeProcess:
+        """Wait for the ready line of the process :meth:`launch` started and read back its ports."""
+        assert self.proc is not None and self.proc.stdout is not None
         sel = selectors.DefaultSelector()
         sel.register(self.proc.stdout, selectors.EVENT_READ)
         if not sel.select(WAIT_SECONDS):
@@ -251,6 +303,22 @@ class Cluster:
         await until(self.meshed, "full mesh of open links")
 
 
+def start_all(nodes: list[NodeProcess]) -> list[NodeProcess]:
+    """Start every node at once and wait until each is ready (their start-ups overlap; on failure all are stopped)."""
+    try:
+        for node in nodes:
+            node.launch()
+        for node in nodes:
+            node.wait_ready()
+    except BaseException:
+        for node in nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.kill()
+                node.proc.wait()
+        raise
+    return nodes
+
+
 def start_cluster(
     tmp_path: Path, n: int, listen_role: str = "producer", extra: tuple[str, ...] = (), frontends: bool = False
 ) -> Cluster:
@@ -258,8 +326,7 @@ def start_cluster(
     nodes = [NodeProcess(f"node{i + 1}", tmp_path, listen_role, extra, frontends) for i in range(n)]
     for node in nodes:
         node.peers = [other.psc_url for other in nodes if other is not node]
-    for node in nodes:
-        node.start()
+    start_all(nodes)
     return Cluster(nodes)
 
 

@@ -28,10 +28,20 @@ TINY_DATA_CONF = {
     "spark.executor.extraJavaOptions": TEST_JAVA_OPTIONS,
 }
 
-#: Settings of the test session: two cores, tiny-data settings, no UI or progress bar.
+#: Expressions interpreted, not compiled: on tiny data a query's time is Janino compiling the
+#: generated Java of every stage and expression, which the few rows never repay (Spark's own
+#: test setting; docs/architecture.md, Suite time). The session and spark-submit run with it; the
+#: standalone cluster keeps Spark's compiled path, and its test compares the two.
+INTERPRETED_CONF = {
+    "spark.sql.codegen.wholeStage": "false",
+    "spark.sql.codegen.factoryMode": "NO_CODEGEN",
+}
+
+#: Settings of the test session: two cores, tiny-data settings, interpreted, no UI or progress bar.
 TEST_CONF = {
     **DEFAULT_CONF,
     **TINY_DATA_CONF,
+    **INTERPRETED_CONF,
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.driver.bindAddress": "127.0.0.1",
