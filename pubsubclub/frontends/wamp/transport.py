@@ -62,7 +62,8 @@ from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
-from pubsubclub.net.wsframes import receive_data, send_message
+from pubsubclub.net import wsframes
+from pubsubclub.net.wsframes import held_bytes, receive_data, send_held, send_message
 from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
@@ -125,12 +126,15 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
         """
         if self.state != _OPEN:
             return
-        send_message(self, data, self._serializer._serializer.BINARY)
+        # Held to the end of a remote batch's delivery (wsframes.hold_writes), if one is on.
+        send_held(self, data, self._serializer._serializer.BINARY)
         if self._backlog is not None:
             self._backlog.written(len(data))
 
     def unsent_bytes(self) -> int:
-        """Upper bound on bytes written but not yet taken by the client."""
+        """Upper bound on bytes written but not yet taken by the client (held frames included)."""
+        if wsframes._held:
+            return unsent_bytes(self.transport, self._backlog) + held_bytes(self)
         return unsent_bytes(self.transport, self._backlog)
 
     def drop(self, reason: str) -> None:
