@@ -147,3 +147,117 @@ def test_held_write_falls_back_to_autobahn_where_send_message_would() -> None:
     finally:
         wsframes.release_writes()
     assert protocol.transport.writes == [b"autobahn:1"]
+
+
+# -- the broker: a publish's hub topic remembered, an EVENT written without its layers ---------------------
+
+
+def _joined(router: Any, realm: str = "realm1") -> tuple[Any, Any]:
+    """A joined session on a fake transport."""
+    from autobahn.wamp import message
+    from autobahn.wamp.role import RolePublisherFeatures, RoleSubscriberFeatures
+
+    from pubsubclub.testing import MemoryWampTransport
+
+    session = router.session_factory()
+    transport = MemoryWampTransport()
+    session.onOpen(transport)
+    roles = {"publisher": RolePublisherFeatures(), "subscriber": RoleSubscriberFeatures()}
+    session.onMessage(message.Hello(realm, roles))
+    assert isinstance(transport.sent[-1], message.Welcome)
+    transport.sent.clear()
+    return session, transport
+
+
+def _publish(topic: str, payload: Any = None, request: int = 1) -> Any:
+    from pubsubclub.frontends.wamp.codec import PublishRequest
+
+    return PublishRequest(request, topic, None if payload is not None else [1], None, True, None, payload, 20)
+
+
+def test_payload_transparency_is_refused_on_a_topic_already_published_on() -> None:
+    """A topic remembered as good still gets the payload-transparency refusal: the memo skips URI checks only."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+
+    router = WampRouter(Hub())
+    session, transport = _joined(router)
+    session.onMessage(_publish("com.example.t"))
+    assert isinstance(transport.sent.pop(), message.Published)
+    assert ("realm1", "com.example.t") in router.publish_topics
+    session.onMessage(_publish("com.example.t", payload=b"opaque", request=2))
+    refused = transport.sent.pop()
+    assert isinstance(refused, message.Error) and refused.error == "wamp.error.invalid_argument"
+
+
+def test_a_refused_topic_is_never_remembered_and_the_memo_is_per_realm() -> None:
+    """Bad and reserved URIs are refused every time (never remembered); a topic maps to its own realm's hub topic."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.uris import URI_CACHE_SIZE
+
+    router = WampRouter(Hub(), ("realm1", "realm2"))
+    one, one_t = _joined(router, "realm1")
+    two, two_t = _joined(router, "realm2")
+    for topic in ("wamp.session.x", "bad topic", "$cluster.x"):
+        for _ in range(2):
+            one.onMessage(_publish(topic))
+            assert isinstance(one_t.sent.pop(), message.Error)
+    one.onMessage(_publish("com.example.t"))
+    two.onMessage(_publish("com.example.t"))
+    assert router.publish_topics == {
+        ("realm1", "com.example.t"): "com.example.t",
+        ("realm2", "com.example.t"): "$realm.realm2#com.example.t",
+    }
+    for i in range(URI_CACHE_SIZE + 5):
+        one.onMessage(_publish(f"com.example.n{i}"))
+    assert len(router.publish_topics) == URI_CACHE_SIZE
+
+
+def test_events_with_options_or_for_a_lagging_client_take_the_checks_one_by_one() -> None:
+    """deliver's short path leaves publish options (exclusion) and a client over its send buffer to the full checks."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.frontends.wamp import WampRouter
+
+    router = WampRouter(Hub())
+    session, transport = _joined(router)
+    session.onMessage(message.Subscribe(1, "com.example.t"))
+    assert isinstance(transport.sent.pop(), message.Subscribed)
+    excluded = Envelope("com.example.t", 1, "n", options={"x": [session.session_id]})
+    assert session.deliver(excluded) is False
+    assert transport.sent == []
+    assert session.deliver(Envelope("com.example.t", 2, "n")) is True
+    assert transport.sent.pop().args == [2]
+    transport.unsent = router.limits.max_send_buffer + 1
+    assert session.deliver(Envelope("com.example.t", 3, "n")) is False
+    assert transport.dropped is not None and "slow consumer" in transport.dropped
+
+
+@pytest.mark.parametrize(
+    ("payload", "wrapped", "args", "kwargs"),
+    [
+        (5, False, [5], None),
+        ({"args": [1, 2], "kwargs": {"k": 3}}, True, [1, 2], {"k": 3}),
+        ({"args": [1]}, False, [{"args": [1]}], None),
+    ],
+)
+def test_event_bytes_short_path_agrees_with_event_message(payload: Any, wrapped: bool, args: Any, kwargs: Any) -> None:
+    """An EVENT made by the plain-value short path or by event_arguments has the args/kwargs the publish had."""
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.frontends.wamp import WampRouter
+
+    router = WampRouter(Hub())
+    session, transport = _joined(router)
+    from autobahn.wamp import message
+
+    session.onMessage(message.Subscribe(1, "com.example.t"))
+    transport.sent.clear()
+    assert session.deliver(Envelope("com.example.t", payload, "n", wamp_wrapped=wrapped))
+    event = transport.sent.pop()
+    assert (event.args, event.kwargs) == (args, kwargs)
