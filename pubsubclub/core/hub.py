@@ -532,7 +532,9 @@ class Hub:
                     else:
                         sources += [source] * sent
         if sources:
-            size = payload_size(envelope)
+            size = envelope.size
+            if size is None:
+                size = payload_size(envelope)
             for source in sources:
                 cell = tally.get((topic, source))
                 if cell is None:

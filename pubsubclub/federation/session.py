@@ -223,7 +223,7 @@ class LinkSession:
         sizes: list[int] = []
         for part in parts:
             if part:
-                message = None
+                message: psc.Message | None = None
                 if bounded and len(part) <= max_frame:
                     # A PSC301 as nodes write it (metadata without "b"/"p"), read in place: what
                     # psc.decode makes of it, without its two calls; anything else takes decode().

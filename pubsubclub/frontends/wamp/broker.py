@@ -57,6 +57,7 @@ from pubsubclub.frontends.wamp.publishing import (
     RETAINED,
     admits,
     event_arguments,
+    event_bytes,
     publish,
     wamp_envelope,
 )
@@ -148,8 +149,11 @@ class BrokerSession(WampSession):
         ):
             # Not subscribed, not established, publish options or a lagging client: the checks one by one.
             return self._send_event(envelope, subscription, None)
+        router = self._router
         try:
-            transport.send_encoded(self._router.event_bytes(envelope, subscription, transport.object_serializer))
+            # publishing.event_bytes without the router's wrapper (an exact subscription names no topic).
+            data = event_bytes(envelope, subscription, transport.object_serializer, router.new_id, None)
+            transport.send_encoded(data)
             return True
         except Exception:
             return self._send_failed(envelope)

@@ -222,9 +222,10 @@ def publish(session: BrokerSession, msg: PublishRequest) -> message.Message | No
     the links): nothing is delivered or forwarded, and the publisher hears of
     it only when it asked for an acknowledgement.
     """
-    router = session.router
+    # The session's attributes, not its properties: three calls fewer per PUBLISH.
+    router = session._router
     acknowledge = msg.acknowledge is True
-    realm = session.realm
+    realm = session._realm
     known = router.publish_topics
     topic = known.get((realm, msg.topic))
     if topic is None or msg.payload is not None:
@@ -232,7 +233,7 @@ def publish(session: BrokerSession, msg: PublishRequest) -> message.Message | No
         if type(checked) is not str:
             return checked  # type: ignore[return-value]
         topic = checked
-    role = session.role
+    role = session._role
     if role is not None and not role.may_publish(topic):
         log.debug("WAMP session {session}: role {role} may not publish to {topic}", session=session.session_id,
                   role=role.name, topic=topic)  # fmt: skip
