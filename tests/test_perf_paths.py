@@ -261,3 +261,31 @@ def test_event_bytes_short_path_agrees_with_event_message(payload: Any, wrapped:
     assert session.deliver(Envelope("com.example.t", payload, "n", wamp_wrapped=wrapped))
     event = transport.sent.pop()
     assert (event.args, event.kwargs) == (args, kwargs)
+
+
+@pytest.mark.parametrize("acknowledge", [True, False])
+def test_one_publication_id_per_publish_acknowledged_or_not(acknowledge: bool) -> None:
+    """The PUBLISHED answer and every EVENT of a publish (exact and pattern subscriptions) carry the same id."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.codec import PublishRequest
+
+    router = WampRouter(Hub())
+    publisher, publisher_t = _joined(router)
+    exact, exact_t = _joined(router)
+    prefix, prefix_t = _joined(router)
+    exact.onMessage(message.Subscribe(1, "com.example.t"))
+    prefix.onMessage(message.Subscribe(1, "com.example", match="prefix"))
+    exact_t.sent.clear()
+    prefix_t.sent.clear()
+    publisher.onMessage(PublishRequest(5, "com.example.t", [1], None, acknowledge, None, None, 20))
+    (exact_event,) = exact_t.sent
+    (prefix_event,) = prefix_t.sent
+    assert exact_event.publication == prefix_event.publication
+    if acknowledge:
+        (published,) = publisher_t.sent
+        assert isinstance(published, message.Published) and published.publication == exact_event.publication
+    else:
+        assert publisher_t.sent == []

@@ -267,7 +267,11 @@ def publish(session: BrokerSession, msg: PublishRequest) -> message.Message | No
         if refused is not None:
             return message.Error(PUBLISH, msg.request, TOO_MANY_RETAINED, args=[refused[0]],
                                  kwargs={"limit": refused[1], "max": refused[2]}) if acknowledge else None  # fmt: skip
-    publication = envelope.wire[PUBLICATION] = router.new_id()
+    # The publication id: drawn here only for the PUBLISHED answer; else by the first EVENT made
+    # (event_bytes), so a publish no local client receives draws none. One id per publication either way.
+    publication = 0
+    if acknowledge:
+        publication = envelope.wire[PUBLICATION] = router.new_id()
     size = msg.size
     hub.metrics.count(topic, Source.WAMP, Kind.PUBLISHED, 1, payload_size(envelope) if size is None else size)
     hub.publish(envelope, exclude=None if msg.exclude_me is False else session)
