@@ -431,12 +431,16 @@ class Hub:
         metrics = self.metrics
         received = delivered = 0
         tally: dict[tuple[str, Source], list[int]] = {}
+        snapshots, sinks, patterns = self._snapshots, self._sinks, self._patterns
         try:
             for envelope in envelopes:
                 received += 1
                 topic = envelope.topic
-                targets = self._targets(topic)
-                matched = self._patterns.match(topic)
+                # _targets and the pattern match without their calls when the snapshot is made / no pattern is held.
+                targets = snapshots.get(topic)
+                if targets is None:
+                    targets = self._targets(topic) if topic in sinks else ()
+                matched = patterns.match(topic) if self._any_patterns else ()
                 if targets or matched:
                     delivered += self._deliver_to(envelope, targets, matched, None, tally)
         finally:
@@ -528,7 +532,9 @@ class Hub:
                     else:
                         sources += [source] * sent
         if sources:
-            size = payload_size(envelope)
+            size = envelope.size
+            if size is None:
+                size = payload_size(envelope)
             for source in sources:
                 cell = tally.get((topic, source))
                 if cell is None:

@@ -20,6 +20,7 @@ from pubsubclub.federation import psc
 from pubsubclub.federation.replay import Stream
 from pubsubclub.federation.session import (
     LinkSession,
+    LinkState,
 )
 from pubsubclub.federation.state import FederationState
 
@@ -186,8 +187,10 @@ class Forwarding(FederationState):
     def _send(self, topic: str, sends: list[tuple[Any, bytes]]) -> int:
         """Send what the outbox numbered for its streams' links; add each to :attr:`_forwarded`; how many were sent."""
         forwarded = self._forwarded
+        open_ = LinkState.OPEN
         for link, data in sends:
-            link.send_raw(data)
+            if link.state is open_:  # LinkSession.send_raw, without its call
+                link._send(data)
             cell = forwarded.get((topic, link))
             if cell is None:
                 cell = forwarded[(topic, link)] = [0, 0]

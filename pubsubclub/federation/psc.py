@@ -660,4 +660,6 @@ def seq_template(publish_02: bytes) -> bytes:
 
     Made once per message; what the replay outbox numbers without knowing the PSC301 format.
     """
-    return seq_head(publish_02).replace(b"%", b"%%") + b"%d}]"
+    head = publish_02[:-2]  # seq_head, without its call (once per forwarded message)
+    head += b',"s":' if head[-1:] != b"{" else b'"s":'
+    return head.replace(b"%", b"%%") + b"%d}]"

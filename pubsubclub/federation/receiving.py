@@ -24,6 +24,7 @@ from pubsubclub.federation.session import (
     LinkState,
 )
 from pubsubclub.federation.state import FederationState
+from pubsubclub.net.wsframes import hold_writes, release_writes
 
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
@@ -130,9 +131,14 @@ class Receiving(FederationState):
         envelopes = self._envelopes(session, messages, sizes, received, latencies)
         if self.worker_prefix is not None:  # the primary worker: relayed on as well (relay.py)
             envelopes = self.relayed(session, envelopes)
+        # The batch's EVENTs (and other frames written through wsframes.send_held) leave in one
+        # write per client connection when its delivery is done, not one write each.
+        holding = hold_writes()
         try:
             hub.deliver_remote_batch(envelopes)
         finally:
+            if holding:
+                release_writes()
             n = 0
             peer = session.peer_node or session.peer
             for topic, (count, nbytes) in received.items():

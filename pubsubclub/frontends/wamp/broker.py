@@ -57,6 +57,7 @@ from pubsubclub.frontends.wamp.publishing import (
     RETAINED,
     admits,
     event_arguments,
+    event_bytes,
     publish,
     wamp_envelope,
 )
@@ -82,6 +83,9 @@ from pubsubclub.frontends.wamp.uris import (
     uri_problem,
     wamp_topic,
 )
+
+#: Read per delivered message: bound once.
+_ESTABLISHED = State.ESTABLISHED
 
 # Also the names other modules and tests import from here, kept since the module was split.
 __all__ = [
@@ -134,7 +138,25 @@ class BrokerSession(WampSession):
 
     def deliver(self, envelope: Envelope) -> bool:
         """Send ``envelope`` as an EVENT, or drop this client if it lags too far; True if sent."""
-        return self._send_event(envelope, self._topics.get(envelope.topic), None)
+        subscription = self._topics.get(envelope.topic)
+        transport = self._transport
+        if (
+            subscription is None
+            or transport is None
+            or envelope.options is not None
+            or self._state is not _ESTABLISHED
+            or transport.unsent_bytes() > self._limits.max_send_buffer
+        ):
+            # Not subscribed, not established, publish options or a lagging client: the checks one by one.
+            return self._send_event(envelope, subscription, None)
+        router = self._router
+        try:
+            # publishing.event_bytes without the router's wrapper (an exact subscription names no topic).
+            data = event_bytes(envelope, subscription, transport.object_serializer, router.new_id, None)
+            transport.send_encoded(data)
+            return True
+        except Exception:
+            return self._send_failed(envelope)
 
     def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool:
         """Send ``envelope``, which matched ``pattern``, as an EVENT of that pattern subscription; True if sent."""
@@ -167,14 +189,17 @@ class BrokerSession(WampSession):
             transport.send_encoded(self._router.event_bytes(envelope, subscription, transport.object_serializer, realm))
             return True
         except Exception:
-            # Called from the hub's delivery loop: one bad recipient or
-            # payload must not stop delivery to the others.
-            log.failure(
-                "WAMP session {session}: cannot send event {message_id}",
-                session=self._session_id,
-                message_id=envelope.message_id,
-            )
-            return False
+            return self._send_failed(envelope)
+
+    def _send_failed(self, envelope: Envelope) -> bool:
+        # Called from the hub's delivery loop: one bad recipient or
+        # payload must not stop delivery to the others.
+        log.failure(
+            "WAMP session {session}: cannot send event {message_id}",
+            session=self._session_id,
+            message_id=envelope.message_id,
+        )
+        return False
 
     def _left(self) -> None:
         # Its own subscriptions only: no scan of every topic on the node per session leaving.

@@ -51,7 +51,16 @@ from pubsubclub.core.hub import Envelope, Hub
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.core.retained import RetainedEvent, payload_bytes
 from pubsubclub.frontends.wamp.auth import NOT_AUTHORIZED
-from pubsubclub.frontends.wamp.codec import DISCLOSED, PUBLISH, ROUTING_KEYS, PublishRequest, event_message
+from pubsubclub.frontends.wamp.codec import (
+    _NO_DETAILS,
+    DISCLOSED,
+    EVENT,
+    PUBLISH,
+    ROUTING_KEYS,
+    PublishRequest,
+    event_message,
+)
+from pubsubclub.frontends.wamp.uris import URI_CACHE_SIZE
 
 if TYPE_CHECKING:
     from pubsubclub.frontends.wamp.broker import BrokerSession
@@ -187,9 +196,13 @@ def event_bytes(
         publication = wire.get(PUBLICATION)
         if publication is None:
             publication = wire[PUBLICATION] = new_id()
+        options = envelope.options
+        if topic is None and options is None and not envelope.wamp_wrapped and wire.get(RETAINED) is None:
+            # A plain publish of one value to an exact subscription: what event_message makes of it.
+            data = wire[key] = serializer.serialize([EVENT, subscription, publication, _NO_DETAILS, [envelope.payload]])
+            return data  # type: ignore[no-any-return]
         args, kwargs = event_arguments(envelope)
         details: dict[str, Any] | None = None if topic is None else {"topic": topic}
-        options = envelope.options
         if options is not None:
             disclosed = options.get(DISCLOSED)
             if disclosed is not None:
@@ -209,24 +222,18 @@ def publish(session: BrokerSession, msg: PublishRequest) -> message.Message | No
     the links): nothing is delivered or forwarded, and the publisher hears of
     it only when it asked for an acknowledgement.
     """
-    router = session.router
+    # The session's attributes, not its properties: three calls fewer per PUBLISH.
+    router = session._router
     acknowledge = msg.acknowledge is True
-    problem = router.uri_problem(msg.topic)
-    if problem is None and msg.topic.startswith("wamp."):
-        problem = "topics starting with 'wamp.' are reserved"
-    if problem is None and msg.payload is not None:
-        problem = "payload transparency (encrypted or passthru payloads) is not supported"
-        error_uri = INVALID_ARGUMENT
-    else:
-        error_uri = INVALID_URI
-    if problem is not None:
-        log.debug("WAMP session {session}: publish refused: {problem}", session=session.session_id, problem=problem)
-        # Without acknowledge the publisher expects no answer at all.
-        return message.Error(PUBLISH, msg.request, error_uri, args=[problem]) if acknowledge else None
-    realm = session.realm
-    assert realm is not None
-    topic = router.hub_topic(realm, msg.topic)
-    role = session.role
+    realm = session._realm
+    known = router.publish_topics
+    topic = known.get((realm, msg.topic))
+    if topic is None or msg.payload is not None:
+        checked = _checked_topic(session, msg, acknowledge)
+        if type(checked) is not str:
+            return checked  # type: ignore[return-value]
+        topic = checked
+    role = session._role
     if role is not None and not role.may_publish(topic):
         log.debug("WAMP session {session}: role {role} may not publish to {topic}", session=session.session_id,
                   role=role.name, topic=topic)  # fmt: skip
@@ -242,7 +249,11 @@ def publish(session: BrokerSession, msg: PublishRequest) -> message.Message | No
             "publisher_authrole": session.authrole,
         }
     hub = router.hub
-    envelope = wamp_envelope(hub, topic, msg.args, msg.kwargs, size=msg.size, options=routing)
+    args = msg.args
+    if args is not None and len(args) == 1 and not msg.kwargs:  # wamp_envelope's common case, without its call
+        envelope = hub.envelope(topic, args[0], size=msg.size, options=routing)
+    else:
+        envelope = wamp_envelope(hub, topic, args, msg.kwargs, size=msg.size, options=routing)
     too_large = hub.refusal(envelope, _UNMEASURED if msg.size is None else msg.size)
     if too_large is not None:
         # Refused before anyone gets it, here or on other nodes: one outcome everywhere.
@@ -256,11 +267,44 @@ def publish(session: BrokerSession, msg: PublishRequest) -> message.Message | No
         if refused is not None:
             return message.Error(PUBLISH, msg.request, TOO_MANY_RETAINED, args=[refused[0]],
                                  kwargs={"limit": refused[1], "max": refused[2]}) if acknowledge else None  # fmt: skip
-    publication = envelope.wire[PUBLICATION] = router.new_id()
-    hub.metrics.count(topic, Source.WAMP, Kind.PUBLISHED, 1, payload_size(envelope))
+    # The publication id: drawn here only for the PUBLISHED answer; else by the first EVENT made
+    # (event_bytes), so a publish no local client receives draws none. One id per publication either way.
+    publication = 0
+    if acknowledge:
+        publication = envelope.wire[PUBLICATION] = router.new_id()
+    size = msg.size
+    hub.metrics.count(topic, Source.WAMP, Kind.PUBLISHED, 1, payload_size(envelope) if size is None else size)
     hub.publish(envelope, exclude=None if msg.exclude_me is False else session)
     return message.Published(msg.request, publication) if acknowledge else None
 
+
+def _checked_topic(session: BrokerSession, msg: PublishRequest, acknowledge: bool) -> str | message.Message | None:
+    """The hub topic of ``msg``'s WAMP topic, remembered per realm once found good; else the answer refusing it.
+
+    The URI check, the reserved prefix and payload transparency: what :func:`publish` asks
+    only of a topic it has not seen yet (or of a payload-transparency PUBLISH).
+    """
+    router = session.router
+    problem = router.uri_problem(msg.topic)
+    if problem is None and msg.topic.startswith("wamp."):
+        problem = "topics starting with 'wamp.' are reserved"
+    if problem is None and msg.payload is not None:
+        problem = "payload transparency (encrypted or passthru payloads) is not supported"
+        error_uri = INVALID_ARGUMENT
+    else:
+        error_uri = INVALID_URI
+    if problem is not None:
+        log.debug("WAMP session {session}: publish refused: {problem}", session=session.session_id, problem=problem)
+        # Without acknowledge the publisher expects no answer at all.
+        return message.Error(PUBLISH, msg.request, error_uri, args=[problem]) if acknowledge else None
+    realm = session.realm
+    assert realm is not None
+    topic = router.hub_topic(realm, msg.topic)
+    known = router.publish_topics
+    if len(known) >= URI_CACHE_SIZE:
+        del known[next(iter(known))]
+    known[(realm, msg.topic)] = topic
+    return topic
 
 def _retain(session: BrokerSession, envelope: Envelope) -> tuple[str, str, int] | None:
     """Keep ``envelope`` as its topic's retained event (the cluster's, core/retained.py); why not, if refused."""

@@ -160,6 +160,9 @@ class WampRouter:
         self.limits = limits
         #: The URI check of every PUBLISH, SUBSCRIBE and REGISTER, remembering good URIs.
         self.uri_problem = UriCheck(limits.max_uri_length)
+        #: (realm, WAMP topic) -> hub topic of topics published on and found good (publishing.py); at most
+        #: URI_CACHE_SIZE, oldest out first. Only what the router's own settings decide: never stale.
+        self.publish_topics: dict[tuple[str | None, str], str] = {}
         self.new_id = new_id
         #: Who may connect and what each role may do; None: everyone, anonymously, everything.
         self.auth = auth

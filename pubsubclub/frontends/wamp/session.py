@@ -111,6 +111,10 @@ class State(enum.Enum):
     CLOSED = "closed"
 
 
+#: Read per message: bound once.
+_ESTABLISHED = State.ESTABLISHED
+
+
 
 class WampSession:
     """One client's WAMP session on the router, up to and after WELCOME; subclassed by the broker.
@@ -209,7 +213,10 @@ class WampSession:
     def onMessage(self, msg: Message | PublishRequest) -> None:  # noqa: N802 - Autobahn API
         """Handle one decoded WAMP message; never raises."""
         try:
-            self._dispatch(msg)
+            if type(msg) is PublishRequest and self._state is _ESTABLISHED:
+                self._on_publish(msg)  # the hot path (_dispatch's first case, without its call)
+            else:
+                self._dispatch(msg)
         except Exception:
             log.failure(
                 "WAMP session {session}: internal error handling {msg_type}",

@@ -59,10 +59,11 @@ from pubsubclub.core import jsonbounds
 from pubsubclub.core.jsonbounds import JSONBounds, check
 from pubsubclub.frontends.wamp.codec import decode
 from pubsubclub.frontends.wamp.router import WampRouter
-from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net import wsframes
+from pubsubclub.net.edge import EdgeConnection, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
-from pubsubclub.net.wsframes import receive_data, send_message
+from pubsubclub.net.wsframes import receive_data, send_held, send_message
 from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
@@ -125,13 +126,23 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
         """
         if self.state != _OPEN:
             return
-        send_message(self, data, self._serializer._serializer.BINARY)
-        if self._backlog is not None:
-            self._backlog.written(len(data))
+        # Held to the end of a remote batch's delivery (wsframes.hold_writes), if one is on.
+        send_held(self, data, self._serializer._serializer.BINARY)
+        backlog = self._backlog
+        if backlog is not None and backlog.paused:  # SendBacklog.written, without its call
+            backlog.since_pause += len(data)
 
     def unsent_bytes(self) -> int:
-        """Upper bound on bytes written but not yet taken by the client."""
-        return unsent_bytes(self.transport, self._backlog)
+        """Upper bound on bytes written but not yet taken by the client (held frames included)."""
+        transport = self.transport
+        # edge.unsent_bytes, without its call for a guarded connection (every listener's).
+        unsent = transport.unsent() if type(transport) is EdgeConnection else unsent_bytes(transport, self._backlog)
+        held = wsframes._held
+        if held:
+            cell = held.get(self)  # wsframes.held_bytes, without its call
+            if cell is not None:
+                return unsent + cell[0]  # type: ignore[no-any-return]
+        return unsent  # type: ignore[no-any-return]
 
     def drop(self, reason: str) -> None:
         """Abort the TCP connection now (a close frame would queue behind the backlog)."""
@@ -218,7 +229,8 @@ class _BoundedJsonObjectSerializer(JsonObjectSerializer):  # type: ignore[misc]
     def unserialize(self, payload: bytes) -> list[Any]:
         """Decode and check (Autobahn turns what we raise into a ProtocolError naming it)."""
         try:
-            value = jsonbounds.loads(payload, self._bounds)
+            value = orjson.loads(payload)  # jsonbounds.loads, without its call
+            jsonbounds.check_decoded(payload, value, self._bounds)
         except orjson.JSONDecodeError:
             # Not JSON to orjson (lone surrogates, NaN, ...): decode as Autobahn does, so the
             # peer's ABORT names the problem exactly (the bounds check words it); rare, and hostile.

@@ -1,0 +1,291 @@
+"""The per-message fast paths (docs/benchmarks.md, "Cross-node CPU: fewer calls per message") and their fallbacks."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from pubsubclub.federation import psc
+from pubsubclub.federation.session import LinkSession, Role
+from pubsubclub.net import wsframes
+
+V06 = (psc.V0_1, psc.V0_2, psc.V0_3, psc.V0_4, psc.V0_5, psc.V0_6)
+
+
+class _Owner:
+    """A LinkOwner recording the PSC301 runs it is handed."""
+
+    def __init__(self) -> None:
+        self.received: list[psc.Publish] = []
+
+    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
+        self.received += messages
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("link_"):
+            raise AttributeError(name)
+        return lambda *args: None
+
+
+def _consumer() -> tuple[LinkSession, _Owner]:
+    owner = _Owner()
+    session = LinkSession(Role.CONSUMER, lambda data: None, owner, "peer", versions=V06)  # type: ignore[arg-type]
+    session.start()
+    session.receive(psc.encode(psc.ChooseVersion(psc.V0_6)))
+    session.receive(b'[104,"e",0,0]')
+    return session, owner
+
+
+_META = {"o": "n1", "t": 1.5, "i": "n1-b-1"}
+#: PSC301 lines the in-place read must leave to psc.decode: each differs from what decode makes of it
+#: if it were read in place (an integer publish time, a routing object, binary values).
+_SLOW = [
+    {"o": "n1", "t": 5, "i": "n1-b-1"},
+    {**_META, "p": {"e": [7]}},
+    {**_META, "p": {"d": {"publisher": 9, "publisher_authid": "a", "publisher_authrole": None}}},
+    {**_META, "b": 1},
+]
+
+
+@pytest.mark.parametrize("fields", [_META, {**_META, "w": 1}, *_SLOW])
+def test_batch_reads_each_psc301_as_decode_does(fields: dict[str, Any]) -> None:
+    """A 0.4 batch's PSC301s (in place or through decode) give exactly decode's Publish, types included."""
+    session, owner = _consumer()
+    message: Any = {"args": [1], "kwargs": {"k": "\u0000AAE="}} if fields.get("w") else "\u0000AAE="
+    lines = [orjson.dumps([psc.PUBLISH, "t", message, {**fields, "s": n}]) for n in (1, 2)]
+    session.receive(psc.BATCH_SEPARATOR.join(lines))
+    expected = [psc.decode(line) for line in lines]
+    assert owner.received == expected
+    for got, want in zip(owner.received, expected, strict=True):
+        assert got.meta is not None and want.meta is not None
+        assert type(got.meta.published_at) is type(want.meta.published_at) is float
+        assert got.meta.options == want.meta.options
+        assert got.meta.binary == want.meta.binary
+        assert got.message == want.message and type(got.message) is type(want.message)
+
+
+class _Transport:
+    """What a protocol writes to, recorded."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(data)
+
+
+class _Stats:
+    def __init__(self) -> None:
+        self.outgoingWebSocketMessages = self.outgoingOctetsAppLevel = self.outgoingOctetsWebSocketLevel = 0
+        self.outgoingWebSocketFrames = self.outgoingOctetsWireLevel = 0
+
+
+class _Factory:
+    isServer = True
+
+
+class _Protocol:
+    """The attributes send_message/send_held read of an Autobahn server protocol (open, plain)."""
+
+    state = wsframes._OPEN
+    factory = _Factory()
+    maskServerFrames = False
+    _perMessageCompress: Any = None
+    trackedTimings = False
+    logFrames = False
+    send_queue: Any = None
+    autoFragmentSize = 0
+
+    def __init__(self) -> None:
+        self.transport = _Transport()
+        self.trafficStats = _Stats()
+        self.sent: list[bytes] = []
+
+    def sendMessage(self, payload: bytes, binary: bool) -> None:  # noqa: N802 - Autobahn API
+        self.transport.write(b"autobahn:" + payload)
+
+
+def test_held_frames_leave_in_one_write_at_release() -> None:
+    """During a hold a connection's frames are held (and counted as unsent) and written once, in order, at release."""
+    protocol = _Protocol()
+    assert wsframes.hold_writes()
+    try:
+        assert not wsframes.hold_writes()  # nested: the outer hold releases
+        wsframes.send_held(protocol, b"1", False)
+        wsframes.send_held(protocol, b"22", False)
+        assert protocol.transport.writes == []
+        assert wsframes.held_bytes(protocol) == 7
+    finally:
+        wsframes.release_writes()
+    assert protocol.transport.writes == [b"\x81\x011\x81\x0222"]
+    assert wsframes.held_bytes(protocol) == 0
+
+
+def test_a_frame_sent_unheld_during_a_hold_goes_after_the_held_ones() -> None:
+    """send_message during a hold first writes what is held for that connection: the order on the wire is kept."""
+    protocol = _Protocol()
+    wsframes.hold_writes()
+    try:
+        wsframes.send_held(protocol, b"1", False)
+        wsframes.send_message(protocol, b"2", False)
+        wsframes.send_held(protocol, b"3", False)
+    finally:
+        wsframes.release_writes()
+    assert protocol.transport.writes == [b"\x81\x011", b"\x81\x012", b"\x81\x013"]
+
+
+def test_held_write_falls_back_to_autobahn_where_send_message_would() -> None:
+    """A connection with compression negotiated gets Autobahn's sendMessage at once, held or not."""
+    protocol = _Protocol()
+    protocol._perMessageCompress = object()
+    wsframes.hold_writes()
+    try:
+        wsframes.send_held(protocol, b"1", False)
+        assert protocol.transport.writes == [b"autobahn:1"]
+    finally:
+        wsframes.release_writes()
+    assert protocol.transport.writes == [b"autobahn:1"]
+
+
+# -- the broker: a publish's hub topic remembered, an EVENT written without its layers ---------------------
+
+
+def _joined(router: Any, realm: str = "realm1") -> tuple[Any, Any]:
+    """A joined session on a fake transport."""
+    from autobahn.wamp import message
+    from autobahn.wamp.role import RolePublisherFeatures, RoleSubscriberFeatures
+
+    from pubsubclub.testing import MemoryWampTransport
+
+    session = router.session_factory()
+    transport = MemoryWampTransport()
+    session.onOpen(transport)
+    roles = {"publisher": RolePublisherFeatures(), "subscriber": RoleSubscriberFeatures()}
+    session.onMessage(message.Hello(realm, roles))
+    assert isinstance(transport.sent[-1], message.Welcome)
+    transport.sent.clear()
+    return session, transport
+
+
+def _publish(topic: str, payload: Any = None, request: int = 1) -> Any:
+    from pubsubclub.frontends.wamp.codec import PublishRequest
+
+    return PublishRequest(request, topic, None if payload is not None else [1], None, True, None, payload, 20)
+
+
+def test_payload_transparency_is_refused_on_a_topic_already_published_on() -> None:
+    """A topic remembered as good still gets the payload-transparency refusal: the memo skips URI checks only."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+
+    router = WampRouter(Hub())
+    session, transport = _joined(router)
+    session.onMessage(_publish("com.example.t"))
+    assert isinstance(transport.sent.pop(), message.Published)
+    assert ("realm1", "com.example.t") in router.publish_topics
+    session.onMessage(_publish("com.example.t", payload=b"opaque", request=2))
+    refused = transport.sent.pop()
+    assert isinstance(refused, message.Error) and refused.error == "wamp.error.invalid_argument"
+
+
+def test_a_refused_topic_is_never_remembered_and_the_memo_is_per_realm() -> None:
+    """Bad and reserved URIs are refused every time (never remembered); a topic maps to its own realm's hub topic."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.uris import URI_CACHE_SIZE
+
+    router = WampRouter(Hub(), ("realm1", "realm2"))
+    one, one_t = _joined(router, "realm1")
+    two, two_t = _joined(router, "realm2")
+    for topic in ("wamp.session.x", "bad topic", "$cluster.x"):
+        for _ in range(2):
+            one.onMessage(_publish(topic))
+            assert isinstance(one_t.sent.pop(), message.Error)
+    one.onMessage(_publish("com.example.t"))
+    two.onMessage(_publish("com.example.t"))
+    assert router.publish_topics == {
+        ("realm1", "com.example.t"): "com.example.t",
+        ("realm2", "com.example.t"): "$realm.realm2#com.example.t",
+    }
+    for i in range(URI_CACHE_SIZE + 5):
+        one.onMessage(_publish(f"com.example.n{i}"))
+    assert len(router.publish_topics) == URI_CACHE_SIZE
+
+
+def test_events_with_options_or_for_a_lagging_client_take_the_checks_one_by_one() -> None:
+    """deliver's short path leaves publish options (exclusion) and a client over its send buffer to the full checks."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.frontends.wamp import WampRouter
+
+    router = WampRouter(Hub())
+    session, transport = _joined(router)
+    session.onMessage(message.Subscribe(1, "com.example.t"))
+    assert isinstance(transport.sent.pop(), message.Subscribed)
+    excluded = Envelope("com.example.t", 1, "n", options={"x": [session.session_id]})
+    assert session.deliver(excluded) is False
+    assert transport.sent == []
+    assert session.deliver(Envelope("com.example.t", 2, "n")) is True
+    assert transport.sent.pop().args == [2]
+    transport.unsent = router.limits.max_send_buffer + 1
+    assert session.deliver(Envelope("com.example.t", 3, "n")) is False
+    assert transport.dropped is not None and "slow consumer" in transport.dropped
+
+
+@pytest.mark.parametrize(
+    ("payload", "wrapped", "args", "kwargs"),
+    [
+        (5, False, [5], None),
+        ({"args": [1, 2], "kwargs": {"k": 3}}, True, [1, 2], {"k": 3}),
+        ({"args": [1]}, False, [{"args": [1]}], None),
+    ],
+)
+def test_event_bytes_short_path_agrees_with_event_message(payload: Any, wrapped: bool, args: Any, kwargs: Any) -> None:
+    """An EVENT made by the plain-value short path or by event_arguments has the args/kwargs the publish had."""
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.frontends.wamp import WampRouter
+
+    router = WampRouter(Hub())
+    session, transport = _joined(router)
+    from autobahn.wamp import message
+
+    session.onMessage(message.Subscribe(1, "com.example.t"))
+    transport.sent.clear()
+    assert session.deliver(Envelope("com.example.t", payload, "n", wamp_wrapped=wrapped))
+    event = transport.sent.pop()
+    assert (event.args, event.kwargs) == (args, kwargs)
+
+
+@pytest.mark.parametrize("acknowledge", [True, False])
+def test_one_publication_id_per_publish_acknowledged_or_not(acknowledge: bool) -> None:
+    """The PUBLISHED answer and every EVENT of a publish (exact and pattern subscriptions) carry the same id."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.codec import PublishRequest
+
+    router = WampRouter(Hub())
+    publisher, publisher_t = _joined(router)
+    exact, exact_t = _joined(router)
+    prefix, prefix_t = _joined(router)
+    exact.onMessage(message.Subscribe(1, "com.example.t"))
+    prefix.onMessage(message.Subscribe(1, "com.example", match="prefix"))
+    exact_t.sent.clear()
+    prefix_t.sent.clear()
+    publisher.onMessage(PublishRequest(5, "com.example.t", [1], None, acknowledge, None, None, 20))
+    (exact_event,) = exact_t.sent
+    (prefix_event,) = prefix_t.sent
+    assert exact_event.publication == prefix_event.publication
+    if acknowledge:
+        (published,) = publisher_t.sent
+        assert isinstance(published, message.Published) and published.publication == exact_event.publication
+    else:
+        assert publisher_t.sent == []
