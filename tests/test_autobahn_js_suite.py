@@ -107,6 +107,8 @@ def test_router_suite_on_one_node_with_two_workers(suite_root: Path, nodes: list
     nodes.append(node)
     node.start()
     results = run_suite(suite_root, node.wamp_url, rawsocket_port(node), tmp_path / "vitest-workers.json")
+    published = [row["hub"]["published"] for row in node.stats()["workers"]]
+    assert len(published) == 2 and min(published) > 0, f"the suite's publishes did not reach both workers: {published}"
     check(results, PASS_ONE_NODE, "one node, two workers", tmp_path / "vitest-workers.log")
 
 
