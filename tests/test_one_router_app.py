@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,8 @@ from helpers.nodes import Cluster, NodeProcess, assert_clean_log
 from helpers.polling import until
 from helpers.ports import free_port
 from helpers.wampclient import Recorder, connect, leave
-from twisted.internet import threads
+from twisted.internet import reactor, threads
+from twisted.internet.task import deferLater
 
 from pubsubclub.testing.crossbar import CrossbarProcess
 
@@ -344,3 +347,41 @@ async def test_second_realm_is_kept_apart(shop: Shop) -> None:
             await connect(shop.n3.wamp_url, SHOP2)
     finally:
         await leave(callee1, callee2, caller1, caller2)
+
+
+def readme_blocks() -> list[str]:
+    """The Python blocks of README.md's "A first call across nodes" (callee, caller)."""
+    section = (REPO / "README.md").read_text().split("## A first call across nodes", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```python\n(.*?)```", section, re.S)
+
+
+@pytest_twisted.ensureDeferred
+async def test_readme_first_call_across_nodes_runs(shop: Shop, tmp_path: Path) -> None:
+    """README's callee (node 1) and caller (node 2) print what the README says."""
+    callee_code, caller_code = readme_blocks()
+    (tmp_path / "callee.py").write_text(callee_code.replace("127.0.0.1:8080", f"127.0.0.1:{shop.n1.wamp_port}"))
+    (tmp_path / "caller.py").write_text(caller_code.replace("127.0.0.1:8081", f"127.0.0.1:{shop.n2.wamp_port}"))
+    callee = subprocess.Popen(
+        [sys.executable, "callee.py"], cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    watcher = await connect(shop.n2.wamp_url)
+    try:
+        await until(lambda: callee.poll() is None, "the callee runs")
+        for _ in range(300):  # bounded: until node 2 knows the README's procedure
+            if await watcher.call("wamp.registration.lookup", "demo.order") is not None:
+                break
+            await deferLater(reactor, 0.02, lambda: None)
+        run = await threads.deferToThread(
+            subprocess.run, [sys.executable, "caller.py"], cwd=tmp_path, capture_output=True, text=True, timeout=30
+        )
+        assert run.returncode == 0, run.stderr[-2000:]
+        printed = [line for line in run.stdout.splitlines() if not re.match(r"\d{4}-\d\d-\d\dT", line)]
+        assert printed == [
+            "packing tea",
+            "shipped tea",
+            "error demo.error.out_of_stock ('unobtainium',)",
+        ], run.stdout
+    finally:
+        callee.terminate()
+        callee.wait(10)
+        await leave(watcher)
