@@ -19,6 +19,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -30,7 +31,7 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, PublishOptions, RegisterOptions, SubscribeOptions
 from helpers.bridgeproc import BridgeProcess
 from helpers.nodes import Cluster, NodeProcess, assert_clean_log
-from helpers.polling import until
+from helpers.polling import WAIT_SECONDS, until
 from helpers.ports import free_port
 from helpers.wampclient import Recorder, connect, leave
 from twisted.internet import reactor, threads
@@ -115,14 +116,22 @@ async def all_see(publisher: Any, topic: str, recorders: list[Recorder]) -> None
     raise AssertionError(f"not every subscriber of {topic} got a marker")
 
 
+async def meta_until(session: Any, check: Any, procedure: str, *args: Any) -> Any:
+    """Call meta ``procedure`` every 20 ms until ``check(answer)`` holds (bounded); the answer."""
+    deadline = time.monotonic() + WAIT_SECONDS
+    while True:
+        got = await session.call(procedure, *args)
+        if check(got):
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out: {procedure}{args} still answers {got!r}")
+        await deferLater(reactor, 0.02, lambda: None)
+
+
 async def registered_everywhere(sessions: list[Any], procedure: str) -> None:
-    """Until a call of ``wamp.registration.lookup`` finds ``procedure`` from each of ``sessions``' nodes."""
+    """Until ``wamp.registration.lookup`` finds ``procedure`` from each of ``sessions``' nodes."""
     for session in sessions:
-        for _ in range(200):
-            if await session.call("wamp.registration.lookup", procedure) is not None:
-                break
-        else:
-            raise AssertionError(f"{procedure} never registered as seen from {session}")
+        await meta_until(session, lambda got: got is not None, "wamp.registration.lookup", procedure)
 
 
 @pytest_twisted.ensureDeferred
@@ -174,9 +183,8 @@ async def test_order_service_across_nodes_and_the_bridge(shop: Shop) -> None:
         # The shared stock service: calls from node 2 are spread over node 1's callee and Crossbar's.
         await registered_everywhere([client], "shop.stock.check")
         reg_id = await client.call("wamp.registration.lookup", "shop.stock.check")
-        for _ in range(200):  # bounded: until node 2 sees both callees (node 1's and the bridge's mirror)
-            if await client.call("wamp.registration.count_callees", reg_id) == 2:
-                break
+        # Until node 2 sees both callees: node 1's and the bridge's mirror of Crossbar's.
+        await meta_until(client, lambda n: n == 2, "wamp.registration.count_callees", reg_id)
         seen = [await client.call("shop.stock.check", "tea") for _ in range(6)]
         assert {"node1", "crossbar"} <= set(seen), seen
 
@@ -366,11 +374,7 @@ async def test_readme_first_call_across_nodes_runs(shop: Shop, tmp_path: Path) -
     )
     watcher = await connect(shop.n2.wamp_url)
     try:
-        await until(lambda: callee.poll() is None, "the callee runs")
-        for _ in range(300):  # bounded: until node 2 knows the README's procedure
-            if await watcher.call("wamp.registration.lookup", "demo.order") is not None:
-                break
-            await deferLater(reactor, 0.02, lambda: None)
+        await registered_everywhere([watcher], "demo.order")
         run = await threads.deferToThread(
             subprocess.run, [sys.executable, "caller.py"], cwd=tmp_path, capture_output=True, text=True, timeout=30
         )
