@@ -100,6 +100,18 @@ def test_router_suite_on_one_node(suite_root: Path, nodes: list[NodeProcess], tm
     check(results, PASS_ONE_NODE, "one node", tmp_path / "vitest-one.log")
 
 
+def test_router_suite_on_one_node_with_two_workers(suite_root: Path, nodes: list[NodeProcess], tmp_path: Path) -> None:
+    """The router files against one node run with ``--workers 2`` (connections spread over both workers)."""
+    node = rawsocket_node("wk", tmp_path)
+    node.extra += ("--workers", "2")
+    nodes.append(node)
+    node.start()
+    results = run_suite(suite_root, node.wamp_url, rawsocket_port(node), tmp_path / "vitest-workers.json")
+    published = [row["hub"]["published"] for row in node.stats()["workers"]]
+    assert len(published) == 2 and min(published) > 0, f"the suite's publishes did not reach both workers: {published}"
+    check(results, PASS_ONE_NODE, "one node, two workers", tmp_path / "vitest-workers.log")
+
+
 def test_router_suite_on_two_nodes_alternating(suite_root: Path, nodes: list[NodeProcess], tmp_path: Path) -> None:
     """The router files against two linked nodes, each new connection alternating between them."""
     a, b = rawsocket_node("a", tmp_path), rawsocket_node("b", tmp_path)

@@ -63,7 +63,7 @@ class WampSection:
     )
     rawsocket: str | None = setting(
         None,
-        "WAMP over RawSocket (JSON and MessagePack; Autobahn's rs:// URLs), e.g. tcp:8090",
+        "WAMP over RawSocket (JSON, MessagePack and CBOR; Autobahn's rs:// URLs), e.g. tcp:8090",
         flag="--rawsocket",
         metavar="ENDPOINT",
         shown_default="off",
