@@ -2,13 +2,15 @@
 
 Three linked nodes are started (``--nodes 1``: one node, which gets
 ``--workers N`` when N is not 1; ``make bench-peers`` measures the same
-against one Crossbar router). A lean asyncio client (the minimal RFC 6455
-client of :mod:`pubsubclub.bench.idle`) opens the subscribers round-robin over
-the nodes and subscribes each to one topic; a lean publisher on node 1 sends
-``--count`` messages of ``--size`` bytes as fast as the node takes them. The
-subscribers only count EVENT frames (no JSON decoding), so the rate is the
-nodes'. Deliveries/s = events received by all subscribers / time from the
-first publish to the last event. Every subscriber must get every message.
+against one Crossbar router). One client process (:mod:`pubsubclub.bench.rawfan`:
+raw sockets in one epoll loop, JSON over WebSocket) opens the subscribers
+round-robin over the nodes, subscribes each to one topic, and publishes
+``--fanout-messages`` messages of ``--size`` bytes on node 1 as fast as the
+node takes them. The subscribers count EVENT frames by a marker in C (no
+frame parsing), so the rate is the nodes'; the client's and the nodes' CPU
+per delivery are reported side by side. Deliveries/s = events received by
+all subscribers / time from the first publish to the last event. Every
+subscriber must get every message exactly once (checked at the end).
 """
 
 from __future__ import annotations
