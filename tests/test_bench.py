@@ -66,6 +66,63 @@ def test_bench_fanout_scenario_on_one_node() -> None:
     assert (results["nodes"], results["workers"], results["deliveries"], results["lost"]) == (1, 1, 1000, 0)
 
 
+@pytest.mark.slow
+def test_bench_fanout_on_two_workers_spreads_the_subscribers_and_loses_none() -> None:
+    """``bench --scenario fanout --nodes 1 --workers 2``: subscribers on both workers, each gets every message once."""
+    results, _ = bench(
+        "--scenario", "fanout", "--nodes", "1", "--workers", "2", "--subscribers", "40", "--fanout-messages", "30"
+    )  # fmt: skip
+    assert (results["workers"], results["deliveries"], results["lost"]) == (2, 1200, 0)
+    per_worker = results["sessions_per_worker"]  # read before the publisher joins
+    assert len(per_worker) == 2 and sum(per_worker) == 40 and min(per_worker) > 0
+    assert results["client"] == "raw-epoll-ws" and results["client_cpu_us_per_delivery"] > 0
+
+
+def _server_frames(*payloads: bytes) -> bytes:
+    """Unmasked server text frames (a 2-byte header, or 4 past 125 bytes)."""
+    out = b""
+    for p in payloads:
+        n = len(p)
+        out += (bytes([0x81, n]) if n < 126 else bytes([0x81, 126]) + n.to_bytes(2, "big")) + p
+    return out
+
+
+@pytest.mark.parametrize(
+    ("extra", "error"),
+    [(0, None), (1, "exactly once"), (-1, "exactly once")],
+    ids=["exact", "duplicate", "lost"],
+)
+def test_raw_fanout_client_counts_events_exactly_across_recv_seams(
+    monkeypatch: pytest.MonkeyPatch, extra: int, error: str | None
+) -> None:
+    """The raw fan-out client counts every EVENT once even split over 5-byte reads; a duplicate or a loss fails."""
+    import socket
+    import time
+
+    from pubsubclub.bench import rawfan
+
+    monkeypatch.setattr(rawfan, "RECV_SIZE", 5)  # every marker and the END body cross a recv seam somewhere
+    count = 4
+    event = b'[36,7,%d,{},["' + b"x" * 130 + b'"]]'
+    end = b'[36,7,99,{},["' + rawfan.END + b'"]]'
+    pairs = [socket.socketpair() for _ in range(3)]
+    for i, (_, server) in enumerate(pairs):
+        n = count - 1 + (extra if i == 1 else 0)
+        server.sendall(_server_frames(*(event % k for k in range(n)), end))
+    pub, pub_peer = socket.socketpair()
+    data = rawfan.publications("t", count, 10)
+    try:
+        if error is None:
+            result = rawfan.run([c for c, _ in pairs], pub, data, count, time.monotonic() + 10)
+            assert result["deliveries"] == 3 * count
+        else:
+            with pytest.raises(RuntimeError, match=error):
+                rawfan.run([c for c, _ in pairs], pub, data, count, time.monotonic() + 10)
+    finally:
+        for sock in [pub, pub_peer, *(s for pair in pairs for s in pair)]:
+            sock.close()
+
+
 def test_bench_fanout_passes_workers_to_the_node_only_when_not_one(monkeypatch: pytest.MonkeyPatch) -> None:
     """The fan-out bench gives its nodes ``--workers N`` for N != 1 and leaves the flag out for 1."""
     from pubsubclub.bench import fanout

@@ -2,19 +2,21 @@
 
 Three linked nodes are started (``--nodes 1``: one node, which gets
 ``--workers N`` when N is not 1; ``make bench-peers`` measures the same
-against one Crossbar router). A lean asyncio client (the minimal RFC 6455
-client of :mod:`pubsubclub.bench.idle`) opens the subscribers round-robin over
-the nodes and subscribes each to one topic; a lean publisher on node 1 sends
-``--count`` messages of ``--size`` bytes as fast as the node takes them. The
-subscribers only count EVENT frames (no JSON decoding), so the rate is the
-nodes'. Deliveries/s = events received by all subscribers / time from the
-first publish to the last event. Every subscriber must get every message.
+against one Crossbar router). One client process (:mod:`pubsubclub.bench.rawfan`:
+raw sockets in one epoll loop, JSON over WebSocket) opens the subscribers
+round-robin over the nodes, subscribes each to one topic, and publishes
+``--fanout-messages`` messages of ``--size`` bytes on node 1 as fast as the
+node takes them. The subscribers count EVENT frames by a marker in C (no
+frame parsing), so the rate is the nodes'; the client's and the nodes' CPU
+per delivery are reported side by side. Deliveries/s = events received by
+all subscribers / time from the first publish to the last event. Every
+subscriber must get every message exactly once (checked at the end).
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
+import contextlib
 import json
 import resource
 import subprocess
@@ -22,8 +24,20 @@ import time
 import urllib.request
 from typing import Any
 
-from pubsubclub.bench.idle import frame, idle_node_flags, joined_session, read_frame
-from pubsubclub.bench.nodes import free_port, local, machine, progress, start_node, stop, wait_interest
+from pubsubclub.bench import rawfan
+from pubsubclub.bench.idle import idle_node_flags
+from pubsubclub.bench.nodes import (
+    cpu_seconds,
+    descendants,
+    free_port,
+    local,
+    machine,
+    progress,
+    start_node,
+    stats,
+    stop,
+    wait_interest,
+)  # fmt: skip
 
 TOPIC = "pubsubclub.bench.fanout"
 PUBSUB_HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]).encode()
@@ -58,75 +72,89 @@ def _port(url: str) -> int:
     return int(url.rsplit(":", 1)[1].split("/", 1)[0])
 
 
-async def _read_frames(reader: asyncio.StreamReader, want: int, counter: list[int], done: asyncio.Event) -> None:
-    """Count EVENT frames (type 36) until ``want`` arrived."""
-    got = 0
-    while got < want:
-        if (await read_frame(reader)).startswith(b"[36,"):
-            got += 1
-            counter[0] += 1
-    done.set()
+def _wait_workers(ops: str, timeout: float) -> list[dict[str, Any]]:
+    """With workers: until every worker knows another one wants the topic; the per-worker rows of ``/stats``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = stats(ops).get("workers") or []
+        if all(TOPIC in (r.get("remote_interest") or {}) for r in rows if r.get("state") == "up"):
+            return list(rows)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the workers did not learn each other's interest in {TOPIC}: {rows!r}")
+        time.sleep(0.05)
 
 
-async def _run(
-    ports: list[int], ops: str | None, subscribers: int, count: int, size: int, deadline: float
-) -> dict[str, Any]:
-    """Subscribers round-robin over ``ports``, the publisher on the first; ``ops``: wait there for interest."""
-    subs = []
-    for i in range(subscribers):
-        reader, writer = await joined_session(ports[i % len(ports)], PUBSUB_HELLO)
-        writer.write(frame(json.dumps([32, i + 1, {}, TOPIC]).encode()))
-        answer = await read_frame(reader)
-        if not answer.startswith(b"[33,"):
-            raise RuntimeError(f"no SUBSCRIBED: {answer[:80]!r}")
-        subs.append((reader, writer))
-        if (i + 1) % 250 == 0:
-            progress(f"{i + 1} subscribers")
-    if ops is not None and len(ports) > 1:
-        # Node 1 must know every other node wants the topic before the first publish.
-        wait_interest(ops, [TOPIC], peers=len(ports) - 1, timeout=max(deadline - time.monotonic(), 1))
-    counter = [0]
-    done = [asyncio.Event() for _ in subs]
-    readers = [asyncio.ensure_future(_read_frames(r, count, counter, d)) for (r, _), d in zip(subs, done, strict=True)]
-    pub_reader, pub_writer = await joined_session(ports[0], PUBSUB_HELLO)
-    body = "x" * size
-    frames = [frame(json.dumps([16, n + 1, {}, TOPIC, [body]]).encode()) for n in range(min(count, 1000))]
-    progress(f"publishing {count} messages of {size} B on node 1 to {subscribers} subscribers")
-    start = time.perf_counter()
-    for n in range(count):
-        pub_writer.write(frames[n % len(frames)])
-        if n % 100 == 99:
-            await pub_writer.drain()
-    await pub_writer.drain()
-    remaining = deadline - time.monotonic()
-    await asyncio.wait_for(asyncio.gather(*(d.wait() for d in done)), timeout=max(remaining, 1))
-    seconds = time.perf_counter() - start
-    for task in readers:
-        task.cancel()
-    for _, writer in [*subs, (pub_reader, pub_writer)]:
-        writer.transport.abort()
-    return {"deliveries": counter[0], "seconds": seconds}
+def _cpu_by_process(pids: list[int]) -> dict[int, float]:
+    """CPU seconds so far of each of ``pids`` and their descendants (a node's supervisor and workers)."""
+    out = {}
+    for pid in descendants(pids):
+        with contextlib.suppress(OSError):
+            out[pid] = cpu_seconds(pid)
+    return out
 
 
 def measure_fanout(
-    ports: list[int], ops: str | None, subscribers: int, count: int, size: int, max_seconds: float
+    ports: list[int],
+    ops: str | None,
+    subscribers: int,
+    count: int,
+    size: int,
+    max_seconds: float,
+    pids: list[int] | None = None,
+    workers: int = 1,
 ) -> dict[str, Any]:
-    """One fan-out run against the WebSocket listeners on ``ports`` (subscribers round-robin, publisher on port 1)."""
+    """One fan-out run against the WebSocket listeners on ``ports`` (subscribers round-robin, publisher on port 1).
+
+    ``pids``: the servers' processes, whose CPU (with their children's) is read from /proc around the run.
+    ``workers`` above 1: wait until the node's workers know each other's interest, report sessions per worker.
+    """
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < min(hard, subscribers * 2 + 1024):
         resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, subscribers * 2 + 1024), hard))
-    loop = asyncio.new_event_loop()
+    deadline = time.monotonic() + max_seconds
+    subs = []
+    pub = None
     try:
-        result = loop.run_until_complete(_run(ports, ops, subscribers, count, size, time.monotonic() + max_seconds))
+        for i in range(subscribers):
+            subs.append(rawfan.subscriber(ports[i % len(ports)], PUBSUB_HELLO, TOPIC, max_seconds))
+            if (i + 1) % 250 == 0:
+                progress(f"{i + 1} subscribers")
+        remaining = max(deadline - time.monotonic(), 1)
+        rows: list[dict[str, Any]] = []
+        if ops is not None and len(ports) > 1:
+            # Node 1 must know every other node wants the topic before the first publish.
+            wait_interest(ops, [TOPIC], peers=len(ports) - 1, timeout=remaining)
+        if ops is not None and workers > 1:
+            rows = _wait_workers(ops, remaining)
+        pub = rawfan.publisher(ports[0], PUBSUB_HELLO, max_seconds)
+        data = rawfan.publications(TOPIC, count, size)
+        progress(f"publishing {count} messages of {size} B on node 1 to {subscribers} subscribers")
+        before = _cpu_by_process(pids or [])
+        result = rawfan.run(subs, pub, data, count, deadline)
+        after = _cpu_by_process(pids or [])
+        node_cpu = sum(after.values()) - sum(before.values()) if pids else None
     finally:
-        loop.close()
-    return {
+        for sock in [*subs, *([pub] if pub is not None else [])]:
+            sock.close()
+    deliveries = result["deliveries"]
+    figures: dict[str, Any] = {
         "subscribers": subscribers,
         "published": count,
-        "deliveries": result["deliveries"],
-        "lost": subscribers * count - result["deliveries"],
-        "deliveries_per_second": result["deliveries"] / result["seconds"],
+        "deliveries": deliveries,
+        "lost": subscribers * count - deliveries,
+        "deliveries_per_second": deliveries / result["seconds"],
+        "client": "raw-epoll-ws",  # one process, one core at most: raw sockets, epoll, EVENTs counted by marker
+        "client_cpu_us_per_delivery": result["client_cpu_seconds"] / deliveries * 1e6,
     }
+    if node_cpu is not None:
+        figures["node_cpu_us_per_delivery"] = node_cpu / deliveries * 1e6
+        # Cores busy during the run: the servers' processes (each, busiest first) and the client.
+        busy = sorted((after[p] - before.get(p, 0.0) for p in after), reverse=True)
+        figures["node_cores_by_process"] = [round(c / result["seconds"], 2) for c in busy if c > 0]
+    figures["client_cores"] = round(result["client_cpu_seconds"] / result["seconds"], 2)
+    if rows:
+        figures["sessions_per_worker"] = [r.get("wamp_sessions") for r in rows]
+    return figures
 
 
 def run_fanout_bench(args: argparse.Namespace) -> int:
@@ -153,7 +181,8 @@ def run_fanout_bench(args: argparse.Namespace) -> int:
             if all(h == 2 * (nodes - 1) for h in healths):
                 break
             time.sleep(0.05)
-        figures = measure_fanout(ports, ready[0]["ops"], subscribers, count, size, args.max_seconds)
+        pids = [p.pid for p in procs]
+        figures = measure_fanout(ports, ready[0]["ops"], subscribers, count, size, args.max_seconds, pids, workers)
     finally:
         stop(procs)
     results = {"machine": machine(), "scenario": "fanout", "nodes": nodes, "workers": workers, **figures}
@@ -163,6 +192,8 @@ def run_fanout_bench(args: argparse.Namespace) -> int:
         where = f"over {nodes} nodes" if nodes > 1 else "on one node"
         print(
             f"fan-out 1 -> {subscribers} {where} (--workers {workers}): {figures['deliveries']:,} deliveries = "
-            f"{figures['deliveries_per_second']:,.0f}/s, lost {figures['lost']}"
+            f"{figures['deliveries_per_second']:,.0f}/s, lost {figures['lost']}; CPU us/delivery: nodes "
+            f"{figures['node_cpu_us_per_delivery']:.2f}, client {figures['client_cpu_us_per_delivery']:.2f}"
+            + (f"; sessions per worker {figures['sessions_per_worker']}" if "sessions_per_worker" in figures else "")
         )
     return 0
