@@ -289,3 +289,105 @@ def test_one_publication_id_per_publish_acknowledged_or_not(acknowledge: bool) -
         assert isinstance(published, message.Published) and published.publication == exact_event.publication
     else:
         assert publisher_t.sent == []
+
+
+def test_batch_line_missing_a_metadata_field_goes_through_decode() -> None:
+    """A PSC301 without its message id (or origin, or time) is decode's to read, not the in-place read's."""
+    session, owner = _consumer()
+    lines = [orjson.dumps([psc.PUBLISH, "t", n, {"o": "n1", "t": 1.5, "s": n}]) for n in (1, 2)]
+    session.receive(psc.BATCH_SEPARATOR.join(lines))
+    assert owner.received == [psc.decode(line) for line in lines]
+
+
+def test_first_event_of_a_retained_envelope_keeps_its_retained_detail() -> None:
+    """event_bytes' first-EVENT path leaves an envelope with anything memoised (the retained flag) to the checks."""
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.publishing import RETAINED
+
+    router = WampRouter(Hub())
+    session, transport = _joined(router)
+    from autobahn.wamp import message
+
+    session.onMessage(message.Subscribe(1, "com.example.t"))
+    transport.sent.clear()
+    envelope = Envelope("com.example.t", 7, "n")
+    envelope.wire[RETAINED] = True
+    assert session.deliver(envelope)
+    event = transport.sent.pop()
+    assert event.args == [7] and event.retained is True
+
+
+def _producer_side() -> tuple[Any, Any, list[bytes]]:
+    """A federation with replay and one open 0.6 producer link (its frames in the returned list)."""
+    from twisted.internet.task import Clock
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.federation import Federation
+    from pubsubclub.federation.replay import ReplaySettings
+    from pubsubclub.federation.session import LinkState
+
+    hub = Hub("n1")
+    federation = Federation(hub, reactor=Clock(), replay=ReplaySettings())
+    sent: list[bytes] = []
+    link = LinkSession(Role.PRODUCER, sent.append, federation, "peer", versions=V06)
+    link._speak(psc.V0_6)
+    link.state = LinkState.OPEN
+    return federation, link, sent
+
+
+def _expected(envelope: Any, seq: int | None, binary: bool = False) -> bytes:
+    return psc.encode_publish_meta(
+        envelope.topic, envelope.payload, envelope.origin, envelope.published_at, envelope.message_id,
+        envelope.wamp_wrapped, seq=seq, binary=binary, options=envelope.options,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("payload", "wrapped", "options", "binary"),
+    [
+        (5, False, None, False),
+        ("100%d %s", False, None, False),
+        ({"args": [1], "kwargs": {"k": 2}}, True, None, False),
+        (5, False, {"e": [7]}, False),
+        (b"\x00\x01", False, None, True),
+    ],
+)
+def test_forwarding_to_streams_sends_what_the_general_path_sends(
+    payload: Any, wrapped: bool, options: Any, binary: bool
+) -> None:
+    """local_published's stream path gives each stream encode_publish_meta's bytes ("%", wrapped, options, bytes)."""
+    federation, link, sent = _producer_side()
+    federation.outbox.resume(link, "n2", psc.Resume(None, 0, ("t",)))
+    envelopes = [federation.hub.envelope("t", payload, wamp_wrapped=wrapped, options=options) for _ in range(2)]
+    for envelope in envelopes:
+        federation.local_published(envelope)
+    assert sent[-2:] == [_expected(e, n, binary) for n, e in enumerate(envelopes, 1)]
+
+
+def test_forwarding_reaches_a_stream_that_takes_the_topic_by_a_pattern() -> None:
+    """A stream that holds only a pattern matching the topic gets the message (the stream path steps aside)."""
+    from pubsubclub.core.patterns import PREFIX, Pattern
+
+    federation, link, sent = _producer_side()
+    federation.outbox.resume(link, "n2", psc.Resume(None, 0, (), (Pattern(PREFIX, "com."),)))
+    envelope = federation.hub.envelope("com.t", 1)
+    federation.local_published(envelope)
+    assert sent[-1:] == [_expected(envelope, 1)]
+
+
+def test_forwarding_reaches_a_link_without_replay_next_to_a_stream() -> None:
+    """A 0.2 link that asked for the topic gets the message as well as the 0.6 stream (the stream path steps aside)."""
+    from pubsubclub.federation.session import LinkState
+
+    federation, link, sent = _producer_side()
+    federation.outbox.resume(link, "n2", psc.Resume(None, 0, ("com.t",)))
+    old_sent: list[bytes] = []
+    old = LinkSession(Role.PRODUCER, old_sent.append, federation, "old", versions=V06)
+    old._speak(psc.V0_2)
+    old.state = LinkState.OPEN
+    federation.link_subscribed(old, ("com.t",))
+    envelope = federation.hub.envelope("com.t", 1)
+    federation.local_published(envelope)
+    assert sent[-1:] == [_expected(envelope, 1)]
+    assert old_sent == [_expected(envelope, None)]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from twisted.logger import Logger
 
 from pubsubclub.core.counters import DropReason, FederationEvent, Kind, Source
@@ -139,8 +140,50 @@ class Forwarding(FederationState):
         link, to the consumers split horizon leaves (federation/relay.py).
         """
         topic = envelope.topic
-        sessions = self._by_topic.get(topic)
         outbox = self.outbox
+        if (
+            relayed_from is None
+            and outbox is not None
+            and envelope.options is None
+            and not envelope.wamp_wrapped
+            and not outbox._patterns._holders
+            and topic not in self._by_topic
+        ):
+            # The common case, in one call: a plain local publish, only 0.3+ streams take its topic
+            # (exactly: no stream pattern held, no link without replay wants it). What streams_for,
+            # _rich, seq_template and _send do, without their calls; anything else: the general path.
+            streams = outbox._by_topic.get(topic)
+            if not streams:
+                return
+            origin, published_at, message_id = envelope.origin, envelope.published_at, envelope.message_id
+            wire = envelope.wire
+            known = wire.get(_PSC_RICH)
+            if known is None and origin is not None and published_at is not None and message_id is not None:
+                # encode_publish_meta's bytes for these fields (same keys, same order).
+                try:
+                    known = orjson.dumps([psc.PUBLISH, topic, envelope.payload, {"o": origin, "t": published_at,
+                                                                                "i": message_id}])  # fmt: skip
+                except TypeError:  # not JSON (bytes in it): nothing sent yet
+                    self._forward_binary(envelope, None, streams)
+                    return
+                wire[_PSC_RICH] = known
+            if known is not None and b"%" not in known and known[-3:-2] != b"{":
+                forwarded = self._forwarded
+                if len(forwarded) >= MAX_HELD_COUNTS:
+                    self._settle()  # bounded: publishing on ever new topics must not grow the node
+                open_ = LinkState.OPEN
+                sends = outbox.forward(known[:-2] + b',"s":%d}]', streams)
+                for link, data in sends:
+                    if link.state is open_:  # LinkSession.send_raw, without its call
+                        link._send(data)
+                    cell = forwarded.get((topic, link))
+                    if cell is None:
+                        cell = forwarded[(topic, link)] = [0, 0]
+                    cell[0] += 1
+                    cell[1] += len(data)
+                self._forwarded_n += len(sends)
+                return
+        sessions = self._by_topic.get(topic)
         streams = None if outbox is None else outbox.streams_for(topic)
         if not sessions and not streams:
             return

@@ -224,7 +224,8 @@ class LinkSession:
         for part in parts:
             if part:
                 message: psc.Message | None = None
-                if bounded and len(part) <= max_frame:
+                size = len(part)
+                if bounded and size <= max_frame:
                     # A PSC301 as nodes write it (metadata without "b"/"p"), read in place: what
                     # psc.decode makes of it, without its two calls; anything else takes decode().
                     try:
@@ -233,13 +234,24 @@ class LinkSession:
                         value = None
                     if type(value) is list and len(value) == 4 and value[0] == psc.PUBLISH and type(value[0]) is int:
                         topic, fields = value[1], value[3]
-                        if type(topic) is str and topic and len(topic) <= max_topic and type(fields) is dict:
-                            get = fields.get
-                            t, o, i, w, q = get("t"), get("o"), get("i"), get("w", 0), get("s")
+                        if (
+                            type(topic) is str
+                            and topic
+                            and len(topic) <= max_topic
+                            and type(fields) is dict
+                            # "o", "t", "i" present and no "b"/"p" key at all (a null one takes decode()):
+                            # read by subscript, not seven dict.get calls per line.
+                            and "o" in fields
+                            and "t" in fields
+                            and "i" in fields
+                            and "b" not in fields
+                            and "p" not in fields
+                        ):
+                            t, o, i = fields["t"], fields["o"], fields["i"]
+                            w = fields["w"] if "w" in fields else 0
+                            q = fields["s"] if "s" in fields else None
                             if (
-                                get("b") is None
-                                and get("p") is None
-                                and type(t) is float
+                                type(t) is float
                                 and 0.0 <= t <= psc.MAX_PUBLISH_TIME
                                 and type(o) is str
                                 and type(i) is str
@@ -261,7 +273,7 @@ class LinkSession:
                         else (meta is None or self.with_metadata)
                     ):
                         run.append(message)
-                        sizes.append(len(part))
+                        sizes.append(size)
                         continue
             if run:
                 self._owner.link_received_batch(self, run, sizes)

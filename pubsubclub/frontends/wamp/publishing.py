@@ -191,6 +191,12 @@ def event_bytes(
     """
     wire = envelope.wire
     key = (serializer.NAME, subscription)
+    if not wire and topic is None and envelope.options is None and not envelope.wamp_wrapped:
+        # The first EVENT made of a plain publish (a remote one's usual case): nothing memoised, no id
+        # drawn, not retained (that is in ``wire``): the plain EVENT below, without its three dict.get calls.
+        first = wire[PUBLICATION] = new_id()
+        data = wire[key] = serializer.serialize([EVENT, subscription, first, _NO_DETAILS, [envelope.payload]])
+        return data  # type: ignore[no-any-return]
     data = wire.get(key)
     if data is None:
         publication = wire.get(PUBLICATION)
