@@ -14,6 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from autobahn.wamp.exception import ApplicationError
+
 
 @dataclass
 class _Subscription:
@@ -173,3 +175,16 @@ class RouterInterest:
             self._wanted.discard(key)
             return InterestStep(removed=(key,), lookup=lookup)
         return InterestStep(lookup=lookup)
+
+
+async def router_role(session: Any, session_id: int) -> str | None:
+    """The authrole the router gives ``session_id`` ("" when it names none), None when that session left.
+
+    What the call raises when the bridge's own session went away is left to the caller.
+    """
+    try:
+        info = await session.call("wamp.session.get", session_id)
+    except ApplicationError:
+        return None
+    found = info.get("authrole") if isinstance(info, dict) else None
+    return "" if found is None else str(found)

@@ -69,7 +69,7 @@ from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.hints import ReportingEndpoint
 from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends.base import FrontendBase
-from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
+from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest, router_role
 from pubsubclub.frontends.bridge.realm import RealmMap
 from pubsubclub.frontends.bridge.rpc import RouterRPC
 from pubsubclub.frontends.bridge.session import _BridgeSession, _RouterSink
@@ -452,15 +452,10 @@ class RouterBridge(FrontendBase):
         if session is None:
             return
         try:
-            info = await session.call("wamp.session.get", session_id)
-        except ApplicationError:
-            role: str | None = None  # no such session any more
+            role = await router_role(session, session_id)
         except Exception as e:  # our own session went away meanwhile
             log.debug("bridge: wamp.session.get {session} failed: {error}", session=session_id, error=e)
             return
-        else:
-            found = info.get("authrole") if isinstance(info, dict) else None
-            role = "" if found is None else str(found)
         self._apply(interest, interest.role_known(session_id, role))
 
     # -- interest: router clients -> hub ----------------------------------------------------

@@ -44,7 +44,7 @@ from twisted.internet import defer
 from twisted.logger import Logger
 
 from pubsubclub.core.counters import BridgeEvent
-from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest
+from pubsubclub.frontends.bridge.interest import EXACT, Interest, InterestStep, RouterInterest, router_role
 from pubsubclub.frontends.wamp.dealer import NO_SUCH_PROCEDURE, TOO_MANY_CALLS, Dealer
 
 log = Logger()
@@ -258,15 +258,10 @@ class RouterRPC:
         if session is None:
             return
         try:
-            info = await session.call("wamp.session.get", session_id)
-        except ApplicationError:
-            role: str | None = None  # left meanwhile
-        except Exception as e:  # our own session went away
+            role = await router_role(session, session_id)
+        except Exception as e:  # our own session went away meanwhile
             log.debug("bridge: wamp.session.get {session} failed: {error}", session=session_id, error=e)
             return
-        else:
-            found = info.get("authrole") if isinstance(info, dict) else None
-            role = "" if found is None else str(found)
         self._apply(interest, interest.role_known(session_id, role))
 
     def _mirror(self, key: Interest) -> None:
