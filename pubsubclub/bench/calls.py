@@ -29,6 +29,7 @@ import time
 from typing import Any
 
 from pubsubclub.bench.nodes import machine, node_pair, progress, stop, tree_cpu_seconds
+from pubsubclub.bench.pacing import install_precise_reactor, until_due
 
 PROCEDURE = "pubsubclub.bench.echo"
 #: The caller retries its probe call this often until the callee's registration reached its node or router.
@@ -71,6 +72,7 @@ def _client_main(argv: list[str]) -> int:
     import txaio
 
     txaio.use_twisted()
+    install_precise_reactor()  # see pubsubclub.bench.pacing
     from twisted.internet import defer, task
 
     from pubsubclub.bench.wamp import defer_run
@@ -190,7 +192,7 @@ def _client_main(argv: list[str]) -> int:
                     while sent < due:
                         sent += 1
                         session.call(PROCEDURE, body).addCallbacks(timed(perf()), failed)
-                    await task.deferLater(reactor, min(interval, 0.001), lambda: None)
+                    await task.deferLater(reactor, until_due(start, sent, interval, time.time()), lambda: None)
                 stopped[0] = True
                 if done == sent and not finished.called:
                     finished.callback(None)

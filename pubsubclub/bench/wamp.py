@@ -42,6 +42,7 @@ from pubsubclub.bench.nodes import (
     tree_cpu_seconds,
     wait_interest,
 )
+from pubsubclub.bench.pacing import install_precise_reactor, until_due
 from pubsubclub.net.nodelay import set_no_delay
 
 TOPIC = "pubsubclub.bench"
@@ -59,6 +60,7 @@ def _client_main(argv: list[str]) -> int:
     import txaio
 
     txaio.use_twisted()
+    install_precise_reactor()  # see pubsubclub.bench.pacing
     from twisted.internet import task
 
     role, url, realm, max_seconds, serializer_name = argv[0], argv[1], argv[2], float(argv[3]), argv[4]
@@ -169,7 +171,7 @@ def _client_main(argv: list[str]) -> int:
                     while sent < due:
                         session.publish(TOPIC, {"i": sent, "t": time.time(), "p": body})
                         sent += 1
-                    await task.deferLater(reactor, min(interval, 0.001), lambda: None)
+                    await task.deferLater(reactor, until_due(start, sent, interval, time.time()), lambda: None)
             await session.publish(TOPIC, END, options=PublishOptions(acknowledge=True))
             result.update(sent=sent, start=start, end=time.time(), cpu_seconds=time.process_time() - cpu_start)
         sys.stdout.write(json.dumps(result) + "\n")

@@ -50,6 +50,7 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from zope.interface import directlyProvidedBy, directlyProvides
 
+from pubsubclub.net import writethrough
 from pubsubclub.net.sendbuffer import write_buffer_of
 
 log = Logger()
@@ -159,6 +160,8 @@ class EdgeConnection(ProtocolWrapper):
     def makeConnection(self, transport: Any) -> None:  # noqa: N802 - Twisted API
         """Find the TCP buffer to read pending bytes from, then connect the protocol."""
         self._buffer = write_buffer_of(transport)
+        if self._buffer is not None:
+            writethrough.install(self._buffer)
         super().makeConnection(transport)
         # ProtocolWrapper claims every interface of the transport. Not ISSLTransport: Autobahn
         # then asks for a TLS channel id, which only the TLS protocol itself can give (it is

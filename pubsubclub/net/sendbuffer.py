@@ -19,6 +19,8 @@ from twisted.internet.interfaces import IPushProducer
 from twisted.logger import Logger
 from zope.interface import implementer
 
+from pubsubclub.net import writethrough
+
 log = Logger()
 
 
@@ -105,6 +107,8 @@ def watch_send_buffer(transport: Any, what: str) -> SendBacklog | None:
     if transport is None:
         return None
     buffer = write_buffer_of(transport)
+    if buffer is not None:
+        writethrough.install(buffer)
     backlog = SendBacklog(buffer)
     try:
         # Twisted Web's HTTPChannel is still registered from before the
