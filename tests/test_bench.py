@@ -162,13 +162,19 @@ def test_bench_lean_clients_deliver_every_message_one_to_one() -> None:
     acknowledgements (flow control) several times during the run.
     """
     results, err = bench("--client", "lean", "--publishers", "2", "--subscribers", "2", "--count", "1500",
-                         "--window", "2400", "--max-seconds", "30")  # fmt: skip
+                         "--window", "2400", "--latency-count", "300", "--rate", "500",
+                         "--max-seconds", "30")  # fmt: skip
     assert "--client lean --publishers 2 --subscribers 2" in err
     t = results["throughput"]
     assert (t["client"], t["publishers"], t["subscribers"]) == ("lean", 2, 2)
     assert (t["sent"], t["received"], t["lost"]) == (3000, 3000, 0)
     assert t["delivered_rate"] > 0 and t["server_cpu_us_per_msg"] > 0
-    assert (results["serializer"], results["transport"], results["latency"]) == ("json", "rawsocket", None)
+    assert (results["serializer"], results["transport"]) == ("json", "rawsocket")
+    # The lean latency run: every paced message timed once, the five slowest named by position.
+    lat = results["latency"]
+    assert (lat["mode"], lat["client"], lat["sent"], lat["received"], lat["lost"]) == ("latency", "lean", 300, 300, 0)
+    assert 0 < lat["latency_ms"]["p50"] <= lat["latency_ms"]["p99"] <= lat["latency_ms"]["max"]
+    assert len(lat["slowest_positions"]) == 5 and all(0 <= i < 300 for i in lat["slowest_positions"])
 
 
 @pytest.mark.slow
@@ -244,7 +250,7 @@ def test_bench_peers_runs_against_pubsubclub_and_crossbar_routers_joined_by_rlin
             assert cell["runs"] == len(cell["each"]) == 1
             assert cell["msgs_per_s"] > 0 and cell["server_cpu_us_per_msg"] > 0
         assert row["ratio"]["msgs_per_s"] == row["pubsubclub"]["msgs_per_s"] / row["crossbar"]["msgs_per_s"]
-    assert rows[0]["crossbar"]["p99_ms"] > 0 and rows[1]["crossbar"]["p99_ms"] is None
+    assert rows[0]["crossbar"]["p99_ms"] > 0 and rows[1]["crossbar"]["p99_ms"] > 0  # lean clients time a paced run too
     # The same pairs answered cross-node calls (Crossbar's rlinks forwarding the callee's registration).
     calls = results["other_rows"]
     assert [(r["group"], r["client"]) for r in calls] == [("calls", "autobahn-json-ws"), ("calls", "lean-json-ws")]

@@ -25,6 +25,13 @@ so several publishers and subscribers use both cores. A publisher reports its
 first send time and count; a subscriber its count and its last event's time
 (same host clock): the rate is all events received over the time from the
 first publish to the last event. Every wait is bounded by ``--max-seconds``.
+
+The latency run with these clients (``latency-publisher``/``latency-subscriber``)
+sends ``--latency-count`` messages at ``--rate`` per second, each stamped just
+before its ``sendall`` and timed just after the ``recv`` that brought it: what
+is measured is the nodes and the kernel, nearly nothing of a client library
+(the Autobahn clients' run measures those too). The publisher sleeps until
+each message's own due time (``time.sleep``: microseconds).
 """
 
 from __future__ import annotations
@@ -231,11 +238,125 @@ def _publisher(
     return {"sent": sent, "start": start, "end": time.time()}
 
 
+LATENCY_TOPIC = "pubsubclub.bench.lean.latency"
+
+
+def _latency_subscriber(host: str, port: int, realm: str, max_seconds: float) -> dict[str, Any]:
+    deadline = time.time() + max_seconds
+    session = RawSocketSession(host, port, realm, deadline)
+    prefix = b"[36,%d," % session.subscribe(LATENCY_TOPIC, deadline)
+    _ready()
+    latencies: list[float] = []
+    while True:
+        batch = session.messages(deadline)
+        now = time.time()
+        for m in batch:
+            if not m.startswith(prefix):
+                continue
+            if m.endswith(END_TAIL):
+                return {"received": len(latencies), "latencies": _summary(latencies)}
+            if m.endswith(PROBE_TAIL):
+                session.send(orjson.dumps([16, session.request(), {}, ACK_TOPIC, ["ready"]]))
+                continue
+            latencies.append(now - orjson.loads(m)[4][0])
+
+
+def _summary(latencies: list[float]) -> dict[str, Any]:
+    """p50/p99/p99.9/max in milliseconds and the positions of the five slowest."""
+    if not latencies:
+        return {}
+    slowest = sorted(sorted(range(len(latencies)), key=latencies.__getitem__)[-5:])
+    ordered = sorted(latencies)
+    n = len(ordered)
+    return {
+        "latency_ms": {
+            "p50": ordered[n // 2] * 1000,
+            "p99": ordered[min(n - 1, int(n * 0.99))] * 1000,
+            "p999": ordered[min(n - 1, int(n * 0.999))] * 1000,
+            "max": ordered[-1] * 1000,
+        },
+        "slowest_positions": slowest,
+    }
+
+
+def _latency_publisher(
+    host: str, port: int, realm: str, count: int, size: int, rate: float, max_seconds: float
+) -> dict[str, Any]:
+    deadline = time.time() + max_seconds
+    session = RawSocketSession(host, port, realm, deadline)
+    ack_prefix = b"[36,%d," % session.subscribe(ACK_TOPIC, deadline)
+    probe = session.frame(orjson.dumps([16, 0x10000, {}, LATENCY_TOPIC, ["probe"]]))
+    ready = False
+    while not ready:  # until the subscriber's subscription has reached this node and it answered
+        if time.time() > deadline:
+            raise TimeoutError("the latency subscriber never answered a probe")
+        session.sock.sendall(probe)
+        if select.select([session.sock], [], [], 0.05)[0]:
+            ready = any(m.startswith(ack_prefix) for m in session.messages(deadline))
+    body = ("x" * size).encode()
+    topic_bytes = LATENCY_TOPIC.encode()
+    interval = 1.0 / rate
+    start = time.time()
+    sent = 0
+    while sent < count and time.time() < deadline:
+        wait = start + sent * interval - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        sent += 1
+        message = b'[16,%d,{},"%s",[%r,"%s"]]' % (sent, topic_bytes, time.time(), body)
+        session.sock.sendall(session.frame(message))
+    request = session.request() + count + 1
+    session.send(orjson.dumps([16, request, {"acknowledge": True}, LATENCY_TOPIC, ["end"]]))
+    while not any(m.startswith(b"[17,%d," % request) for m in session.messages(deadline)):
+        pass
+    return {"sent": sent, "start": start, "end": time.time()}
+
+
+def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list[int]) -> dict[str, Any]:
+    """The latency run with lean clients: one publisher on A paced at ``--rate``, one subscriber on B."""
+    me = [sys.executable, "-m", "pubsubclub.bench.lean"]
+    bound = str(args.max_seconds + 20)
+    sub = subprocess.Popen([*me, "latency-subscriber", *_host_port(raw_b), args.realm, bound],
+                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        assert sub.stdout is not None
+        if not sub.stdout.readline():
+            raise RuntimeError("the lean latency subscriber did not start")
+        progress(f"lean latency run: {args.latency_count} messages at {args.rate}/s (A -> B)")
+        cpu_before = tree_cpu_seconds(server_pids)
+        pub = subprocess.run([*me, "latency-publisher", *_host_port(raw_a), args.realm, str(args.latency_count),
+                              str(args.size), str(args.rate), str(args.max_seconds)],
+                             stdout=subprocess.PIPE, text=True, timeout=args.max_seconds + 30)  # fmt: skip
+        out_sub, _ = sub.communicate(timeout=args.max_seconds + 30)
+        spent = tree_cpu_seconds(server_pids) - cpu_before
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+        sub.wait(10)
+    p = json.loads(pub.stdout.strip().splitlines()[-1])
+    s = json.loads(out_sub.strip().splitlines()[-1])
+    return {
+        "mode": "latency",
+        "client": "lean",
+        "sent": p["sent"],
+        "received": s["received"],
+        "lost": p["sent"] - s["received"],
+        "publish_rate": p["sent"] / max(p["end"] - p["start"], 1e-9),
+        **s["latencies"],
+        "server_cpu_us_per_msg": spent / max(s["received"], 1) * 1e6,
+    }
+
+
 def client_main(argv: list[str]) -> int:
     """One lean client process; prints its result as one JSON line."""
     role, host, port, realm = argv[0], argv[1], int(argv[2]), argv[3]
     numbers = [float(a) for a in argv[4:]]
-    if role == "subscriber":
+    if role == "latency-subscriber":
+        result = _latency_subscriber(host, port, realm, numbers[0])
+    elif role == "latency-publisher":
+        count, size, rate, max_seconds = numbers
+        result = _latency_publisher(host, port, realm, int(count), int(size), rate, max_seconds)
+    elif role == "subscriber":
         index, publishers, max_seconds = numbers
         result = _subscriber(host, port, realm, int(index), int(publishers), max_seconds)
     else:

@@ -17,7 +17,8 @@ Every run is bounded by ``--max-seconds``.
 ``--serializer msgpack`` and ``--transport rawsocket`` pick the Autobahn
 clients' wire (the nodes then also listen with ``--rawsocket``); ``--client
 lean`` replaces both clients with :mod:`pubsubclub.bench.lean`'s processes
-(throughput only). Both nodes' CPU per delivered message comes from ``/proc``.
+(and its own latency run: the nodes' share, nearly no client library). Both
+nodes' CPU per delivered message comes from ``/proc``, for each run.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pubsubclub.bench.lean import lean_run, lean_window
+from pubsubclub.bench.lean import lean_latency, lean_run, lean_window
 from pubsubclub.bench.nodes import (
     free_port,
     local,
@@ -248,10 +249,10 @@ def _one_run(target: Target, args: argparse.Namespace, mode: str, count: int, ra
 
 
 def measure(args: argparse.Namespace, target: Target) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """The throughput run (and the latency run with the Autobahn client) against ``target``."""
+    """The throughput run and the latency run against ``target``, with the Autobahn or the lean clients."""
     if args.client == "lean":
         assert target.rs is not None
-        return lean_run(args, *target.rs, list(target.pids)), None
+        return lean_run(args, *target.rs, list(target.pids)), lean_latency(args, *target.rs, list(target.pids))
     progress(f"throughput run: {args.count} messages of {args.size} B as fast as possible (A -> B)")
     cpu_before = tree_cpu_seconds(list(target.pids))
     throughput = _one_run(target, args, "throughput", args.count, 0)
@@ -263,7 +264,12 @@ def measure(args: argparse.Namespace, target: Target) -> tuple[dict[str, Any], d
         f"throughput: {throughput['delivered_rate']:.0f} msgs/s delivered; latency run: "
         f"{args.latency_count} messages at {args.rate}/s"
     )
-    return throughput, _one_run(target, args, "latency", args.latency_count, args.rate)
+    cpu_before = tree_cpu_seconds(list(target.pids))
+    latency = _one_run(target, args, "latency", args.latency_count, args.rate)
+    if target.pids:
+        spent = tree_cpu_seconds(list(target.pids)) - cpu_before
+        latency["server_cpu_us_per_msg"] = spent / max(latency["received"], 1) * 1e6
+    return throughput, latency
 
 
 def _settings(args: argparse.Namespace) -> str:
@@ -274,8 +280,11 @@ def _settings(args: argparse.Namespace) -> str:
         f"settings: --count {args.count} --size {args.size} --rate {args.rate} --latency-count "
         f"{args.latency_count} --max-seconds {args.max_seconds:g} --realm {args.realm} {wire} "
         f"(defaults: 50000, 100, 1000, 5000, 60, realm1, json, websocket, autobahn)"
-        + (f"; targets {args.target[0]} -> {args.target[1]}" if args.target else
-           f"; --nodes {args.nodes or 2} --workers {getattr(args, 'workers', 1)} (local nodes)")  # fmt: skip
+        + (
+            f"; targets {args.target[0]} -> {args.target[1]}"
+            if args.target
+            else f"; --nodes {args.nodes or 2} --workers {getattr(args, 'workers', 1)} (local nodes)"
+        )  # fmt: skip
     )
 
 
@@ -358,6 +367,8 @@ def run_bench(args: argparse.Namespace) -> int:
             print(
                 f"latency at {args.rate}/s: p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms, p99.9 {lm['p999']:.2f} ms, "
                 f"max {lm['max']:.2f} ms, lost {lat['lost']}; slowest messages at positions {lat['slowest_positions']}"
+                + (f"; nodes' CPU {lat['server_cpu_us_per_msg']:.1f} us/msg" if "server_cpu_us_per_msg" in lat else "")
+                + f" ({lat['client']} clients)"
             )
     return 0
 

@@ -67,7 +67,8 @@ def parser() -> argparse.ArgumentParser:
         "--client",
         choices=["autobahn", "lean"],
         default="autobahn",
-        help="wamp: Autobahn-Python clients (default) or lean orjson/RawSocket client processes (throughput only);"
+        help="wamp: Autobahn-Python clients (default) or lean orjson/RawSocket client processes (their latency run"
+        " times the nodes with nearly no client library);"
         " calls: Autobahn-Python (default) or lean orjson/WebSocket caller and callee",
     )
     bench.add_argument(
