@@ -38,9 +38,11 @@ objects (``send_raw``), the dealer is injected with :meth:`ClusterRPC.attach`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autobahn.wamp import message
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from pubsubclub.federation import psc, psc_rpc
@@ -148,6 +150,11 @@ class ClusterRPC:
         self._relay_ids: dict[_Registration, int] = {}
         #: Past the cap of registrations one node announces (logged once until there is room again).
         self._relay_full = False
+        #: ``round_trips(links, timeout)``: fires True once each has handled all we sent, False past
+        #: ``timeout`` (the federation's pings); None: nothing to wait for.
+        self.round_trips: Callable[[list[LinkSession], float], defer.Deferred[bool]] | None = None
+        #: A relaying primary's round trips for registrations re-announced, by the link they came over.
+        self._holds: dict[LinkSession, list[defer.Deferred[bool]]] = {}
 
     def attach(self, dealer: Dealer) -> None:
         """Serve ``dealer``'s registrations to the cluster and route its calls to other nodes."""
@@ -155,6 +162,7 @@ class ClusterRPC:
         dealer.cluster = self
         dealer.relay = _Relayed(self)
         dealer.node_id = self.node_id
+        dealer.settle = self.settled
         for session in self._callers:
             self._announce_all(session)
 
@@ -204,8 +212,26 @@ class ClusterRPC:
                 if _relays(registration, session):
                     session.send_raw(_announcement(registration, reg_id))
 
+    def settled(self, timeout: float) -> defer.Deferred[bool]:
+        """True once every node we announce to has handled all we announced so far, False past ``timeout`` s.
+
+        The ping of a round trip follows the PSC401 on the same link and is
+        answered after it was handled; a relaying primary answers it only once
+        it relayed the PSC401 on and its own round trips came back
+        (:meth:`pong_hold`), so a worker's REGISTERED waits for the whole node.
+        """
+        if self.round_trips is None or not self._callers:
+            return defer.succeed(True)
+        return self.round_trips(list(self._callers), timeout)
+
+    def pong_hold(self, session: LinkSession) -> defer.Deferred[Any] | None:
+        """The relay round trips a ping on ``session`` must wait for (registrations it brought), or None."""
+        waits = [d for d in self._holds.pop(session, ()) if not d.called]
+        return defer.gatherResults(waits, consumeErrors=True) if waits else None
+
     def link_closed(self, session: LinkSession) -> None:
         """A link closed: the calls in flight over it end, the other node's registrations leave the table."""
+        self._holds.pop(session, None)
         if self.meta is not None:
             self.meta.link_closed(session)
         caller = self._callers.pop(session, None)
@@ -335,9 +361,15 @@ class ClusterRPC:
         self._relayed[reg_id] = registration
         self._relay_ids[registration] = reg_id
         data = _announcement(registration, reg_id)
-        for session in self._callers:
-            if _relays(registration, session):
-                session.send_raw(data)
+        targets = [session for session in self._callers if _relays(registration, session)]
+        for session in targets:
+            session.send_raw(data)
+        if targets and dealer.await_seconds > 0 and self.round_trips is not None:
+            # The node that announced it waits for a pong on its link: held until these came back.
+            source = registration.callee.session
+            holds = [d for d in self._holds.get(source, ()) if not d.called]
+            holds.append(self.round_trips(targets, dealer.await_seconds))
+            self._holds[source] = holds
 
     def relay_unregistered(self, registration: _Registration) -> None:
         """A re-announced registration went: PSC402 where it was announced."""

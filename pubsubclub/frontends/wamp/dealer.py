@@ -67,6 +67,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autobahn.wamp import message
+from twisted.logger import Logger
 
 from pubsubclub.core.compaction import Compaction
 from pubsubclub.frontends.wamp.calls import CANCELED as CANCELED
@@ -94,6 +95,10 @@ TOO_MANY_REGISTRATIONS = "pubsubclub.error.too_many_registrations"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 #: A call's callee was on a node that became unreachable (its link dropped) before it answered.
 NODE_UNREACHABLE = "pubsubclub.error.node_unreachable"
+#: Counted (``refused``) for each REGISTERED sent after ``await_seconds`` without every node's acknowledgement.
+REGISTERED_UNCONFIRMED = "registered_unconfirmed"
+
+log = Logger()
 
 
 @dataclass
@@ -131,6 +136,14 @@ class Dealer:
     #: Told of each other node's registration coming and going (the primary of a node with workers
     #: re-announces them, federation/rpc.py); None: nobody.
     relay: ClusterListener | None = None
+    #: Hold REGISTERED until every linked node has the registration, at most this long (``[wamp]
+    #: await-interest``, ``await-interest-timeout``); 0: REGISTERED at once.
+    await_seconds: float = 0.0
+    #: ``settle(timeout)``: a Deferred firing True once every linked node has handled what this node
+    #: announced so far, False past ``timeout`` (federation/rpc.py); None: no other node to wait for.
+    settle: Callable[[float], Any] | None = None
+    #: REGISTERED held for the other nodes, by registration id.
+    _held: dict[int, message.Registered] = field(default_factory=dict)
     #: (realm, match, procedure) -> its registrations on every node, in their cluster-wide order.
     _by_procedure: dict[tuple[str, str, str], list[_Registration]] = field(default_factory=dict)
     #: The keys of ``_by_procedure`` with a prefix or wildcard match (searched when no exact one matches).
@@ -228,11 +241,34 @@ class Dealer:
             own = self._by_callee[callee] = {}
         own[registration.id] = registration
         self._registrations_compaction.grown(len(self._by_id))
-        callee.send_message(message.Registered(msg.request, registration.id))
+        answer = message.Registered(msg.request, registration.id)
+        held = self.await_seconds > 0 and self.settle is not None
+        if not held:
+            callee.send_message(answer)
         if self.cluster is not None:
             self.cluster.registered(registration)
         if self.observer is not None:
             self.observer.registered(registration)
+        if held and self.settle is not None:
+            # After the announcement: the other nodes' acknowledgements follow it on each link.
+            self._held[registration.id] = answer
+            self.settle(self.await_seconds).addCallback(lambda done: self._answer_held(registration, done))
+
+    def _answer_held(self, registration: _Registration, confirmed: bool | None) -> None:
+        """Send a held REGISTERED: every node confirmed, the bound passed (False), or a call came first (None)."""
+        answer = self._held.pop(registration.id, None)
+        if answer is None:
+            return  # already sent, or the registration is gone
+        if confirmed is False:
+            log.warn(
+                "REGISTERED for {procedure} sent without every node's acknowledgement after {seconds} s"
+                " (wamp.await-interest-timeout)",
+                procedure=registration.procedure,
+                seconds=self.await_seconds,
+            )
+            if self.refused is not None:
+                self.refused(REGISTERED_UNCONFIRMED)
+        registration.callee.send_message(answer)
 
     def _insert(self, key: tuple[str, str, str], registration: _Registration) -> None:
         group = self._by_procedure.get(key)
@@ -289,8 +325,16 @@ class Dealer:
             loses = head.invoke == "single" or other.invoke != head.invoke
             if other.remote_id is None and other is not head and loses:
                 # Made at the same time as an earlier one on another node: the earlier one wins everywhere.
+                answer = self._held.pop(other.id, None)
                 other.callee.send_message(
                     message.Unregistered(0, registration=other.id, reason=PROCEDURE_ALREADY_EXISTS)
+                    if answer is None
+                    else message.Error(
+                        message.Register.MESSAGE_TYPE,
+                        answer.request,
+                        PROCEDURE_ALREADY_EXISTS,
+                        args=[f"procedure {procedure!r} was registered earlier on node {head.node}"],
+                    )
                 )
                 self._drop_registration(other, f"procedure {procedure!r} was registered earlier on node {head.node}")
         if self.remote_changed is not None:
@@ -323,6 +367,8 @@ class Dealer:
         whatever the registration asked (else only a ``disclose_caller`` registration is told).
         """
         registration = self._by_id.get(registration_id)
+        if registration is not None and self._held:
+            self._answer_held(registration, None)  # a callee learns its registration before its first call
         if registration is None:
             link.send_message(
                 message.Error(
@@ -419,6 +465,8 @@ class Dealer:
             # The callee's node knows whether its registration asked: it gets the identity and our decision.
             self._inflight.invoke(caller, msg, registration, identity, disclose)
         else:
+            if self._held:
+                self._answer_held(registration, None)  # a callee learns its registration before its first call
             self._inflight.invoke(
                 caller, msg, registration, identity if disclose or registration.disclose_caller else NO_IDENTITY
             )
@@ -476,6 +524,7 @@ class Dealer:
                 self._turns.pop(key, None)
         if registration.remote_id is None:
             self._by_id.pop(registration.id, None)
+            self._held.pop(registration.id, None)
             _forget(self._by_callee, registration.callee, registration.id)
             if self.cluster is not None:
                 self.cluster.unregistered(registration)
@@ -525,4 +574,5 @@ class Dealer:
             "remote_registrations": sum(len(own) for own in self._remote.values()),
             "turns": len(self._turns),
             "patterns": len(self._patterns),
+            "registered_held": len(self._held),
         }
