@@ -55,6 +55,8 @@ if TYPE_CHECKING:
 
 log = Logger()
 
+#: Longest a relaying primary holds a pong for its own round trips when ``[wamp] await-interest`` is off here.
+HOLD_SECONDS = 5.0
 #: Re-exported: the node-to-node meta query's procedure (defined with the codec, psc_rpc.py).
 META_QUERY = psc_rpc.META_QUERY
 
@@ -153,8 +155,9 @@ class ClusterRPC:
         #: ``round_trips(links, timeout)``: fires True once each has handled all we sent, False past
         #: ``timeout`` (the federation's pings); None: nothing to wait for.
         self.round_trips: Callable[[list[LinkSession], float], defer.Deferred[bool]] | None = None
-        #: A relaying primary's round trips for registrations re-announced, by the link they came over.
-        self._holds: dict[LinkSession, list[defer.Deferred[bool]]] = {}
+        #: A relaying primary: the links it re-announced registrations on, by the link they came over,
+        #: since that link's last round trip (whose pong waits for these links' own, :meth:`pong_hold`).
+        self._relayed_from: dict[LinkSession, set[LinkSession]] = {}
 
     def attach(self, dealer: Dealer) -> None:
         """Serve ``dealer``'s registrations to the cluster and route its calls to other nodes."""
@@ -225,13 +228,23 @@ class ClusterRPC:
         return self.round_trips(list(self._callers), timeout)
 
     def pong_hold(self, session: LinkSession) -> defer.Deferred[Any] | None:
-        """The relay round trips a ping on ``session`` must wait for (registrations it brought), or None."""
-        waits = [d for d in self._holds.pop(session, ()) if not d.called]
-        return defer.gatherResults(waits, consumeErrors=True) if waits else None
+        """What a ping on ``session`` waits for: a round trip on each link its registrations went on to, or None.
+
+        The ping follows the PSC401s on its link, so they have been relayed
+        (and their frames written) when it is read: one round trip per link
+        then covers them all, however many there were. Bounded by the
+        dealer's ``await_seconds`` (``HOLD_SECONDS`` when that is off).
+        """
+        targets = self._relayed_from.pop(session, None)
+        if not targets or self.round_trips is None:
+            return None
+        live = [target for target in targets if target in self._callers]
+        bound = self.dealer.await_seconds if self.dealer is not None and self.dealer.await_seconds > 0 else HOLD_SECONDS
+        return self.round_trips(live, bound) if live else None
 
     def link_closed(self, session: LinkSession) -> None:
         """A link closed: the calls in flight over it end, the other node's registrations leave the table."""
-        self._holds.pop(session, None)
+        self._relayed_from.pop(session, None)
         if self.meta is not None:
             self.meta.link_closed(session)
         caller = self._callers.pop(session, None)
@@ -364,12 +377,9 @@ class ClusterRPC:
         targets = [session for session in self._callers if _relays(registration, session)]
         for session in targets:
             session.send_raw(data)
-        if targets and dealer.await_seconds > 0 and self.round_trips is not None:
-            # The node that announced it waits for a pong on its link: held until these came back.
-            source = registration.callee.session
-            holds = [d for d in self._holds.get(source, ()) if not d.called]
-            holds.append(self.round_trips(targets, dealer.await_seconds))
-            self._holds[source] = holds
+        if targets:
+            # A round trip from the node that announced it is answered once these links answered theirs.
+            self._relayed_from.setdefault(registration.callee.session, set()).update(targets)
 
     def relay_unregistered(self, registration: _Registration) -> None:
         """A re-announced registration went: PSC402 where it was announced."""
