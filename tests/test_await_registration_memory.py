@@ -31,6 +31,8 @@ class CallsWhenRegistered(Party):
         self.callers = callers
         #: Per calling node, its caller's answers so far (none yet: the INVOCATION went out).
         self.answers: dict[str, Party] = {}
+        #: The procedure it registers.
+        self.procedure = ""
 
     def send_message(self, msg: Any) -> None:
         """Remember ``msg``; on REGISTERED, call the procedure from every other node at once."""
@@ -39,8 +41,6 @@ class CallsWhenRegistered(Party):
             for name, dealer in self.callers.items():
                 caller = self.answers[name] = Party()
                 dealer.call(caller, "realm1", message.Call(1, self.procedure))
-
-    procedure = ""
 
 
 def register(dealer: Dealer, callee: CallsWhenRegistered, procedure: str, request: int) -> None:
@@ -66,11 +66,15 @@ def net() -> Iterator[MemoryNetwork]:
 @pytest.mark.parametrize("await_seconds", [5.0, 0.0])
 def test_a_call_from_another_node_the_moment_registered_arrives(net: MemoryNetwork, await_seconds: float) -> None:
     """With await-interest the callee's REGISTERED comes only once node b has the registration, so b's call made
-    then reaches the callee (20 fresh procedures); without it REGISTERED comes first and b's call finds nothing."""
+    then reaches the callee (20 fresh procedures); without it REGISTERED comes first and b's call finds nothing.
+    Before any link is up REGISTERED is not held."""
     a, b = node(net, "a", 9001), node(net, "b", 9002)
-    mesh(net, 9001, 9002)
     a.await_seconds = await_seconds
     reasons = refused(a)
+    alone = Party()
+    a.register(alone, "realm1", message.Register(100, "com.alone"))
+    assert [type(m) for m in alone.take()] == [message.Registered]  # no link: nobody to wait for
+    mesh(net, 9001, 9002)
     for i in range(20):
         callee = CallsWhenRegistered({"b": b})
         register(a, callee, f"com.p{i}", i + 1)
@@ -82,15 +86,6 @@ def test_a_call_from_another_node_the_moment_registered_arrives(net: MemoryNetwo
         else:
             assert [m.error for m in answers] == [NO_SUCH_PROCEDURE]
     assert reasons == [] and a.tables()["registered_held"] == 0
-
-
-def test_without_other_nodes_registered_is_not_held(net: MemoryNetwork) -> None:
-    """A node with no link answers REGISTERED at once, whatever await-interest says."""
-    a = node(net, "a", 9001)
-    a.await_seconds = 5.0
-    callee = Party()
-    a.register(callee, "realm1", message.Register(1, "com.alone"))
-    assert [type(m) for m in callee.take()] == [message.Registered]
 
 
 def test_a_node_that_never_acknowledges_holds_registered_only_for_the_bound(net: MemoryNetwork) -> None:
