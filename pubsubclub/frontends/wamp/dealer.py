@@ -15,6 +15,10 @@ REGISTER/UNREGISTER, CALL -> INVOCATION -> YIELD/ERROR -> RESULT/ERROR, with:
   two nodes are settled by the earlier ``(created, node id)``, the later one
   revoked on its own node (UNREGISTERED with reason
   ``wamp.error.procedure_already_exists``);
+- with ``await_seconds`` (``[wamp] await-interest``) REGISTERED waits until
+  every linked node has handled the announcement (``settle``, a ping round
+  trip per link), at most that long, then goes anyway (counted
+  ``registered_unconfirmed``); a call reaching the callee first releases it;
 - a CALL of a procedure nobody registered gets ERROR
   ``wamp.error.no_such_procedure``;
 - a callee's ERROR reaches the caller with the callee's URI, args and kwargs;
