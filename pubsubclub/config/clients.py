@@ -138,7 +138,16 @@ class WampSection:
     await_interest: bool = setting(
         False,
         "hold SUBSCRIBED until every linked node has the new interest, so a publish made after it on any node"
-        " arrives (one round trip per link)",
+        " arrives, and REGISTERED until every linked node (and worker) has the registration, so a call made"
+        " after it on any node reaches it (one round trip per link)",
+    )
+    await_interest_timeout: float = setting(
+        5.0,
+        "longest SUBSCRIBED or REGISTERED is held by await-interest for a node that does not answer; then it is"
+        " sent anyway (a REGISTERED logged and counted as errors reason registered_unconfirmed)",
+        metavar="S",
+        min=0.1,
+        max=600,
     )
     disclose_publisher: str = setting(
         "on-request",

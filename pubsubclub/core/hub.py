@@ -215,7 +215,7 @@ class Hub:
         """Register ``listener`` for first/last holder notifications of patterns."""
         self._pattern_listeners.append(listener)
 
-    def interest_settled(self) -> Any:
+    def interest_settled(self, timeout: float | None = None) -> Any:
         """A Deferred that fires once the node's interest so far has reached every linked node.
 
         Interest listeners that can tell (the federation: a round trip on each
@@ -225,7 +225,11 @@ class Hub:
         """
         from twisted.internet import defer
 
-        waits = [listener.interest_settled() for listener in self._interest if hasattr(listener, "interest_settled")]
+        asked = [listener for listener in self._interest if hasattr(listener, "interest_settled")]
+        # ``timeout``: how long a listener waits at most (its own default if None).
+        waits = [
+            listener.interest_settled() if timeout is None else listener.interest_settled(timeout) for listener in asked
+        ]
         return defer.gatherResults(waits, consumeErrors=True).addCallback(lambda _: None)
 
     def add_publish_listener(self, listener: PublishListener) -> None:

@@ -174,6 +174,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
                 self.versions = (*self.versions, psc.V0_8)
         #: RPC over 0.7 links (federation/rpc.py); the node attaches its WAMP dealer.
         self.rpc = ClusterRPC(self.node_id, limits)
+        self.rpc.round_trips = self.round_trips
         #: Retained events over 0.8 links (federation/retained.py); the node attaches the WAMP router's table.
         self.retained = ClusterRetained(self.metrics, reactor.callLater, self._link_queued, self.queue_cap)
         self._servers: dict[str, _Server] = {}
@@ -499,6 +500,22 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
     def link_rpc(self, session: LinkSession, message: psc.ExtensionMessage) -> None:
         """A 0.7 RPC message (federation/rpc.py)."""
         self.rpc.receive(session, message)
+
+    def round_trips(self, sessions: list[LinkSession], timeout: float) -> defer.Deferred[bool]:
+        """Fires True once each open link of ``sessions`` has handled all we sent on it, False after ``timeout`` s."""
+        waits = []
+        for session in sessions:
+            link = self._links.get(session)
+            if link is not None and session.state is LinkState.OPEN:
+                waits.append(link.transport.round_trip())
+        done: defer.Deferred[bool] = defer.gatherResults(waits, consumeErrors=True).addCallback(lambda _: True)
+        if waits:
+            done.addTimeout(timeout, self._reactor, onTimeoutCancel=lambda *_: False)
+        return done
+
+    def pong_hold(self, session: LinkSession) -> defer.Deferred[Any] | None:
+        """What a round trip's pong on ``session`` waits for: the registrations it brought, relayed on (rpc.py)."""
+        return self.rpc.pong_hold(session)
 
     def link_retained(self, session: LinkSession, message: psc_retain.Retained) -> None:
         """A 0.8 retained event (federation/retained.py)."""

@@ -38,9 +38,11 @@ objects (``send_raw``), the dealer is injected with :meth:`ClusterRPC.attach`.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from autobahn.wamp import message
+from twisted.internet import defer
 from twisted.logger import Logger
 
 from pubsubclub.federation import psc, psc_rpc
@@ -53,6 +55,8 @@ if TYPE_CHECKING:
 
 log = Logger()
 
+#: Longest a relaying primary holds a pong for its own round trips when ``[wamp] await-interest`` is off here.
+HOLD_SECONDS = 5.0
 #: Re-exported: the node-to-node meta query's procedure (defined with the codec, psc_rpc.py).
 META_QUERY = psc_rpc.META_QUERY
 
@@ -148,6 +152,12 @@ class ClusterRPC:
         self._relay_ids: dict[_Registration, int] = {}
         #: Past the cap of registrations one node announces (logged once until there is room again).
         self._relay_full = False
+        #: ``round_trips(links, timeout)``: fires True once each has handled all we sent, False past
+        #: ``timeout`` (the federation's pings); None: nothing to wait for.
+        self.round_trips: Callable[[list[LinkSession], float], defer.Deferred[bool]] | None = None
+        #: A relaying primary: the links it re-announced registrations on, by the link they came over,
+        #: since that link's last round trip (whose pong waits for these links' own, :meth:`pong_hold`).
+        self._relayed_from: dict[LinkSession, set[LinkSession]] = {}
 
     def attach(self, dealer: Dealer) -> None:
         """Serve ``dealer``'s registrations to the cluster and route its calls to other nodes."""
@@ -155,6 +165,7 @@ class ClusterRPC:
         dealer.cluster = self
         dealer.relay = _Relayed(self)
         dealer.node_id = self.node_id
+        dealer.settle = self.settled
         for session in self._callers:
             self._announce_all(session)
 
@@ -204,8 +215,36 @@ class ClusterRPC:
                 if _relays(registration, session):
                     session.send_raw(_announcement(registration, reg_id))
 
+    def settled(self, timeout: float) -> defer.Deferred[bool]:
+        """True once every node we announce to has handled all we announced so far, False past ``timeout`` s.
+
+        The ping of a round trip follows the PSC401 on the same link and is
+        answered after it was handled; a relaying primary answers it only once
+        it relayed the PSC401 on and its own round trips came back
+        (:meth:`pong_hold`), so a worker's REGISTERED waits for the whole node.
+        """
+        if self.round_trips is None or not self._callers:
+            return defer.succeed(True)
+        return self.round_trips(list(self._callers), timeout)
+
+    def pong_hold(self, session: LinkSession) -> defer.Deferred[Any] | None:
+        """What a ping on ``session`` waits for: a round trip on each link its registrations went on to, or None.
+
+        The ping follows the PSC401s on its link, so they have been relayed
+        (and their frames written) when it is read: one round trip per link
+        then covers them all, however many there were. Bounded by the
+        dealer's ``await_seconds`` (``HOLD_SECONDS`` when that is off).
+        """
+        targets = self._relayed_from.pop(session, None)
+        if not targets or self.round_trips is None:
+            return None
+        live = [target for target in targets if target in self._callers]
+        bound = self.dealer.await_seconds if self.dealer is not None and self.dealer.await_seconds > 0 else HOLD_SECONDS
+        return self.round_trips(live, bound) if live else None
+
     def link_closed(self, session: LinkSession) -> None:
         """A link closed: the calls in flight over it end, the other node's registrations leave the table."""
+        self._relayed_from.pop(session, None)
         if self.meta is not None:
             self.meta.link_closed(session)
         caller = self._callers.pop(session, None)
@@ -335,9 +374,12 @@ class ClusterRPC:
         self._relayed[reg_id] = registration
         self._relay_ids[registration] = reg_id
         data = _announcement(registration, reg_id)
-        for session in self._callers:
-            if _relays(registration, session):
-                session.send_raw(data)
+        targets = [session for session in self._callers if _relays(registration, session)]
+        for session in targets:
+            session.send_raw(data)
+        if targets:
+            # A round trip from the node that announced it is answered once these links answered theirs.
+            self._relayed_from.setdefault(registration.callee.session, set()).update(targets)
 
     def relay_unregistered(self, registration: _Registration) -> None:
         """A re-announced registration went: PSC402 where it was announced."""

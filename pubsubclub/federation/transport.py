@@ -104,7 +104,12 @@ class LinkHost(LinkOwner, Protocol):
     def link_too_large(self, session: LinkSession, size: int, limit: int) -> None:
         """A message of ``size`` bytes is over what ``session``'s peer accepts: not sent, counted."""
 
+    def pong_hold(self, session: LinkSession) -> defer.Deferred[Any] | None:
+        """What a round trip's pong on ``session`` waits for (a relaying primary's relayed announcements), or None."""
 
+
+#: How this node's round-trip pings begin (a peer's auto-pings are never held, only these).
+ROUND_TRIP_PING = b"psc-rt-"
 #: HTTP header carrying a node's id in both directions of the WebSocket handshake.
 NODE_HEADER = "x-pubsubclub-node"
 #: WebSocket subprotocol name of PSC links.
@@ -312,14 +317,30 @@ class _LinkProtocolBase:
         """
         waiting: dict[bytes, defer.Deferred[None]] = self.__dict__.setdefault("_round_trips", {})
         self._round_trip_count = getattr(self, "_round_trip_count", 0) + 1
-        key = b"psc-rt-%d" % self._round_trip_count
+        key = ROUND_TRIP_PING + b"%d" % self._round_trip_count
         done: defer.Deferred[None] = defer.Deferred()
         if self.state != WebSocketProtocol.STATE_OPEN:  # type: ignore[attr-defined]
             done.callback(None)
             return done
         waiting[key] = done
+        # This turn's batch first: the ping must follow what was sent before it, not overtake it.
+        self._flush_batch()
         self.sendPing(key)  # type: ignore[attr-defined]
         return done
+
+    def onPing(self, payload: bytes) -> None:  # noqa: N802 - Autobahn API
+        """A peer's round trip is answered once what it sent us has gone on as far as it must (relaying primary)."""
+        session = self.session
+        if session is not None and payload.startswith(ROUND_TRIP_PING):
+            hold = getattr(self.factory.federation, "pong_hold", None)
+            held = None if hold is None else hold(session)
+            if held is not None:
+                held.addBoth(lambda _: self._pong(payload))
+                return
+        self._pong(payload)
+
+    def _pong(self, payload: bytes) -> None:
+        super().onPing(payload)  # type: ignore[misc]
 
     def onPong(self, payload: bytes) -> None:
         """A pong: fire the round trip that sent it (auto-ping pongs are Autobahn's own)."""

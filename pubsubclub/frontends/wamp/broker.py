@@ -343,7 +343,8 @@ class BrokerSession(WampSession):
         answer = message.Subscribed(msg.request, subscription)
         retained = msg.get_retained is True
         if self._router.await_interest:
-            self._hub.interest_settled().addCallback(lambda _: self._subscribed(answer, key, retained))
+            settled = self._hub.interest_settled(self._router.await_timeout)
+            settled.addCallback(lambda _: self._subscribed(answer, key, retained))
         else:
             self._subscribed(answer, key, retained)
 

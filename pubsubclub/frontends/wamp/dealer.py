@@ -15,6 +15,10 @@ REGISTER/UNREGISTER, CALL -> INVOCATION -> YIELD/ERROR -> RESULT/ERROR, with:
   two nodes are settled by the earlier ``(created, node id)``, the later one
   revoked on its own node (UNREGISTERED with reason
   ``wamp.error.procedure_already_exists``);
+- with ``await_seconds`` (``[wamp] await-interest``) REGISTERED waits until
+  every linked node has handled the announcement (``settle``, a ping round
+  trip per link), at most that long, then goes anyway (counted
+  ``registered_unconfirmed``); a call reaching the callee first releases it;
 - a CALL of a procedure nobody registered gets ERROR
   ``wamp.error.no_such_procedure``;
 - a callee's ERROR reaches the caller with the callee's URI, args and kwargs;
@@ -50,6 +54,9 @@ Every refusal names its limit: ERROR ``args`` hold a sentence, ``kwargs``
 smaller once they have emptied (pubsubclub/core/compaction.py), so memory returns
 when sessions leave.
 
+The calls in flight (INVOCATION to answer, timeouts, CANCEL, the call caps) are
+``CallsInFlight`` in calls.py; this module keeps the registration table.
+
 Sans-IO apart from the injected ``call_later`` for timeouts: sessions are any
 objects with ``send_message(msg)`` and ``send_if_fits(msg)`` (the broker's sessions).
 """
@@ -64,16 +71,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from autobahn.wamp import message
+from twisted.logger import Logger
 
 from pubsubclub.core.compaction import Compaction
+from pubsubclub.frontends.wamp.calls import CANCELED as CANCELED
+from pubsubclub.frontends.wamp.calls import KILL_NO_WAIT as KILL_NO_WAIT
+from pubsubclub.frontends.wamp.calls import PAYLOAD_SIZE_EXCEEDED as PAYLOAD_SIZE_EXCEEDED
+from pubsubclub.frontends.wamp.calls import TIMEOUT as TIMEOUT
+from pubsubclub.frontends.wamp.calls import TOO_MANY_CALLS as TOO_MANY_CALLS
+from pubsubclub.frontends.wamp.calls import CallsInFlight, _limit_error
 from pubsubclub.frontends.wamp.registrations import (
     NO_IDENTITY,
     ClusterListener,
-    DisclosedInvocation,
     Identity,
     Party,
     PatternIndex,
-    _Call,
     _forget,
     _Registration,
     _unoffered,
@@ -82,23 +94,15 @@ from pubsubclub.frontends.wamp.registrations import (
 NO_SUCH_PROCEDURE = "wamp.error.no_such_procedure"
 PROCEDURE_ALREADY_EXISTS = "wamp.error.procedure_already_exists"
 NO_SUCH_REGISTRATION = "wamp.error.no_such_registration"
-CANCELED = "wamp.error.canceled"
-TIMEOUT = "wamp.error.timeout"
 NOT_AUTHORIZED = "wamp.error.not_authorized"
-TOO_MANY_CALLS = "pubsubclub.error.too_many_calls"
 TOO_MANY_REGISTRATIONS = "pubsubclub.error.too_many_registrations"
-#: A message for one session would be over its message-size limit (Autobahn's ApplicationError name).
-PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 #: A call's callee was on a node that became unreachable (its link dropped) before it answered.
 NODE_UNREACHABLE = "pubsubclub.error.node_unreachable"
-#: INTERRUPT mode: the dealer has already answered the caller and will not wait for the callee.
-KILL_NO_WAIT = "killnowait"
+#: Counted (``refused``) for each REGISTERED sent after ``await_seconds`` without every node's acknowledgement.
+REGISTERED_UNCONFIRMED = "registered_unconfirmed"
 
-
-def _limit_error(request_type: int, request: int, uri: str, text: str, limit: str, value: int) -> message.Error:
-    """ERROR naming the limit that refused a request: a sentence, and ``{"limit": ..., "max": ...}``."""
-    return message.Error(request_type, request, uri, args=[text], kwargs={"limit": limit, "max": value})
+log = Logger()
 
 
 @dataclass
@@ -136,6 +140,14 @@ class Dealer:
     #: Told of each other node's registration coming and going (the primary of a node with workers
     #: re-announces them, federation/rpc.py); None: nobody.
     relay: ClusterListener | None = None
+    #: Hold REGISTERED until every linked node has the registration, at most this long (``[wamp]
+    #: await-interest``, ``await-interest-timeout``); 0: REGISTERED at once.
+    await_seconds: float = 0.0
+    #: ``settle(timeout)``: a Deferred firing True once every linked node has handled what this node
+    #: announced so far, False past ``timeout`` (federation/rpc.py); None: no other node to wait for.
+    settle: Callable[[float], Any] | None = None
+    #: REGISTERED held for the other nodes, by registration id.
+    _held: dict[int, message.Registered] = field(default_factory=dict)
     #: (realm, match, procedure) -> its registrations on every node, in their cluster-wide order.
     _by_procedure: dict[tuple[str, str, str], list[_Registration]] = field(default_factory=dict)
     #: The keys of ``_by_procedure`` with a prefix or wildcard match (searched when no exact one matches).
@@ -150,16 +162,9 @@ class Dealer:
     _by_id: dict[int, _Registration] = field(default_factory=dict)
     #: Registrations per callee (only callees with at least one).
     _by_callee: dict[Party, dict[int, _Registration]] = field(default_factory=dict)
-    #: Invocation request id -> the call it answers.
-    _calls: dict[int, _Call] = field(default_factory=dict)
-    #: Invocation ids in flight per caller (only callers with at least one).
-    _by_caller: dict[Party, dict[int, None]] = field(default_factory=dict)
-    #: Invocation ids in flight per registration (only registrations with at least one).
-    _by_registration: dict[int, dict[int, None]] = field(default_factory=dict)
-    #: (caller, CALL request id) -> invocation request id, for CANCEL.
-    _by_request: dict[tuple[Party, int], int] = field(default_factory=dict)
     _registrations_compaction: Compaction = field(default_factory=Compaction)
-    _calls_compaction: Compaction = field(default_factory=Compaction)
+    #: The calls handed to a callee and not yet answered (calls.py), reading this dealer's settings.
+    _inflight: CallsInFlight = field(init=False)
 
     def __post_init__(self) -> None:
         for name in (
@@ -172,11 +177,16 @@ class Dealer:
             value = getattr(self, name)
             if type(value) is not int or value <= 0:
                 raise ValueError(f"{name} must be a positive int, not {value!r}")
+        self._inflight = CallsInFlight(self)
 
-    def _refuse(self, party: Party, reason: str, error: message.Error) -> None:
-        if self.refused is not None:
-            self.refused(reason)
-        party.send_message(error)
+    @property
+    def _calls(self) -> dict[int, Any]:
+        """Invocation request id -> the call in flight (the meta API never reuses one on a link)."""
+        return self._inflight.calls
+
+    @property
+    def _by_request(self) -> dict[tuple[Party, int], int]:
+        return self._inflight.by_request
 
     # -- callee side ----------------------------------------------------------------
 
@@ -235,11 +245,34 @@ class Dealer:
             own = self._by_callee[callee] = {}
         own[registration.id] = registration
         self._registrations_compaction.grown(len(self._by_id))
-        callee.send_message(message.Registered(msg.request, registration.id))
+        answer = message.Registered(msg.request, registration.id)
+        held = self.await_seconds > 0 and self.settle is not None
+        if not held:
+            callee.send_message(answer)
         if self.cluster is not None:
             self.cluster.registered(registration)
         if self.observer is not None:
             self.observer.registered(registration)
+        if held and self.settle is not None:
+            # After the announcement: the other nodes' acknowledgements follow it on each link.
+            self._held[registration.id] = answer
+            self.settle(self.await_seconds).addCallback(lambda done: self._answer_held(registration, done))
+
+    def _answer_held(self, registration: _Registration, confirmed: bool | None) -> None:
+        """Send a held REGISTERED: every node confirmed, the bound passed (False), or a call came first (None)."""
+        answer = self._held.pop(registration.id, None)
+        if answer is None:
+            return  # already sent, or the registration is gone
+        if confirmed is False:
+            log.warn(
+                "REGISTERED for {procedure} sent without every node's acknowledgement after {seconds} s"
+                " (wamp.await-interest-timeout)",
+                procedure=registration.procedure,
+                seconds=self.await_seconds,
+            )
+            if self.refused is not None:
+                self.refused(REGISTERED_UNCONFIRMED)
+        registration.callee.send_message(answer)
 
     def _insert(self, key: tuple[str, str, str], registration: _Registration) -> None:
         group = self._by_procedure.get(key)
@@ -296,8 +329,16 @@ class Dealer:
             loses = head.invoke == "single" or other.invoke != head.invoke
             if other.remote_id is None and other is not head and loses:
                 # Made at the same time as an earlier one on another node: the earlier one wins everywhere.
+                answer = self._held.pop(other.id, None)
                 other.callee.send_message(
                     message.Unregistered(0, registration=other.id, reason=PROCEDURE_ALREADY_EXISTS)
+                    if answer is None
+                    else message.Error(
+                        message.Register.MESSAGE_TYPE,
+                        answer.request,
+                        PROCEDURE_ALREADY_EXISTS,
+                        args=[f"procedure {procedure!r} was registered earlier on node {head.node}"],
+                    )
                 )
                 self._drop_registration(other, f"procedure {procedure!r} was registered earlier on node {head.node}")
         if self.remote_changed is not None:
@@ -330,6 +371,8 @@ class Dealer:
         whatever the registration asked (else only a ``disclose_caller`` registration is told).
         """
         registration = self._by_id.get(registration_id)
+        if registration is not None and self._held:
+            self._answer_held(registration, None)  # a callee learns its registration before its first call
         if registration is None:
             link.send_message(
                 message.Error(
@@ -341,9 +384,10 @@ class Dealer:
             )
             return
         # The calls from one node together have their own cap (the caller's node holds each caller to its own).
-        if self._over_caps(link, msg, self.max_link_calls, "wamp.max-calls-per-link"):
+        if self._inflight.over_caps(link, msg, self.max_link_calls, "wamp.max-calls-per-link"):
             return
-        self._invoke(link, msg, registration, caller if disclose or registration.disclose_caller else NO_IDENTITY)
+        disclosed = caller if disclose or registration.disclose_caller else NO_IDENTITY
+        self._inflight.invoke(link, msg, registration, disclosed)
 
     def relayed_call(
         self,
@@ -358,13 +402,13 @@ class Dealer:
         The primary of a node with workers (federation/rpc.py): the call goes on over the
         registration's own link with the caller's node's identity and decision, as one made here would.
         """
-        if self._over_caps(link, msg, self.max_link_calls, "wamp.max-calls-per-link"):
+        if self._inflight.over_caps(link, msg, self.max_link_calls, "wamp.max-calls-per-link"):
             return
-        self._invoke(link, msg, registration, caller, disclose)
+        self._inflight.invoke(link, msg, registration, caller, disclose)
 
     def _refuse_registration(self, callee: Party, msg: message.Register, text: str, limit: str, value: int) -> None:
         error = _limit_error(message.Register.MESSAGE_TYPE, msg.request, TOO_MANY_REGISTRATIONS, text, limit, value)
-        self._refuse(callee, "too_many_registrations", error)
+        self._inflight.refuse(callee, "too_many_registrations", error)
 
     def unregister(self, callee: Party, msg: message.Unregister) -> None:
         """UNREGISTER: UNREGISTERED, or ERROR for a registration that is not this session's."""
@@ -384,39 +428,11 @@ class Dealer:
 
     def yielded(self, callee: Party, msg: message.Yield) -> None:
         """YIELD: the caller gets RESULT (a progressive YIELD a progressive RESULT)."""
-        call = self._calls.get(msg.request)
-        if call is None or call.callee is not callee:
-            return  # the caller left, or the call timed out: nothing to answer
-        progress = bool(msg.progress)
-        if not progress:
-            self._finish(msg.request)
-        result = message.Result(call.request, args=msg.args, kwargs=msg.kwargs, progress=progress)
-        if not self._answer(call, result, "RESULT") and progress:
-            # The caller was answered with an error: the callee's further work is for nobody.
-            self._finish(msg.request)
-            self._interrupt(msg.request, call)
+        self._inflight.yielded(callee, msg)
 
     def invocation_error(self, callee: Party, msg: message.Error) -> None:
         """ERROR for an INVOCATION: the caller gets ERROR for its CALL with the callee's URI and arguments."""
-        call = self._calls.get(msg.request)
-        if call is None or call.callee is not callee:
-            return
-        self._finish(msg.request)
-        error = message.Error(message.Call.MESSAGE_TYPE, call.request, msg.error, args=msg.args, kwargs=msg.kwargs)
-        self._answer(call, error, "ERROR")
-
-    def _answer(self, call: _Call, answer: message.Result | message.Error, kind: str) -> bool:
-        """Send the caller its RESULT or ERROR; one over the caller's size limit becomes ERROR PAYLOAD_SIZE_EXCEEDED."""
-        too_big = call.caller.send_if_fits(answer)
-        if too_big is None:
-            return True
-        size, limit = too_big
-        text = f"the callee's {kind} would be a message of {size} bytes, over this session's limit of {limit}"
-        error = _limit_error(
-            message.Call.MESSAGE_TYPE, call.request, PAYLOAD_SIZE_EXCEEDED, text, "max-message-size", limit
-        )
-        self._refuse(call.caller, "payload_size_exceeded", error)
-        return False
+        self._inflight.invocation_error(callee, msg)
 
     # -- caller side ----------------------------------------------------------------------
 
@@ -447,13 +463,15 @@ class Dealer:
                 )
             )
             return
-        if self._over_caps(caller, msg, self.max_pending_calls, "wamp.max-pending-calls"):
+        if self._inflight.over_caps(caller, msg, self.max_pending_calls, "wamp.max-pending-calls"):
             return
         if registration.remote_id is not None:
             # The callee's node knows whether its registration asked: it gets the identity and our decision.
-            self._invoke(caller, msg, registration, identity, disclose)
+            self._inflight.invoke(caller, msg, registration, identity, disclose)
         else:
-            self._invoke(
+            if self._held:
+                self._answer_held(registration, None)  # a callee learns its registration before its first call
+            self._inflight.invoke(
                 caller, msg, registration, identity if disclose or registration.disclose_caller else NO_IDENTITY
             )
 
@@ -485,125 +503,9 @@ class Dealer:
         self._turns[key] = turn + 1
         return callees[turn % len(callees)]
 
-    def _over_caps(self, caller: Party, msg: message.Call, per_caller: int, limit: str) -> bool:
-        pending = self._by_caller.get(caller)
-        if pending is not None and len(pending) >= per_caller:
-            who = "this session" if limit == "wamp.max-pending-calls" else "the calling node"
-            text = f"{who} already has {len(pending)} calls in flight, the limit is {per_caller}"
-            self._refuse_call(caller, msg, text, limit, per_caller)
-            return True
-        if len(self._calls) >= self.max_node_calls:
-            text = f"this node already has {len(self._calls)} calls in flight, the limit is {self.max_node_calls}"
-            self._refuse_call(caller, msg, text, "wamp.max-calls-per-node", self.max_node_calls)
-            return True
-        return False
-
-    def _invoke(
-        self,
-        caller: Party,
-        msg: message.Call,
-        registration: _Registration,
-        disclosed: Identity,
-        disclose: bool = False,
-    ) -> None:
-        invocation = self.new_id()
-        call = self._calls[invocation] = _Call(caller, msg.request, registration.callee, registration)
-        pending = self._by_caller.get(caller)
-        if pending is None:
-            pending = self._by_caller[caller] = {}
-        pending[invocation] = None
-        self._by_registration.setdefault(registration.id, {})[invocation] = None
-        self._by_request[(caller, msg.request)] = invocation
-        self._calls_compaction.grown(len(self._calls))
-        remote = registration.remote_id is not None
-        too_big = registration.callee.send_if_fits(
-            (DisclosedInvocation if disclose else message.Invocation)(
-                invocation,
-                registration.remote_id if remote else registration.id,
-                args=msg.args,
-                kwargs=msg.kwargs,
-                timeout=msg.timeout,
-                receive_progress=msg.receive_progress,
-                caller=disclosed[0],
-                caller_authid=disclosed[1],
-                caller_authrole=disclosed[2],
-                # A pattern's callee learns what was called; another node's always does (it picks its own way).
-                procedure=msg.procedure if remote or registration.match != "exact" else None,
-            )
-        )
-        if too_big is not None:
-            self._take(invocation)
-            size, limit = too_big
-            where = "the link to the callee's node" if remote else "the callee"
-            text = f"the INVOCATION would be a message of {size} bytes, over the limit of {limit} of {where}"
-            error = _limit_error(
-                message.Call.MESSAGE_TYPE, msg.request, PAYLOAD_SIZE_EXCEEDED, text, "max-message-size", limit
-            )
-            self._refuse(caller, "payload_size_exceeded", error)
-            return
-        seconds = [s for s in ((msg.timeout or 0) / 1000.0, self.max_call_seconds) if s > 0]
-        if seconds and self.call_later is not None:
-            call.timer = self.call_later(min(seconds), lambda: self._time_out(invocation))
-
-    def _refuse_call(self, caller: Party, msg: message.Call, text: str, limit: str, value: int) -> None:
-        self._refuse(
-            caller,
-            "too_many_calls",
-            _limit_error(message.Call.MESSAGE_TYPE, msg.request, TOO_MANY_CALLS, text, limit, value),
-        )
-
     def cancel(self, caller: Party, msg: message.Cancel) -> None:
         """CANCEL: the caller's pending call ends with ERROR ``wamp.error.canceled``; a call already over is ignored."""
-        invocation = self._by_request.get((caller, msg.request))
-        if invocation is None:
-            return  # answered, timed out or never made: the spec says to ignore it
-        call = self._calls[invocation]
-        self._finish(invocation)
-        caller.send_message(
-            message.Error(
-                message.Call.MESSAGE_TYPE, call.request, CANCELED, args=["the call was canceled by its caller"]
-            )
-        )
-        if msg.mode != message.Cancel.SKIP:
-            self._interrupt(invocation, call)
-
-    def _interrupt(self, invocation: int, call: _Call) -> None:
-        """Tell an interruptible callee to stop working on a call whose caller has been answered."""
-        if call.registration.interruptible:
-            call.callee.send_message(message.Interrupt(invocation, mode=KILL_NO_WAIT))
-
-    def _time_out(self, invocation: int) -> None:
-        call = self._take(invocation)
-        if call is None:
-            return
-        call.timer = None
-        call.caller.send_message(
-            message.Error(message.Call.MESSAGE_TYPE, call.request, TIMEOUT, args=["the call took too long"])
-        )
-        self._interrupt(invocation, call)
-
-    def _take(self, invocation: int) -> _Call | None:
-        """Forget a call in flight: off its caller's, its registration's and the node's tables."""
-        call = self._calls.pop(invocation, None)
-        if call is None:
-            return None
-        key = (call.caller, call.request)
-        if self._by_request.get(key) == invocation:
-            del self._by_request[key]
-        _forget(self._by_caller, call.caller, invocation)
-        _forget(self._by_registration, call.registration.id, invocation)
-        if self._calls_compaction.due(len(self._calls)):
-            self._calls = dict(self._calls)
-            self._by_request = dict(self._by_request)
-            self._by_caller = dict(self._by_caller)
-            self._by_registration = dict(self._by_registration)
-        return call
-
-    def _finish(self, invocation: int) -> None:
-        call = self._take(invocation)
-        if call is not None and call.timer is not None:
-            call.timer.cancel()
-            call.timer = None
+        self._inflight.cancel(caller, msg)
 
     # -- sessions leaving ---------------------------------------------------------------------
 
@@ -611,10 +513,7 @@ class Dealer:
         """A session ended: its registrations go (their callers get ERROR), its own calls are forgotten."""
         for registration in list(self._by_callee.get(party, {}).values()):
             self._drop_registration(registration, "the callee left during the call")
-        for invocation in list(self._by_caller.get(party, ())):
-            call = self._calls[invocation]
-            self._finish(invocation)
-            self._interrupt(invocation, call)
+        self._inflight.caller_left(party)
 
     def _drop_registration(self, registration: _Registration, why: str, uri: str = CANCELED) -> None:
         relayed: ClusterListener | None = None
@@ -629,6 +528,7 @@ class Dealer:
                 self._turns.pop(key, None)
         if registration.remote_id is None:
             self._by_id.pop(registration.id, None)
+            self._held.pop(registration.id, None)
             _forget(self._by_callee, registration.callee, registration.id)
             if self.cluster is not None:
                 self.cluster.unregistered(registration)
@@ -645,10 +545,7 @@ class Dealer:
             self._by_id = dict(self._by_id)
             self._by_procedure = dict(self._by_procedure)
             self._by_callee = dict(self._by_callee)
-        for invocation in list(self._by_registration.get(registration.id, ())):
-            call = self._calls[invocation]
-            self._finish(invocation)
-            call.caller.send_message(message.Error(message.Call.MESSAGE_TYPE, call.request, uri, args=[why]))
+        self._inflight.registration_gone(registration, why, uri)
         if relayed is not None:
             # After its calls' ERRORs: a node that re-announced it ends them with this node's reason.
             relayed.unregistered(registration)
@@ -668,7 +565,7 @@ class Dealer:
 
     def calls_in_flight(self) -> int:
         """Calls waiting for their callee's answer."""
-        return len(self._calls)
+        return len(self._inflight.calls)
 
     def tables(self) -> dict[str, int]:
         """Entries in each of the dealer's tables (all 0 once every session has left)."""
@@ -676,12 +573,10 @@ class Dealer:
             "registrations": len(self._by_id),
             "procedures": len(self._by_procedure),
             "callees": len(self._by_callee),
-            "calls": len(self._calls),
-            "callers": len(self._by_caller),
-            "requests": len(self._by_request),
-            "registrations_called": len(self._by_registration),
+            **self._inflight.tables(),
             "remote_links": len(self._remote),
             "remote_registrations": sum(len(own) for own in self._remote.values()),
             "turns": len(self._turns),
             "patterns": len(self._patterns),
+            "registered_held": len(self._held),
         }

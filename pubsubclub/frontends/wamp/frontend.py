@@ -57,6 +57,9 @@ class WampFrontend(FrontendBase):
             login_throttle=context.login_throttle,
         )
         self.router = self.server.router
+        # REGISTERED as SUBSCRIBED: held until every linked node has it (federation/rpc.py), within the bound.
+        self.router.await_timeout = section.await_interest_timeout
+        self.router.dealer.await_seconds = section.await_interest_timeout if section.await_interest else 0.0
         from pubsubclub.frontends.wamp.meta import MetaLimits
 
         self.router.meta.limits = MetaLimits(section.meta_max_results, section.meta_timeout, section.meta_max_queries)

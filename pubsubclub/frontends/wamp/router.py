@@ -177,6 +177,8 @@ class WampRouter:
         self.login_throttle = login_throttle
         #: Hold SUBSCRIBED until the hub says every linked node has the interest (``Hub.interest_settled``).
         self.await_interest = await_interest
+        #: Longest SUBSCRIBED (and, in the dealer, REGISTERED) is held for it (``[wamp] await-interest-timeout``).
+        self.await_timeout = 5.0
         #: ``call_later(seconds, fn)`` for timers (join timeout); None: no timers (sans-IO tests).
         self.call_later = call_later
         #: Node-local RPC (pubsubclub/frontends/wamp/dealer.py); calls time out through ``call_later`` when given.
