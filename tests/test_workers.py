@@ -27,7 +27,7 @@ from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOption
 from helpers.nodes import REPO, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.prometheus import metric_value
-from helpers.rawws import RECV_SECONDS
+from helpers.rawws import RECV_SECONDS, Wamp
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 from twisted.internet import defer, reactor, task
 from websockets.exceptions import ConnectionClosed
@@ -648,6 +648,69 @@ def test_listener_in_use_stops_the_start_with_an_error(tmp_path: Any) -> None:
         )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert f"--wamp tcp:{port}:interface=127.0.0.1: cannot listen" in result.stderr
+    assert "supervising" not in result.stderr
+
+
+#: The capped node's --edge-max-connections and --edge-max-per-address (node-wide; split 2+2 and 3+2).
+CAPPED_CONNECTIONS, CAPPED_PER_ADDRESS = 4, 5
+#: Connections tried against it: enough that each worker gets more than its share (hashing spreads them).
+CAPPED_TRIES = 16
+
+
+def wamp_hello(node: NodeProcess) -> Wamp | None:
+    """A WAMP WebSocket session joined to realm1 on a bare socket; None if the node refused the connection.
+
+    A refused upgrade may end in a reset before its 503 is read (the node closes with the request unread).
+    """
+    try:
+        return Wamp(node)
+    except (AssertionError, OSError):
+        return None
+
+
+def test_connection_caps_are_the_nodes_not_each_workers(tmp_path: Any) -> None:
+    """A 2-worker node with --edge-max-connections 4 accepts 4 WAMP sessions in all (2 per worker), never 8;
+    the others get the usual 503 "too many connections", counted; /stats shows each worker's share."""
+    node = NodeProcess("capped", tmp_path, extra=(
+        "--workers", "2", "--shutdown-timeout", "3",
+        "--edge-max-connections", str(CAPPED_CONNECTIONS), "--edge-max-per-address", str(CAPPED_PER_ADDRESS),
+    ))  # fmt: skip
+    node.start()
+    answers: list[Wamp | None] = []
+    try:
+        answers = [wamp_hello(node) for _ in range(CAPPED_TRIES)]
+        refused = answers.count(None)
+        assert CAPPED_TRIES - refused == CAPPED_CONNECTIONS
+        # Both workers are full: one more connection (whichever worker it reaches) reads the usual refusal.
+        with socket.create_connection(("127.0.0.1", node.wamp_port), timeout=RECV_SECONDS) as extra:
+            answer = b""
+            while chunk := extra.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"too many connections" in answer, answer[:120]
+        stats = node.stats()
+        assert stats["wamp"]["sessions"] == CAPPED_CONNECTIONS
+        assert [row["edge_caps"] for row in stats["workers"]] == [
+            {"max_connections": 2, "max_per_address": 3},
+            {"max_connections": 2, "max_per_address": 2},
+        ]
+        count = node.metric("pubsubclub_refused_connections_total", listener="wamp", reason="listener_cap")
+        assert count == refused + 1
+    finally:
+        for session in answers:
+            if session is not None:
+                session.close()
+        node.stop()
+
+
+def test_a_cap_below_the_worker_count_stops_the_start_with_an_error(tmp_path: Any) -> None:
+    """--edge-max-connections 1 with --workers 2: the supervisor exits 2, naming the flag (a share of 0 is off)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "node", "--workers", "2", "--wamp", "tcp:0:interface=127.0.0.1",
+         "--psc", "tcp:0:interface=127.0.0.1", "--edge-max-connections", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=WAIT_SECONDS,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--edge-max-connections 1 is below --workers 2" in result.stderr
     assert "supervising" not in result.stderr
 
 
