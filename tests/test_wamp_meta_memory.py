@@ -206,3 +206,25 @@ def test_a_node_not_linked_yet_or_down_is_named_never_left_out() -> None:
     error = answer(5)
     assert isinstance(error, message.Error) and error.kwargs == {"nodes": ["b"]}
     net.stop()
+
+
+def test_names_relayed_in_a_meta_incomplete_are_taken_only_when_well_formed() -> None:
+    """A peer's PSC405 meta_incomplete naming nodes (kwargs.nodes) puts those names in the caller's ERROR; a list
+    that is too long, holds a non-string or an over-long name, or comes with another error, names the peer."""
+    incomplete = "pubsubclub.error.meta_incomplete: node2 could not answer for n3"
+    cases = [
+        (incomplete, {"nodes": ["n3", "n4"]}, ["n3", "n4"]),
+        (incomplete, {"nodes": ["n3", 7]}, ["node2"]),
+        (incomplete, {"nodes": ["x" * 513]}, ["node2"]),
+        (incomplete, {"nodes": ["n"] * 1025}, ["node2"]),
+        (incomplete, {"nodes": []}, ["node2"]),
+        ("wamp.error.invalid_argument: no", {"nodes": ["n3"]}, ["node2"]),
+    ]
+    for request, (error, kwargs, named) in enumerate(cases, start=1):
+        router, _clock, link = clustered()
+        session, transport = joined(router)
+        session.onMessage(message.Call(request, "wamp.session.count"))
+        assert router.meta.answered(link.session, link.sent[0].request, None, error, kwargs)
+        [answer] = transport.sent
+        assert isinstance(answer, message.Error) and answer.error == "pubsubclub.error.meta_incomplete"
+        assert answer.kwargs == {"nodes": named}, (error, kwargs)
