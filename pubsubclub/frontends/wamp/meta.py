@@ -775,9 +775,7 @@ class WampMeta:
             # Called from a link's message handling: a fault here must not end the link.
             log.failure("WAMP meta API: cannot answer a call from the nodes' answers")
 
-    def answered(
-        self, link: Any, call: int, result: list[Any] | None, error: str | None, kwargs: Any = None
-    ) -> bool:
+    def answered(self, link: Any, call: int, result: list[Any] | None, error: str | None, kwargs: Any = None) -> bool:
         """A PSC404 (``result``) or PSC405 (``error``) on ``link``: True if it answers one of this node's queries.
 
         A ``meta_incomplete`` PSC405 from a relaying primary names (``kwargs.nodes``) the nodes it could not
