@@ -391,3 +391,35 @@ def test_forwarding_reaches_a_link_without_replay_next_to_a_stream() -> None:
     federation.local_published(envelope)
     assert sent[-1:] == [_expected(envelope, 1)]
     assert old_sent == [_expected(envelope, None)]
+
+
+def test_a_relayed_message_leaves_the_stream_path_for_split_horizon() -> None:
+    """A primary relaying to 0.3+ streams takes the general path: a worker's message goes to the other node's and
+    the other worker's streams (encode_publish_meta's bytes), not back to its worker; a node's, to workers only."""
+    from pubsubclub.core.hub import Envelope
+    from pubsubclub.federation.session import LinkState
+
+    federation, node_link, node_sent = _producer_side()
+    federation.enable_relay("n1.w", set())
+
+    def link(role: Role, name: str, sent: list[bytes], worker: bool) -> LinkSession:
+        session = LinkSession(role, sent.append, federation, name, versions=V06)
+        session._speak(psc.V0_6)
+        session.state = LinkState.OPEN
+        session.peer_node, session.worker = name, worker
+        return session
+
+    w1_sent: list[bytes] = []
+    w2_sent: list[bytes] = []
+    streams = {"n2": node_link, "n1.w1": link(Role.PRODUCER, "n1.w1", w1_sent, True)}
+    streams["n1.w2"] = link(Role.PRODUCER, "n1.w2", w2_sent, True)
+    for name, session in streams.items():
+        federation.outbox.resume(session, name, psc.Resume(None, 0, ("t",)))
+    before = {"n2": len(node_sent), "n1.w1": len(w1_sent), "n1.w2": len(w2_sent)}
+    from_w1 = Envelope("t", 5, "n1.w1", 1.5, "n1.w1-b-1")
+    federation.local_published(from_w1, link(Role.CONSUMER, "n1.w1", [], True))
+    from_n3 = Envelope("t", 6, "n3", 1.5, "n3-b-1")
+    federation.local_published(from_n3, link(Role.CONSUMER, "n3", [], False))
+    assert node_sent[before["n2"] :] == [_expected(from_w1, 1)]
+    assert w1_sent[before["n1.w1"] :] == [_expected(from_n3, 1)]
+    assert w2_sent[before["n1.w2"] :] == [_expected(from_w1, 1), _expected(from_n3, 2)]

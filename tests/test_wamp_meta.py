@@ -13,6 +13,7 @@ from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions
 from helpers.nodes import Cluster, NodeProcess, assert_clean_log
 from helpers.polling import until
+from helpers.ports import free_port
 from helpers.wampclient import Recorder, connect, leave
 
 pytestmark = pytest.mark.slow
@@ -301,3 +302,23 @@ async def test_without_auth_anyone_may_use_the_meta_api_across_two_nodes(pair: C
         assert await a.call("wamp.registration.list_callees", reg.id) == [b._session_id]
     finally:
         await leave(a, b)
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_peer_that_refuses_is_named_in_meta_incomplete(tmp_path: Any) -> None:
+    """A node whose one peer refuses connections (never linked): wamp.session.count and wamp.session.list end
+    with ERROR meta_incomplete naming the peer's URL (without waiting out the meta timeout), never with this
+    node's sessions alone."""
+    node = NodeProcess("lonely", tmp_path, extra=("--wamp-meta-timeout", "60"))
+    down = f"ws://127.0.0.1:{free_port()}/psc"  # nothing listens there
+    node.peers = [down]
+    node.start()
+    a = await connect(node.wamp_url)
+    try:
+        for procedure in ("wamp.session.count", "wamp.session.list"):
+            error = await call_error(a, procedure)
+            assert error.error == "pubsubclub.error.meta_incomplete"
+            assert error.kwargs == {"nodes": [down]} and "not linked yet" in error.args[0]
+    finally:
+        await leave(a)
+        node.stop()

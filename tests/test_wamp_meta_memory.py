@@ -148,3 +148,83 @@ def test_the_node_to_node_query_is_not_callable_by_clients() -> None:
         (6, "wamp.error.invalid_uri"),
     ]
     assert link.sent == []
+
+
+def meta_node(net: Any, name: str, port: int) -> tuple[Any, WampRouter]:
+    """A 0.7 in-memory node with a WAMP router whose dealer and meta API are attached as node.py attaches them."""
+    from test_rpc_memory import REPLAY
+
+    federation = net.node(name, port, replay=REPLAY)
+    router = WampRouter(federation.hub, call_later=net.reactor.callLater)
+    federation.rpc.attach(router.dealer)
+    router.meta.attach(federation.rpc, federation.forwards, federation.unasked_nodes)
+    return federation, router
+
+
+def test_a_node_not_linked_yet_or_down_is_named_never_left_out() -> None:
+    """wamp.session.count on a node whose peer is still being dialled, refused, linked only one way, or down
+    ends with meta_incomplete naming it (its URL until a first handshake, then its node id); linked both
+    ways, it is asked and counted."""
+    from pubsubclub.testing import MemoryNetwork, psc_url
+
+    net = MemoryNetwork()
+    a, router_a = meta_node(net, "a", 9301)
+    session, transport = joined(router_a)
+    a.add_server(psc_url(9302))
+
+    def answer(request: int) -> Any:
+        transport.sent.clear()
+        session.onMessage(message.Call(request, "wamp.session.count"))
+        net.flush()
+        [msg] = transport.sent
+        return msg
+
+    # Being dialled, then refused: named by its URL (no node id heard yet), at once.
+    for request in (1, 2):
+        error = answer(request)
+        assert isinstance(error, message.Error) and error.error == "pubsubclub.error.meta_incomplete"
+        assert error.kwargs == {"nodes": [psc_url(9302)]}
+        assert net.refuse(9302) == (1 if request == 1 else 0)
+    assert "not linked yet" in error.args[0]
+    # b starts and dials a; a's retry reaches b: linked both ways, b is asked and its session counted.
+    b, router_b = meta_node(net, "b", 9302)
+    joined(router_b)
+    b.add_server(psc_url(9301))
+    net.answer()
+    assert [link["peer_node"] for link in a.links() if link["state"] == "open"] == ["b"]  # b's dial only
+    error = answer(3)  # b linked one way, and b's URL (a's dial, its node id not heard yet)
+    assert isinstance(error, message.Error) and error.kwargs == {"nodes": ["b", psc_url(9302)]}
+    assert "no open link where it answers" in error.args[0]
+    net.advance(net.retry.max_delay * 2)  # a's retry of b
+    net.answer()
+    result = answer(4)
+    assert isinstance(result, message.Result) and result.args == [2]
+    # b's links drop: named by its node id now, not left out.
+    for link in list(a._links.values()):
+        link.close(1000, "gone")
+    net.flush()
+    error = answer(5)
+    assert isinstance(error, message.Error) and error.kwargs == {"nodes": ["b"]}
+    net.stop()
+
+
+def test_names_relayed_in_a_meta_incomplete_are_taken_only_when_well_formed() -> None:
+    """A peer's PSC405 meta_incomplete naming nodes (kwargs.nodes) puts those names in the caller's ERROR; a list
+    that is too long, holds a non-string or an over-long name, or comes with another error, names the peer."""
+    incomplete = "pubsubclub.error.meta_incomplete: node2 could not answer for n3"
+    cases = [
+        (incomplete, {"nodes": ["n3", "n4"]}, ["n3", "n4"]),
+        (incomplete, {"nodes": ["n3", 7]}, ["node2"]),
+        (incomplete, {"nodes": ["x" * 513]}, ["node2"]),
+        (incomplete, {"nodes": ["n"] * 1025}, ["node2"]),
+        (incomplete, {"nodes": []}, ["node2"]),
+        ("wamp.error.invalid_argument: no", {"nodes": ["n3"]}, ["node2"]),
+    ]
+    for request, (error, kwargs, named) in enumerate(cases, start=1):
+        router, _clock, link = clustered()
+        session, transport = joined(router)
+        session.onMessage(message.Call(request, "wamp.session.count"))
+        assert router.meta.answered(link.session, link.sent[0].request, None, error, kwargs)
+        [answer] = transport.sent
+        assert isinstance(answer, message.Error) and answer.error == "pubsubclub.error.meta_incomplete"
+        assert answer.kwargs == {"nodes": named}, (error, kwargs)

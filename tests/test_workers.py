@@ -27,7 +27,7 @@ from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOption
 from helpers.nodes import REPO, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.prometheus import metric_value
-from helpers.rawws import RECV_SECONDS
+from helpers.rawws import RECV_SECONDS, Wamp
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 from twisted.internet import defer, reactor, task
 from websockets.exceptions import ConnectionClosed
@@ -529,6 +529,92 @@ async def test_killed_primary_is_restarted_and_the_other_worker_reaches_the_clus
     await leave(s1, remote, *extra)
 
 
+@pytest.fixture(scope="module")
+def wk3(nodes: tuple[NodeProcess, NodeProcess], tmp_path_factory: pytest.TempPathFactory) -> Iterator[NodeProcess]:
+    """``wk3`` (3 workers), a consumer of ``other`` (it dials other; other does not dial it)."""
+    _, other = nodes
+    node = NodeProcess("wk3", tmp_path_factory.mktemp("workers3"), extra=("--workers", "3", "--shutdown-timeout", "3"))
+    node.peers = [other.psc_url]
+    node.start()
+    yield node
+    node.stop()
+
+
+async def one_on_each(node: NodeProcess, count: int, extra: list[Any]) -> list[Any]:
+    """A session on each of ``node``'s ``count`` workers, in worker order."""
+    return [await session_on(node, index, extra) for index in range(count)]
+
+
+@pytest_twisted.ensureDeferred
+async def test_three_workers_each_get_every_other_workers_and_the_other_nodes_messages_once_in_order(
+    nodes: tuple[NodeProcess, NodeProcess], wk3: NodeProcess
+) -> None:
+    """3 workers: a client on each gets the messages of a client on each other worker (relayed worker to worker
+    through the primary) and of one on another node, each once and in publish order."""
+    _, other = nodes
+    extra: list[Any] = []
+    sessions = await one_on_each(wk3, 3, extra)
+    remote = await connect(other.wamp_url)
+    topic = f"{TOPIC}.three"
+    recs = [(await subscribe(s, topic))[0] for s in sessions]
+    names = ["w0", "w1", "w2"]
+    for index in (1, 2):
+        await until(lambda i=index: wants(wk3, i, topic, "wk3"), f"worker {index}: the primary's interest")
+        peer = f"wk3.w{index}"
+        await until(lambda p=peer: p in wk3.stats()["remote_interest"].get(topic, []), f"the primary: {peer}'s")
+    await until(lambda: "wk3" in other.stats()["remote_interest"].get(topic, []), "other: wk3's interest")
+    expected = [0, 1, 2, 3, 4, "end"]
+    for name, session in [*zip(names, sessions, strict=True), ("remote", remote)]:
+        for i in expected:
+            await publish_acked(session, topic, name, i)
+
+    def got(rec: Any, origin: str) -> list[Any]:
+        return [args[1] for args, _ in rec.events if args[0] == origin]
+
+    for me, rec in zip(names, recs, strict=True):
+        others = [name for name in [*names, "remote"] if name != me]
+        await rec.wait_until(lambda r, o=others: all("end" in got(r, name) for name in o))
+        # FIFO per publisher, and a duplicate would have come before "end"; nothing of its own (exclude_me).
+        assert {name: got(rec, name) for name in [*names, "remote"]} == {
+            **{name: expected for name in others},
+            me: [],
+        }
+    await leave(*sessions, remote, *extra)
+
+
+@pytest_twisted.ensureDeferred
+async def test_three_workers_a_topic_one_worker_wants_reaches_no_other_worker(
+    nodes: tuple[NodeProcess, NodeProcess], wk3: NodeProcess
+) -> None:
+    """3 workers: messages on a topic only worker 2 wants, published on the primary, on worker 2 and on another
+    node, never reach worker 1, and worker 2's own stay in worker 2 (counted by /stats, proved by a marker)."""
+    _, other = nodes
+    extra: list[Any] = []
+    s0, s1, s2 = await one_on_each(wk3, 3, extra)
+    remote = await connect(other.wamp_url)
+    only, marker = f"{TOPIC}.three.only_w2", f"{TOPIC}.three.marker"
+    rec2, _ = await subscribe(s2, only)
+    rec1, _ = await subscribe(s1, marker)
+    await until(lambda: "wk3.w2" in wk3.stats()["remote_interest"].get(only, []), "the primary: worker 2's interest")
+    await until(lambda: "wk3" in other.stats()["remote_interest"].get(only, []), "other: wk3's interest")
+    await until(lambda: wants(wk3, 2, marker, "wk3"), "worker 2: the primary's interest in the marker")
+    await until(lambda: "wk3" in other.stats()["remote_interest"].get(marker, []), "other: wk3's marker interest")
+    received_before = [row["hub"]["received"] for row in rows(wk3)]
+    from_w2_before = received_from(wk3, "wk3.w2")
+    for name, session in (("w0", s0), ("w2", s2), ("remote", remote)):
+        for i in range(3):
+            await publish_acked(session, only, name, i)
+    for session in (s0, s2, remote):
+        await publish_acked(session, marker, "end")
+    await rec1.wait_for(3)
+    await rec2.wait_until(lambda r: len(r.events) == 6)  # w0's and remote's, not its own (exclude_me)
+    received = [row["hub"]["received"] for row in rows(wk3)]
+    assert received[1] - received_before[1] == 3  # the three markers only
+    assert received[2] - received_before[2] == 6  # w0's and remote's messages on the topic, relayed by the primary
+    assert received_from(wk3, "wk3.w2") - from_w2_before == 1  # worker 2's marker; its own messages stayed there
+    await leave(s0, s1, s2, remote, *extra)
+
+
 def test_tcp_peer_calling_itself_a_worker_is_refused(nodes: tuple[NodeProcess, NodeProcess]) -> None:
     """A peer that names itself wk.w1 over TCP is closed (4508) and the real worker 1 stays linked."""
     wk, _ = nodes
@@ -562,6 +648,69 @@ def test_listener_in_use_stops_the_start_with_an_error(tmp_path: Any) -> None:
         )  # fmt: skip
     assert result.returncode == 2, result.stderr
     assert f"--wamp tcp:{port}:interface=127.0.0.1: cannot listen" in result.stderr
+    assert "supervising" not in result.stderr
+
+
+#: The capped node's --edge-max-connections and --edge-max-per-address (node-wide; split 2+2 and 3+2).
+CAPPED_CONNECTIONS, CAPPED_PER_ADDRESS = 4, 5
+#: Connections tried against it: enough that each worker gets more than its share (hashing spreads them).
+CAPPED_TRIES = 16
+
+
+def wamp_hello(node: NodeProcess) -> Wamp | None:
+    """A WAMP WebSocket session joined to realm1 on a bare socket; None if the node refused the connection.
+
+    A refused upgrade may end in a reset before its 503 is read (the node closes with the request unread).
+    """
+    try:
+        return Wamp(node)
+    except (AssertionError, OSError):
+        return None
+
+
+def test_connection_caps_are_the_nodes_not_each_workers(tmp_path: Any) -> None:
+    """A 2-worker node with --edge-max-connections 4 accepts 4 WAMP sessions in all (2 per worker), never 8;
+    the others get the usual 503 "too many connections", counted; /stats shows each worker's share."""
+    node = NodeProcess("capped", tmp_path, extra=(
+        "--workers", "2", "--shutdown-timeout", "3",
+        "--edge-max-connections", str(CAPPED_CONNECTIONS), "--edge-max-per-address", str(CAPPED_PER_ADDRESS),
+    ))  # fmt: skip
+    node.start()
+    answers: list[Wamp | None] = []
+    try:
+        answers = [wamp_hello(node) for _ in range(CAPPED_TRIES)]
+        refused = answers.count(None)
+        assert CAPPED_TRIES - refused == CAPPED_CONNECTIONS
+        # Both workers are full: one more connection (whichever worker it reaches) reads the usual refusal.
+        with socket.create_connection(("127.0.0.1", node.wamp_port), timeout=RECV_SECONDS) as extra:
+            answer = b""
+            while chunk := extra.recv(4096):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"too many connections" in answer, answer[:120]
+        stats = node.stats()
+        assert stats["wamp"]["sessions"] == CAPPED_CONNECTIONS
+        assert [row["edge_caps"] for row in stats["workers"]] == [
+            {"max_connections": 2, "max_per_address": 3},
+            {"max_connections": 2, "max_per_address": 2},
+        ]
+        count = node.metric("pubsubclub_refused_connections_total", listener="wamp", reason="listener_cap")
+        assert count == refused + 1
+    finally:
+        for session in answers:
+            if session is not None:
+                session.close()
+        node.stop()
+
+
+def test_a_cap_below_the_worker_count_stops_the_start_with_an_error(tmp_path: Any) -> None:
+    """--edge-max-connections 1 with --workers 2: the supervisor exits 2, naming the flag (a share of 0 is off)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "node", "--workers", "2", "--wamp", "tcp:0:interface=127.0.0.1",
+         "--psc", "tcp:0:interface=127.0.0.1", "--edge-max-connections", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=WAIT_SECONDS,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "--edge-max-connections 1 is below --workers 2" in result.stderr
     assert "supervising" not in result.stderr
 
 

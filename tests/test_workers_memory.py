@@ -282,3 +282,36 @@ def test_a_worker_without_its_primary_answers_meta_incomplete_not_a_smaller_coun
     session.onMessage(message.Call(6, "wamp.session.count"))
     [query] = link.sent
     assert isinstance(query, message.Invocation) and query.args == ["count", {"realm": "realm1", "roles": None}]
+
+
+def test_a_node_the_primary_has_not_linked_yet_is_named_to_a_workers_meta_call(net: MemoryNetwork) -> None:
+    """A client of worker 1 asks wamp.session.count while the primary still dials a peer: ERROR meta_incomplete
+    names that peer (relayed in the primary's PSC405), not the primary; with the peer gone from the primary's
+    list the count answers, the primary's and worker 2's sessions included."""
+    from test_wamp_meta_memory import meta_node
+
+    p, router_p = meta_node(net, "p", PORTS["p"])
+    p.enable_relay("p.w", set())
+    workers = {name: meta_node(net, name, PORTS[name]) for name in ("p.w1", "p.w2")}
+    for name, (federation, _router) in workers.items():
+        federation.rpc.required_peer = "p"  # as node.py sets it in a worker
+        p.add_server(psc_url(PORTS[name]))
+        federation.add_server(psc_url(PORTS["p"]))
+    net.answer()
+    joined(router_p)
+    joined(workers["p.w2"][1])
+    session, transport = joined(workers["p.w1"][1])
+    down = psc_url(9199)  # nothing listens there
+    p.add_server(down)
+    session.onMessage(message.Call(1, "wamp.session.count"))
+    net.flush()
+    [error] = transport.sent
+    assert isinstance(error, message.Error) and error.error == "pubsubclub.error.meta_incomplete"
+    assert error.kwargs == {"nodes": [down]}
+    p.remove_server(down)
+    transport.sent.clear()
+    session.onMessage(message.Call(2, "wamp.session.count"))
+    net.flush()
+    [result] = transport.sent
+    assert isinstance(result, message.Result) and result.args == [3]
+    net.stop()

@@ -328,13 +328,19 @@ class EdgeSection:
     )
     max_per_address: int = setting(
         1000,
-        "open connections one source address may hold on one listener; more are refused",
+        "open connections one source address may hold on one listener; more are refused (with --workers: on the"
+        " whole node, each worker holding its share)",
         metavar="N",
         min=0,
         max=10_000_000,
     )
     max_connections: int = setting(
-        10_000, "open connections on one listener; more are refused", metavar="N", min=0, max=10_000_000
+        10_000,
+        "open connections on one listener; more are refused (with --workers: on the whole node, each worker"
+        " holding its share)",
+        metavar="N",
+        min=0,
+        max=10_000_000,
     )
     max_partial_input: int = setting(
         64 * MiB,

@@ -314,6 +314,9 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
 
     def link_open(self, session: LinkSession) -> None:
         """Handshake done: the consumer sends its whole interest in one PSC201."""
+        dialled = self._links.get(session)
+        if dialled is not None and dialled.server is not None and session.peer_node is not None:
+            dialled.server.node = session.peer_node  # the meta API names a server down by it (relay.py)
         if self.worker_prefix is not None:
             link = self._links.get(session)
             if not self.mark_worker(session, None if link is None else link.transport):

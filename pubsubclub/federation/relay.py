@@ -28,7 +28,7 @@ from twisted.logger import Logger
 
 from pubsubclub.core.hub import GAP_TOPIC, Envelope
 from pubsubclub.federation import psc
-from pubsubclub.federation.session import CLOSE_SELF
+from pubsubclub.federation.session import CLOSE_SELF, LinkState
 from pubsubclub.federation.state import FederationState
 
 log = Logger()
@@ -92,6 +92,48 @@ class Relay(FederationState):
             if transport is not None:
                 transport.close_link(CLOSE_SELF, f"node id {session.peer_node} belongs to one of this node's workers")
         return session.worker
+
+    # -- the meta API: nodes a cluster-wide question could not reach ----------------
+
+    def unasked_nodes(self, asked: set[str], source: LinkSession | None = None) -> dict[str, str]:
+        """Nodes this node knows of that a meta query asked of ``asked`` leaves out: name -> why.
+
+        Known: every server it dials (static peers, discovery, learned; named
+        by the node id its link last gave, else by URL until a first
+        handshake) and every node linked to it in either role. Left out: those
+        not in ``asked`` (no open 0.7 link on which they are the producer).
+        ``source``: the link a relayed query came over (a relaying primary
+        answers for what split horizon gives that asker), None for our own
+        clients. docs/architecture.md, "Meta API".
+        """
+        found: dict[str, str] = {}
+
+        def reaches(name: str, worker: bool) -> bool:
+            if name in asked or name == self.node_id:
+                return False
+            if source is None:
+                return True
+            if source.worker:
+                return name != source.peer_node
+            return worker
+
+        for url, server in self._servers.items():
+            name = server.node or url
+            worker = url in self.unlisted or self.is_worker_name(server.node)
+            if not reaches(name, worker):
+                continue
+            if server.node is None:
+                last = f": {server.last_failure}" if server.last_failure else ""
+                found[name] = f"not linked yet (dialling {url}{last})"
+            elif server.link is None or server.link.session.state is not LinkState.OPEN:
+                found[name] = f"its link ({url}) is down"
+        for session in self._links:
+            peer = session.peer_node
+            if peer is None or peer in found or session.state is not LinkState.OPEN:
+                continue
+            if reaches(peer, bool(session.worker)):
+                found[peer] = "linked, but on no open link where it answers queries (PSC 0.7+, it the producer)"
+        return found
 
     # -- interest -----------------------------------------------------------------
 

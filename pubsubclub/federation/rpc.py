@@ -331,7 +331,7 @@ class ClusterRPC:
         if isinstance(msg, psc_rpc.Result):
             return bool(self.meta.answered(session, msg.call, msg.args, None))
         text = msg.error if not msg.args else f"{msg.error}: {str(msg.args[0])[:200]}"
-        return bool(self.meta.answered(session, msg.call, None, text))
+        return bool(self.meta.answered(session, msg.call, None, text, msg.kwargs))
 
     # -- the dealer's own registrations (ClusterListener) ------------------------------------
 

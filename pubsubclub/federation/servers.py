@@ -49,6 +49,8 @@ class _Server:
     link: Link | None = None
     #: Why the last attempt failed (federation/hints.py), None once linked.
     last_failure: str | None = None
+    #: The node id its links named in their handshake (kept while it is down); None: never heard yet.
+    node: str | None = None
 
 
 @dataclass(eq=False)

@@ -49,7 +49,7 @@ from pubsubclub.node.ops import (
     WorkersStatsResource,
     traffic,
 )
-from pubsubclub.node.workers import WorkerPlace
+from pubsubclub.node.workers import CLIENT_LISTENERS, WorkerPlace
 
 log = Logger()
 
@@ -57,15 +57,21 @@ log = Logger()
 WORKER_LINK_WAIT = 30.0
 
 
-def edge_limits(config: NodeConfig, listener: str) -> EdgeLimits:
+def edge_limits(config: NodeConfig, listener: str, place: WorkerPlace | None = None) -> EdgeLimits:
     """The connection layer's limits for ``listener`` (wamp, rawsocket, psc, nsd, tep, stream, ops, ...).
 
     WAMP listeners keep their own, politer join timeouts (ABORT ``wamp.error.timeout``), each
     ``[wamp] join-timeout`` for the upgrade and again for WELCOME: the guard's deadline there is
     the backstop, at least twice that. PSC links ping themselves (5 s); the ops listener's
     handshake is its first request. NSD and stream have no keepalive: idle is off by default.
+
+    A worker (``place``) of a node with workers enforces its share of the connection caps on the
+    client listeners every worker serves (the caps are the node's, docs/architecture.md, "Workers").
     """
     edge = config.edge
+    max_per_address, max_connections = edge.max_per_address, edge.max_connections
+    if place is not None and place.count > 1 and listener in CLIENT_LISTENERS:
+        max_per_address, max_connections = place.share(max_per_address), place.share(max_connections)
     handshake = edge.handshake_timeout
     idle, ping = edge.idle_timeout, edge.ping_interval
     pending = config.node.max_send_buffer
@@ -85,8 +91,8 @@ def edge_limits(config: NodeConfig, listener: str) -> EdgeLimits:
         handshake_timeout=handshake,
         idle_timeout=idle,
         ping_interval=ping,
-        max_per_address=edge.max_per_address,
-        max_connections=edge.max_connections,
+        max_per_address=max_per_address,
+        max_connections=max_connections,
         max_pending_bytes=pending,
     )
 
@@ -256,6 +262,8 @@ class Node:
             federation=self.federation,
         )
         context = replace(context, node_name=self.hub.node_id)
+        if place is not None and place.count > 1:
+            context = replace(context, edge_limits=functools.partial(edge_limits, config, place=place))
         #: The registered front-ends this node runs (``pubsubclub bridge``: the bridge's alone), by name.
         self.frontends_by_name: dict[str, Frontend] = {}
         #: Every front-end that may appear in /stats, built or not.
@@ -345,8 +353,14 @@ class Node:
             **self._frontend_stats(),
             "edge": self.edge.stats(),
             "logins": None if self.login_throttle is None else self.login_throttle.stats(),
-            **({} if self.place is None else {"worker": {"index": self.place.index, "pid": os.getpid()}}),
+            **({} if self.place is None else {"worker": self._worker_stats(self.place)}),
         }
+
+    def _worker_stats(self, place: WorkerPlace) -> dict[str, Any]:
+        """This worker's index, pid and its shares of the node's connection caps (client listeners)."""
+        limits = edge_limits(self.config, "wamp", place)
+        caps = {"max_connections": limits.max_connections, "max_per_address": limits.max_per_address}
+        return {"index": place.index, "pid": os.getpid(), "edge_caps": caps}
 
     def _frontend_stats(self) -> dict[str, Any]:
         """Each registered front-end's stats by name (None when off); a bridge lists the node's too, all None."""

@@ -175,6 +175,7 @@ def _worker_row(stats: dict[str, Any]) -> dict[str, Any]:
         "node": stats.get("node"),
         "state": "up",
         "wamp_sessions": wamp.get("sessions") if isinstance(wamp, dict) else None,
+        "edge_caps": worker.get("edge_caps"),
         "hub": stats.get("hub"),
         "remote_interest": stats.get("remote_interest"),
         "remote_patterns": stats.get("remote_patterns"),

@@ -87,6 +87,20 @@ class WorkerPlace:
         """The ws:// URL worker ``index`` is dialled by (mapped to :meth:`psc_socket` by :meth:`socket_for_url`)."""
         return f"ws://w{index}{WORKER_HOST_SUFFIX}:{index + 1}/psc"
 
+    def share(self, cap: int) -> int:
+        """This worker's part of a node-wide connection cap (0, off, stays off).
+
+        The N parts add up to ``cap`` exactly (the first ``cap % N`` workers
+        take one more), so the node never holds more than ``cap``; the kernel
+        spreads connections by a hash, so one worker may be full (and refuse)
+        while the node is still under its cap. :func:`bind_listeners` refuses
+        a cap below N (a worker's part would be 0, which means off).
+        """
+        if cap == 0:
+            return 0
+        base, extra = divmod(cap, self.count)
+        return base + (1 if self.index < extra else 0)
+
     def socket_for_url(self, url: str) -> str | None:
         """The Unix socket behind a worker URL, None for any other URL."""
         for index in range(self.count):
@@ -161,6 +175,16 @@ def bind_listeners(config: NodeConfig, count: int) -> dict[str, list[socket.sock
     """
     if count > 1 and not hasattr(socket, "SO_REUSEPORT"):
         raise ListenerProblem("--workers above 1 needs SO_REUSEPORT, which this platform lacks")
+    if count > 1:
+        for flag, cap in (
+            ("--edge-max-connections", config.edge.max_connections),
+            ("--edge-max-per-address", config.edge.max_per_address),
+        ):
+            if 0 < cap < count:
+                raise ListenerProblem(
+                    f"{flag} {cap} is below --workers {count}: the node's cap is split between its workers"
+                    " and each needs at least 1 (raise the cap, or 0 for none)"
+                )
     bound: dict[str, list[socket.socket]] = {}
     try:
         for key, endpoint in config.listeners().items():

@@ -67,7 +67,8 @@ class WampFrontend(FrontendBase):
             # RPC across the cluster: the federation routes calls to and from this dealer (federation/rpc.py).
             context.federation.rpc.attach(self.router.dealer)
             # The meta API asks other nodes over the same links; their subscriptions to meta events count.
-            self.router.meta.attach(context.federation.rpc, context.federation.forwards)
+            federation = context.federation
+            self.router.meta.attach(federation.rpc, federation.forwards, federation.unasked_nodes)
             # Retained events across the cluster: every node holds a replica (federation/retained.py).
             context.federation.retained.attach(self.router.retained)
 

@@ -30,7 +30,9 @@ Asking the other nodes: a PSC403 (0.7 CALL) of procedure
 ``[query, params]``, answered by PSC404 ``[answer]`` or PSC405. Each node
 answers at most ``max_results + 1`` items; a node that does not answer
 within ``timeout`` (or whose link drops) is named in ERROR
-``pubsubclub.error.meta_incomplete``, never waited on longer.
+``pubsubclub.error.meta_incomplete``, never waited on longer, and so is a
+node known but not linked to be asked (``unasked``: still being dialled,
+down, or linked in the other role only), at once.
 """
 
 from __future__ import annotations
@@ -77,6 +79,10 @@ TOO_MANY_QUERIES = "pubsubclub.error.too_many_meta_queries"
 INCOMPLETE = "pubsubclub.error.meta_incomplete"
 
 _MATCHES = ("exact", "prefix", "wildcard")
+#: Most nodes a relayed ``meta_incomplete`` may name (``kwargs.nodes``); a longer list is not taken apart.
+MAX_NAMED_NODES = 1024
+#: Longest node name (or URL) taken from such a list.
+MAX_NODE_NAME = 512
 
 
 def meta_topic(realm: str, uri: str) -> str:
@@ -150,6 +156,8 @@ class WampMeta:
         self.rpc: Any = None
         #: Whether another node subscribed to a hub topic (the federation's forwarding table).
         self.remote_wants: Callable[[str], bool] = lambda topic: False
+        #: Nodes known (dialled, discovered, linked) but not among those asked: name -> why (relay.py).
+        self.unasked: Callable[[set[str], Any], dict[str, str]] = lambda asked, source: {}
         #: Established sessions: id -> (session, authmethod, authprovider).
         self._sessions: dict[int, tuple[BrokerSession, str, str | None]] = {}
         #: This node's subscriptions by id, and by (realm, match, uri).
@@ -179,11 +187,23 @@ class WampMeta:
             "wamp.registration.count_callees": self._count_callees,
         }
 
-    def attach(self, rpc: Any, remote_wants: Callable[[str], bool]) -> None:
-        """Answer for the cluster: ask other nodes over ``rpc``'s links, publish events they subscribed to."""
+    def attach(
+        self,
+        rpc: Any,
+        remote_wants: Callable[[str], bool],
+        unasked: Callable[[set[str], Any], dict[str, str]] | None = None,
+    ) -> None:
+        """Answer for the cluster: ask other nodes over ``rpc``'s links, publish events they subscribed to.
+
+        ``unasked(asked, source)``: the nodes known but not linked to be asked
+        (the federation's :meth:`~pubsubclub.federation.relay.Relay.unasked_nodes`);
+        they are named in ``meta_incomplete``, never silently left out.
+        """
         self.rpc = rpc
         rpc.meta = self
         self.remote_wants = remote_wants
+        if unasked is not None:
+            self.unasked = unasked
 
     @property
     def node_id(self) -> str:
@@ -670,18 +690,24 @@ class WampMeta:
         params: dict[str, Any],
         done: Callable[[dict[str, Any], dict[str, str]], None],
         links: list[tuple[str, Any]] | None = None,
+        unasked: dict[str, str] | None = None,
     ) -> bool:
         """Send ``query`` to every other node (or those of ``links``); ``done(answers, missing)`` once all answered.
 
+        ``unasked``: nodes already known to be out of reach (named in ``missing``).
         False (nothing sent) past ``max_queries`` queries in flight.
         """
-        unreachable: dict[str, str] = {}
+        unreachable: dict[str, str] = dict(unasked or {})
         if links is None:
             links = self.rpc.peers() if self.rpc is not None else []
             required = getattr(self.rpc, "required_peer", None)
-            if required is not None and all(node != required for node, _ in links):
-                # A worker whose primary is away (restarting) reaches no other process: say so, never undercount.
-                unreachable[required] = "the link to this node's primary worker is down"
+            if required is not None:
+                if all(node != required for node, _ in links):
+                    # A worker whose primary is away (restarting) reaches no other process: say so, never undercount.
+                    unreachable[required] = "the link to this node's primary worker is down"
+            else:
+                # Known nodes not linked (yet) to be asked: named, never left out of the answer silently.
+                unreachable.update(self.unasked({node for node, _ in links}, None))
         if not links:
             done({}, unreachable)
             return True
@@ -749,15 +775,24 @@ class WampMeta:
             # Called from a link's message handling: a fault here must not end the link.
             log.failure("WAMP meta API: cannot answer a call from the nodes' answers")
 
-    def answered(self, link: Any, call: int, result: list[Any] | None, error: str | None) -> bool:
-        """A PSC404 (``result``) or PSC405 (``error``) on ``link``: True if it answers one of this node's queries."""
+    def answered(self, link: Any, call: int, result: list[Any] | None, error: str | None, kwargs: Any = None) -> bool:
+        """A PSC404 (``result``) or PSC405 (``error``) on ``link``: True if it answers one of this node's queries.
+
+        A ``meta_incomplete`` PSC405 from a relaying primary names (``kwargs.nodes``) the nodes it could not
+        reach: those are named here in its place (at most :data:`MAX_NAMED_NODES`, strings of 1-256 chars).
+        """
         key = (link, call)
         pending = self._waiting.pop(key, None)
         if pending is None:
             return False
         node = pending.waiting.pop(key)
         if error is not None:
-            pending.missing[node] = error
+            named = _named_nodes(error, kwargs)
+            if named:
+                for name in named:
+                    pending.missing[name] = f"node {node} could not reach it"
+            else:
+                pending.missing[node] = error
         else:
             pending.answers[node] = (result or [None])[0]
         if not pending.waiting:
@@ -794,15 +829,16 @@ class WampMeta:
         the other workers and the other nodes (split horizon, as messages are relayed). Their
         answers are combined into one, so the asker counts each session once.
         """
-        asks: list[tuple[dict[str, Any], list[tuple[str, Any]]]] = []
+        asks: list[tuple[dict[str, Any], list[tuple[str, Any]], dict[str, str]]] = []
         if query == "callees":
             ids = params.get("ids")
             for link, (node, own_ids) in self.rpc.relay_callees(party, ids if isinstance(ids, list) else []).items():
-                asks.append(({"ids": own_ids}, [(node, link)]))
+                asks.append(({"ids": own_ids}, [(node, link)], {}))
         else:
             links = self.rpc.relay_peers(party)
-            if links:
-                asks.append((params, links))
+            unasked = self.unasked({node for node, _ in links}, getattr(party, "session", None))
+            if links or unasked:
+                asks.append((params, links, unasked))
         if not asks:
             self._send_answer(party, call, answer)
             return
@@ -819,12 +855,14 @@ class WampMeta:
             if missing:
                 why = "; ".join(f"{node}: {missing[node]}" for node in sorted(missing))
                 text = f"node {self.node_id} could not answer for {', '.join(sorted(missing))} ({why})"
-                party.send_message(message.Error(message.Call.MESSAGE_TYPE, call, INCOMPLETE, args=[text]))
+                nodes = {"nodes": sorted(missing)[:MAX_NAMED_NODES]}
+                error = message.Error(message.Call.MESSAGE_TYPE, call, INCOMPLETE, args=[text], kwargs=nodes)
+                party.send_message(error)
                 return
             self._send_answer(party, call, _combine(query, params, answers, self.limits.max_results))
 
-        for sub_params, links in asks:
-            if not self._ask(query, sub_params, done, links):
+        for sub_params, links, unasked in asks:
+            if not self._ask(query, sub_params, done, links, unasked):
                 text = f"node {self.node_id} already has {len(self._queries)} meta queries in flight"
                 party.send_message(message.Error(message.Call.MESSAGE_TYPE, call, TOO_MANY_QUERIES, args=[text]))
                 return
@@ -843,6 +881,18 @@ def _combine(query: str, params: dict[str, Any], answers: list[Any], limit: int)
     if query in ("session", "sub_lookup", "sub_get"):
         return next((a for a in answers if a is not None), None)
     return [item for a in answers if isinstance(a, list) for item in a][: limit + 1]
+
+
+def _named_nodes(error: str, kwargs: Any) -> list[str]:
+    """The nodes a relayed ``meta_incomplete`` names (``kwargs.nodes``), if well formed; else none."""
+    if not error.startswith(INCOMPLETE) or not isinstance(kwargs, dict):
+        return []
+    nodes = kwargs.get("nodes")
+    if not isinstance(nodes, list) or len(nodes) > MAX_NAMED_NODES:
+        return []
+    if not all(isinstance(n, str) and 0 < len(n) <= MAX_NODE_NAME for n in nodes):
+        return []
+    return nodes
 
 
 def _total(answers: dict[str, Any]) -> int:
