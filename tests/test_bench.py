@@ -289,3 +289,12 @@ def test_bench_stopped_with_sigterm_stops_the_nodes_it_started() -> None:
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+def test_idle_and_fanout_caps_leave_every_worker_room_for_all_sessions() -> None:
+    """The connection caps are the node's, shared over workers: each worker's share must hold every session."""
+    from pubsubclub.bench.idle import idle_node_flags
+
+    flags = idle_node_flags(1000, workers=2)
+    cap = int(flags[flags.index("--edge-max-connections") + 1])
+    assert cap // 2 >= 1000 and int(flags[flags.index("--edge-max-per-address") + 1]) == cap

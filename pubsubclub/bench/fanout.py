@@ -53,7 +53,7 @@ def start_fanout_nodes(
     try:
         for i in range(nodes):
             args = ["--wamp", local(free_port()), "--psc", local(psc[i]), "--http", local(free_port()),
-                    *idle_node_flags(subscribers)]  # fmt: skip
+                    *idle_node_flags(subscribers, workers)]  # fmt: skip
             if workers != 1:  # the flag only when asked for: a node without --workers runs as before
                 args += ["--workers", str(workers)]
             for j in range(nodes):

@@ -118,13 +118,15 @@ def run_idle_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def idle_node_flags(count: int) -> list[str]:
-    """A node's flags for ``count`` idle sessions from one address.
+def idle_node_flags(count: int, workers: int = 1) -> list[str]:
+    """A node's flags for ``count`` idle sessions from one address, on a node of ``workers`` workers.
 
     One address holds every session, and the lean client never answers pings: the connection
-    layer's caps go up to the count and its idle deadline is off (docs/security.md).
+    layer's caps go up to the count and its idle deadline is off (docs/security.md). The caps are
+    the node's, shared out over its workers, and SO_REUSEPORT does not spread connections evenly:
+    every worker's share holds them all.
     """
-    cap = str(count + 64)
+    cap = str((count + 64) * workers)
     return ["--edge-max-per-address", cap, "--edge-max-connections", cap, "--edge-idle-timeout", "0"]
 
 
