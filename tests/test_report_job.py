@@ -17,6 +17,7 @@ from helpers.spark import (
     TEST_JAVA_OPTIONS,
     TINY_DATA_CONF,
     assert_frame,
+    assert_same_table,
     conf_flags,
     counter,
     write_dump,
@@ -32,14 +33,15 @@ REPO = Path(__file__).resolve().parent.parent
 BOUNDS = [1.0, 5.0]
 
 
-@pytest.fixture
-def cluster_dumps(tmp_path: Path) -> Path:
+@pytest.fixture(scope="module")
+def cluster_dumps(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Three nodes' dumps with known traffic, plus a truncated file, junk, an unknown version and a .tmp file.
 
     Node a publishes t.hot 100 + 50 (second minute) and t.cold 10; it forwards the first 100 to b and c.
     b and c each receive 100 and deliver them (b to two clients); a delivers t.hot 100 locally.
+    Written once for the module: the tests only read it.
     """
-    root = tmp_path / "metrics"
+    root = tmp_path_factory.mktemp("cluster-dumps") / "metrics"
     write_dump(root, "a", T0 + 10, [
         counter("a", "t.hot", "published", 100, 1000),
         counter("a", "t.cold", "published", 10, 50),
@@ -75,15 +77,22 @@ def cluster_dumps(tmp_path: Path) -> Path:
     return root
 
 
+@pytest.fixture(scope="module")
+def cluster_report(spark: SparkSession, cluster_dumps: Path, tmp_path_factory: pytest.TempPathFactory) -> ReportResult:
+    """The report over ``cluster_dumps`` with no window, built once for the tests that only read it."""
+    return run_report(cluster_dumps, tmp_path_factory.mktemp("cluster-report") / "out", spark=spark,
+                      progress=lambda _m: None)  # fmt: skip
+
+
 def table(spark: SparkSession, result: ReportResult, name: str) -> Any:
     """The Parquet table ``name`` that the report wrote."""
     assert (result.out / name).is_dir()
     return spark.read.parquet(str(result.out / name))
 
 
-def test_report_tables_hold_the_exact_traffic(spark: SparkSession, cluster_dumps: Path, tmp_path: Path) -> None:
+def test_report_tables_hold_the_exact_traffic(spark: SparkSession, cluster_report: ReportResult) -> None:
     """Published, delivered, forwarded, received and dropped counts in Parquet equal the dumps' traffic."""
-    result = run_report(cluster_dumps, tmp_path / "out", spark=spark, progress=lambda _m: None)
+    result = cluster_report
     assert result.records == 16
     assert result.bad == {"corrupt_json": 2, "unknown_version": 1}
     assert result.top_topic == "t.hot"
@@ -126,12 +135,9 @@ def test_report_tables_hold_the_exact_traffic(spark: SparkSession, cluster_dumps
     assert_frame(bad, ["reason", "lines"], [("corrupt_json", 2), ("unknown_version", 1)])
 
 
-def test_report_html_is_self_contained_and_names_the_top_topic(
-    spark: SparkSession, cluster_dumps: Path, tmp_path: Path
-) -> None:
+def test_report_html_is_self_contained_and_names_the_top_topic(cluster_report: ReportResult) -> None:
     """report.html embeds its charts, links nothing outside, names the top topic and the bad lines."""
-    result = run_report(cluster_dumps, tmp_path / "out", spark=spark, progress=lambda _m: None)
-    page = result.html.read_text()
+    page = cluster_report.html.read_text()
     assert re.search(r'Top topic: <strong id="top-topic">t\.hot</strong>', page)
     assert page.count("data:image/png;base64,") == 4
     assert not re.search(r"(src|href)=[\"'](?!data:)", page)
@@ -250,7 +256,7 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "m").rglob("*.jsonl")) == 100
 
 
-def test_spark_submit_runs_the_same_job(spark: SparkSession, cluster_dumps: Path, tmp_path: Path) -> None:
+def test_spark_submit_runs_the_same_job(cluster_dumps: Path, cluster_report: ReportResult, tmp_path: Path) -> None:
     """``spark-submit --py-files pubsubclub.zip .../submit.py`` writes the same tables as the library call."""
     package = tmp_path / "pubsubclub.zip"
     with zipfile.ZipFile(package, "w") as zf:
@@ -270,8 +276,5 @@ def test_spark_submit_runs_the_same_job(spark: SparkSession, cluster_dumps: Path
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "top topic: t.hot" in proc.stdout
     assert "[2/6] reading" in proc.stdout  # spark-submit merges the driver's stderr into its stdout
-    local = run_report(cluster_dumps, tmp_path / "local", spark=spark, progress=lambda _m: None)
-    for name in local.tables:
-        expected = spark.read.parquet(str(local.out / name))
-        got = spark.read.parquet(str(tmp_path / "submitted" / name))
-        assert_frame(got, expected.columns, [tuple(r) for r in expected.collect()])
+    for name in cluster_report.tables:
+        assert_same_table(tmp_path / "submitted" / name, cluster_report.out / name)

@@ -68,6 +68,23 @@ def assert_frame(frame: DataFrame, columns: Sequence[str], rows: Sequence[Sequen
     assert got == want, f"missing {want - got}, unexpected {got - want}"
 
 
+def assert_same_table(got: Path, expected: Path) -> None:
+    """The Parquet table (folder) ``got`` has the columns of ``expected``, in order, and its rows, in any order.
+
+    Both are read with pyarrow, not Spark: the same values from the same files, without two Spark
+    jobs per table (about 0.2 s each on the shared session; docs/architecture.md, Suite time).
+    """
+    import pyarrow.parquet as pq
+
+    want, have = pq.read_table(expected), pq.read_table(got)
+    assert have.column_names == want.column_names, (have.column_names, want.column_names)
+    rows = {
+        side: Counter(tuple(_hashable(v) for v in row.values()) for row in table.to_pylist())
+        for side, table in (("got", have), ("want", want))
+    }
+    assert rows["got"] == rows["want"], f"missing {rows['want'] - rows['got']}, unexpected {rows['got'] - rows['want']}"
+
+
 def counter(
     node: str, topic: str, kind: str, count: int, nbytes: int, ts: float = T0 + 10, **kw: Any
 ) -> dict[str, Any]:
