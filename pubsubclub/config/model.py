@@ -92,6 +92,11 @@ class NodeConfig:
             raise ConfigError("consul-check", "http needs --http (the agent polls its /health)")
         if edge.idle_timeout and edge.ping_interval and edge.ping_interval >= edge.idle_timeout:
             raise ConfigError("edge-ping-interval", "must be shorter than edge-idle-timeout (or either 0)")
+        if fed.reconnect_max < fed.reconnect_initial:
+            raise ConfigError(
+                "reconnect-max",
+                f"must be at least reconnect-initial ({fed.reconnect_initial:g} s), not {fed.reconnect_max:g}",
+            )
         for key, path in (
             ("cluster-secret-file", fed.cluster_secret_file),
             ("ca-file", fed.ca_file),

@@ -242,6 +242,23 @@ class FederationSection:
     patterns: bool = setting(
         True, "offer PSC 0.5: federate WAMP prefix/wildcard subscriptions (needs batching and the replay window)"
     )
+    reconnect_initial: float = setting(
+        1.0,
+        "seconds before redialling a peer whose link failed or dropped (spread by a fifth either way); each further failure"
+        " waits 1.5 times longer, up to --reconnect-max",
+        flag="--reconnect-initial",
+        metavar="S",
+        min=0.05,
+        max=60,
+    )
+    reconnect_max: float = setting(
+        10.0,
+        "longest wait between redials of a peer (at least --reconnect-initial)",
+        flag="--reconnect-max",
+        metavar="S",
+        min=0.05,
+        max=3600,
+    )
     max_patterns_per_peer: int = setting(
         10_000,
         "patterns (WAMP prefix/wildcard) this node holds at most, a SUBSCRIBE of one more gets an ERROR;"

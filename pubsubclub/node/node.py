@@ -37,6 +37,7 @@ from pubsubclub.federation.federation import endpoint_for_url
 from pubsubclub.federation.hints import PeerReport
 from pubsubclub.federation.psc import Limits
 from pubsubclub.federation.replay import ReplaySettings
+from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends import registry
 from pubsubclub.frontends.base import HTTP_REFUSAL, Frontend, listen_url
 from pubsubclub.frontends.registry import FrontendContext, FrontendSpec
@@ -148,6 +149,12 @@ def federation_settings(config: NodeConfig) -> FederationSettings:
     )
 
 
+def retry_policy(config: NodeConfig) -> RetryPolicy:
+    """How a node redials a peer: ``[federation] reconnect-initial`` growing up to ``reconnect-max``."""
+    section = config.federation
+    return RetryPolicy(initial=section.reconnect_initial, max_delay=section.reconnect_max)
+
+
 def build_federation(hub: Hub, config: NodeConfig, reactor: Any, place: WorkerPlace | None = None) -> Federation:
     """The federation of ``config.federation`` (and the node-wide limits) around ``hub``.
 
@@ -161,7 +168,13 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any, place: WorkerPl
             path = place.socket_for_url(url)
             return tcp(reactor, url) if path is None else UNIXClientEndpoint(reactor, path, timeout=5)
 
-    federation = Federation(hub, federation_settings(config), reactor=reactor, endpoint_factory=endpoint_factory)
+    federation = Federation(
+        hub,
+        federation_settings(config),
+        reactor=reactor,
+        retry=retry_policy(config),
+        endpoint_factory=endpoint_factory,
+    )
     if place is not None and not place.primary:
         federation.learn_from_peers = False  # its one peer is the primary, whose peers are not its business
         federation.asks_gaps = True  # the gaps the primary sees in other nodes' streams are its clients' too
