@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from helpers.nodes import NodeProcess
+from helpers.nodes import NodeProcess, reconnect_flags
 from helpers.polling import until, wait_until
 from pubsubclub.testing.crossbar import CrossbarProcess
 
@@ -57,6 +57,7 @@ class BridgeProcess(NodeProcess):
             "info",
             *self.extra,
         ]
+        cmd += reconnect_flags(self.reconnect_initial, self.extra)
         for peer in self.peers:
             cmd += ["--peer", peer]
         return cmd

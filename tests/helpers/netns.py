@@ -238,8 +238,11 @@ class NetnsNode(NodeProcess):
     """A ``pubsubclub node`` process inside node ``k``'s namespace, listening on that node's address.
 
     The launcher is :class:`helpers.nodes.NodeProcess`'s: only the address, the fixed ports and
-    the ``ip netns exec`` wrapper differ.
+    the ``ip netns exec`` wrapper differ. Partitions heal on the default reconnect schedule (1 s, capped
+    backoff), the one the mission names, not the tests' short one.
     """
+
+    reconnect_initial = None
 
     def __init__(self, net: Network, k: int, log_dir: Path, extra: tuple[str, ...] = ()) -> None:
         super().__init__(f"node{k}", log_dir)

@@ -28,6 +28,9 @@ REPO = Path(__file__).resolve().parent.parent.parent
 #: Bearer token of the TEP operator API of nodes started with their front-ends.
 OPS_TOKEN = "token of the tests' TEP operator API"
 
+#: Seconds before a test node redials a peer (``[federation] reconnect-initial``, default 1 s).
+TEST_RECONNECT_INITIAL = "0.2"
+
 #: Log lines that mean a node hit an error nobody handled; any of them fails the test.
 UNHANDLED_MARKERS = ("Unhandled Error", "Unhandled error in Deferred", "Traceback (most recent call last)")
 #: Logs of the node processes started by the running test (checked after it).
@@ -96,6 +99,13 @@ def unhandled_errors(path: Path) -> list[str]:
     return [line for line in path.read_text(errors="replace").splitlines() if any(m in line for m in UNHANDLED_MARKERS)]
 
 
+def reconnect_flags(initial: str | None, extra: tuple[str, ...]) -> list[str]:
+    """``--reconnect-initial initial``, unless None or ``extra`` sets the reconnect schedule itself."""
+    if initial is None or any(arg.startswith("--reconnect-") for arg in extra):
+        return []
+    return ["--reconnect-initial", initial]
+
+
 class NodeProcess:
     """One ``python -m pubsubclub node`` process, started with fixed ports."""
 
@@ -103,6 +113,9 @@ class NodeProcess:
     host = "127.0.0.1"
     #: What the command line runs under (``ip netns exec <ns>`` for a node in a namespace).
     wrapper: tuple[str, ...] = ()
+    #: ``--reconnect-initial`` of test nodes: the node started first redials peers not yet listening
+    #: after this, not the default second (a test that gives the flag in ``extra`` wins; None: the default).
+    reconnect_initial: str | None = TEST_RECONNECT_INITIAL
 
     def __init__(
         self,
@@ -170,6 +183,7 @@ class NodeProcess:
         cmd = [*self.wrapper, sys.executable, "-m", "pubsubclub", "node", "--name", self.name,
                "--wamp", listen(self.wamp_port), "--psc", listen(self.psc_port), "--http", listen(self.http_port),
                "--listen-role", self.listen_role, "--log-level", "info", *self.extra]  # fmt: skip
+        cmd += reconnect_flags(self.reconnect_initial, self.extra)
         if self.frontends:
             cmd += ["--nsd", listen(self.nsd_port), "--data-dir", str(self.data_dir)]
             cmd += ["--tep", listen(self.tep_port)]
