@@ -12,7 +12,8 @@ from pubsubclub.cli.command import parser
 from pubsubclub.config import ConfigError, node_config
 from pubsubclub.core.hub import Hub
 from pubsubclub.federation.retry import RetryPolicy
-from pubsubclub.node.node import build_federation, retry_policy
+from pubsubclub.frontends.bridge.frontend import build as build_bridge
+from pubsubclub.node.node import build_federation, frontend_context, retry_policy
 from pubsubclub.testing import MemoryNetwork, no_logged_errors, psc_url
 
 STEP = 0.005
@@ -87,3 +88,14 @@ def test_bad_reconnect_settings_are_refused(flags: tuple[str, ...], key: str) ->
     with pytest.raises(ConfigError) as e:
         _policy(*flags)
     assert e.value.key == key
+
+
+def test_bridge_redials_its_router_on_the_same_schedule() -> None:
+    """pubsubclub bridge redials its WAMP router with [federation] reconnect-initial / reconnect-max too."""
+    argv = ["bridge", "--router", "ws://127.0.0.1:1/ws", "--reconnect-initial", "0.3", "--reconnect-max", "2"]
+    config = node_config(parser().parse_args(argv))
+    reactor = MemoryReactorClock()
+    hub = Hub("bridge")
+    federation = build_federation(hub, config, reactor)
+    bridge = build_bridge(hub, config.bridge, frontend_context(config, reactor, federation=federation))
+    assert bridge._retry == RetryPolicy(initial=0.3, max_delay=2.0) == federation._retry

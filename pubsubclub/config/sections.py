@@ -244,8 +244,8 @@ class FederationSection:
     )
     reconnect_initial: float = setting(
         1.0,
-        "seconds before redialling a peer whose link failed or dropped (spread by a fifth either way); each further failure"
-        " waits 1.5 times longer, up to --reconnect-max",
+        "seconds before redialling a peer whose link failed or dropped (spread by a fifth either way);"
+        " each further failure waits 1.5 times longer, up to --reconnect-max",
         flag="--reconnect-initial",
         metavar="S",
         min=0.05,

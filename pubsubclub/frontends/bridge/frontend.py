@@ -6,6 +6,7 @@ from typing import Any
 
 from pubsubclub.config import BridgeSection
 from pubsubclub.core.hub import Hub
+from pubsubclub.federation.retry import RetryPolicy
 from pubsubclub.frontends.base import Frontend
 from pubsubclub.frontends.registry import FrontendContext, FrontendSpec, register
 
@@ -33,6 +34,11 @@ def build(hub: Hub, section: Any, context: FrontendContext) -> Frontend:
     )
     if context.federation is not None:
         context.federation.rpc.attach(dealer)
+    # The router is redialled on the links' schedule ([federation] reconnect-initial / reconnect-max).
+    links = context.sections.get("federation")
+    retry = (
+        RetryPolicy() if links is None else RetryPolicy(initial=links.reconnect_initial, max_delay=links.reconnect_max)
+    )
     return RouterBridge(
         hub,
         context.federation,
@@ -42,6 +48,7 @@ def build(hub: Hub, section: Any, context: FrontendContext) -> Frontend:
         cluster_realm=section.cluster_realm,
         plain_realm=wamp.plain_realm,
         trust_root=context.trust_root,
+        retry=retry,
         rpc=RouterRPC(dealer, cluster_realm, section.role, section.max_calls, context.reactor, hub.metrics.event),
     )
 
