@@ -1,4 +1,4 @@
-"""Write-through (pubsubclub.net.writethrough): an idle connection's bytes reach its socket within the write call."""
+"""Write-through (pubsubclub.net.writethrough): a turn's first write leaves in the call, the rest at its end."""
 
 from __future__ import annotations
 
@@ -44,15 +44,48 @@ def _queued(conn: Any) -> int:
     return len(conn.dataBuffer) - conn.offset + conn._tempDataLen  # type: ignore[no-any-return]
 
 
+async def _next_turn() -> None:
+    """Let the reactor finish this turn (the corked connections' sends run at its end)."""
+    from twisted.internet import task
+
+    await task.deferLater(reactor, 0, lambda: None)
+
+
+def _nothing_yet(sock: socket.socket) -> bool:
+    sock.settimeout(0.0)
+    try:
+        return sock.recv(16) == b""
+    except BlockingIOError:
+        return True
+
+
 @pytest_twisted.ensureDeferred
-async def test_an_idle_connection_sends_inside_the_write_call() -> None:
-    """With write-through the peer can read the bytes before the reactor runs again; without, nothing is sent yet."""
+async def test_the_first_write_of_a_turn_leaves_in_the_call_the_rest_at_the_turns_end() -> None:
+    """The first write to an idle connection is sent in the call; the turn's later ones leave in one send, no epoll."""
     server, client, port = await _pair()
     try:
         assert writethrough.install(server.transport)
-        server.transport.write(b"hello")
-        # No reactor turn between the write and this blocking read: only a direct send can deliver.
-        assert _recv_exactly(client, 5, timeout=2.0) == b"hello"
+        sends: list[bytes] = []
+        real = server.transport.socket
+
+        class _Counting:
+            def send(self, data: bytes) -> int:
+                sends.append(data)
+                return real.send(data)  # type: ignore[no-any-return]
+
+        server.transport.write._sock = _Counting()
+        server.transport.write(b"hello ")
+        # No reactor turn between the write and this blocking read: only a send in the call delivers.
+        assert _recv_exactly(client, 6, timeout=2.0) == b"hello "
+        server.transport.write(b"wor")
+        server.transport.write(b"ld")
+        assert _nothing_yet(client)  # corked until the end of the turn
+        assert server.transport not in reactor.getWriters()  # type: ignore[attr-defined]
+        await _next_turn()
+        assert _recv_exactly(client, 5, timeout=2.0) == b"world"
+        assert sends == [b"hello ", b"world"]  # the turn's later writes in one send
+        # Twisted never asked epoll for writability, and nothing is left queued.
+        assert server.transport not in reactor.getWriters()  # type: ignore[attr-defined]
         assert _queued(server.transport) == 0
     finally:
         client.close()
@@ -70,7 +103,8 @@ async def test_what_the_socket_does_not_take_queues_in_twisted_and_order_holds()
         assert writethrough.install(server.transport)
         big = bytes(range(256)) * 2048  # 512 KiB: more than the kernel buffers hold
         server.transport.write(big)
-        assert 0 < _queued(server.transport) < len(big)  # part went directly, the rest waits in Twisted
+        assert 0 < _queued(server.transport) < len(big)  # part went in the call, the rest waits in Twisted
+        assert server.transport in reactor.getWriters()  # type: ignore[attr-defined]  # epoll takes over
         server.transport.write(b"tail")  # while something is queued: behind it, never before
         assert _queued(server.transport) > 0
         received = await _read_in_thread(client, len(big) + 4)
@@ -97,12 +131,7 @@ async def test_a_closing_connection_is_left_to_twisted() -> None:
         assert writethrough.install(server.transport)
         server.transport.loseConnection()
         server.transport.write(b"late")
-        client.settimeout(0.0)
-        try:
-            early = client.recv(16)
-        except BlockingIOError:
-            early = b""
-        assert early == b""  # not sent inside the call
+        assert not server.transport.write.corked  # Twisted's own write took it
     finally:
         client.close()
         await port.stopListening()
@@ -130,7 +159,9 @@ async def test_every_guarded_listener_writes_through() -> None:
     server = await factory.connected  # type: ignore[attr-defined]
     try:
         server.transport.write(b"through the guard")  # the guard's write, then the TCP connection's
-        assert _recv_exactly(client, 17, timeout=2.0) == b"through the guard"
+        assert _recv_exactly(client, 17, timeout=2.0) == b"through the guard"  # in the call
+        tcp_connection = server.transport.transport
+        assert tcp_connection.write.corked and tcp_connection not in reactor.getWriters()  # type: ignore[attr-defined]
     finally:
         client.close()
         server.transport.abortConnection()
