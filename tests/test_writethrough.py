@@ -166,3 +166,37 @@ async def test_every_guarded_listener_writes_through() -> None:
         client.close()
         server.transport.abortConnection()
         await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_connection_with_a_producer_is_left_to_twisted() -> None:
+    """A registered producer (a file served by Twisted Web) is resumed by Twisted's doWrite: no write-through there."""
+    from twisted.internet.interfaces import IPullProducer
+    from zope.interface import implementer
+
+    @implementer(IPullProducer)
+    class _Pull:
+        resumed = 0
+
+        def resumeProducing(self) -> None:  # noqa: N802 - Twisted API
+            self.resumed += 1
+
+        def stopProducing(self) -> None:  # noqa: N802 - Twisted API
+            pass
+
+    server, client, port = await _pair()
+    try:
+        assert writethrough.install(server.transport)
+        producer = _Pull()
+        server.transport.registerProducer(producer, False)
+        resumed_before = producer.resumed
+        server.transport.write(b"chunk")
+        assert server.transport in reactor.getWriters()  # type: ignore[attr-defined]  # Twisted's own path
+        await _next_turn()
+        await _next_turn()
+        assert _recv_exactly(client, 5, timeout=2.0) == b"chunk"
+        assert producer.resumed > resumed_before  # Twisted asked for more once its buffer drained
+    finally:
+        client.close()
+        server.transport.abortConnection()
+        await port.stopListening()

@@ -19,7 +19,9 @@ read together, cost at most two ``send`` per connection and turn, never one
 per write (sending every write in its call cost the fan-out bench 37 % of
 its deliveries per second).
 
-Not corked: a connection closing or half-closed, one switched to TLS with
+Not written through: a connection with a producer registered (Twisted Web
+serving a file, a front-end pacing itself by producer calls: Twisted's
+doWrite is what resumes them), a connection closing or half-closed, one switched to TLS with
 ``startTLS`` (its ``write`` encrypts; TLS listeners wrap the protocol, so
 their TCP connection carries ciphertext and is corked like any other), and a
 Unix connection with descriptors queued for ``sendmsg``.
@@ -82,6 +84,7 @@ class _WriteThrough:
             and not conn.disconnecting
             and not conn._writeDisconnected
             and not conn.TLS
+            and conn.producer is None
             and not getattr(conn, "_sendmsgQueue", None)
             and not conn._tempDataLen
             and conn.offset == len(conn.dataBuffer)
@@ -122,6 +125,11 @@ class _WriteThrough:
         except OSError:
             sent = 0  # EAGAIN, or an error Twisted's own write path finds again and closes on
         if sent == len(data):
+            producer = conn.producer
+            if producer is not None and (not conn.streamingProducer or conn.producerPaused):
+                # As Twisted's doWrite does when its buffer drains: the producer may go on.
+                conn.producerPaused = False
+                producer.resumeProducing()
             return
         conn.dataBuffer = data[sent:]
         conn.offset = 0
