@@ -254,14 +254,14 @@ def _latency_subscriber(host: str, port: int, realm: str, max_seconds: float) ->
             if not m.startswith(prefix):
                 continue
             if m.endswith(END_TAIL):
-                return {"received": len(latencies), "latencies": _summary(latencies)}
+                return {"received": len(latencies), "latencies": latency_summary(latencies)}
             if m.endswith(PROBE_TAIL):
                 session.send(orjson.dumps([16, session.request(), {}, ACK_TOPIC, ["ready"]]))
                 continue
             latencies.append(now - orjson.loads(m)[4][0])
 
 
-def _summary(latencies: list[float]) -> dict[str, Any]:
+def latency_summary(latencies: list[float]) -> dict[str, Any]:
     """p50/p99/p99.9/max in milliseconds and the positions of the five slowest."""
     if not latencies:
         return {}

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pubsubclub.bench.lean import lean_latency, lean_run, lean_window
+from pubsubclub.bench.lean import latency_summary, lean_latency, lean_run, lean_window
 from pubsubclub.bench.nodes import (
     free_port,
     local,
@@ -132,17 +132,8 @@ def _client_main(argv: list[str]) -> int:
             result.update(received=state["n"], first=state["first"], last=state["last"])
             # This process's own CPU from the first message to the end marker (is the client the limit?).
             result["cpu_seconds"] = time.process_time() - state["cpu"] if state["n"] else 0.0
-            if latencies:
-                # Which messages were slowest (by position): tells warm-up from steady-state tails.
-                slowest = sorted(range(len(latencies)), key=latencies.__getitem__)[-5:]
-                result["slowest_positions"] = sorted(slowest)
-                latencies.sort()
-                result["latency_ms"] = {
-                    "p50": latencies[len(latencies) // 2] * 1000,
-                    "p99": latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))] * 1000,
-                    "p999": latencies[min(len(latencies) - 1, int(len(latencies) * 0.999))] * 1000,
-                    "max": latencies[-1] * 1000,
-                }
+            # Which messages were slowest (by position) tells warm-up from steady-state tails.
+            result.update(latency_summary(latencies))
         else:
             mode, count, size, rate = argv[0], int(argv[1]), int(argv[2]), float(argv[3])
             body = "x" * size
