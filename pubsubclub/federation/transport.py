@@ -48,6 +48,7 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.reactor import at_turn_end
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.wsframes import receive_data, send_message
 
@@ -196,10 +197,11 @@ class _LinkProtocolBase:
     heard: tuple[str | None, str | None] = (None, None)
     #: The server URL this connection was dialled for; None on the listening side.
     dialled: str | None = None
-    #: This reactor turn's messages waiting for one frame (0.4), their bytes with separators, and the flush call.
+    #: This reactor turn's messages waiting for one frame (0.4), their bytes with separators.
     _batch: list[bytes] | None = None
     _batch_bytes = 0
-    _batch_call: IDelayedCall | None = None
+    #: A flush is asked for at this reactor turn's end (pubsubclub.net.reactor).
+    _batch_due = False
     #: The largest frame the peer accepts (its X-PubSubClub-Max-Frame, at most ours), set once per link.
     _max_frame = psc.DEFAULT_LIMITS.max_message_size
     #: With a cluster secret, seals every frame after the proof and opens the peer's (None: plain link).
@@ -259,17 +261,18 @@ class _LinkProtocolBase:
                 return
         self._batch = [data]
         self._batch_bytes = len(data)
-        if self._batch_call is None:
+        if not self._batch_due:
             # No timer of any length: flushed when this reactor turn's work is done,
             # so a lone message leaves as soon as it would have unbatched.
-            self._batch_call = self.factory.reactor.callLater(0, self._flush_batch)
+            self._batch_due = True
+            at_turn_end(self.factory.reactor, self._turn_ended)
+
+    def _turn_ended(self) -> None:
+        self._batch_due = False
+        self._flush_batch()
 
     def _flush_batch(self) -> None:
         """Send the gathered messages as one frame, one per line."""
-        call = self._batch_call
-        if call is not None and call.active():
-            call.cancel()
-        self._batch_call = None
         pending = self._batch
         self._batch = None
         self._batch_bytes = 0
@@ -404,10 +407,6 @@ class _LinkProtocolBase:
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         """Also cancel the close-handshake timer, which Autobahn leaves running when TCP goes first."""
         self._end_round_trips()
-        call = self._batch_call
-        if call is not None and call.active():
-            call.cancel()
-        self._batch_call = None
         self._batch = None
         super().connectionLost(reason)  # type: ignore[misc]
         call = getattr(self, "closeHandshakeTimeoutCall", None)

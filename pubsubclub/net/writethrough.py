@@ -11,7 +11,8 @@ more ``epoll_wait`` and two ``epoll_ctl`` per hop, on the message's path
 first write of a reactor turn to a connection with nothing queued goes to
 ``socket.send`` in the call; the connection is then *corked* until the end of
 the turn: later writes gather in Twisted's buffer (not registered with
-epoll) and leave in one ``send`` when the turn ends. What the socket does not
+epoll) and leave in one ``send`` when the turn ends (the node's reactor's
+end-of-turn hook, :mod:`pubsubclub.net.reactor`; ``callLater(0)`` elsewhere). What the socket does not
 take (or any error) is left to Twisted as usual (``startWriting``), so
 ordering, producers, the pending-bytes rule and error handling are Twisted's.
 A publish fanned out to many subscribers, or the replies to many requests
@@ -33,6 +34,8 @@ from typing import Any
 
 from twisted.internet import tcp
 
+from pubsubclub.net.reactor import at_turn_end
+
 #: The connection classes whose ``socket`` can be written directly (Unix connections derive from these).
 _DIRECT = (tcp.Connection,)
 
@@ -40,15 +43,16 @@ _DIRECT = (tcp.Connection,)
 class _Turn:
     """The connections corked in this reactor turn, and the one call that sends for them all."""
 
-    __slots__ = ("corked", "call")
+    __slots__ = ("corked", "due")
 
     def __init__(self) -> None:
         self.corked: list[_WriteThrough] = []
-        self.call: Any = None
+        #: A flush is asked for at this turn's end.
+        self.due = False
 
     def flush(self) -> None:
         """The end of the turn: one send per corked connection; what is left goes to epoll."""
-        self.call = None
+        self.due = False
         corked, self.corked = self.corked, []
         for through in corked:
             through.release()
@@ -102,8 +106,9 @@ class _WriteThrough:
             self.corked = True
             turn = _turn
             turn.corked.append(self)
-            if turn.call is None:
-                turn.call = conn.reactor.callLater(0, turn.flush)
+            if not turn.due:
+                turn.due = True
+                at_turn_end(conn.reactor, turn.flush)
             return
         self._write(conn, data)
 

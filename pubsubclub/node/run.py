@@ -113,6 +113,16 @@ def _endpoint_port(endpoint: str) -> int | None:
     return None
 
 
+def node_reactor() -> Any:
+    """The reactor a node runs on: pubsubclub.net.reactor's, installed unless a reactor is already installed."""
+    from pubsubclub.net.reactor import install
+
+    install()
+    from twisted.internet import reactor
+
+    return reactor
+
+
 def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any], None] | None = None) -> int:
     """Run one node (``bridge``: a bridge node) until SIGINT/SIGTERM; links are closed with a reason on the way out.
 
@@ -126,7 +136,7 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
     import txaio
 
     txaio.use_twisted()
-    from twisted.internet import reactor
+    reactor = node_reactor()
 
     from pubsubclub.node.node import Node, print_ready
 

@@ -1,0 +1,117 @@
+"""The node's reactor: Twisted's epoll reactor with a plain event dispatch and an end-of-turn hook.
+
+Part of the connection layer (:mod:`pubsubclub.net`). Two costs of the stock
+``EPollReactor`` sit on every relayed message's path, and at a steady pace
+(every process waking cold for each message) each Python call there counts
+(docs/benchmarks.md "The tail, decomposed"):
+
+* Each ready descriptor is dispatched through ``log.callWithLogger``: the
+  connection's ``logPrefix()``, a context dictionary copied and pushed for
+  the legacy log "system" prefix, four calls deep. :class:`TurnReactor`
+  calls ``_doReadOrWrite`` itself, catching and logging what escapes it as
+  ``callWithLogger`` does; what the legacy log prefix said is all that
+  changes (the node logs through ``twisted.logger`` with its own namespaces).
+* Work that belongs "at the end of this turn" (the link batch frame of a
+  turn's messages, the corked writes of :mod:`pubsubclub.net.writethrough`)
+  had only ``callLater(0)``: a ``DelayedCall`` object, a heap push and pop,
+  and one more pass through the main loop per turn. :func:`at_turn_end`
+  runs it right after the turn's events were dispatched, and before the
+  reactor blocks (for what timers queued), in the order asked; a callback
+  may ask again (a flushed batch writing to a corked connection) and runs
+  in the same turn.
+
+On any other reactor (tests' memory reactors, a user's own reactor under
+the mixin) :func:`at_turn_end` falls back to ``callLater(0)``: the same
+order, one main-loop pass later.
+"""
+
+from __future__ import annotations
+
+import errno
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from twisted.internet import epollreactor
+from twisted.logger import Logger
+from twisted.python import log as legacy_log
+
+log = Logger()
+
+
+class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
+    """``EPollReactor`` dispatching without the legacy log context, with :meth:`at_turn_end`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        #: Callbacks for the end of the current turn, in the order asked.
+        self._turn_end: list[Callable[[], None]] = []
+
+    def at_turn_end(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` once this turn's events are dispatched (or before the reactor next blocks)."""
+        self._turn_end.append(fn)
+
+    def _end_turn(self) -> None:
+        pending = self._turn_end
+        while pending:
+            self._turn_end = []
+            for fn in pending:
+                try:
+                    fn()
+                except Exception:
+                    log.failure("an end-of-turn call failed")
+            pending = self._turn_end
+
+    def doPoll(self, timeout: float | None) -> None:  # noqa: N802 - Twisted API
+        """Wait for events (at most ``timeout`` seconds), dispatch them, then end the turn."""
+        if self._turn_end:
+            # What timers queued leaves before the reactor blocks; they may
+            # have scheduled calls of their own (an aborted connection's
+            # connectionLost): look again at once rather than block past them.
+            self._end_turn()
+            timeout = 0
+        if timeout is None:
+            timeout = -1
+        try:
+            events = self._poller.poll(timeout, len(self._selectables))
+        except OSError as err:
+            if err.errno == errno.EINTR:
+                return
+            raise
+        selectables = self._selectables
+        dispatch = self._doReadOrWrite
+        for fd, event in events:
+            selectable = selectables.get(fd)
+            if selectable is None:
+                continue
+            try:
+                dispatch(selectable, fd, event)
+            except KeyboardInterrupt:
+                raise
+            except BaseException:
+                # What _doReadOrWrite lets escape (a failing connectionLost):
+                # logged, as callWithLogger does, and the loop goes on.
+                legacy_log.err()
+        if self._turn_end:
+            self._end_turn()
+
+    doIteration = doPoll
+
+
+def install() -> bool:
+    """Install :class:`TurnReactor` as Twisted's reactor; False when a reactor is already installed."""
+    if "twisted.internet.reactor" in sys.modules:
+        return False
+    from twisted.internet.main import installReactor
+
+    installReactor(TurnReactor())
+    return True
+
+
+def at_turn_end(reactor: Any, fn: Callable[[], None]) -> None:
+    """Run ``fn`` at the end of ``reactor``'s current turn (``callLater(0)`` on other reactors)."""
+    hook = getattr(reactor, "at_turn_end", None)
+    if hook is not None:
+        hook(fn)
+    else:
+        reactor.callLater(0, fn)

@@ -1,0 +1,191 @@
+"""The node's reactor (pubsubclub.net.reactor): plain dispatch, end-of-turn calls, and the node running on it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from twisted.internet import task
+from twisted.internet.abstract import FileDescriptor
+from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import globalLogPublisher
+
+from pubsubclub.net.reactor import TurnReactor, at_turn_end
+
+
+class _Reader(FileDescriptor):
+    """A readable socket end that records each read and runs ``on_read`` (may return a disconnect reason)."""
+
+    def __init__(self, reactor: Any, sock: socket.socket, seen: list[str], name: str, on_read: Any = None) -> None:
+        super().__init__(reactor)
+        self.sock, self.seen, self.name, self.on_read = sock, seen, name, on_read
+        self.connected = 1
+
+    def fileno(self) -> int:
+        return self.sock.fileno()
+
+    def doRead(self) -> Any:  # noqa: N802 - Twisted API
+        self.sock.recv(100)
+        self.seen.append(self.name)
+        return self.on_read() if self.on_read is not None else None
+
+    def connectionLost(self, reason: Any) -> None:  # noqa: N802 - Twisted API
+        self.seen.append(f"{self.name} lost")
+        raise RuntimeError("a connectionLost that fails")
+
+
+@pytest.fixture
+def turn_reactor() -> Iterator[TurnReactor]:
+    """A TurnReactor driven by hand (never installed)."""
+    r = TurnReactor()
+    yield r
+    r.removeAll()
+    r._poller.close()
+
+
+@pytest.fixture
+def errors() -> Iterator[list[dict[str, Any]]]:
+    """The error events logged during the test."""
+    seen: list[dict[str, Any]] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if event.get("isError") or event.get("log_failure") is not None:
+            seen.append(event)
+
+    globalLogPublisher.addObserver(observer)
+    yield seen
+    globalLogPublisher.removeObserver(observer)
+
+
+def _ready(r: TurnReactor, seen: list[str], name: str, on_read: Any = None) -> tuple[_Reader, socket.socket]:
+    """A reader registered with ``r`` whose peer already wrote one byte (so it is ready)."""
+    ours, theirs = socket.socketpair()
+    reader = _Reader(r, ours, seen, name, on_read)
+    r.addReader(reader)
+    theirs.send(b"x")
+    return reader, theirs
+
+
+def test_end_of_turn_calls_run_after_the_turns_events_in_order_without_timers(turn_reactor: TurnReactor) -> None:
+    """Calls asked during a turn run after its events, in order, and a call may ask again in the same turn."""
+    r = turn_reactor
+    seen: list[str] = []
+
+    def on_read() -> None:
+        r.at_turn_end(lambda: seen.append("a") or r.at_turn_end(lambda: seen.append("c")))
+        r.at_turn_end(lambda: seen.append("b"))
+
+    _, peer1 = _ready(r, seen, "read1", on_read)
+    _, peer2 = _ready(r, seen, "read2")
+    r.doIteration(5.0)
+    assert sorted(seen[:2]) == ["read1", "read2"]
+    assert seen[2:] == ["a", "b", "c"]
+    assert r.getDelayedCalls() == []  # no callLater(0) behind it
+    peer1.close()
+    peer2.close()
+
+
+class _PollerSpy:
+    """The reactor's epoll object, recording each timeout it is asked to wait."""
+
+    def __init__(self, poller: Any) -> None:
+        self.poller, self.timeouts = poller, []
+
+    def poll(self, timeout: float, maxevents: int) -> Any:
+        self.timeouts.append(timeout)
+        return self.poller.poll(timeout, maxevents)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.poller, name)
+
+
+def test_calls_asked_by_timers_run_before_the_reactor_blocks(turn_reactor: TurnReactor) -> None:
+    """What a timer asked for runs before the poll, which then does not block (the calls may have scheduled more)."""
+    r = turn_reactor
+    seen: list[str] = []
+    spy = _PollerSpy(r._poller)
+    r._poller = spy
+    r.callLater(0, lambda: r.at_turn_end(lambda: seen.append("flushed")))
+    r.runUntilCurrent()
+    assert seen == []
+    r.doIteration(30.0)
+    assert seen == ["flushed"]
+    assert spy.timeouts == [0]
+    r._poller = spy.poller
+    r.doIteration(0.0)  # nothing asked: the timeout given is the one used
+    assert spy.timeouts == [0]
+
+
+def test_a_failure_escaping_dispatch_is_logged_and_the_turn_goes_on(
+    turn_reactor: TurnReactor, errors: list[dict[str, Any]]
+) -> None:
+    """A connection whose connectionLost raises is logged; the other ready connection and the turn's calls still run."""
+    r = turn_reactor
+    seen: list[str] = []
+
+    def bad_read() -> Exception:
+        r.at_turn_end(lambda: seen.append("end"))
+        return ValueError("disconnect me")
+
+    bad, peer1 = _ready(r, seen, "bad", bad_read)
+    _, peer2 = _ready(r, seen, "good")
+    r.doIteration(5.0)
+    assert "bad lost" in seen and "good" in seen and seen[-1] == "end"
+    assert any("a connectionLost that fails" in repr(e.get("log_failure") or e.get("failure")) for e in errors)
+    errors.clear()
+    peer1.close()
+    peer2.close()
+
+
+def test_a_failing_end_of_turn_call_is_logged_and_the_others_run(
+    turn_reactor: TurnReactor, errors: list[dict[str, Any]]
+) -> None:
+    """One end-of-turn call raising is logged; the calls after it still run."""
+    r = turn_reactor
+    seen: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("end-of-turn boom")
+
+    r.at_turn_end(boom)
+    r.at_turn_end(lambda: seen.append("after"))
+    r.doIteration(0.0)
+    assert seen == ["after"]
+    assert any("end-of-turn boom" in repr(e.get("log_failure")) for e in errors)
+    errors.clear()
+
+
+def test_other_reactors_get_a_call_later() -> None:
+    """On a reactor without the hook (tests', a user's) the call is a callLater(0)."""
+    clock = MemoryReactorClock()
+    seen: list[str] = []
+    at_turn_end(clock, lambda: seen.append("later"))
+    assert seen == [] and len(clock.getDelayedCalls()) == 1
+    clock.advance(0)
+    assert seen == ["later"]
+
+
+def test_a_turn_reactor_runs_twisteds_loop() -> None:
+    """Timers, stop and the main loop behave as on the stock epoll reactor."""
+    r = TurnReactor()
+    seen: list[str] = []
+    task.deferLater(r, 0.01, lambda: seen.append("timer")).addCallback(lambda _: r.stop())
+    r.run(installSignalHandlers=False)
+    assert seen == ["timer"]
+
+
+def test_a_node_process_runs_on_the_turn_reactor() -> None:
+    """pubsubclub.node.run installs the turn reactor before anything imports Twisted's default."""
+    code = (
+        "import txaio; txaio.use_twisted(); from pubsubclub.node.run import node_reactor; "
+        "print(type(node_reactor()).__name__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ), check=True
+    )
+    assert out.stdout.strip() == "TurnReactor"
