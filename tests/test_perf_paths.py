@@ -423,3 +423,143 @@ def test_a_relayed_message_leaves_the_stream_path_for_split_horizon() -> None:
     assert node_sent[before["n2"] :] == [_expected(from_w1, 1)]
     assert w1_sent[before["n1.w1"] :] == [_expected(from_n3, 1)]
     assert w2_sent[before["n1.w2"] :] == [_expected(from_w1, 1), _expected(from_n3, 2)]
+
+
+# -- the plain PUBLISH path: JSON [16, id, {}, topic, [value]] straight to publish_plain ---------------------
+
+
+class _Connection:
+    """A transport connection as feed_session sees it."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+
+def _json() -> Any:
+    import copy
+
+    from pubsubclub.core.jsonbounds import JSONBounds
+    from pubsubclub.frontends.wamp.transport import bounded_serializers
+
+    return copy.copy({s.SERIALIZER_ID: s for s in bounded_serializers(JSONBounds(max_depth=8))}["json"])
+
+
+def _outcome(frame: bytes, fast: bool, setup: Any = None) -> tuple[Any, ...]:
+    """What a publisher's ``frame`` did (to it, a subscriber, the metrics): fed, or decoded and dispatched."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.transport import _BoundedJsonObjectSerializer, feed_session
+
+    router = WampRouter(Hub(node_id="n"))
+    publisher, publisher_t = _joined(router)
+    subscriber, subscriber_t = _joined(router)
+    subscriber.onMessage(message.Subscribe(1, "com.example.t"))
+    subscriber_t.sent.clear()
+    serializer = _json()
+    feed_session(_Connection(publisher), serializer, b'[16,1,{},"com.example.t",[0]]', None)  # the topic now known
+    subscriber_t.sent.clear()
+    if setup is not None:
+        setup(router, publisher)
+    if not fast:
+        # A subclass is not the serializer feed_session reads JSON itself for: decode's path, as before it.
+        class General(_BoundedJsonObjectSerializer):  # type: ignore[misc]
+            pass
+
+        serializer._serializer = General(serializer._serializer._bounds)
+    feed_session(_Connection(publisher), serializer, frame, None)
+    _, counters, _ = router.hub.metrics.take_interval(0.0)
+    events = [(m.args, m.kwargs, m.publisher == publisher.session_id, m.publisher_authrole) for m in subscriber_t.sent]
+    answers = [(type(m).__name__, getattr(m, "reason", None), getattr(m, "error", None)) for m in publisher_t.sent]
+    return events, answers, publisher._state.name, sorted((k, v) for k, v in counters.items() if k[2] != "delivered")
+
+
+def test_a_plain_json_publish_goes_to_publish_plain_without_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain JSON PUBLISH reaches publish_plain without decode or a PublishRequest, and does what publish did."""
+    from pubsubclub.frontends.wamp import transport
+
+    frame = b'[16,7,{},"com.example.t",["v"]]'
+    expected = _outcome(frame, fast=False)
+    assert expected[0] == [(["v"], None, False, None)]
+
+    def refuse(*_: Any) -> Any:
+        raise AssertionError("decoded through the general path")
+
+    monkeypatch.setattr(transport, "decode", refuse)
+    monkeypatch.setattr(transport, "decoded", refuse)
+    assert _outcome(frame, fast=True) == expected
+
+
+def _deny(router: Any, publisher: Any) -> None:
+    class Role:
+        name = "reader"
+
+        def may_publish(self, topic: str) -> bool:
+            return False
+
+    publisher._role = Role()
+
+
+def _too_large(router: Any, publisher: Any) -> None:
+    router.hub.set_forward_check(lambda envelope: "too large for the links", 10)
+
+
+def _disclose(router: Any, publisher: Any) -> None:
+    router.disclose_publisher = "always"
+
+
+def _closed_hub(router: Any, publisher: Any) -> None:
+    def fail(*_: Any, **__: Any) -> None:
+        raise RuntimeError("boom")
+
+    router.hub.publish = fail
+
+
+@pytest.mark.parametrize(
+    ("frame", "setup"),
+    [
+        (b'[16,7,{},"com.example.t",["v"]]', _deny),
+        (b'[16,7,{},"com.example.t",["v"]]', _too_large),
+        (b'[16,7,{},"com.example.t",["v"]]', _disclose),
+        (b'[16,7,{},"com.example.t",["v"]]', _closed_hub),
+        (b'[16,7,{},"wamp.reserved",["v"]]', None),
+        (b'[16,7,{},"com.example.new",["v"]]', None),
+        (b'[16,7,{},"com..bad",["v"]]', None),
+        (b'[16,7,{},"com.example.t",[[[[[[[[[1]]]]]]]]]]', None),
+        (b'[16,7,{},"com.example.t",["\\u0000AAE="]]', None),
+        (b'[16,7,{},"com.example.t",[1,2]]', None),
+        (b'[16,7,{},"com.example.t",[]]', None),
+        (b'[16,7,{"acknowledge":true},"com.example.t",["v"]]', None),
+        (b'[16,7,{"exclude_me":false},"com.example.t",["v"]]', None),
+        (b'[16,-1,{},"com.example.t",["v"]]', None),
+        (b'[16,9007199254740993,{},"com.example.t",["v"]]', None),
+        (b'[16.0,7,{},"com.example.t",["v"]]', None),
+        (b'[16,7,[],"com.example.t",["v"]]', None),
+        (b'[16,7,{},"com.example.t",{"a":1}]', None),
+        (b'[16,true,{},"com.example.t",["v"]]', None),
+        (b'[16,7,{},"com.example.t",["v"]', None),
+        (b"null", None),
+    ],
+)
+def test_the_plain_path_refuses_and_answers_as_the_general_path(frame: bytes, setup: Any) -> None:
+    """Role, size, disclosure, a raising hub, URIs, bounds, binary values, other shapes: as the general path does."""
+    assert _outcome(frame, fast=True, setup=setup) == _outcome(frame, fast=False, setup=setup)
+
+
+def test_a_plain_publish_before_welcome_is_refused_as_before() -> None:
+    """A plain PUBLISH on a session that has not joined is a protocol violation (ABORT), as onMessage makes it."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.transport import feed_session
+    from pubsubclub.testing import MemoryWampTransport
+
+    router = WampRouter(Hub())
+    session = router.session_factory()
+    transport = MemoryWampTransport()
+    session.onOpen(transport)
+    feed_session(_Connection(session), _json(), b'[16,7,{},"com.example.t",["v"]]', None)
+    (abort,) = transport.sent
+    assert isinstance(abort, message.Abort) and abort.reason == "wamp.error.protocol_violation"

@@ -45,6 +45,8 @@ DEFAULT_MAX_TOPICS = 100_000
 #: Patterns with local holders a node holds at most: as many as it may announce to a peer
 #: (``psc.Limits.max_patterns_per_peer``), so no pattern is held that other nodes never hear of.
 DEFAULT_MAX_PATTERNS = 10_000
+#: :attr:`Hub.checked_from` while no forward check is set: no size is refused.
+NEVER_CHECKED = 1 << 62
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _PUBLISHED, _RECEIVED, _DELIVERED = HubEvent.PUBLISHED, HubEvent.RECEIVED, HubEvent.DELIVERED
@@ -192,6 +194,9 @@ class Hub:
         self._forward_check: Callable[[Envelope], str | None] | None = None
         #: Publishes of fewer bytes than this always fit the links: no check.
         self._unchecked_below = 0
+        #: Publishes of this many bytes or more may be refused by :meth:`refusal`; smaller ones never are
+        #: (a front-end's plain publish path skips the call below it). No check set: none is refused.
+        self.checked_from = NEVER_CHECKED
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
         self._boot = os.urandom(3).hex()
@@ -240,6 +245,7 @@ class Hub:
         """Have :meth:`refusal` ask ``check`` about publishes of ``unchecked_below`` bytes or more."""
         self._forward_check = check
         self._unchecked_below = unchecked_below
+        self.checked_from = unchecked_below
 
     def refusal(self, envelope: Envelope, size: int) -> str | None:
         """Why a front-end must refuse ``envelope`` before acknowledging it (it could not reach other nodes), or None.

@@ -57,8 +57,11 @@ from twisted.web.static import File
 
 from pubsubclub.core import jsonbounds
 from pubsubclub.core.jsonbounds import JSONBounds, check
-from pubsubclub.frontends.wamp.codec import decode
+from pubsubclub.frontends.wamp.broker import BrokerSession
+from pubsubclub.frontends.wamp.codec import _LOOSE_URI, _MAX_ID, PUBLISH, decode, decoded
+from pubsubclub.frontends.wamp.publishing import publish_plain
 from pubsubclub.frontends.wamp.router import WampRouter
+from pubsubclub.frontends.wamp.session import _ESTABLISHED
 from pubsubclub.net import wsframes
 from pubsubclub.net.edge import EdgeConnection, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
@@ -173,13 +176,49 @@ def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary
     policy (``unparsable``). Shared by the WebSocket and RawSocket transports,
     so both treat bad input alike. A plainly valid PUBLISH arrives as a
     :class:`~pubsubclub.frontends.wamp.codec.PublishRequest` (see
-    :func:`~pubsubclub.frontends.wamp.codec.decode`).
+    :func:`~pubsubclub.frontends.wamp.codec.decode`); the plainest one (JSON
+    ``[16, request, {}, topic, [value]]`` to an established broker session)
+    goes to :func:`~pubsubclub.frontends.wamp.publishing.publish_plain` without
+    it, the JSON decoded here without the serializer's and decode's calls.
     """
     session = owner._session
     if session is None:
         return
+    plain = False
     try:
-        messages = decode(serializer, payload, is_binary)
+        objects = serializer._serializer
+        if type(objects) is not _BoundedJsonObjectSerializer or is_binary or b"\\u0000" in payload:
+            messages = decode(serializer, payload, is_binary)
+        else:
+            # JSON without binary values: the serializer's unserialize without its call (and decode's).
+            try:
+                value = orjson.loads(payload)
+                jsonbounds.check_decoded(payload, value, objects._bounds)
+            except Exception:
+                value = None  # not JSON to orjson, or beyond the bounds: decode words the refusal
+            if value is None:
+                messages = decode(serializer, payload, is_binary)
+            else:
+                if type(value) is list and len(value) == 5 and type(session) is BrokerSession:
+                    # A plain PUBLISH ([16, request, {}, topic, [value]]): straight to the broker, without a
+                    # PublishRequest or the dispatch; a strict subset of what publish_request takes plainly.
+                    kind, request, options, topic, args = value
+                    if (
+                        kind == PUBLISH
+                        and type(kind) is int
+                        and type(request) is int
+                        and 0 <= request <= _MAX_ID
+                        and type(options) is dict
+                        and not options
+                        and type(args) is list
+                        and len(args) == 1
+                        and type(topic) is str
+                        and session._state is _ESTABLISHED
+                        and _LOOSE_URI.fullmatch(topic) is not None
+                    ):
+                        plain = True
+                if not plain:
+                    messages = decoded(serializer, [value], len(payload))
     except ProtocolError as e:
         session.unparsable(_raw_message(serializer, payload), str(e))
         return
@@ -190,6 +229,12 @@ def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary
         # Any other decoder failure is still the peer's bad input.
         log.debug("undecodable WAMP message: {error!r}", error=e)
         session.protocol_violation(f"undecodable WAMP message: {type(e).__name__}")
+        return
+    if plain:
+        try:
+            publish_plain(session, request, topic, args[0], len(payload))
+        except Exception:
+            session.internal_error("PublishRequest")  # as onMessage answers a raise
         return
     for msg in messages:
         if owner._session is None:
