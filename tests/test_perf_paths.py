@@ -509,11 +509,11 @@ def _disclose(router: Any, publisher: Any) -> None:
     router.disclose_publisher = "always"
 
 
-def _closed_hub(router: Any, publisher: Any) -> None:
+def _raising_metrics(router: Any, publisher: Any) -> None:
     def fail(*_: Any, **__: Any) -> None:
         raise RuntimeError("boom")
 
-    router.hub.publish = fail
+    router.hub.metrics.count = fail
 
 
 @pytest.mark.parametrize(
@@ -522,7 +522,7 @@ def _closed_hub(router: Any, publisher: Any) -> None:
         (b'[16,7,{},"com.example.t",["v"]]', _deny),
         (b'[16,7,{},"com.example.t",["v"]]', _too_large),
         (b'[16,7,{},"com.example.t",["v"]]', _disclose),
-        (b'[16,7,{},"com.example.t",["v"]]', _closed_hub),
+        (b'[16,7,{},"com.example.t",["v"]]', _raising_metrics),
         (b'[16,7,{},"wamp.reserved",["v"]]', None),
         (b'[16,7,{},"com.example.new",["v"]]', None),
         (b'[16,7,{},"com..bad",["v"]]', None),
@@ -563,3 +563,121 @@ def test_a_plain_publish_before_welcome_is_refused_as_before() -> None:
     feed_session(_Connection(session), _json(), b'[16,7,{},"com.example.t",["v"]]', None)
     (abort,) = transport.sent
     assert isinstance(abort, message.Abort) and abort.reason == "wamp.error.protocol_violation"
+
+
+def _fixed_producer_side() -> tuple[Any, Any, list[bytes]]:
+    """_producer_side with a fixed clock and message-id prefix: two of them publish the same bytes."""
+    from twisted.internet.task import Clock
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.federation import Federation
+    from pubsubclub.federation.replay import ReplaySettings
+    from pubsubclub.federation.session import LinkState
+
+    hub = Hub("n1", clock=lambda: 1.5)
+    hub._id_prefix = "n1-b-"
+    federation = Federation(hub, reactor=Clock(), replay=ReplaySettings())
+    sent: list[bytes] = []
+    link = LinkSession(Role.PRODUCER, sent.append, federation, "peer", versions=V06)
+    link._speak(psc.V0_6)
+    link.state = LinkState.OPEN
+    return federation, link, sent
+
+
+def _stream_on(topic: str) -> Any:
+    def setup(federation: Any, link: Any) -> None:
+        federation.outbox.resume(link, "n2", psc.Resume(None, 0, (topic,)))
+
+    return setup
+
+
+_STREAM_ON_T = _stream_on("t")
+_stream_on_other = _stream_on("other")
+
+
+def _pattern_stream(federation: Any, link: Any) -> None:
+    from pubsubclub.core.patterns import PREFIX, Pattern
+
+    federation.outbox.resume(link, "n2", psc.Resume(None, 0, (), (Pattern(PREFIX, "t"),)))
+
+
+def _old_link_too(federation: Any, link: Any) -> None:
+    from pubsubclub.federation.session import LinkState
+
+    federation.outbox.resume(link, "n2", psc.Resume(None, 0, ("t",)))
+    old = LinkSession(Role.PRODUCER, link._send, federation, "old", versions=V06)
+    old._speak(psc.V0_2)
+    old.state = LinkState.OPEN
+    federation.link_subscribed(old, ("t",))
+
+
+@pytest.mark.parametrize("payload", [5, "100%d %s", b"\x00\x01", {"k": [1, None]}])
+@pytest.mark.parametrize("setup", [_STREAM_ON_T, _stream_on_other, _pattern_stream, _old_link_too])
+def test_hub_publish_plain_forwards_and_counts_what_publish_of_an_envelope_does(payload: Any, setup: Any) -> None:
+    """publish_plain (no envelope for a forward-only publish) sends, numbers and counts as publish(envelope())."""
+    outcomes = []
+    for plain in (True, False):
+        federation, link, sent = _fixed_producer_side()
+        setup(federation, link)
+        hub = federation.hub
+        for _ in range(2):
+            if plain:
+                assert hub.publish_plain("t", payload, 9) == 0
+            else:
+                assert hub.publish(hub.envelope("t", payload, size=9)) == 0
+        _, counters, _ = hub.metrics.take_interval(0.0)
+        outcomes.append((sent, sorted(counters.items()), hub.stats, federation.outbox.summary()))
+    assert outcomes[0] == outcomes[1]
+    assert bool(outcomes[0][0]) is (setup is not _stream_on_other)
+
+
+def test_hub_publish_plain_makes_the_envelope_publish_would_for_whoever_needs_it() -> None:
+    """A local sink, a listener without the plain method and one that declines it get publish(envelope())'s envelope;
+    the excluded sink gets nothing; a raising listener is isolated and counted."""
+    from pubsubclub.core.hub import Envelope, Hub
+
+    got: list[tuple[str, Envelope]] = []
+
+    class Sink:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def deliver(self, envelope: Envelope) -> None:
+            got.append((self.name, envelope))
+
+    class Listener:
+        def local_published(self, envelope: Envelope) -> None:
+            got.append(("listener", envelope))
+
+    class Declining(Listener):
+        def local_published_plain(self, *fields: Any) -> bool:
+            got.append(("declined", fields))  # type: ignore[arg-type]
+            return False
+
+    class Raising:
+        def local_published_plain(self, *fields: Any) -> bool:
+            raise RuntimeError("boom")
+
+        def local_published(self, envelope: Envelope) -> None:
+            raise RuntimeError("boom")
+
+    hub = Hub("n1", clock=lambda: 1.5)
+    publisher, other = Sink("publisher"), Sink("other")
+    for listener in (Raising(), Declining(), Listener()):
+        hub.add_publish_listener(listener)  # type: ignore[arg-type]
+    hub.publish_plain("t", 5, 9)  # no sink: the envelope made for the listeners
+    hub.subscribe("t", publisher)
+    hub.subscribe("t", other)
+    assert hub.publish_plain("t", 6, 9, exclude=publisher) == 1
+    first = Envelope("t", 5, "n1", 1.5, f"{hub._id_prefix}1", False, 9)
+    second = Envelope("t", 6, "n1", 1.5, f"{hub._id_prefix}2", False, 9)
+    assert got == [
+        ("declined", ("t", 5, "n1", 1.5, first.message_id)),
+        ("listener", first),
+        ("listener", first),
+        ("other", second),
+        ("listener", second),
+        ("listener", second),
+    ]
+    assert [e.size for _, e in got if isinstance(e, Envelope)] == [9] * 5
+    assert hub.metrics.sink_errors == {"Raising": 2} and hub.stats["published"] == 2

@@ -150,6 +150,15 @@ class PublishListener(Protocol):
         """``envelope`` was published by a local client."""
 
 
+class PlainPublishListener(PublishListener, Protocol):
+    """A publish listener that can take a plain local publish as its fields (:meth:`Hub.publish_plain`)."""
+
+    def local_published_plain(
+        self, topic: str, payload: Any, origin: str, published_at: float, message_id: str
+    ) -> bool:
+        """:meth:`local_published` of a plain envelope of these fields (True), or False: it needs the envelope."""
+
+
 class RemoteInterestListener(Protocol):
     """Told when another node starts listening to one of this node's topics."""
 
@@ -425,6 +434,36 @@ class Hub:
                 listener.local_published(envelope)
             except Exception:
                 self._failed(listener, "local_published", envelope.topic)
+        return delivered
+
+    def publish_plain(self, topic: str, payload: Any, size: int, exclude: Sink | None = None) -> int:
+        """:meth:`publish` of ``self.envelope(topic, payload, size=size)`` (a plain value, no options).
+
+        The envelope is made only when something needs it: a local sink or
+        pattern, or a publish listener without ``local_published_plain`` (or
+        whose ``local_published_plain`` answers False: it did nothing and wants
+        the envelope). A publish only other nodes take (a publishing node's
+        usual case) goes to the federation as its fields, without an envelope
+        made and taken apart again.
+        """
+        origin, published_at = self.node_id, self._clock()
+        message_id = f"{self._id_prefix}{next(self._counter)}"
+        self._published += 1
+        envelope: Envelope | None = None
+        delivered = 0
+        if self._any_patterns or topic in self._sinks:
+            envelope = Envelope(topic, payload, origin, published_at, message_id, False, size)
+            delivered = self._deliver(envelope, exclude)
+        for listener in self._publish:
+            try:
+                if envelope is None:
+                    plain = getattr(listener, "local_published_plain", None)
+                    if plain is not None and plain(topic, payload, origin, published_at, message_id):
+                        continue
+                    envelope = Envelope(topic, payload, origin, published_at, message_id, False, size)
+                listener.local_published(envelope)
+            except Exception:
+                self._failed(listener, "local_published", topic)
         return delivered
 
     def deliver_remote(self, envelope: Envelope) -> int:

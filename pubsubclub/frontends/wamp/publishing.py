@@ -304,9 +304,8 @@ def publish_plain(session: BrokerSession, request: int, wamp_topic: str, value: 
     ):
         publish(session, PublishRequest(request, wamp_topic, [value], None, None, None, None, size))
         return
-    envelope = hub.envelope(topic, value, size=size)
     hub.metrics.count(topic, Source.WAMP, Kind.PUBLISHED, 1, size)
-    hub.publish(envelope, exclude=session)
+    hub.publish_plain(topic, value, size, session)  # hub.publish(hub.envelope(...)), the envelope made if needed
 
 
 def _checked_topic(session: BrokerSession, msg: PublishRequest, acknowledge: bool) -> str | message.Message | None:
