@@ -38,7 +38,7 @@ from twisted.python.failure import Failure
 
 from pubsubclub.core.counters import Source
 from pubsubclub.frontends.wamp.router import WampRouter
-from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_session
+from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_message
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
@@ -107,7 +107,7 @@ class WampRawSocketProtocol(Protocol):
             timer.cancel()
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
-        """Handshake first, then frames, each WAMP message straight to :func:`feed_session`."""
+        """Handshake first, then frames, each WAMP message straight to :func:`feed_message`."""
         buffer = self._buffer
         buffer += data
         serializer = self._serializer
@@ -132,7 +132,7 @@ class WampRawSocketProtocol(Protocol):
             payload = bytes(buffer[4 : 4 + length])
             del buffer[: 4 + length]
             if kind == FRAME_MESSAGE:  # the serializer is chosen once, in the handshake, and kept
-                feed_session(self, serializer, payload, None)
+                feed_message(self, payload, None, serializer)
             elif kind == FRAME_PING:
                 self._write(FRAME_PONG, payload)
 

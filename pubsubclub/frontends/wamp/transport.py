@@ -56,7 +56,7 @@ from twisted.web.server import Site
 from twisted.web.static import File
 
 from pubsubclub.core import jsonbounds
-from pubsubclub.core.jsonbounds import JSONBounds, check
+from pubsubclub.core.jsonbounds import _DIGIT_MASK, _LONG_RUN, JSONBounds, check
 from pubsubclub.frontends.wamp.broker import BrokerSession
 from pubsubclub.frontends.wamp.codec import _LOOSE_URI, _MAX_ID, PUBLISH, decode, decoded
 from pubsubclub.frontends.wamp.publishing import publish_plain
@@ -89,13 +89,12 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
     def _watch_send_buffer(self) -> None:
         self._backlog = watch_send_buffer(self.transport, "WAMP")
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
-        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
-        receive_data(self, data)
+    #: Twisted's ``dataReceived(data)``: whole ordinary frames straight to ``onMessage``, everything else through
+    #: Autobahn (see wsframes); the function itself, without a method calling it.
+    dataReceived = receive_data  # noqa: N815 - Twisted API
 
-    def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803
-        """Decode WAMP messages; answer undecodable input with ABORT."""
-        feed_session(self, self._serializer, payload, isBinary)
+    # onMessage(payload, isBinary): feed_message itself (assigned below it): decode WAMP messages, answer
+    # undecodable input with ABORT.
 
     def isOpen(self) -> bool:  # noqa: N802 - Autobahn's ITransport name
         """True while the session is attached and the WebSocket open, not once a closing handshake began.
@@ -169,7 +168,19 @@ class SessionOwner(Protocol):
 
 
 def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary: bool | None) -> None:
+    """Decode one transport message with ``serializer`` and hand each WAMP message to ``owner``'s session.
+
+    :func:`feed_message` with the serializer given.
+    """
+    feed_message(owner, payload, is_binary, serializer)
+
+
+def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, serializer: Any = None) -> None:
     """Decode one transport message and hand each WAMP message to ``owner``'s session.
+
+    ``serializer``: the connection's Autobahn serializer, ``owner._serializer``
+    when None (so this is :meth:`WampServerProtocol.onMessage` itself, without
+    a call in between).
 
     Undecodable input is the peer's fault: ABORT (``protocol_violation``), or
     an ERROR for a refused URI (``invalid_uri``) or an unknown SUBSCRIBE match
@@ -184,16 +195,29 @@ def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary
     session = owner._session
     if session is None:
         return
+    if serializer is None:
+        serializer = owner._serializer  # type: ignore[attr-defined]
     plain = False
     try:
         objects = serializer._serializer
-        if type(objects) is not _BoundedJsonObjectSerializer or is_binary or b"\\u0000" in payload:
+        if (
+            type(objects) is not _BoundedJsonObjectSerializer
+            or is_binary
+            or type(payload) is not bytes
+            or b"\\u0000" in payload
+        ):
             messages = decode(serializer, payload, is_binary)
         else:
             # JSON without binary values: the serializer's unserialize without its call (and decode's).
             try:
                 value = orjson.loads(payload)
-                jsonbounds.check_decoded(payload, value, objects._bounds)
+                # jsonbounds.check_decoded, without its call when it has nothing to check: no 19-digit run
+                # (an integer that may be outside 64 bits) and fewer brackets than the depth allowed.
+                if (
+                    payload.translate(_DIGIT_MASK).find(_LONG_RUN) >= 0
+                    or payload.count(b"[") + payload.count(b"{") > objects._bounds.max_depth
+                ):
+                    jsonbounds.check_decoded(payload, value, objects._bounds)
             except Exception:
                 value = None  # not JSON to orjson, or beyond the bounds: decode words the refusal
             if value is None:
@@ -240,6 +264,10 @@ def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary
         if owner._session is None:
             return
         session.onMessage(msg)
+
+
+#: Autobahn's ``onMessage(payload, isBinary)``: feed_message with the connection's serializer, without a call between.
+WampServerProtocol.onMessage = feed_message  # type: ignore[method-assign,assignment]
 
 
 def _raw_message(serializer: Any, payload: bytes) -> Any:
