@@ -509,11 +509,11 @@ def _disclose(router: Any, publisher: Any) -> None:
     router.disclose_publisher = "always"
 
 
-def _raising_metrics(router: Any, publisher: Any) -> None:
-    def fail(*_: Any, **__: Any) -> None:
+def _raising_clock(router: Any, publisher: Any) -> None:
+    def fail() -> float:
         raise RuntimeError("boom")
 
-    router.hub.metrics.count = fail
+    router.hub._clock = fail
 
 
 @pytest.mark.parametrize(
@@ -522,7 +522,7 @@ def _raising_metrics(router: Any, publisher: Any) -> None:
         (b'[16,7,{},"com.example.t",["v"]]', _deny),
         (b'[16,7,{},"com.example.t",["v"]]', _too_large),
         (b'[16,7,{},"com.example.t",["v"]]', _disclose),
-        (b'[16,7,{},"com.example.t",["v"]]', _raising_metrics),
+        (b'[16,7,{},"com.example.t",["v"]]', _raising_clock),
         (b'[16,7,{},"wamp.reserved",["v"]]', None),
         (b'[16,7,{},"com.example.new",["v"]]', None),
         (b'[16,7,{},"com..bad",["v"]]', None),
@@ -681,3 +681,26 @@ def test_hub_publish_plain_makes_the_envelope_publish_would_for_whoever_needs_it
     ]
     assert [e.size for _, e in got if isinstance(e, Envelope)] == [9] * 5
     assert hub.metrics.sink_errors == {"Raising": 2} and hub.stats["published"] == 2
+
+
+def test_publish_plain_counts_are_held_bounded_and_added_before_every_read() -> None:
+    """publish_plain's published counts reach every read of the metrics in full, held for at most 1,024 topics."""
+    from pubsubclub.core.counters import Source
+    from pubsubclub.core.hub import MAX_HELD_PUBLISHED, Hub
+
+    hub = Hub("n1")
+    for i in range(MAX_HELD_PUBLISHED + 5):
+        hub.publish_plain(f"t{i}", i, 10, counted_as=Source.WAMP)
+        assert len(hub._published_counts) <= MAX_HELD_PUBLISHED
+    hub.publish_plain("t0", 0, 7, counted_as=Source.WAMP)
+    hub.publish_plain("t0", 0, 7)  # not counted by the hub: the caller counts
+    _, counters, _ = hub.metrics.take_interval(0.0)
+    published = {k[0]: v for k, v in counters.items() if k[1:] == ("wamp", "published", None, None)}
+    assert len(published) == MAX_HELD_PUBLISHED + 5 and published["t0"] == [2, 17] and published["t9"] == [1, 10]
+    assert hub.stats["published"] == MAX_HELD_PUBLISHED + 7
+
+
+def test_a_raise_in_the_plain_path_aborts_the_session_as_onmessage_does() -> None:
+    """An internal error while publishing plainly is logged and answered with ABORT, the session closed."""
+    events, answers, state, _ = _outcome(b'[16,7,{},"com.example.t",["v"]]', fast=True, setup=_raising_clock)
+    assert events == [] and answers == [("Abort", "wamp.error.protocol_violation", None)] and state == "CLOSED"

@@ -51,6 +51,8 @@ log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _PUBLISHED, _RECEIVED, _DELIVERED = HubEvent.PUBLISHED, HubEvent.RECEIVED, HubEvent.DELIVERED
 _KIND_DELIVERED = Kind.DELIVERED
+#: Most (topic, front-end) publish counts :meth:`Hub.publish_plain` holds back between reads of the metrics.
+MAX_HELD_PUBLISHED = 1024
 
 
 def random_node_id() -> str:
@@ -217,6 +219,8 @@ class Hub:
         self._published = 0
         #: Local deliveries not yet added to ``metrics`` (likewise).
         self._delivered = 0
+        #: (topic, front-end) -> [messages, bytes] of :meth:`publish_plain`'s counts not yet added (likewise).
+        self._published_counts: dict[tuple[str, Source], list[int]] = {}
         self.metrics.add_settler(self._settle)
 
     # -- listeners ---------------------------------------------------------
@@ -299,6 +303,11 @@ class Hub:
         if n:
             self._delivered = 0
             self.metrics.event(_DELIVERED, n)
+        counts = self._published_counts
+        if counts:
+            for (topic, source), (n, nbytes) in counts.items():
+                self.metrics.count(topic, source, Kind.PUBLISHED, n, nbytes)
+            counts.clear()
 
     def _failed(self, owner: object, what: str, topic: str) -> None:
         name = type(owner).__name__
@@ -436,8 +445,14 @@ class Hub:
                 self._failed(listener, "local_published", envelope.topic)
         return delivered
 
-    def publish_plain(self, topic: str, payload: Any, size: int, exclude: Sink | None = None) -> int:
+    def publish_plain(
+        self, topic: str, payload: Any, size: int, exclude: Sink | None = None, counted_as: Source | None = None
+    ) -> int:
         """:meth:`publish` of ``self.envelope(topic, payload, size=size)`` (a plain value, no options).
+
+        ``counted_as``: the front-end whose ``published`` count (``size`` bytes)
+        this is, as ``metrics.count(topic, counted_as, Kind.PUBLISHED, 1, size)``
+        would add it; held back and added before any read of the metrics.
 
         The envelope is made only when something needs it: a local sink or
         pattern, or a publish listener without ``local_published_plain`` (or
@@ -448,6 +463,16 @@ class Hub:
         """
         origin, published_at = self.node_id, self._clock()
         message_id = f"{self._id_prefix}{next(self._counter)}"
+        if counted_as is not None:
+            counts = self._published_counts
+            cell = counts.get((topic, counted_as))
+            if cell is None:
+                if len(counts) >= MAX_HELD_PUBLISHED:
+                    self._settle()  # bounded: publishing on ever new topics must not grow the node
+                counts[(topic, counted_as)] = [1, size]
+            else:
+                cell[0] += 1
+                cell[1] += size
         self._published += 1
         envelope: Envelope | None = None
         delivered = 0

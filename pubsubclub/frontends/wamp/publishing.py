@@ -96,6 +96,7 @@ INVALID_URI = "wamp.error.invalid_uri"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 #: ERROR for a PUBLISH that could not reach other nodes for its size (docs/protocol.md, "Message sizes").
 PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
+_WAMP = Source.WAMP
 #: Taken as a PUBLISH's size when its transport did not measure it: always checked.
 _UNMEASURED = 1 << 62
 
@@ -304,8 +305,8 @@ def publish_plain(session: BrokerSession, request: int, wamp_topic: str, value: 
     ):
         publish(session, PublishRequest(request, wamp_topic, [value], None, None, None, None, size))
         return
-    hub.metrics.count(topic, Source.WAMP, Kind.PUBLISHED, 1, size)
-    hub.publish_plain(topic, value, size, session)  # hub.publish(hub.envelope(...)), the envelope made if needed
+    # hub.metrics.count(topic, WAMP, PUBLISHED, 1, size), then hub.publish(hub.envelope(...)), in one call.
+    hub.publish_plain(topic, value, size, session, _WAMP)
 
 
 def _checked_topic(session: BrokerSession, msg: PublishRequest, acknowledge: bool) -> str | message.Message | None:
