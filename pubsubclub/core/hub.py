@@ -196,6 +196,8 @@ class Hub:
         self._sinks_compaction = Compaction()
         self._interest: list[InterestListener] = []
         self._publish: list[PublishListener] = []
+        #: The same, each with its ``local_published_plain`` (None without one): what publish_plain walks.
+        self._publish_plain: list[tuple[PublishListener, Callable[..., bool] | None]] = []
         self._remote_interest: list[RemoteInterestListener] = []
         self._patterns: PatternIndex[PatternSink] = PatternIndex()
         #: Whether any sink holds a pattern (kept with ``_patterns``: read per publish).
@@ -253,6 +255,7 @@ class Hub:
     def add_publish_listener(self, listener: PublishListener) -> None:
         """Register ``listener`` for every local publish."""
         self._publish.append(listener)
+        self._publish_plain.append((listener, getattr(listener, "local_published_plain", None)))
 
     def set_forward_check(self, check: Callable[[Envelope], str | None], unchecked_below: int) -> None:
         """Have :meth:`refusal` ask ``check`` about publishes of ``unchecked_below`` bytes or more."""
@@ -479,10 +482,9 @@ class Hub:
         if self._any_patterns or topic in self._sinks:
             envelope = Envelope(topic, payload, origin, published_at, message_id, False, size)
             delivered = self._deliver(envelope, exclude)
-        for listener in self._publish:
+        for listener, plain in self._publish_plain:
             try:
                 if envelope is None:
-                    plain = getattr(listener, "local_published_plain", None)
                     if plain is not None and plain(topic, payload, origin, published_at, message_id):
                         continue
                     envelope = Envelope(topic, payload, origin, published_at, message_id, False, size)
