@@ -707,3 +707,50 @@ def test_a_raise_in_the_plain_path_aborts_the_session_as_onmessage_does() -> Non
     """An internal error while publishing plainly is logged and answered with ABORT, the session closed."""
     events, answers, state, _ = _outcome(b'[16,7,{},"com.example.t",["v"]]', fast=True, setup=_raising_clock)
     assert events == [] and answers == [("Abort", "wamp.error.protocol_violation", None)] and state == "CLOSED"
+
+
+def test_a_link_frame_asks_the_queue_cap_only_with_bytes_queued_and_drops_the_link_past_it() -> None:
+    """_write_frame: nothing queued writes without asking the cap; queued past the cap drops the link unwritten."""
+    from pubsubclub.federation.transport import _LinkProtocolBase
+
+    asked: list[Any] = []
+
+    class Federation:
+        def queue_cap(self, session: Any) -> int:
+            asked.append(session)
+            return 100
+
+        def link_overflow(self, session: Any, queued: int) -> None:
+            asked.append(("overflow", queued))
+
+    class Factory(_Factory):
+        federation = Federation()
+
+    class Backlog:
+        paused = False
+        since_pause = 0
+        queued = 0
+
+        def unsent(self) -> int:
+            return self.queued
+
+    class Link(_Protocol):
+        _seal = None
+        _overflowed = False
+        session = "s"
+        dropped: Any = None
+
+        def dropConnection(self, abort: bool) -> None:  # noqa: N802 - Autobahn API
+            self.dropped = abort
+
+    link = Link()
+    link.factory = Factory()
+    backlog = link._backlog = Backlog()
+    _LinkProtocolBase._write_frame(link, b"one")  # type: ignore[arg-type]
+    assert asked == [] and link.transport.writes == [b"\x81\x03one"]
+    backlog.queued, backlog.paused = 50, True
+    _LinkProtocolBase._write_frame(link, b"two")  # type: ignore[arg-type]
+    assert asked == ["s"] and backlog.since_pause == 3 and len(link.transport.writes) == 2
+    backlog.queued = 101
+    _LinkProtocolBase._write_frame(link, b"three")  # type: ignore[arg-type]
+    assert asked == ["s", "s", ("overflow", 101)] and link.dropped is True and len(link.transport.writes) == 2
