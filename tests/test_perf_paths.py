@@ -423,3 +423,334 @@ def test_a_relayed_message_leaves_the_stream_path_for_split_horizon() -> None:
     assert node_sent[before["n2"] :] == [_expected(from_w1, 1)]
     assert w1_sent[before["n1.w1"] :] == [_expected(from_n3, 1)]
     assert w2_sent[before["n1.w2"] :] == [_expected(from_w1, 1), _expected(from_n3, 2)]
+
+
+# -- the plain PUBLISH path: JSON [16, id, {}, topic, [value]] straight to publish_plain ---------------------
+
+
+class _Connection:
+    """A transport connection as feed_session sees it."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+
+def _json() -> Any:
+    import copy
+
+    from pubsubclub.core.jsonbounds import JSONBounds
+    from pubsubclub.frontends.wamp.transport import bounded_serializers
+
+    return copy.copy({s.SERIALIZER_ID: s for s in bounded_serializers(JSONBounds(max_depth=8))}["json"])
+
+
+def _outcome(frame: bytes, fast: bool, setup: Any = None) -> tuple[Any, ...]:
+    """What a publisher's ``frame`` did (to it, a subscriber, the metrics): fed, or decoded and dispatched."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.transport import _BoundedJsonObjectSerializer, feed_session
+
+    router = WampRouter(Hub(node_id="n"))
+    publisher, publisher_t = _joined(router)
+    subscriber, subscriber_t = _joined(router)
+    subscriber.onMessage(message.Subscribe(1, "com.example.t"))
+    subscriber_t.sent.clear()
+    serializer = _json()
+    feed_session(_Connection(publisher), serializer, b'[16,1,{},"com.example.t",[0]]', None)  # the topic now known
+    subscriber_t.sent.clear()
+    if setup is not None:
+        setup(router, publisher)
+    if not fast:
+        # A subclass is not the serializer feed_session reads JSON itself for: decode's path, as before it.
+        class General(_BoundedJsonObjectSerializer):  # type: ignore[misc]
+            pass
+
+        serializer._serializer = General(serializer._serializer._bounds)
+    feed_session(_Connection(publisher), serializer, frame, None)
+    _, counters, _ = router.hub.metrics.take_interval(0.0)
+    events = [(m.args, m.kwargs, m.publisher == publisher.session_id, m.publisher_authrole) for m in subscriber_t.sent]
+    answers = [(type(m).__name__, getattr(m, "reason", None), getattr(m, "error", None)) for m in publisher_t.sent]
+    return events, answers, publisher._state.name, sorted((k, v) for k, v in counters.items() if k[2] != "delivered")
+
+
+def test_a_plain_json_publish_goes_to_publish_plain_without_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain JSON PUBLISH reaches publish_plain without decode or a PublishRequest, and does what publish did."""
+    from pubsubclub.frontends.wamp import transport
+
+    frame = b'[16,7,{},"com.example.t",["v"]]'
+    expected = _outcome(frame, fast=False)
+    assert expected[0] == [(["v"], None, False, None)]
+
+    def refuse(*_: Any) -> Any:
+        raise AssertionError("decoded through the general path")
+
+    monkeypatch.setattr(transport, "decode", refuse)
+    monkeypatch.setattr(transport, "decoded", refuse)
+    assert _outcome(frame, fast=True) == expected
+
+
+def _deny(router: Any, publisher: Any) -> None:
+    class Role:
+        name = "reader"
+
+        def may_publish(self, topic: str) -> bool:
+            return False
+
+    publisher._role = Role()
+
+
+def _too_large(router: Any, publisher: Any) -> None:
+    router.hub.set_forward_check(lambda envelope: "too large for the links", 10)
+
+
+def _disclose(router: Any, publisher: Any) -> None:
+    router.disclose_publisher = "always"
+
+
+def _raising_clock(router: Any, publisher: Any) -> None:
+    def fail() -> float:
+        raise RuntimeError("boom")
+
+    router.hub._clock = fail
+
+
+@pytest.mark.parametrize(
+    ("frame", "setup"),
+    [
+        (b'[16,7,{},"com.example.t",["v"]]', _deny),
+        (b'[16,7,{},"com.example.t",["v"]]', _too_large),
+        (b'[16,7,{},"com.example.t",["v"]]', _disclose),
+        (b'[16,7,{},"com.example.t",["v"]]', _raising_clock),
+        (b'[16,7,{},"wamp.reserved",["v"]]', None),
+        (b'[16,7,{},"com.example.new",["v"]]', None),
+        (b'[16,7,{},"com..bad",["v"]]', None),
+        (b'[16,7,{},"com.example.t",[[[[[[[[[1]]]]]]]]]]', None),
+        (b'[16,7,{},"com.example.t",[[' + b",".join([b"[]"] * 20) + b"]]]", None),
+        (b'[16,7,{},"com.example.t",[123456789012345678901234]]', None),
+        (b'[16,7,{},"com.example.t",[1234567890123456789]]', None),
+        (b'[16,7,{},"com.example.t",["\\u0000AAE="]]', None),
+        (b'[16,7,{},"com.example.t",[1,2]]', None),
+        (b'[16,7,{},"com.example.t",[]]', None),
+        (b'[16,7,{"acknowledge":true},"com.example.t",["v"]]', None),
+        (b'[16,7,{"exclude_me":false},"com.example.t",["v"]]', None),
+        (b'[16,-1,{},"com.example.t",["v"]]', None),
+        (b'[16,9007199254740993,{},"com.example.t",["v"]]', None),
+        (b'[16.0,7,{},"com.example.t",["v"]]', None),
+        (b'[16,7,[],"com.example.t",["v"]]', None),
+        (b'[16,7,{},"com.example.t",{"a":1}]', None),
+        (b'[16,true,{},"com.example.t",["v"]]', None),
+        (b'[16,7,{},"com.example.t",["v"]', None),
+        (b"null", None),
+    ],
+)
+def test_the_plain_path_refuses_and_answers_as_the_general_path(frame: bytes, setup: Any) -> None:
+    """Role, size, disclosure, a raising hub, URIs, bounds, binary values, other shapes: as the general path does."""
+    assert _outcome(frame, fast=True, setup=setup) == _outcome(frame, fast=False, setup=setup)
+
+
+def test_a_plain_publish_before_welcome_is_refused_as_before() -> None:
+    """A plain PUBLISH on a session that has not joined is a protocol violation (ABORT), as onMessage makes it."""
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.transport import feed_session
+    from pubsubclub.testing import MemoryWampTransport
+
+    router = WampRouter(Hub())
+    session = router.session_factory()
+    transport = MemoryWampTransport()
+    session.onOpen(transport)
+    feed_session(_Connection(session), _json(), b'[16,7,{},"com.example.t",["v"]]', None)
+    (abort,) = transport.sent
+    assert isinstance(abort, message.Abort) and abort.reason == "wamp.error.protocol_violation"
+
+
+def _fixed_producer_side() -> tuple[Any, Any, list[bytes]]:
+    """_producer_side with a fixed clock and message-id prefix: two of them publish the same bytes."""
+    from twisted.internet.task import Clock
+
+    from pubsubclub.core.hub import Hub
+    from pubsubclub.federation import Federation
+    from pubsubclub.federation.replay import ReplaySettings
+    from pubsubclub.federation.session import LinkState
+
+    hub = Hub("n1", clock=lambda: 1.5)
+    hub._id_prefix = "n1-b-"
+    federation = Federation(hub, reactor=Clock(), replay=ReplaySettings())
+    sent: list[bytes] = []
+    link = LinkSession(Role.PRODUCER, sent.append, federation, "peer", versions=V06)
+    link._speak(psc.V0_6)
+    link.state = LinkState.OPEN
+    return federation, link, sent
+
+
+def _stream_on(topic: str) -> Any:
+    def setup(federation: Any, link: Any) -> None:
+        federation.outbox.resume(link, "n2", psc.Resume(None, 0, (topic,)))
+
+    return setup
+
+
+_STREAM_ON_T = _stream_on("t")
+_stream_on_other = _stream_on("other")
+
+
+def _pattern_stream(federation: Any, link: Any) -> None:
+    from pubsubclub.core.patterns import PREFIX, Pattern
+
+    federation.outbox.resume(link, "n2", psc.Resume(None, 0, (), (Pattern(PREFIX, "t"),)))
+
+
+def _old_link_too(federation: Any, link: Any) -> None:
+    from pubsubclub.federation.session import LinkState
+
+    federation.outbox.resume(link, "n2", psc.Resume(None, 0, ("t",)))
+    old = LinkSession(Role.PRODUCER, link._send, federation, "old", versions=V06)
+    old._speak(psc.V0_2)
+    old.state = LinkState.OPEN
+    federation.link_subscribed(old, ("t",))
+
+
+@pytest.mark.parametrize("payload", [5, "100%d %s", b"\x00\x01", {"k": [1, None]}])
+@pytest.mark.parametrize("setup", [_STREAM_ON_T, _stream_on_other, _pattern_stream, _old_link_too])
+def test_hub_publish_plain_forwards_and_counts_what_publish_of_an_envelope_does(payload: Any, setup: Any) -> None:
+    """publish_plain (no envelope for a forward-only publish) sends, numbers and counts as publish(envelope())."""
+    outcomes = []
+    for plain in (True, False):
+        federation, link, sent = _fixed_producer_side()
+        setup(federation, link)
+        hub = federation.hub
+        for _ in range(2):
+            if plain:
+                assert hub.publish_plain("t", payload, 9) == 0
+            else:
+                assert hub.publish(hub.envelope("t", payload, size=9)) == 0
+        _, counters, _ = hub.metrics.take_interval(0.0)
+        outcomes.append((sent, sorted(counters.items()), hub.stats, federation.outbox.summary()))
+    assert outcomes[0] == outcomes[1]
+    assert bool(outcomes[0][0]) is (setup is not _stream_on_other)
+
+
+def test_hub_publish_plain_makes_the_envelope_publish_would_for_whoever_needs_it() -> None:
+    """A local sink, a listener without the plain method and one that declines it get publish(envelope())'s envelope;
+    the excluded sink gets nothing; a raising listener is isolated and counted."""
+    from pubsubclub.core.hub import Envelope, Hub
+
+    got: list[tuple[str, Envelope]] = []
+
+    class Sink:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def deliver(self, envelope: Envelope) -> None:
+            got.append((self.name, envelope))
+
+    class Listener:
+        def local_published(self, envelope: Envelope) -> None:
+            got.append(("listener", envelope))
+
+    class Declining(Listener):
+        def local_published_plain(self, *fields: Any) -> bool:
+            got.append(("declined", fields))  # type: ignore[arg-type]
+            return False
+
+    class Raising:
+        def local_published_plain(self, *fields: Any) -> bool:
+            raise RuntimeError("boom")
+
+        def local_published(self, envelope: Envelope) -> None:
+            raise RuntimeError("boom")
+
+    hub = Hub("n1", clock=lambda: 1.5)
+    publisher, other = Sink("publisher"), Sink("other")
+    for listener in (Raising(), Declining(), Listener()):
+        hub.add_publish_listener(listener)  # type: ignore[arg-type]
+    hub.publish_plain("t", 5, 9)  # no sink: the envelope made for the listeners
+    hub.subscribe("t", publisher)
+    hub.subscribe("t", other)
+    assert hub.publish_plain("t", 6, 9, exclude=publisher) == 1
+    first = Envelope("t", 5, "n1", 1.5, f"{hub._id_prefix}1", False, 9)
+    second = Envelope("t", 6, "n1", 1.5, f"{hub._id_prefix}2", False, 9)
+    assert got == [
+        ("declined", ("t", 5, "n1", 1.5, first.message_id)),
+        ("listener", first),
+        ("listener", first),
+        ("other", second),
+        ("listener", second),
+        ("listener", second),
+    ]
+    assert [e.size for _, e in got if isinstance(e, Envelope)] == [9] * 5
+    assert hub.metrics.sink_errors == {"Raising": 2} and hub.stats["published"] == 2
+
+
+def test_publish_plain_counts_are_held_bounded_and_added_before_every_read() -> None:
+    """publish_plain's published counts reach every read of the metrics in full, held for at most 1,024 topics."""
+    from pubsubclub.core.counters import Source
+    from pubsubclub.core.hub import MAX_HELD_PUBLISHED, Hub
+
+    hub = Hub("n1")
+    for i in range(MAX_HELD_PUBLISHED + 5):
+        hub.publish_plain(f"t{i}", i, 10, counted_as=Source.WAMP)
+        assert len(hub._published_counts) <= MAX_HELD_PUBLISHED
+    hub.publish_plain("t0", 0, 7, counted_as=Source.WAMP)
+    hub.publish_plain("t0", 0, 7)  # not counted by the hub: the caller counts
+    _, counters, _ = hub.metrics.take_interval(0.0)
+    published = {k[0]: v for k, v in counters.items() if k[1:] == ("wamp", "published", None, None)}
+    assert len(published) == MAX_HELD_PUBLISHED + 5 and published["t0"] == [2, 17] and published["t9"] == [1, 10]
+    assert hub.stats["published"] == MAX_HELD_PUBLISHED + 7
+
+
+def test_a_raise_in_the_plain_path_aborts_the_session_as_onmessage_does() -> None:
+    """An internal error while publishing plainly is logged and answered with ABORT, the session closed."""
+    events, answers, state, _ = _outcome(b'[16,7,{},"com.example.t",["v"]]', fast=True, setup=_raising_clock)
+    assert events == [] and answers == [("Abort", "wamp.error.protocol_violation", None)] and state == "CLOSED"
+
+
+def test_a_link_frame_asks_the_queue_cap_only_with_bytes_queued_and_drops_the_link_past_it() -> None:
+    """_write_frame: nothing queued writes without asking the cap; queued past the cap drops the link unwritten."""
+    from pubsubclub.federation.transport import _LinkProtocolBase
+
+    asked: list[Any] = []
+
+    class Federation:
+        def queue_cap(self, session: Any) -> int:
+            asked.append(session)
+            return 100
+
+        def link_overflow(self, session: Any, queued: int) -> None:
+            asked.append(("overflow", queued))
+
+    class Factory(_Factory):
+        federation = Federation()
+
+    class Backlog:
+        paused = False
+        since_pause = 0
+        queued = 0
+
+        def unsent(self) -> int:
+            return self.queued
+
+    class Link(_Protocol):
+        _seal = None
+        _overflowed = False
+        session = "s"
+        dropped: Any = None
+
+        def dropConnection(self, abort: bool) -> None:  # noqa: N802 - Autobahn API
+            self.dropped = abort
+
+    link = Link()
+    link.factory = Factory()
+    backlog = link._backlog = Backlog()
+    _LinkProtocolBase._write_frame(link, b"one")  # type: ignore[arg-type]
+    assert asked == [] and link.transport.writes == [b"\x81\x03one"]
+    backlog.queued, backlog.paused = 50, True
+    _LinkProtocolBase._write_frame(link, b"two")  # type: ignore[arg-type]
+    assert asked == ["s"] and backlog.since_pause == 3 and len(link.transport.writes) == 2
+    backlog.queued = 101
+    _LinkProtocolBase._write_frame(link, b"three")  # type: ignore[arg-type]
+    assert asked == ["s", "s", ("overflow", 101)] and link.dropped is True and len(link.transport.writes) == 2

@@ -45,10 +45,14 @@ DEFAULT_MAX_TOPICS = 100_000
 #: Patterns with local holders a node holds at most: as many as it may announce to a peer
 #: (``psc.Limits.max_patterns_per_peer``), so no pattern is held that other nodes never hear of.
 DEFAULT_MAX_PATTERNS = 10_000
+#: :attr:`Hub.checked_from` while no forward check is set: no size is refused.
+NEVER_CHECKED = 1 << 62
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _PUBLISHED, _RECEIVED, _DELIVERED = HubEvent.PUBLISHED, HubEvent.RECEIVED, HubEvent.DELIVERED
 _KIND_DELIVERED = Kind.DELIVERED
+#: Most (topic, front-end) publish counts :meth:`Hub.publish_plain` holds back between reads of the metrics.
+MAX_HELD_PUBLISHED = 1024
 
 
 def random_node_id() -> str:
@@ -148,6 +152,15 @@ class PublishListener(Protocol):
         """``envelope`` was published by a local client."""
 
 
+class PlainPublishListener(PublishListener, Protocol):
+    """A publish listener that can take a plain local publish as its fields (:meth:`Hub.publish_plain`)."""
+
+    def local_published_plain(
+        self, topic: str, payload: Any, origin: str, published_at: float, message_id: str
+    ) -> bool:
+        """:meth:`local_published` of a plain envelope of these fields (True), or False: it needs the envelope."""
+
+
 class RemoteInterestListener(Protocol):
     """Told when another node starts listening to one of this node's topics."""
 
@@ -183,6 +196,8 @@ class Hub:
         self._sinks_compaction = Compaction()
         self._interest: list[InterestListener] = []
         self._publish: list[PublishListener] = []
+        #: The same, each with its ``local_published_plain`` (None without one): what publish_plain walks.
+        self._publish_plain: list[tuple[PublishListener, Callable[..., bool] | None]] = []
         self._remote_interest: list[RemoteInterestListener] = []
         self._patterns: PatternIndex[PatternSink] = PatternIndex()
         #: Whether any sink holds a pattern (kept with ``_patterns``: read per publish).
@@ -192,6 +207,9 @@ class Hub:
         self._forward_check: Callable[[Envelope], str | None] | None = None
         #: Publishes of fewer bytes than this always fit the links: no check.
         self._unchecked_below = 0
+        #: Publishes of this many bytes or more may be refused by :meth:`refusal`; smaller ones never are
+        #: (a front-end's plain publish path skips the call below it). No check set: none is refused.
+        self.checked_from = NEVER_CHECKED
         self._counter = itertools.count(1)
         # Message ids stay unique across restarts of a node with the same id.
         self._boot = os.urandom(3).hex()
@@ -203,6 +221,8 @@ class Hub:
         self._published = 0
         #: Local deliveries not yet added to ``metrics`` (likewise).
         self._delivered = 0
+        #: (topic, front-end) -> [messages, bytes] of :meth:`publish_plain`'s counts not yet added (likewise).
+        self._published_counts: dict[tuple[str, Source], list[int]] = {}
         self.metrics.add_settler(self._settle)
 
     # -- listeners ---------------------------------------------------------
@@ -235,11 +255,13 @@ class Hub:
     def add_publish_listener(self, listener: PublishListener) -> None:
         """Register ``listener`` for every local publish."""
         self._publish.append(listener)
+        self._publish_plain.append((listener, getattr(listener, "local_published_plain", None)))
 
     def set_forward_check(self, check: Callable[[Envelope], str | None], unchecked_below: int) -> None:
         """Have :meth:`refusal` ask ``check`` about publishes of ``unchecked_below`` bytes or more."""
         self._forward_check = check
         self._unchecked_below = unchecked_below
+        self.checked_from = unchecked_below
 
     def refusal(self, envelope: Envelope, size: int) -> str | None:
         """Why a front-end must refuse ``envelope`` before acknowledging it (it could not reach other nodes), or None.
@@ -284,6 +306,11 @@ class Hub:
         if n:
             self._delivered = 0
             self.metrics.event(_DELIVERED, n)
+        counts = self._published_counts
+        if counts:
+            for (topic, source), (n, nbytes) in counts.items():
+                self.metrics.count(topic, source, Kind.PUBLISHED, n, nbytes)
+            counts.clear()
 
     def _failed(self, owner: object, what: str, topic: str) -> None:
         name = type(owner).__name__
@@ -419,6 +446,51 @@ class Hub:
                 listener.local_published(envelope)
             except Exception:
                 self._failed(listener, "local_published", envelope.topic)
+        return delivered
+
+    def publish_plain(
+        self, topic: str, payload: Any, size: int, exclude: Sink | None = None, counted_as: Source | None = None
+    ) -> int:
+        """:meth:`publish` of ``self.envelope(topic, payload, size=size)`` (a plain value, no options).
+
+        ``counted_as``: the front-end whose ``published`` count (``size`` bytes)
+        this is, as ``metrics.count(topic, counted_as, Kind.PUBLISHED, 1, size)``
+        would add it; held back and added before any read of the metrics.
+
+        The envelope is made only when something needs it: a local sink or
+        pattern, or a publish listener without ``local_published_plain`` (or
+        whose ``local_published_plain`` answers False: it did nothing and wants
+        the envelope). A publish only other nodes take (a publishing node's
+        usual case) goes to the federation as its fields, without an envelope
+        made and taken apart again.
+        """
+        origin, published_at = self.node_id, self._clock()
+        message_id = f"{self._id_prefix}{next(self._counter)}"
+        if counted_as is not None:
+            counts = self._published_counts
+            cell = counts.get((topic, counted_as))
+            if cell is None:
+                if len(counts) >= MAX_HELD_PUBLISHED:
+                    self._settle()  # bounded: publishing on ever new topics must not grow the node
+                counts[(topic, counted_as)] = [1, size]
+            else:
+                cell[0] += 1
+                cell[1] += size
+        self._published += 1
+        envelope: Envelope | None = None
+        delivered = 0
+        if self._any_patterns or topic in self._sinks:
+            envelope = Envelope(topic, payload, origin, published_at, message_id, False, size)
+            delivered = self._deliver(envelope, exclude)
+        for listener, plain in self._publish_plain:
+            try:
+                if envelope is None:
+                    if plain is not None and plain(topic, payload, origin, published_at, message_id):
+                        continue
+                    envelope = Envelope(topic, payload, origin, published_at, message_id, False, size)
+                listener.local_published(envelope)
+            except Exception:
+                self._failed(listener, "local_published", topic)
         return delivered
 
     def deliver_remote(self, envelope: Envelope) -> int:

@@ -227,6 +227,45 @@ class Forwarding(FederationState):
             return
         self._forwarded_n += sent
 
+    def local_published_plain(
+        self, topic: str, payload: Any, origin: str, published_at: float, message_id: str
+    ) -> bool:
+        """:meth:`local_published` of a plain local publish given as its fields (:meth:`Hub.publish_plain`).
+
+        Its common case (only 0.3+ streams take the topic: no stream pattern
+        held, no link without replay wants it) without an envelope: the PSC301
+        made from the fields and numbered per stream. Anything else answers
+        False, with nothing sent: the hub makes the envelope and calls
+        :meth:`local_published`.
+        """
+        outbox = self.outbox
+        if outbox is None or outbox._patterns._holders or topic in self._by_topic:
+            return False
+        streams = outbox._by_topic.get(topic)
+        if not streams:
+            return True  # no other node takes it
+        try:  # encode_publish_meta's bytes for these fields (same keys, same order)
+            known = orjson.dumps([psc.PUBLISH, topic, payload, {"o": origin, "t": published_at, "i": message_id}])
+        except TypeError:  # not JSON (bytes in it): the binary form, the envelope's path
+            return False
+        if b"%" in known or known[-3:-2] == b"{":
+            return False  # seq_template's escaping: the envelope's path
+        forwarded = self._forwarded
+        if len(forwarded) >= MAX_HELD_COUNTS:
+            self._settle()  # bounded: publishing on ever new topics must not grow the node
+        open_ = LinkState.OPEN
+        sends = outbox.forward(known[:-2] + b',"s":%d}]', streams)
+        for link, data in sends:  # _send, without its call
+            if link.state is open_:  # LinkSession.send_raw, without its call
+                link._send(data)
+            cell = forwarded.get((topic, link))
+            if cell is None:
+                cell = forwarded[(topic, link)] = [0, 0]
+            cell[0] += 1
+            cell[1] += len(data)
+        self._forwarded_n += len(sends)
+        return True
+
     def _send(self, topic: str, sends: list[tuple[Any, bytes]]) -> int:
         """Send what the outbox numbered for its streams' links; add each to :attr:`_forwarded`; how many were sent."""
         forwarded = self._forwarded

@@ -47,7 +47,7 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
-from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.edge import EdgeConnection, unsent_bytes
 from pubsubclub.net.reactor import at_turn_end
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.wsframes import receive_data, send_message
@@ -284,9 +284,12 @@ class _LinkProtocolBase:
         if backlog is not None:
             if self._overflowed:
                 return
-            queued = unsent_bytes(self.transport, backlog)  # type: ignore[attr-defined]
+            transport = self.transport  # type: ignore[attr-defined]
+            # edge.unsent_bytes, without its call for a guarded connection (every listener's).
+            queued = transport.unsent() if type(transport) is EdgeConnection else unsent_bytes(transport, backlog)
             federation: LinkHost = self.factory.federation
-            if queued > federation.queue_cap(self.session):
+            # Nothing queued is never over a cap (a cap is at least 0): the usual frame asks no cap.
+            if queued and queued > federation.queue_cap(self.session):
                 # A frozen or overwhelmed peer: drop it rather than queue for it
                 # without bound. A close frame would queue behind the backlog.
                 # The session ends when the connection is lost (a later reactor
@@ -302,8 +305,8 @@ class _LinkProtocolBase:
         else:
             # One seal per frame (a 0.4 frame carries a turn's messages), binary on the wire.
             send_message(self, seal.seal(data), True)
-        if backlog is not None:
-            backlog.written(len(data))
+        if backlog is not None and backlog.paused:  # SendBacklog.written, without its call
+            backlog.since_pause += len(data)
 
     def queued(self) -> int:
         """Bytes written to this link and not yet taken by the peer (what the queue cap measures)."""

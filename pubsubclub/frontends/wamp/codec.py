@@ -42,6 +42,7 @@ __all__ = [
     "ROUTING_KEYS",
     "PublishRequest",
     "decode",
+    "decoded",
     "event_message",
     "publish_request",
     "routing_options",
@@ -208,17 +209,22 @@ def decode(serializer: Any, payload: bytes, is_binary: bool | None) -> list[Any]
         raws = objects.unserialize(payload)
     except Exception as e:
         raise ProtocolError(f"invalid serialization of WAMP message: {type(e).__name__} {e}") from None
+    return decoded(serializer, raws, len(payload))
+
+
+def decoded(serializer: Any, raws: list[Any], size: int) -> list[Any]:
+    """:func:`decode` of a payload of ``size`` bytes whose object serializer gave ``raws`` (checked, not yet parsed)."""
     messages: list[Any] = []
     for raw in raws:
         if type(raw) is list and raw and type(raw[0]) is int and raw[0] == PUBLISH:
-            fast = publish_request(raw, len(payload))
+            fast = publish_request(raw, size)
             if fast is not None:
                 messages.append(fast)
                 continue
         msg = _parse(serializer.MESSAGE_TYPE_MAP, raw)
         # A PUBLISH Autobahn had to decide reaches the broker in the same shape, with its size.
         if type(msg) is message.Publish:
-            msg = PublishRequest.from_message(msg, len(payload), raw[2])
+            msg = PublishRequest.from_message(msg, size, raw[2])
         else:
             _mark_disclosure(msg, raw)
         messages.append(msg)

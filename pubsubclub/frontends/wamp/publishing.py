@@ -78,6 +78,7 @@ __all__ = [
     "event_arguments",
     "event_bytes",
     "publish",
+    "publish_plain",
     "wamp_envelope",
 ]
 
@@ -95,6 +96,7 @@ INVALID_URI = "wamp.error.invalid_uri"
 INVALID_ARGUMENT = "wamp.error.invalid_argument"
 #: ERROR for a PUBLISH that could not reach other nodes for its size (docs/protocol.md, "Message sizes").
 PAYLOAD_SIZE_EXCEEDED = "wamp.error.payload_size_exceeded"
+_WAMP = Source.WAMP
 #: Taken as a PUBLISH's size when its transport did not measure it: always checked.
 _UNMEASURED = 1 << 62
 
@@ -282,6 +284,29 @@ def publish(session: BrokerSession, msg: PublishRequest) -> message.Message | No
     hub.metrics.count(topic, Source.WAMP, Kind.PUBLISHED, 1, payload_size(envelope) if size is None else size)
     hub.publish(envelope, exclude=None if msg.exclude_me is False else session)
     return message.Published(msg.request, publication) if acknowledge else None
+
+
+def publish_plain(session: BrokerSession, request: int, wamp_topic: str, value: Any, size: int) -> None:
+    """:func:`publish` of a plain PUBLISH ``[16, request, {}, wamp_topic, [value]]`` (``size`` bytes): no answer.
+
+    The plain case (topic known good, the role allows it, no disclosure, small enough to need no size check)
+    without the :class:`PublishRequest` and the option tests; anything else goes to :func:`publish` itself, so
+    every refusal is its own.
+    """
+    router = session._router
+    topic = router.publish_topics.get((session._realm, wamp_topic))
+    role = session._role
+    hub = router.hub
+    if (
+        topic is None
+        or (role is not None and not role.may_publish(topic))
+        or router.disclose_publisher == DISCLOSE_ALWAYS
+        or size >= hub.checked_from
+    ):
+        publish(session, PublishRequest(request, wamp_topic, [value], None, None, None, None, size))
+        return
+    # hub.metrics.count(topic, WAMP, PUBLISHED, 1, size), then hub.publish(hub.envelope(...)), in one call.
+    hub.publish_plain(topic, value, size, session, _WAMP)
 
 
 def _checked_topic(session: BrokerSession, msg: PublishRequest, acknowledge: bool) -> str | message.Message | None:

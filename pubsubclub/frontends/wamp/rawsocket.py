@@ -38,7 +38,7 @@ from twisted.python.failure import Failure
 
 from pubsubclub.core.counters import Source
 from pubsubclub.frontends.wamp.router import WampRouter
-from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_session
+from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_message
 from pubsubclub.net.edge import unsent_bytes
 from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
@@ -107,15 +107,34 @@ class WampRawSocketProtocol(Protocol):
             timer.cancel()
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
-        """Handshake first, then frames."""
-        self._buffer += data
-        if self._serializer is None:
-            if len(self._buffer) < 4:
+        """Handshake first, then frames, each WAMP message straight to :func:`feed_message`."""
+        buffer = self._buffer
+        buffer += data
+        serializer = self._serializer
+        if serializer is None:
+            if len(buffer) < 4:
                 return
-            if not self._handshake(bytes(self._buffer[:4])):
+            if not self._handshake(bytes(buffer[:4])):
                 return
-            del self._buffer[:4]
-        self._frames()
+            del buffer[:4]
+            serializer = self._serializer
+        while len(buffer) >= 4 and self._open:
+            (header,) = _HEADER.unpack_from(buffer)
+            kind, length = header >> 24, header & 0xFFFFFF
+            if kind & 0xF8 or kind > FRAME_PONG:
+                self._fail(f"RawSocket frame with reserved bits or unknown type {kind}")
+                return
+            if length > self._max_frame:
+                self._fail(f"RawSocket frame of {length} bytes over the announced maximum")
+                return
+            if len(buffer) < 4 + length:
+                return
+            payload = bytes(buffer[4 : 4 + length])
+            del buffer[: 4 + length]
+            if kind == FRAME_MESSAGE:  # the serializer is chosen once, in the handshake, and kept
+                feed_message(self, payload, None, serializer)
+            elif kind == FRAME_PING:
+                self._write(FRAME_PONG, payload)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:  # noqa: N802 - Twisted API
         """Tell the session."""
@@ -161,30 +180,6 @@ class WampRawSocketProtocol(Protocol):
         transport.loseConnection()
 
     # -- frames ------------------------------------------------------------------------
-
-    def _frames(self) -> None:
-        buffer = self._buffer
-        while len(buffer) >= 4 and self._open:
-            (header,) = _HEADER.unpack_from(buffer)
-            kind, length = header >> 24, header & 0xFFFFFF
-            if kind & 0xF8 or kind > FRAME_PONG:
-                self._fail(f"RawSocket frame with reserved bits or unknown type {kind}")
-                return
-            if length > self._max_frame:
-                self._fail(f"RawSocket frame of {length} bytes over the announced maximum")
-                return
-            if len(buffer) < 4 + length:
-                return
-            payload = bytes(buffer[4 : 4 + length])
-            del buffer[: 4 + length]
-            if kind == FRAME_PING:
-                self._write(FRAME_PONG, payload)
-            elif kind == FRAME_MESSAGE:
-                self._message(payload)
-
-    def _message(self, payload: bytes) -> None:
-        if self._serializer is not None:
-            feed_session(self, self._serializer, payload, None)
 
     def _fail(self, problem: str) -> None:
         log.info("RawSocket client {peer}: {problem}; closing", peer=self._peer(), problem=problem)

@@ -218,12 +218,16 @@ class WampSession:
             else:
                 self._dispatch(msg)
         except Exception:
-            log.failure(
-                "WAMP session {session}: internal error handling {msg_type}",
-                session=self._session_id,
-                msg_type=type(msg).__name__,
-            )
-            self.abort(PROTOCOL_VIOLATION, "internal error while handling the message")
+            self.internal_error(type(msg).__name__)
+
+    def internal_error(self, msg_type: str) -> None:
+        """Handling a ``msg_type`` message raised (called in its ``except``): log it, ABORT and close."""
+        log.failure(
+            "WAMP session {session}: internal error handling {msg_type}",
+            session=self._session_id,
+            msg_type=msg_type,
+        )
+        self.abort(PROTOCOL_VIOLATION, "internal error while handling the message")
 
     # -- called by the transport for input it could not decode ----------------
 

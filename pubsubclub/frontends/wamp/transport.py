@@ -56,9 +56,12 @@ from twisted.web.server import Site
 from twisted.web.static import File
 
 from pubsubclub.core import jsonbounds
-from pubsubclub.core.jsonbounds import JSONBounds, check
-from pubsubclub.frontends.wamp.codec import decode
+from pubsubclub.core.jsonbounds import _DIGIT_MASK, _LONG_RUN, JSONBounds, check
+from pubsubclub.frontends.wamp.broker import BrokerSession
+from pubsubclub.frontends.wamp.codec import _LOOSE_URI, _MAX_ID, PUBLISH, decode, decoded
+from pubsubclub.frontends.wamp.publishing import publish_plain
 from pubsubclub.frontends.wamp.router import WampRouter
+from pubsubclub.frontends.wamp.session import _ESTABLISHED
 from pubsubclub.net import wsframes
 from pubsubclub.net.edge import EdgeConnection, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
@@ -86,13 +89,12 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
     def _watch_send_buffer(self) -> None:
         self._backlog = watch_send_buffer(self.transport, "WAMP")
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
-        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
-        receive_data(self, data)
+    #: Twisted's ``dataReceived(data)``: whole ordinary frames straight to ``onMessage``, everything else through
+    #: Autobahn (see wsframes); the function itself, without a method calling it.
+    dataReceived = receive_data  # noqa: N815 - Twisted API
 
-    def onMessage(self, payload: bytes, isBinary: bool) -> None:  # noqa: N802, N803
-        """Decode WAMP messages; answer undecodable input with ABORT."""
-        feed_session(self, self._serializer, payload, isBinary)
+    # onMessage(payload, isBinary): feed_message itself (assigned below it): decode WAMP messages, answer
+    # undecodable input with ABORT.
 
     def isOpen(self) -> bool:  # noqa: N802 - Autobahn's ITransport name
         """True while the session is attached and the WebSocket open, not once a closing handshake began.
@@ -166,20 +168,81 @@ class SessionOwner(Protocol):
 
 
 def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary: bool | None) -> None:
+    """Decode one transport message with ``serializer`` and hand each WAMP message to ``owner``'s session.
+
+    :func:`feed_message` with the serializer given.
+    """
+    feed_message(owner, payload, is_binary, serializer)
+
+
+def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, serializer: Any = None) -> None:
     """Decode one transport message and hand each WAMP message to ``owner``'s session.
+
+    ``serializer``: the connection's Autobahn serializer, ``owner._serializer``
+    when None (so this is :meth:`WampServerProtocol.onMessage` itself, without
+    a call in between).
 
     Undecodable input is the peer's fault: ABORT (``protocol_violation``), or
     an ERROR for a refused URI (``invalid_uri``) or an unknown SUBSCRIBE match
     policy (``unparsable``). Shared by the WebSocket and RawSocket transports,
     so both treat bad input alike. A plainly valid PUBLISH arrives as a
     :class:`~pubsubclub.frontends.wamp.codec.PublishRequest` (see
-    :func:`~pubsubclub.frontends.wamp.codec.decode`).
+    :func:`~pubsubclub.frontends.wamp.codec.decode`); the plainest one (JSON
+    ``[16, request, {}, topic, [value]]`` to an established broker session)
+    goes to :func:`~pubsubclub.frontends.wamp.publishing.publish_plain` without
+    it, the JSON decoded here without the serializer's and decode's calls.
     """
     session = owner._session
     if session is None:
         return
+    if serializer is None:
+        serializer = owner._serializer  # type: ignore[attr-defined]
+    plain = False
     try:
-        messages = decode(serializer, payload, is_binary)
+        objects = serializer._serializer
+        if (
+            type(objects) is not _BoundedJsonObjectSerializer
+            or is_binary
+            or type(payload) is not bytes
+            or b"\\u0000" in payload
+        ):
+            messages = decode(serializer, payload, is_binary)
+        else:
+            # JSON without binary values: the serializer's unserialize without its call (and decode's).
+            try:
+                value = orjson.loads(payload)
+                # jsonbounds.check_decoded, without its call when it has nothing to check: no 19-digit run
+                # (an integer that may be outside 64 bits) and fewer brackets than the depth allowed.
+                if (
+                    payload.translate(_DIGIT_MASK).find(_LONG_RUN) >= 0
+                    or payload.count(b"[") + payload.count(b"{") > objects._bounds.max_depth
+                ):
+                    jsonbounds.check_decoded(payload, value, objects._bounds)
+            except Exception:
+                value = None  # not JSON to orjson, or beyond the bounds: decode words the refusal
+            if value is None:
+                messages = decode(serializer, payload, is_binary)
+            else:
+                if type(value) is list and len(value) == 5 and type(session) is BrokerSession:
+                    # A plain PUBLISH ([16, request, {}, topic, [value]]): straight to the broker, without a
+                    # PublishRequest or the dispatch; a strict subset of what publish_request takes plainly.
+                    kind, request, options, topic, args = value
+                    if (
+                        kind == PUBLISH
+                        and type(kind) is int
+                        and type(request) is int
+                        and 0 <= request <= _MAX_ID
+                        and type(options) is dict
+                        and not options
+                        and type(args) is list
+                        and len(args) == 1
+                        and type(topic) is str
+                        and session._state is _ESTABLISHED
+                        and _LOOSE_URI.fullmatch(topic) is not None
+                    ):
+                        plain = True
+                if not plain:
+                    messages = decoded(serializer, [value], len(payload))
     except ProtocolError as e:
         session.unparsable(_raw_message(serializer, payload), str(e))
         return
@@ -191,10 +254,20 @@ def feed_session(owner: SessionOwner, serializer: Any, payload: bytes, is_binary
         log.debug("undecodable WAMP message: {error!r}", error=e)
         session.protocol_violation(f"undecodable WAMP message: {type(e).__name__}")
         return
+    if plain:
+        try:
+            publish_plain(session, request, topic, args[0], len(payload))
+        except Exception:
+            session.internal_error("PublishRequest")  # as onMessage answers a raise
+        return
     for msg in messages:
         if owner._session is None:
             return
         session.onMessage(msg)
+
+
+#: Autobahn's ``onMessage(payload, isBinary)``: feed_message with the connection's serializer, without a call between.
+WampServerProtocol.onMessage = feed_message  # type: ignore[method-assign,assignment]
 
 
 def _raw_message(serializer: Any, payload: bytes) -> Any:
