@@ -423,3 +423,86 @@ def test_a_relayed_message_leaves_the_stream_path_for_split_horizon() -> None:
     assert node_sent[before["n2"] :] == [_expected(from_w1, 1)]
     assert w1_sent[before["n1.w1"] :] == [_expected(from_n3, 1)]
     assert w2_sent[before["n1.w2"] :] == [_expected(from_w1, 1), _expected(from_n3, 2)]
+
+
+class _Recorder:
+    """A LinkOwner recording every call (a run of PSC301s as its messages, one by one)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def link_received(self, session: LinkSession, message: psc.Publish) -> None:
+        self.calls.append(("received", message, session.last_size))
+
+    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
+        self.calls += [("received", m, size) for m, size in zip(messages, sizes, strict=True)]
+
+    def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
+        self.calls.append(("dropped", str(error), session.last_size))
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("link_"):
+            raise AttributeError(name)
+        return lambda *args: self.calls.append((name, *args[1:]))
+
+
+def _open_consumer(version: psc.Version, position: bool) -> tuple[LinkSession, _Recorder]:
+    owner = _Recorder()
+    versions = tuple(v for v in V06 if v <= version)
+    session = LinkSession(Role.CONSUMER, lambda data: None, owner, "peer", versions=versions)  # type: ignore[arg-type]
+    session.start()
+    session.receive(psc.encode(psc.ChooseVersion(version)))
+    if position:
+        session.receive(b'[104,"e",0,0]')
+    owner.calls.clear()
+    return session, owner
+
+
+def _outcome(session: LinkSession, owner: _Recorder, take: Any, frame: bytes) -> tuple[Any, ...]:
+    try:
+        take(frame)
+        error = None
+    except Exception as e:  # noqa: BLE001 - compared, whatever it is
+        error = (type(e), getattr(e, "code", None), str(e))
+    return error, owner.calls, session.state, session.last_size, session.resumed
+
+
+_DEEP = b"[" * 40 + b"1" + b"]" * 40
+_LONE = [
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1}]',  # the in-place read
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"w":1}]',
+    b'[301,"t",1,{"o":"n1","t":1,"i":"x","s":1}]',  # integer time: decode's
+    b'[301,"t",1]',  # no metadata
+    b'[301,"t",' + _DEEP + b',{"o":"n1","t":1.5,"i":"x","s":1}]',  # too deep: dropped
+    b'[301,"t",12345678901234567890123,{"o":"n1","t":1.5,"i":"x","s":1}]',  # beyond 64 bits: dropped
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":0}]',  # bad sequence number
+    b'[301,"t",1,{"o":"n1","t":-1.0,"i":"x","s":1}]',  # publish time out of range: dropped
+    b'[301,"",1,{"o":"n1","t":1.5,"i":"x","s":1}]',  # empty topic
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1},5]',
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"p":{"e":[7]}}]',  # routing object
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"b":1}]',
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"b":null}]',
+    b'[104,"e",5,0]',  # a PSC104 (first or second)
+    b'[201,"t"]',  # a consumer never takes PSC201
+    b'[402,1,{},[1]]',  # an RPC message
+    b"",
+    b"not json",
+    b'{"a":1}',
+    b"[]",
+    b'["301","t",1]',
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1}]' + b" " * 2_000_000,  # over the frame limit
+]
+
+
+@pytest.mark.parametrize("frame", _LONE)
+@pytest.mark.parametrize(("version", "position"), [(psc.V0_6, True), (psc.V0_6, False), (psc.V0_2, False),
+                                                   (psc.V0_1, False)])  # fmt: skip
+def test_a_lone_frame_on_the_fast_path_has_the_slow_paths_outcome(
+    frame: bytes, version: psc.Version, position: bool
+) -> None:
+    """A lone frame on an open consumer link (the batch reader's path) ends as _receive_one's did: errors, drops."""
+    fast_session, fast_owner = _open_consumer(version, position)
+    slow_session, slow_owner = _open_consumer(version, position)
+    assert _outcome(fast_session, fast_owner, fast_session.receive, frame) == _outcome(
+        slow_session, slow_owner, slow_session._receive_one, frame
+    )
