@@ -506,3 +506,34 @@ def test_a_lone_frame_on_the_fast_path_has_the_slow_paths_outcome(
     assert _outcome(fast_session, fast_owner, fast_session.receive, frame) == _outcome(
         slow_session, slow_owner, slow_session._receive_one, frame
     )
+
+
+def test_a_dialled_link_reads_past_the_endpoint_wrappers_and_still_redials() -> None:
+    """The dialled side's endpoint wrapper hands reads straight to the link; its loss still makes ClientService redial."""
+    from functools import partial
+
+    from pubsubclub.testing import MemoryNetwork, RecordingSink, psc_url
+
+    net = MemoryNetwork()
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    b.add_server(psc_url(9001))
+    [link] = net.answer()
+    read = vars(link.pump.client)["dataReceived"]  # the endpoint's _WrappingProtocol, as the transport calls it
+    assert type(read) is partial and read.func is wsframes.receive_data and read.args == (link.client,)
+    sink = RecordingSink()
+    b.hub.subscribe("t", sink)
+    net.flush()
+    a.hub.publish(a.hub.envelope("t", 1))
+    net.flush()
+    assert [e.payload for e in sink.got] == [1]
+    link.server_wire.loseConnection()
+    net.flush()
+    assert b.open_links() == 0 and net.dials() == 1
+    net.advance(MemoryNetwork.retry.initial * 1.5)
+    assert net.dials() == 2
+    [again] = net.answer()
+    a.hub.publish(a.hub.envelope("t", 2))
+    net.flush()
+    assert [e.payload for e in sink.got] == [1, 2] and b.open_links() == 1
+    net.stop()
