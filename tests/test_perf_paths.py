@@ -537,3 +537,64 @@ def test_a_dialled_link_reads_past_the_endpoint_wrappers_and_still_redials() -> 
     net.flush()
     assert [e.payload for e in sink.got] == [1, 2] and b.open_links() == 1
     net.stop()
+
+
+def _receiving(replay: bool) -> tuple[Any, LinkSession, Any, Any]:
+    """A federation (its clock at 100 s) with one open consumer link from node "a"; sinks on "t" and the gap topic."""
+    from twisted.internet.task import Clock
+
+    from pubsubclub.core.hub import GAP_TOPIC, Hub
+    from pubsubclub.federation import Federation
+    from pubsubclub.federation.replay import ReplaySettings
+    from pubsubclub.federation.session import LinkState
+    from pubsubclub.testing import RecordingSink
+
+    clock = Clock()
+    clock.advance(100.0)
+    federation = Federation(Hub("b"), reactor=clock, replay=ReplaySettings() if replay else None)
+    sink, gaps = RecordingSink(), RecordingSink()
+    federation.hub.subscribe("t", sink)
+    federation.hub.subscribe(GAP_TOPIC, gaps)
+    session = LinkSession(Role.CONSUMER, lambda data: None, federation, "ws://a", versions=V06)
+    session.peer_node = "a"
+    session._speak(psc.V0_6 if replay else psc.V0_2)
+    session.state = LinkState.OPEN
+    if replay:
+        session.resumed = True
+        federation.inbox.positioned("a", psc.Position("e", 0, 0))
+    return federation, session, sink, gaps
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_lone_psc301_is_received_as_a_batch_of_it_would_be(replay: bool) -> None:
+    """One message at a time (_received_one) gives the batch path's deliveries, gaps, duplicates and metrics."""
+    meta = psc.Meta
+    messages = [
+        psc.Publish("t", 1, meta("n1", 99.5, "n1-b-1", False, 1 if replay else None)),
+        psc.Publish("t", {"args": [2], "kwargs": {}}, meta("n1", 99.0, "n1-b-2", True, 2 if replay else None)),
+        psc.Publish("t", 3, meta("n1", 99.0, "n1-b-3", False, 2 if replay else None)),  # a duplicate with replay
+        psc.Publish("t", 4, meta(None, 98.0, "n1-b-4", False, 5 if replay else None, options={"e": [7]})),  # a gap
+        psc.Publish("u", 5, meta("n3", None, "n3-b-1", False, 6 if replay else None)),  # no subscriber, no time
+    ]
+    if not replay:
+        messages.append(psc.Publish("t", 6))
+    sizes = [40 + n for n in range(len(messages))]
+    results = []
+    for lone in (True, False):
+        federation, session, sink, gaps = _receiving(replay)
+        if lone:
+            for message, size in zip(messages, sizes, strict=True):
+                federation.link_received_batch(session, [message], [size])
+        else:
+            federation.link_received_batch(session, messages, sizes)
+        metrics = federation.hub.metrics
+        _, counts, latencies = metrics.take_interval(200.0)
+        results.append((
+            [(e.topic, e.payload, e.origin, e.published_at, e.message_id, e.wamp_wrapped, e.size, e.options)
+             for e in sink.got],
+            [e.payload for e in gaps.got],
+            metrics.view("federation"), metrics.view("hub"), dict(metrics.link_counts), counts,
+            {origin: (h.counts, h.count, h.sum_ms) for origin, h in latencies.items()},
+        ))  # fmt: skip
+    assert results[0] == results[1]
+    assert [p for _, p, *_ in results[0][0]][:2] == [1, {"args": [2], "kwargs": {}}]

@@ -201,8 +201,10 @@ class Hub:
         self.metrics = metrics if metrics is not None else Metrics(self.node_id)
         #: Local publishes not yet added to ``metrics`` (added before any read: Metrics.settle).
         self._published = 0
-        #: Local deliveries not yet added to ``metrics`` (likewise).
+        #: Deliveries (of local and remote messages) not yet added to ``metrics`` (likewise).
         self._delivered = 0
+        #: Messages received from other nodes not yet added to ``metrics`` (likewise).
+        self._received = 0
         self.metrics.add_settler(self._settle)
 
     # -- listeners ---------------------------------------------------------
@@ -284,6 +286,10 @@ class Hub:
         if n:
             self._delivered = 0
             self.metrics.event(_DELIVERED, n)
+        n = self._received
+        if n:
+            self._received = 0
+            self.metrics.event(_RECEIVED, n)
 
     def _failed(self, owner: object, what: str, topic: str) -> None:
         name = type(owner).__name__
@@ -448,10 +454,9 @@ class Hub:
                 if targets or matched:
                     delivered += self._deliver_to(envelope, targets, matched, None, tally)
         finally:
-            if received:
-                metrics.event(_RECEIVED, received)
-            if delivered:
-                metrics.event(_DELIVERED, delivered)
+            # Added to the metrics when they are read (Metrics.settle), as local publishes are.
+            self._received += received
+            self._delivered += delivered
             for (topic, source), (n, nbytes) in tally.items():
                 metrics.count(topic, source, Kind.DELIVERED, n, nbytes)
         return delivered
