@@ -598,3 +598,47 @@ def test_a_lone_psc301_is_received_as_a_batch_of_it_would_be(replay: bool) -> No
         ))  # fmt: skip
     assert results[0] == results[1]
     assert [p for _, p, *_ in results[0][0]][:2] == [1, {"args": [2], "kwargs": {}}]
+
+
+@pytest.mark.parametrize("size", [5, 126, 70_000])
+def test_websocket_send_encoded_holds_what_send_held_would(size: int) -> None:
+    """During a hold a WAMP WebSocket EVENT is held (bytes, traffic counters) exactly as send_held holds it."""
+    from test_wsslim import joined
+
+    got = []
+    for direct in (True, False):
+        protocol, wire, _ = joined()
+        data = b'"' + b"x" * size + b'"'
+        before = protocol.trafficStats.outgoingOctetsWireLevel  # WELCOME's length varies with its session id
+        assert wsframes.hold_writes()
+        try:
+            if direct:
+                protocol.send_encoded(data)
+                protocol.send_encoded(data)
+            else:
+                wsframes.send_held(protocol, data, False)
+                wsframes.send_held(protocol, data, False)
+            held = list(wsframes._held[protocol])  # type: ignore[index]
+            assert protocol.unsent_bytes() == held[0]
+        finally:
+            wsframes.release_writes()
+        stats = protocol.trafficStats
+        got.append((held, wire.value(), stats.outgoingWebSocketMessages, stats.outgoingOctetsWireLevel - before))
+    assert got[0] == got[1] and got[0][1]
+
+
+def test_websocket_send_encoded_leaves_a_queueing_connection_to_send_held() -> None:
+    """A connection with frames queued in Autobahn (chopped sends) is not held past them: send_held's fallback."""
+    from test_wsslim import joined
+
+    protocol, wire, _ = joined()
+    protocol._slim_queue = [b"queued"]  # what a chopped send leaves queued
+    calls = []
+    protocol.sendMessage = lambda payload, binary: calls.append(payload)
+    assert wsframes.hold_writes()
+    try:
+        protocol.send_encoded(b"[36]")
+        assert wsframes._held == {}
+    finally:
+        wsframes.release_writes()
+    assert calls == [b"[36]"]
