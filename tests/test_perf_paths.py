@@ -484,7 +484,7 @@ _LONE = [
     b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"b":null}]',
     b'[104,"e",5,0]',  # a PSC104 (first or second)
     b'[201,"t"]',  # a consumer never takes PSC201
-    b'[402,1,{},[1]]',  # an RPC message
+    b"[402,1,{},[1]]",  # an RPC message
     b"",
     b"not json",
     b'{"a":1}',
@@ -509,7 +509,7 @@ def test_a_lone_frame_on_the_fast_path_has_the_slow_paths_outcome(
 
 
 def test_a_dialled_link_reads_past_the_endpoint_wrappers_and_still_redials() -> None:
-    """The dialled side's endpoint wrapper hands reads straight to the link; its loss still makes ClientService redial."""
+    """The dialled side's endpoint wrapper hands reads straight to the link; its loss still makes the service redial."""
     from functools import partial
 
     from pubsubclub.testing import MemoryNetwork, RecordingSink, psc_url
@@ -642,3 +642,42 @@ def test_websocket_send_encoded_leaves_a_queueing_connection_to_send_held() -> N
     finally:
         wsframes.release_writes()
     assert calls == [b"[36]"]
+
+
+class _CountedSink:
+    """A hub sink answering ``answer`` (True, False, None, a fan-out count) or raising, counted as WAMP."""
+
+    def __init__(self, answer: Any) -> None:
+        from pubsubclub.core.counters import Source
+
+        self.counts_as = Source.WAMP
+        self.answer = answer
+        self.got: list[Any] = []
+
+    def deliver(self, envelope: Any) -> Any:
+        self.got.append(envelope.payload)
+        if self.answer == "raise":
+            raise RuntimeError("sink bug")
+        return self.answer
+
+
+def test_remote_delivery_to_exact_subscribers_counts_as_the_general_path() -> None:
+    """deliver_remote_batch's loop (no pattern) delivers and counts as _deliver_to does, raising sinks too."""
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.core.patterns import PREFIX, Pattern
+    from pubsubclub.testing import RecordingSink
+
+    results = []
+    for with_pattern in (False, True):
+        hub = Hub("b")
+        sinks = [_CountedSink(a) for a in (True, False, None, 3, "raise")]
+        for sink in sinks:
+            hub.subscribe("t", sink)  # type: ignore[arg-type]
+        if with_pattern:  # a pattern that matches: the general path, _deliver_to
+            hub.subscribe_pattern(Pattern(PREFIX, "t"), RecordingSink())
+        delivered = hub.deliver_remote_batch([Envelope("t", n, "a", size=10 + n) for n in range(2)])
+        _, counts, _ = hub.metrics.take_interval(1.0)
+        results.append((delivered - 2 * with_pattern, [s.got for s in sinks], counts, hub.metrics.sink_errors,
+                        hub.metrics.view("hub")["delivered"] - 2 * with_pattern))  # fmt: skip
+    assert results[0] == results[1]
+    assert results[0][0] == 8

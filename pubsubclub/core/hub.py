@@ -451,8 +451,35 @@ class Hub:
                 if targets is None:
                     targets = self._targets(topic) if topic in sinks else ()
                 matched = patterns.match(topic) if self._any_patterns else ()
-                if targets or matched:
+                if matched:
                     delivered += self._deliver_to(envelope, targets, matched, None, tally)
+                elif targets:
+                    # _deliver_to without its call, for the usual case: no pattern matched, nothing excluded.
+                    sources: list[Source] = []
+                    for sink, source in targets:
+                        try:
+                            sent = sink.deliver(envelope)
+                        except Exception:
+                            # One failing sink must not cost the others this message.
+                            self._failed(sink, "deliver", topic)
+                            continue
+                        delivered += 1
+                        if source is not None and sent is not False:
+                            if sent is None or sent is True:
+                                sources.append(source)
+                            else:  # a sink that fans out: ``sent`` clients
+                                sources += [source] * sent
+                    if sources:
+                        size = envelope.size
+                        if size is None:
+                            size = payload_size(envelope)
+                        for source in sources:
+                            cell = tally.get((topic, source))
+                            if cell is None:
+                                tally[(topic, source)] = [1, size]
+                            else:
+                                cell[0] += 1
+                                cell[1] += size
         finally:
             # Added to the metrics when they are read (Metrics.settle), as local publishes are.
             self._received += received

@@ -131,7 +131,55 @@ class Receiving(FederationState):
         hub = self.hub
         metrics = hub.metrics
         if len(messages) == 1 and self.worker_prefix is None:
-            self._received_one(session, messages[0], sizes[0])
+            # One message (a paced link's usual frame), not relayed: the steps below in the same order
+            # (hold, replay check, delivery, release, counts), without the generator and the dicts.
+            message, size = messages[0], sizes[0]
+            if session.state is LinkState.CLOSED:
+                return
+            peer_node = session.peer_node
+            # wsframes.hold_writes, without its call (a hold already on is left to its owner).
+            holding = wsframes._held is None
+            if holding:
+                wsframes._held = {}
+            counted = False
+            origin: str | None = None
+            published_at: float | None = None
+            now = 0.0
+            try:
+                meta = message.meta
+                if meta is None:
+                    envelope = Envelope(message.topic, message.message, peer_node, size=size)
+                else:
+                    now = self._reactor.seconds()  # before the replay check, as _envelopes reads it
+                    inbox = self.inbox
+                    if inbox is not None and session.with_replay and meta.seq is not None:
+                        peer = peer_node or session.peer
+                        skipped = inbox.accept(peer, meta.seq)
+                        if skipped:
+                            if skipped == DUPLICATE:
+                                metrics.event(FederationEvent.DUPLICATES_DROPPED)
+                                metrics.link_count(peer, LinkCount.DUPLICATES, 1)
+                                return
+                            self._report_gap(Gap(peer, skipped, "sequence"))
+                    origin = meta.origin or peer_node
+                    published_at = meta.published_at
+                    envelope = Envelope(
+                        message.topic, message.message, origin, published_at, meta.message_id, meta.wamp_wrapped, size,
+                        options=meta.options,
+                    )  # fmt: skip
+                counted = True
+                hub.deliver_remote_batch((envelope,))
+            finally:
+                if holding:
+                    if wsframes._held:
+                        release_writes()
+                    else:
+                        wsframes._held = None
+                if counted:
+                    metrics.count(message.topic, Source.PSC, Kind.RECEIVED, 1, size, peer=peer_node or session.peer)
+                    self._received_n += 1
+                    if published_at is not None and origin is not None:
+                        metrics.latencies(origin, [now - published_at])
             return
         received: dict[str, list[int]] = {}
         latencies: dict[str, list[float]] = {}
@@ -154,61 +202,6 @@ class Receiving(FederationState):
             self._received_n += n  # added to the metrics when they are read (_settle_received)
             for origin, seconds in latencies.items():
                 metrics.latencies(origin, seconds)
-
-    def _received_one(self, session: LinkSession, message: psc.Publish, size: int) -> None:
-        """:meth:`link_received_batch` of one message (a paced link's usual frame), without relaying.
-
-        The same steps in the same order (hold, replay check, delivery,
-        release, counts), without the generator and the per-batch dicts.
-        """
-        if session.state is LinkState.CLOSED:
-            return
-        hub = self.hub
-        metrics = hub.metrics
-        peer_node = session.peer_node
-        # wsframes.hold_writes, without its call (a hold already on is left to its owner).
-        holding = wsframes._held is None
-        if holding:
-            wsframes._held = {}
-        counted = False
-        origin: str | None = None
-        published_at: float | None = None
-        now = 0.0
-        try:
-            meta = message.meta
-            if meta is None:
-                envelope = Envelope(message.topic, message.message, peer_node, size=size)
-            else:
-                now = self._reactor.seconds()  # before the replay check, as _envelopes reads it
-                inbox = self.inbox
-                if inbox is not None and session.with_replay and meta.seq is not None:
-                    peer = peer_node or session.peer
-                    skipped = inbox.accept(peer, meta.seq)
-                    if skipped:
-                        if skipped == DUPLICATE:
-                            metrics.event(FederationEvent.DUPLICATES_DROPPED)
-                            metrics.link_count(peer, LinkCount.DUPLICATES, 1)
-                            return
-                        self._report_gap(Gap(peer, skipped, "sequence"))
-                origin = meta.origin or peer_node
-                published_at = meta.published_at
-                envelope = Envelope(
-                    message.topic, message.message, origin, published_at, meta.message_id, meta.wamp_wrapped, size,
-                    options=meta.options,
-                )  # fmt: skip
-            counted = True
-            hub.deliver_remote_batch((envelope,))
-        finally:
-            if holding:
-                if wsframes._held:
-                    release_writes()
-                else:
-                    wsframes._held = None
-            if counted:
-                metrics.count(message.topic, Source.PSC, Kind.RECEIVED, 1, size, peer=peer_node or session.peer)
-                self._received_n += 1
-                if published_at is not None and origin is not None:
-                    metrics.latencies(origin, [now - published_at])
 
     def _settle_received(self) -> None:
         """Add the received messages held back since the last read of the metrics (run by ``Metrics.settle``)."""

@@ -25,11 +25,11 @@ from functools import partial
 from typing import Any, Protocol
 
 from autobahn.websocket.protocol import WebSocketProtocol
-from twisted.application._client_service import _ReconnectingProtocolProxy
 from autobahn.websocket.types import ConnectionRequest
+from twisted.application._client_service import _ReconnectingProtocolProxy
 from twisted.internet import defer
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.endpoints import _WrappingProtocol
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
 from twisted.python.failure import Failure

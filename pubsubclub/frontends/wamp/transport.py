@@ -128,14 +128,15 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
             return
         held = wsframes._held
         length = len(data)
+        options: Any = self  # Autobahn's options, class attributes (net/wsslim.py)
         if (
             held is None
-            or self.maskServerFrames
+            or options.maskServerFrames
             or self._perMessageCompress is not None
             or self.trackedTimings
-            or self.logFrames
+            or options.logFrames
             or self._slim_queue  # send_queue (net/wsslim.py), without the property's call
-            or 0 < self.autoFragmentSize < length
+            or 0 < options.autoFragmentSize < length
         ):
             send_held(self, data, self._serializer._serializer.BINARY)
         else:
