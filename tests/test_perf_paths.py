@@ -681,3 +681,24 @@ def test_remote_delivery_to_exact_subscribers_counts_as_the_general_path() -> No
                         hub.metrics.view("hub")["delivered"] - 2 * with_pattern))  # fmt: skip
     assert results[0] == results[1]
     assert results[0][0] == 8
+
+
+def test_random_wamp_id_draws_in_the_spec_range_without_a_python_frame() -> None:
+    """random_wamp_id gives distinct ints in 1..2**53 and runs no Python function (one per EVENT)."""
+    import sys
+
+    from pubsubclub.frontends.wamp.uris import random_wamp_id
+
+    frames: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            frames.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        ids = [random_wamp_id() for _ in range(1000)]
+    finally:
+        sys.setprofile(None)
+    assert frames == [] or set(frames) == {"<listcomp>"}
+    assert all(type(i) is int and 1 <= i <= 2**53 for i in ids) and len(set(ids)) == 1000

@@ -249,8 +249,9 @@ class WampRawSocketProtocol(Protocol):
         if transport is None:
             return
         transport.write(_HEADER.pack(length) + data)
-        if self._backlog is not None:
-            self._backlog.written(length + 4)
+        backlog = self._backlog
+        if backlog is not None and backlog.paused:  # SendBacklog.written, without its call
+            backlog.since_pause += length + 4
 
     def isOpen(self) -> bool:  # noqa: N802 - Autobahn's ITransport name
         """True while messages can still be sent."""
