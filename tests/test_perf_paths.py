@@ -467,7 +467,7 @@ def _outcome(session: LinkSession, owner: _Recorder, take: Any, frame: bytes) ->
     return error, owner.calls, session.state, session.last_size, session.resumed
 
 
-_DEEP = b"[" * 40 + b"1" + b"]" * 40
+_DEEP = b"[" * 70 + b"1" + b"]" * 70
 _LONE = [
     b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1}]',  # the in-place read
     b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"w":1}]',
@@ -702,3 +702,24 @@ def test_random_wamp_id_draws_in_the_spec_range_without_a_python_frame() -> None
         sys.setprofile(None)
     assert frames == [] or set(frames) == {"<listcomp>"}
     assert all(type(i) is int and 1 <= i <= 2**53 for i in ids) and len(set(ids)) == 1000
+
+
+_MULTILINE = [
+    b'[301,"t",' + b"[\n" * 70 + b"1" + b"]" * 70 + b',{"o":"n1","t":1.5,"i":"x"}]',  # too deep, a bracket a line
+    b'[301,"t",\n' + b"[" * 70 + b"1" + b"]" * 70 + b"]",
+    b'[301,\n"t",\n{"k": [1,\n2]},\n{"o":"n1","t":1.5,"i":"x"}\n]',  # pretty-printed, within bounds
+]
+
+
+@pytest.mark.parametrize("frame", _MULTILINE)
+@pytest.mark.parametrize("version", [psc.V0_2, psc.V0_1])
+def test_a_multiline_frame_on_a_link_without_batches_is_one_message_checked_whole(
+    frame: bytes, version: psc.Version
+) -> None:
+    """Before 0.4 a frame with newlines is one message: the fast path checks its bounds whole, as decode does."""
+    fast_session, fast_owner = _open_consumer(version, False)
+    slow_session, slow_owner = _open_consumer(version, False)
+    fast = _outcome(fast_session, fast_owner, fast_session.receive, frame)
+    assert fast == _outcome(slow_session, slow_owner, slow_session._receive_one, frame)
+    if frame.count(b"[") > 64:
+        assert fast[1][0][0] == "dropped"

@@ -214,7 +214,12 @@ class LinkSession:
             # A lone message on an open consumer link (a PSC301, most often): the batch reader's
             # in-place read, after the same bounds check; anything else it hands to _receive_one.
             self.last_size = len(data)
-            self._receive_publishes((data,), text_within(data, self._limits.json, wrapper_depth=1))
+            # The scan bounds each line's depth: a frame of several lines before 0.4 (one message
+            # with newlines in it) is checked whole by decode instead.
+            bounded = (self.batched or psc.BATCH_SEPARATOR not in data) and text_within(
+                data, self._limits.json, wrapper_depth=1
+            )
+            self._receive_publishes((data,), bounded)
             return
         self._receive_one(data)
 
