@@ -754,3 +754,301 @@ def test_a_link_frame_asks_the_queue_cap_only_with_bytes_queued_and_drops_the_li
     backlog.queued = 101
     _LinkProtocolBase._write_frame(link, b"three")  # type: ignore[arg-type]
     assert asked == ["s", "s", ("overflow", 101)] and link.dropped is True and len(link.transport.writes) == 2
+class _Recorder:
+    """A LinkOwner recording every call (a run of PSC301s as its messages, one by one)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+
+    def link_received(self, session: LinkSession, message: psc.Publish) -> None:
+        self.calls.append(("received", message, session.last_size))
+
+    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
+        self.calls += [("received", m, size) for m, size in zip(messages, sizes, strict=True)]
+
+    def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
+        self.calls.append(("dropped", str(error), session.last_size))
+
+    def __getattr__(self, name: str) -> Any:
+        if not name.startswith("link_"):
+            raise AttributeError(name)
+        return lambda *args: self.calls.append((name, *args[1:]))
+
+
+def _open_consumer(version: psc.Version, position: bool) -> tuple[LinkSession, _Recorder]:
+    owner = _Recorder()
+    versions = tuple(v for v in V06 if v <= version)
+    session = LinkSession(Role.CONSUMER, lambda data: None, owner, "peer", versions=versions)  # type: ignore[arg-type]
+    session.start()
+    session.receive(psc.encode(psc.ChooseVersion(version)))
+    if position:
+        session.receive(b'[104,"e",0,0]')
+    owner.calls.clear()
+    return session, owner
+
+
+def _outcome(session: LinkSession, owner: _Recorder, take: Any, frame: bytes) -> tuple[Any, ...]:
+    try:
+        take(frame)
+        error = None
+    except Exception as e:  # noqa: BLE001 - compared, whatever it is
+        error = (type(e), getattr(e, "code", None), str(e))
+    return error, owner.calls, session.state, session.last_size, session.resumed
+
+
+_DEEP = b"[" * 70 + b"1" + b"]" * 70
+_LONE = [
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1}]',  # the in-place read
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"w":1}]',
+    b'[301,"t",1,{"o":"n1","t":1,"i":"x","s":1}]',  # integer time: decode's
+    b'[301,"t",1]',  # no metadata
+    b'[301,"t",' + _DEEP + b',{"o":"n1","t":1.5,"i":"x","s":1}]',  # too deep: dropped
+    b'[301,"t",12345678901234567890123,{"o":"n1","t":1.5,"i":"x","s":1}]',  # beyond 64 bits: dropped
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":0}]',  # bad sequence number
+    b'[301,"t",1,{"o":"n1","t":-1.0,"i":"x","s":1}]',  # publish time out of range: dropped
+    b'[301,"",1,{"o":"n1","t":1.5,"i":"x","s":1}]',  # empty topic
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1},5]',
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"p":{"e":[7]}}]',  # routing object
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"b":1}]',
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1,"b":null}]',
+    b'[104,"e",5,0]',  # a PSC104 (first or second)
+    b'[201,"t"]',  # a consumer never takes PSC201
+    b"[402,1,{},[1]]",  # an RPC message
+    b"",
+    b"not json",
+    b'{"a":1}',
+    b"[]",
+    b'["301","t",1]',
+    b'[301,"t",1,{"o":"n1","t":1.5,"i":"x","s":1}]' + b" " * 2_000_000,  # over the frame limit
+]
+
+
+@pytest.mark.parametrize("frame", _LONE)
+@pytest.mark.parametrize(("version", "position"), [(psc.V0_6, True), (psc.V0_6, False), (psc.V0_2, False),
+                                                   (psc.V0_1, False)])  # fmt: skip
+def test_a_lone_frame_on_the_fast_path_has_the_slow_paths_outcome(
+    frame: bytes, version: psc.Version, position: bool
+) -> None:
+    """A lone frame on an open consumer link (the batch reader's path) ends as _receive_one's did: errors, drops."""
+    fast_session, fast_owner = _open_consumer(version, position)
+    slow_session, slow_owner = _open_consumer(version, position)
+    assert _outcome(fast_session, fast_owner, fast_session.receive, frame) == _outcome(
+        slow_session, slow_owner, slow_session._receive_one, frame
+    )
+
+
+def test_a_dialled_link_reads_past_the_endpoint_wrappers_and_still_redials() -> None:
+    """The dialled side's endpoint wrapper hands reads straight to the link; its loss still makes the service redial."""
+    from functools import partial
+
+    from pubsubclub.testing import MemoryNetwork, RecordingSink, psc_url
+
+    net = MemoryNetwork()
+    a = net.node("a", 9001)
+    b = net.node("b", 9002)
+    b.add_server(psc_url(9001))
+    [link] = net.answer()
+    read = vars(link.pump.client)["dataReceived"]  # the endpoint's _WrappingProtocol, as the transport calls it
+    assert type(read) is partial and read.func is wsframes.receive_data and read.args == (link.client,)
+    sink = RecordingSink()
+    b.hub.subscribe("t", sink)
+    net.flush()
+    a.hub.publish(a.hub.envelope("t", 1))
+    net.flush()
+    assert [e.payload for e in sink.got] == [1]
+    link.server_wire.loseConnection()
+    net.flush()
+    assert b.open_links() == 0 and net.dials() == 1
+    net.advance(MemoryNetwork.retry.initial * 1.5)
+    assert net.dials() == 2
+    [again] = net.answer()
+    a.hub.publish(a.hub.envelope("t", 2))
+    net.flush()
+    assert [e.payload for e in sink.got] == [1, 2] and b.open_links() == 1
+    net.stop()
+
+
+def _receiving(replay: bool) -> tuple[Any, LinkSession, Any, Any]:
+    """A federation (its clock at 100 s) with one open consumer link from node "a"; sinks on "t" and the gap topic."""
+    from twisted.internet.task import Clock
+
+    from pubsubclub.core.hub import GAP_TOPIC, Hub
+    from pubsubclub.federation import Federation
+    from pubsubclub.federation.replay import ReplaySettings
+    from pubsubclub.federation.session import LinkState
+    from pubsubclub.testing import RecordingSink
+
+    clock = Clock()
+    clock.advance(100.0)
+    federation = Federation(Hub("b"), reactor=clock, replay=ReplaySettings() if replay else None)
+    sink, gaps = RecordingSink(), RecordingSink()
+    federation.hub.subscribe("t", sink)
+    federation.hub.subscribe(GAP_TOPIC, gaps)
+    session = LinkSession(Role.CONSUMER, lambda data: None, federation, "ws://a", versions=V06)
+    session.peer_node = "a"
+    session._speak(psc.V0_6 if replay else psc.V0_2)
+    session.state = LinkState.OPEN
+    if replay:
+        session.resumed = True
+        federation.inbox.positioned("a", psc.Position("e", 0, 0))
+    return federation, session, sink, gaps
+
+
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_lone_psc301_is_received_as_a_batch_of_it_would_be(replay: bool) -> None:
+    """One message at a time (_received_one) gives the batch path's deliveries, gaps, duplicates and metrics."""
+    meta = psc.Meta
+    messages = [
+        psc.Publish("t", 1, meta("n1", 99.5, "n1-b-1", False, 1 if replay else None)),
+        psc.Publish("t", {"args": [2], "kwargs": {}}, meta("n1", 99.0, "n1-b-2", True, 2 if replay else None)),
+        psc.Publish("t", 3, meta("n1", 99.0, "n1-b-3", False, 2 if replay else None)),  # a duplicate with replay
+        psc.Publish("t", 4, meta(None, 98.0, "n1-b-4", False, 5 if replay else None, options={"e": [7]})),  # a gap
+        psc.Publish("u", 5, meta("n3", None, "n3-b-1", False, 6 if replay else None)),  # no subscriber, no time
+    ]
+    if not replay:
+        messages.append(psc.Publish("t", 6))
+    sizes = [40 + n for n in range(len(messages))]
+    results = []
+    for lone in (True, False):
+        federation, session, sink, gaps = _receiving(replay)
+        if lone:
+            for message, size in zip(messages, sizes, strict=True):
+                federation.link_received_batch(session, [message], [size])
+        else:
+            federation.link_received_batch(session, messages, sizes)
+        metrics = federation.hub.metrics
+        _, counts, latencies = metrics.take_interval(200.0)
+        results.append((
+            [(e.topic, e.payload, e.origin, e.published_at, e.message_id, e.wamp_wrapped, e.size, e.options)
+             for e in sink.got],
+            [e.payload for e in gaps.got],
+            metrics.view("federation"), metrics.view("hub"), dict(metrics.link_counts), counts,
+            {origin: (h.counts, h.count, h.sum_ms) for origin, h in latencies.items()},
+        ))  # fmt: skip
+    assert results[0] == results[1]
+    assert [p for _, p, *_ in results[0][0]][:2] == [1, {"args": [2], "kwargs": {}}]
+
+
+@pytest.mark.parametrize("size", [5, 126, 70_000])
+def test_websocket_send_encoded_holds_what_send_held_would(size: int) -> None:
+    """During a hold a WAMP WebSocket EVENT is held (bytes, traffic counters) exactly as send_held holds it."""
+    from test_wsslim import joined
+
+    got = []
+    for direct in (True, False):
+        protocol, wire, _ = joined()
+        data = b'"' + b"x" * size + b'"'
+        before = protocol.trafficStats.outgoingOctetsWireLevel  # WELCOME's length varies with its session id
+        assert wsframes.hold_writes()
+        try:
+            if direct:
+                protocol.send_encoded(data)
+                protocol.send_encoded(data)
+            else:
+                wsframes.send_held(protocol, data, False)
+                wsframes.send_held(protocol, data, False)
+            held = list(wsframes._held[protocol])  # type: ignore[index]
+            assert protocol.unsent_bytes() == held[0]
+        finally:
+            wsframes.release_writes()
+        stats = protocol.trafficStats
+        got.append((held, wire.value(), stats.outgoingWebSocketMessages, stats.outgoingOctetsWireLevel - before))
+    assert got[0] == got[1] and got[0][1]
+
+
+def test_websocket_send_encoded_leaves_a_queueing_connection_to_send_held() -> None:
+    """A connection with frames queued in Autobahn (chopped sends) is not held past them: send_held's fallback."""
+    from test_wsslim import joined
+
+    protocol, wire, _ = joined()
+    protocol._slim_queue = [b"queued"]  # what a chopped send leaves queued
+    calls = []
+    protocol.sendMessage = lambda payload, binary: calls.append(payload)
+    assert wsframes.hold_writes()
+    try:
+        protocol.send_encoded(b"[36]")
+        assert wsframes._held == {}
+    finally:
+        wsframes.release_writes()
+    assert calls == [b"[36]"]
+
+
+class _CountedSink:
+    """A hub sink answering ``answer`` (True, False, None, a fan-out count) or raising, counted as WAMP."""
+
+    def __init__(self, answer: Any) -> None:
+        from pubsubclub.core.counters import Source
+
+        self.counts_as = Source.WAMP
+        self.answer = answer
+        self.got: list[Any] = []
+
+    def deliver(self, envelope: Any) -> Any:
+        self.got.append(envelope.payload)
+        if self.answer == "raise":
+            raise RuntimeError("sink bug")
+        return self.answer
+
+
+def test_remote_delivery_to_exact_subscribers_counts_as_the_general_path() -> None:
+    """deliver_remote_batch's loop (no pattern) delivers and counts as _deliver_to does, raising sinks too."""
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.core.patterns import PREFIX, Pattern
+    from pubsubclub.testing import RecordingSink
+
+    results = []
+    for with_pattern in (False, True):
+        hub = Hub("b")
+        sinks = [_CountedSink(a) for a in (True, False, None, 3, "raise")]
+        for sink in sinks:
+            hub.subscribe("t", sink)  # type: ignore[arg-type]
+        if with_pattern:  # a pattern that matches: the general path, _deliver_to
+            hub.subscribe_pattern(Pattern(PREFIX, "t"), RecordingSink())
+        delivered = hub.deliver_remote_batch([Envelope("t", n, "a", size=10 + n) for n in range(2)])
+        _, counts, _ = hub.metrics.take_interval(1.0)
+        results.append((delivered - 2 * with_pattern, [s.got for s in sinks], counts, hub.metrics.sink_errors,
+                        hub.metrics.view("hub")["delivered"] - 2 * with_pattern))  # fmt: skip
+    assert results[0] == results[1]
+    assert results[0][0] == 8
+
+
+def test_random_wamp_id_draws_in_the_spec_range_without_a_python_frame() -> None:
+    """random_wamp_id gives distinct ints in 1..2**53 and runs no Python function (one per EVENT)."""
+    import sys
+
+    from pubsubclub.frontends.wamp.uris import random_wamp_id
+
+    frames: list[str] = []
+
+    def profile(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            frames.append(frame.f_code.co_name)
+
+    sys.setprofile(profile)
+    try:
+        ids = [random_wamp_id() for _ in range(1000)]
+    finally:
+        sys.setprofile(None)
+    assert frames == [] or set(frames) == {"<listcomp>"}
+    assert all(type(i) is int and 1 <= i <= 2**53 for i in ids) and len(set(ids)) == 1000
+
+
+_MULTILINE = [
+    b'[301,"t",' + b"[\n" * 70 + b"1" + b"]" * 70 + b',{"o":"n1","t":1.5,"i":"x"}]',  # too deep, a bracket a line
+    b'[301,"t",\n' + b"[" * 70 + b"1" + b"]" * 70 + b"]",
+    b'[301,\n"t",\n{"k": [1,\n2]},\n{"o":"n1","t":1.5,"i":"x"}\n]',  # pretty-printed, within bounds
+]
+
+
+@pytest.mark.parametrize("frame", _MULTILINE)
+@pytest.mark.parametrize("version", [psc.V0_2, psc.V0_1])
+def test_a_multiline_frame_on_a_link_without_batches_is_one_message_checked_whole(
+    frame: bytes, version: psc.Version
+) -> None:
+    """Before 0.4 a frame with newlines is one message: the fast path checks its bounds whole, as decode does."""
+    fast_session, fast_owner = _open_consumer(version, False)
+    slow_session, slow_owner = _open_consumer(version, False)
+    fast = _outcome(fast_session, fast_owner, fast_session.receive, frame)
+    assert fast == _outcome(slow_session, slow_owner, slow_session._receive_one, frame)
+    if frame.count(b"[") > 64:
+        assert fast[1][0][0] == "dropped"

@@ -219,10 +219,12 @@ class Hub:
         self.metrics = metrics if metrics is not None else Metrics(self.node_id)
         #: Local publishes not yet added to ``metrics`` (added before any read: Metrics.settle).
         self._published = 0
-        #: Local deliveries not yet added to ``metrics`` (likewise).
+        #: Deliveries (of local and remote messages) not yet added to ``metrics`` (likewise).
         self._delivered = 0
         #: (topic, front-end) -> [messages, bytes] of :meth:`publish_plain`'s counts not yet added (likewise).
         self._published_counts: dict[tuple[str, Source], list[int]] = {}
+        #: Messages received from other nodes not yet added to ``metrics`` (likewise).
+        self._received = 0
         self.metrics.add_settler(self._settle)
 
     # -- listeners ---------------------------------------------------------
@@ -311,6 +313,10 @@ class Hub:
             for (topic, source), (n, nbytes) in counts.items():
                 self.metrics.count(topic, source, Kind.PUBLISHED, n, nbytes)
             counts.clear()
+        n = self._received
+        if n:
+            self._received = 0
+            self.metrics.event(_RECEIVED, n)
 
     def _failed(self, owner: object, what: str, topic: str) -> None:
         name = type(owner).__name__
@@ -517,13 +523,39 @@ class Hub:
                 if targets is None:
                     targets = self._targets(topic) if topic in sinks else ()
                 matched = patterns.match(topic) if self._any_patterns else ()
-                if targets or matched:
+                if matched:
                     delivered += self._deliver_to(envelope, targets, matched, None, tally)
+                elif targets:
+                    # _deliver_to without its call, for the usual case: no pattern matched, nothing excluded.
+                    sources: list[Source] = []
+                    for sink, source in targets:
+                        try:
+                            sent = sink.deliver(envelope)
+                        except Exception:
+                            # One failing sink must not cost the others this message.
+                            self._failed(sink, "deliver", topic)
+                            continue
+                        delivered += 1
+                        if source is not None and sent is not False:
+                            if sent is None or sent is True:
+                                sources.append(source)
+                            else:  # a sink that fans out: ``sent`` clients
+                                sources += [source] * sent
+                    if sources:
+                        size = envelope.size
+                        if size is None:
+                            size = payload_size(envelope)
+                        for source in sources:
+                            cell = tally.get((topic, source))
+                            if cell is None:
+                                tally[(topic, source)] = [1, size]
+                            else:
+                                cell[0] += 1
+                                cell[1] += size
         finally:
-            if received:
-                metrics.event(_RECEIVED, received)
-            if delivered:
-                metrics.event(_DELIVERED, delivered)
+            # Added to the metrics when they are read (Metrics.settle), as local publishes are.
+            self._received += received
+            self._delivered += delivered
             for (topic, source), (n, nbytes) in tally.items():
                 metrics.count(topic, source, Kind.DELIVERED, n, nbytes)
         return delivered

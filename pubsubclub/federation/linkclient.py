@@ -42,6 +42,7 @@ from pubsubclub.federation.transport import (
     _bind_timers,
     _LinkProtocolBase,
     _max_frame_size,
+    read_past_wrappers,
 )
 from pubsubclub.net.nodelay import set_no_delay
 
@@ -66,6 +67,7 @@ class PSCClientProtocol(_LinkProtocolBase, WebSocketClientProtocol):  # type: ig
         """Nagle off: Autobahn's own attempt never takes effect on a client connection (see nodelay)."""
         super().connectionMade()
         set_no_delay(self.transport)
+        read_past_wrappers(self)
 
     def onConnecting(self, transport_details: Any) -> ConnectingRequest:
         """Handshake headers made per attempt: a proof must carry a fresh nonce."""

@@ -24,6 +24,7 @@ from pubsubclub.federation.session import (
     LinkState,
 )
 from pubsubclub.federation.state import FederationState
+from pubsubclub.net import wsframes
 from pubsubclub.net.wsframes import hold_writes, release_writes
 
 log = Logger()
@@ -33,6 +34,9 @@ _RECEIVED = FederationEvent.RECEIVED
 
 class Receiving(FederationState):
     """Receiving from producers (a part of :class:`Federation`)."""
+
+    #: PSC301s received and not yet added to the metrics' RECEIVED event (:meth:`_settle_received`).
+    _received_n = 0
 
     if TYPE_CHECKING:
 
@@ -126,6 +130,57 @@ class Receiving(FederationState):
         """
         hub = self.hub
         metrics = hub.metrics
+        if len(messages) == 1 and self.worker_prefix is None:
+            # One message (a paced link's usual frame), not relayed: the steps below in the same order
+            # (hold, replay check, delivery, release, counts), without the generator and the dicts.
+            message, size = messages[0], sizes[0]
+            if session.state is LinkState.CLOSED:
+                return
+            peer_node = session.peer_node
+            # wsframes.hold_writes, without its call (a hold already on is left to its owner).
+            holding = wsframes._held is None
+            if holding:
+                wsframes._held = {}
+            counted = False
+            origin: str | None = None
+            published_at: float | None = None
+            now = 0.0
+            try:
+                meta = message.meta
+                if meta is None:
+                    envelope = Envelope(message.topic, message.message, peer_node, size=size)
+                else:
+                    now = self._reactor.seconds()  # before the replay check, as _envelopes reads it
+                    inbox = self.inbox
+                    if inbox is not None and session.with_replay and meta.seq is not None:
+                        peer = peer_node or session.peer
+                        skipped = inbox.accept(peer, meta.seq)
+                        if skipped:
+                            if skipped == DUPLICATE:
+                                metrics.event(FederationEvent.DUPLICATES_DROPPED)
+                                metrics.link_count(peer, LinkCount.DUPLICATES, 1)
+                                return
+                            self._report_gap(Gap(peer, skipped, "sequence"))
+                    origin = meta.origin or peer_node
+                    published_at = meta.published_at
+                    envelope = Envelope(
+                        message.topic, message.message, origin, published_at, meta.message_id, meta.wamp_wrapped, size,
+                        options=meta.options,
+                    )  # fmt: skip
+                counted = True
+                hub.deliver_remote_batch((envelope,))
+            finally:
+                if holding:
+                    if wsframes._held:
+                        release_writes()
+                    else:
+                        wsframes._held = None
+                if counted:
+                    metrics.count(message.topic, Source.PSC, Kind.RECEIVED, 1, size, peer=peer_node or session.peer)
+                    self._received_n += 1
+                    if published_at is not None and origin is not None:
+                        metrics.latencies(origin, [now - published_at])
+            return
         received: dict[str, list[int]] = {}
         latencies: dict[str, list[float]] = {}
         envelopes = self._envelopes(session, messages, sizes, received, latencies)
@@ -144,10 +199,16 @@ class Receiving(FederationState):
             for topic, (count, nbytes) in received.items():
                 n += count
                 metrics.count(topic, Source.PSC, Kind.RECEIVED, count, nbytes, peer=peer)
-            if n:
-                metrics.event(_RECEIVED, n)
+            self._received_n += n  # added to the metrics when they are read (_settle_received)
             for origin, seconds in latencies.items():
                 metrics.latencies(origin, seconds)
+
+    def _settle_received(self) -> None:
+        """Add the received messages held back since the last read of the metrics (run by ``Metrics.settle``)."""
+        n = self._received_n
+        if n:
+            self._received_n = 0
+            self.hub.metrics.event(_RECEIVED, n)
 
     def _envelopes(
         self,

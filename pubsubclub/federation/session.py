@@ -15,6 +15,7 @@ from typing import Protocol
 
 import orjson
 
+from pubsubclub.core.jsonbounds import text_within
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc, psc_retain, psc_rpc
 
@@ -155,6 +156,8 @@ class LinkSession:
         self._owner = owner
         self._versions = versions
         self._limits = limits
+        #: ``limits.max_link_frame`` (a property), read once per frame received.
+        self._max_frame = limits.max_link_frame
 
     def __repr__(self) -> str:
         return f"<LinkSession {self.role.value} peer={self.peer} {self.state.value}>"
@@ -207,9 +210,20 @@ class LinkSession:
                     return
                 self._receive_one(part, bounded)
             return
+        if data and self.role is Role.CONSUMER and self.state is LinkState.OPEN:
+            # A lone message on an open consumer link (a PSC301, most often): the batch reader's
+            # in-place read, after the same bounds check; anything else it hands to _receive_one.
+            self.last_size = len(data)
+            # The scan bounds each line's depth: a frame of several lines before 0.4 (one message
+            # with newlines in it) is checked whole by decode instead.
+            bounded = (self.batched or psc.BATCH_SEPARATOR not in data) and text_within(
+                data, self._limits.json, wrapper_depth=1
+            )
+            self._receive_publishes((data,), bounded)
+            return
         self._receive_one(data)
 
-    def _receive_publishes(self, parts: list[bytes], bounded: bool) -> None:
+    def _receive_publishes(self, parts: list[bytes] | tuple[bytes], bounded: bool) -> None:
         """An open consumer's batch: runs of acceptable PSC301s go to the owner together, the rest one by one.
 
         Same outcome as :meth:`_receive_one` on each line in turn: a line that
@@ -218,7 +232,7 @@ class LinkSession:
         """
         limits = self._limits
         decode, publish, meta_class = psc.decode, psc.Publish, psc.Meta
-        loads, max_frame, max_topic = orjson.loads, limits.max_link_frame, limits.max_topic_length
+        loads, max_frame, max_topic = orjson.loads, self._max_frame, limits.max_topic_length
         run: list[psc.Publish] = []
         sizes: list[int] = []
         for part in parts:

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Protocol
 
 from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionRequest
+from twisted.application._client_service import _ReconnectingProtocolProxy
 from twisted.internet import defer
+from twisted.internet.endpoints import _WrappingProtocol
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.protocol import connectionDone
 from twisted.logger import Logger
@@ -416,6 +419,29 @@ class _LinkProtocolBase:
         if call is not None:
             call.cancel()
             self.closeHandshakeTimeoutCall = None
+
+
+def read_past_wrappers(protocol: _LinkProtocolBase) -> None:
+    """Let the transport hand a dialled link's reads straight to ``protocol``, past the forwarding layers.
+
+    A dialled connection's reads pass the endpoint's ``_WrappingProtocol`` and
+    ``ClientService``'s proxy (its ``__getattr__``), two calls per read that
+    only forward. The wrapper's ``dataReceived`` becomes the link's own read
+    (an instance attribute, so a read is one call fewer still); everything
+    else (``connectionLost`` and the reconnect it notifies) still goes through
+    both. Nothing changes for a wrapping this does not recognise (TLS reads
+    reach the inner wrapper, found through the TLS protocol).
+    """
+    transport = protocol.transport  # type: ignore[attr-defined]
+    read: Any = protocol.dataReceived
+    if getattr(read, "__func__", None) is _LinkProtocolBase.dataReceived:
+        read = partial(receive_data, protocol)
+    for outer in (getattr(transport, "wrappedProtocol", None), getattr(transport, "protocol", None)):
+        if type(outer) is _WrappingProtocol:
+            inner = outer._wrappedProtocol
+            if inner is protocol or (type(inner) is _ReconnectingProtocolProxy and inner._protocol is protocol):
+                outer.dataReceived = read  # type: ignore[method-assign]
+                return
 
 
 def _max_frame_size(federation: LinkHost) -> int:

@@ -250,17 +250,30 @@ def receive_data(protocol: Any, data: bytes) -> None:
     not reentrant: Twisted never calls ``dataReceived`` from inside it.
     """
     p = protocol
-    if not reads_directly(p):
+    server = p.factory.isServer
+    # reads_directly(p), without its two calls (this runs once per read of every connection).
+    whole = _whole_message_classes.get(type(p))
+    if (
+        p.state != _OPEN
+        or p._perMessageCompress is not None
+        or p.logOctets
+        or p.logFrames
+        or p._listeners is not None
+        or not (p.applyMask or not server)
+        or not (_takes_whole_messages(type(p)) if whole is None else whole)
+    ):
         p._dataReceived(data)
         return
     stats = p.trafficStats
     stats.incomingOctetsWireLevel += len(data)
     buf = p.data + data if p.data else data
     p.data = b""
-    server = p.factory.isServer
     mask_bit = 0x80 if server else 0
-    limits = [limit for limit in (p.maxFramePayloadSize, p.maxMessagePayloadSize) if limit > 0]
-    limit = min(limits) if limits else _MAX_LENGTH
+    frame_limit, message_limit = p.maxFramePayloadSize, p.maxMessagePayloadSize
+    if frame_limit > 0:
+        limit = min(frame_limit, message_limit) if message_limit > 0 else frame_limit
+    else:
+        limit = message_limit if message_limit > 0 else _MAX_LENGTH
     validate = p.utf8validateIncoming
     on_message = p.onMessage
     pos, end = 0, len(buf)

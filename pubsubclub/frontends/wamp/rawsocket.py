@@ -39,7 +39,7 @@ from twisted.python.failure import Failure
 from pubsubclub.core.counters import Source
 from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_message
-from pubsubclub.net.edge import unsent_bytes
+from pubsubclub.net.edge import EdgeConnection, unsent_bytes
 from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 
@@ -234,11 +234,19 @@ class WampRawSocketProtocol(Protocol):
         """Send one message already encoded with :attr:`object_serializer` as one frame."""
         if not self._open:
             return
-        if len(data) > self._max_send:
+        length = len(data)
+        if length > self._max_send:
             self._router.hub.metrics.disconnect(Source.WAMP, "message_too_large_for_client")
-            self.drop(f"a message of {len(data)} bytes is over the client's maximum of {self._max_send}")
+            self.drop(f"a message of {length} bytes is over the client's maximum of {self._max_send}")
             return
-        self._write(FRAME_MESSAGE, data)
+        # _write(FRAME_MESSAGE, data), without its call (FRAME_MESSAGE is 0: the header is the length).
+        transport = self.transport
+        if transport is None:
+            return
+        transport.write(_HEADER.pack(length) + data)
+        backlog = self._backlog
+        if backlog is not None and backlog.paused:  # SendBacklog.written, without its call
+            backlog.since_pause += length + 4
 
     def isOpen(self) -> bool:  # noqa: N802 - Autobahn's ITransport name
         """True while messages can still be sent."""
@@ -256,7 +264,11 @@ class WampRawSocketProtocol(Protocol):
 
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
-        return unsent_bytes(self.transport, self._backlog)
+        transport = self.transport
+        # edge.unsent_bytes, without its call for a guarded connection (every listener's).
+        if type(transport) is EdgeConnection:
+            return transport.unsent()
+        return unsent_bytes(transport, self._backlog)
 
     def drop(self, reason: str) -> None:
         """Abort the TCP connection now."""

@@ -66,7 +66,7 @@ from pubsubclub.net import wsframes
 from pubsubclub.net.edge import EdgeConnection, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.websocket import ping_if_open, unfinished_input
-from pubsubclub.net.wsframes import receive_data, send_held, send_message
+from pubsubclub.net.wsframes import _FIN_BINARY, _FIN_TEXT, _LONG, _MEDIUM, receive_data, send_held, send_message
 from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
@@ -128,8 +128,42 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
         """
         if self.state != _OPEN:
             return
-        # Held to the end of a remote batch's delivery (wsframes.hold_writes), if one is on.
-        send_held(self, data, self._serializer._serializer.BINARY)
+        held = wsframes._held
+        length = len(data)
+        options: Any = self  # Autobahn's options, class attributes (net/wsslim.py)
+        if (
+            held is None
+            or options.maskServerFrames
+            or self._perMessageCompress is not None
+            or self.trackedTimings
+            or options.logFrames
+            or self._slim_queue  # send_queue (net/wsslim.py), without the property's call
+            or 0 < options.autoFragmentSize < length
+        ):
+            send_held(self, data, self._serializer._serializer.BINARY)
+        else:
+            # Held to the end of a remote batch's delivery (wsframes.hold_writes): what send_held does
+            # for an open server connection, without its call and its checks that always pass here.
+            binary = self._serializer._serializer.BINARY
+            first = _FIN_BINARY if binary else _FIN_TEXT
+            if length <= 125:
+                frame = bytes((first, length)) + data
+            elif length <= 0xFFFF:
+                frame = _MEDIUM(first, 126, length) + data
+            else:
+                frame = _LONG(first, 127, length) + data
+            stats = self.trafficStats
+            stats.outgoingWebSocketMessages += 1
+            stats.outgoingOctetsAppLevel += length
+            stats.outgoingOctetsWebSocketLevel += length
+            stats.outgoingWebSocketFrames += 1
+            stats.outgoingOctetsWireLevel += len(frame)
+            cell = held.get(self)
+            if cell is None:
+                held[self] = [len(frame), [frame]]
+            else:
+                cell[0] += len(frame)
+                cell[1].append(frame)
         backlog = self._backlog
         if backlog is not None and backlog.paused:  # SendBacklog.written, without its call
             backlog.since_pause += len(data)

@@ -30,6 +30,10 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections.abc import Callable
+from functools import partial
+from itertools import repeat
+from operator import add
 
 from pubsubclub.core.hub import GAP_TOPIC
 from pubsubclub.core.patterns import PREFIX, Pattern
@@ -186,12 +190,11 @@ class UriCheck:
         return problem
 
 
-def random_wamp_id() -> int:
-    """A random WAMP id in the spec's global range 1..2**53 (uniform: 53 random bits, plus one)."""
-    return _random.getrandbits(53) + 1
-
-
 # Drawn uniformly as the spec asks, from a generator seeded once from the OS:
 # SystemRandom would cost a getrandom() syscall per publication. WAMP ids are
 # identifiers, not secrets (authentication challenges use os.urandom).
 _random = random.Random(os.urandom(32))
+
+#: A random WAMP id in the spec's global range 1..2**53 (uniform: 53 random bits, plus one). Built of
+#: C callables (``getrandbits(53) + 1`` per call, drawn by ``next``): one per EVENT and session, no Python frame.
+random_wamp_id: Callable[[], int] = partial(next, map(add, iter(partial(_random.getrandbits, 53), None), repeat(1)))
