@@ -444,7 +444,7 @@ def _json() -> Any:
     return copy.copy({s.SERIALIZER_ID: s for s in bounded_serializers(JSONBounds(max_depth=8))}["json"])
 
 
-def _outcome(frame: bytes, fast: bool, setup: Any = None) -> tuple[Any, ...]:
+def _plain_outcome(frame: bytes, fast: bool, setup: Any = None) -> tuple[Any, ...]:
     """What a publisher's ``frame`` did (to it, a subscriber, the metrics): fed, or decoded and dispatched."""
     from autobahn.wamp import message
 
@@ -480,7 +480,7 @@ def test_a_plain_json_publish_goes_to_publish_plain_without_decode(monkeypatch: 
     from pubsubclub.frontends.wamp import transport
 
     frame = b'[16,7,{},"com.example.t",["v"]]'
-    expected = _outcome(frame, fast=False)
+    expected = _plain_outcome(frame, fast=False)
     assert expected[0] == [(["v"], None, False, None)]
 
     def refuse(*_: Any) -> Any:
@@ -488,7 +488,7 @@ def test_a_plain_json_publish_goes_to_publish_plain_without_decode(monkeypatch: 
 
     monkeypatch.setattr(transport, "decode", refuse)
     monkeypatch.setattr(transport, "decoded", refuse)
-    assert _outcome(frame, fast=True) == expected
+    assert _plain_outcome(frame, fast=True) == expected
 
 
 def _deny(router: Any, publisher: Any) -> None:
@@ -547,7 +547,7 @@ def _raising_clock(router: Any, publisher: Any) -> None:
 )
 def test_the_plain_path_refuses_and_answers_as_the_general_path(frame: bytes, setup: Any) -> None:
     """Role, size, disclosure, a raising hub, URIs, bounds, binary values, other shapes: as the general path does."""
-    assert _outcome(frame, fast=True, setup=setup) == _outcome(frame, fast=False, setup=setup)
+    assert _plain_outcome(frame, fast=True, setup=setup) == _plain_outcome(frame, fast=False, setup=setup)
 
 
 def test_a_plain_publish_before_welcome_is_refused_as_before() -> None:
@@ -705,7 +705,7 @@ def test_publish_plain_counts_are_held_bounded_and_added_before_every_read() -> 
 
 def test_a_raise_in_the_plain_path_aborts_the_session_as_onmessage_does() -> None:
     """An internal error while publishing plainly is logged and answered with ABORT, the session closed."""
-    events, answers, state, _ = _outcome(b'[16,7,{},"com.example.t",["v"]]', fast=True, setup=_raising_clock)
+    events, answers, state, _ = _plain_outcome(b'[16,7,{},"com.example.t",["v"]]', fast=True, setup=_raising_clock)
     assert events == [] and answers == [("Abort", "wamp.error.protocol_violation", None)] and state == "CLOSED"
 
 
