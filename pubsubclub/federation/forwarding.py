@@ -168,20 +168,7 @@ class Forwarding(FederationState):
                     return
                 wire[_PSC_RICH] = known
             if known is not None and b"%" not in known and known[-3:-2] != b"{":
-                forwarded = self._forwarded
-                if len(forwarded) >= MAX_HELD_COUNTS:
-                    self._settle()  # bounded: publishing on ever new topics must not grow the node
-                open_ = LinkState.OPEN
-                sends = outbox.forward(known[:-2] + b',"s":%d}]', streams)
-                for link, data in sends:
-                    if link.state is open_:  # LinkSession.send_raw, without its call
-                        link._send(data)
-                    cell = forwarded.get((topic, link))
-                    if cell is None:
-                        cell = forwarded[(topic, link)] = [0, 0]
-                    cell[0] += 1
-                    cell[1] += len(data)
-                self._forwarded_n += len(sends)
+                self._forward_known(topic, known, streams)
                 return
         sessions = self._by_topic.get(topic)
         streams = None if outbox is None else outbox.streams_for(topic)
@@ -250,12 +237,20 @@ class Forwarding(FederationState):
             return False
         if b"%" in known or known[-3:-2] == b"{":
             return False  # seq_template's escaping: the envelope's path
+        self._forward_known(topic, known, streams)
+        return True
+
+    def _forward_known(self, topic: str, known: bytes, streams: Any) -> None:
+        """Number the PSC301 ``known`` (no ``%``, metadata last) for ``streams``, send it on open links, count it.
+
+        What seq_template and :meth:`_send` do for the common plain publish, in one call.
+        """
         forwarded = self._forwarded
         if len(forwarded) >= MAX_HELD_COUNTS:
             self._settle()  # bounded: publishing on ever new topics must not grow the node
         open_ = LinkState.OPEN
-        sends = outbox.forward(known[:-2] + b',"s":%d}]', streams)
-        for link, data in sends:  # _send, without its call
+        sends = self.outbox.forward(known[:-2] + b',"s":%d}]', streams)  # type: ignore[union-attr]
+        for link, data in sends:
             if link.state is open_:  # LinkSession.send_raw, without its call
                 link._send(data)
             cell = forwarded.get((topic, link))
@@ -264,7 +259,6 @@ class Forwarding(FederationState):
             cell[0] += 1
             cell[1] += len(data)
         self._forwarded_n += len(sends)
-        return True
 
     def _send(self, topic: str, sends: list[tuple[Any, bytes]]) -> int:
         """Send what the outbox numbered for its streams' links; add each to :attr:`_forwarded`; how many were sent."""
