@@ -243,22 +243,12 @@ class Forwarding(FederationState):
     def _forward_known(self, topic: str, known: bytes, streams: Any) -> None:
         """Number the PSC301 ``known`` (no ``%``, metadata last) for ``streams``, send it on open links, count it.
 
-        What seq_template and :meth:`_send` do for the common plain publish, in one call.
+        What streams_for, _rich and seq_template do for the common plain publish, in one call.
         """
-        forwarded = self._forwarded
-        if len(forwarded) >= MAX_HELD_COUNTS:
+        if len(self._forwarded) >= MAX_HELD_COUNTS:
             self._settle()  # bounded: publishing on ever new topics must not grow the node
-        open_ = LinkState.OPEN
         sends = self.outbox.forward(known[:-2] + b',"s":%d}]', streams)  # type: ignore[union-attr]
-        for link, data in sends:
-            if link.state is open_:  # LinkSession.send_raw, without its call
-                link._send(data)
-            cell = forwarded.get((topic, link))
-            if cell is None:
-                cell = forwarded[(topic, link)] = [0, 0]
-            cell[0] += 1
-            cell[1] += len(data)
-        self._forwarded_n += len(sends)
+        self._forwarded_n += self._send(topic, sends)
 
     def _send(self, topic: str, sends: list[tuple[Any, bytes]]) -> int:
         """Send what the outbox numbered for its streams' links; add each to :attr:`_forwarded`; how many were sent."""
