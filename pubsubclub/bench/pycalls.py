@@ -256,6 +256,8 @@ def run_pycalls_bench(args: argparse.Namespace) -> int:
         raise SystemExit("pubsubclub: error: --scenario pycalls starts its own two nodes; --target is for wamp runs")
     if args.count < 1 or args.size < 0:
         raise SystemExit("pubsubclub: error: --count must be at least 1 and --size at least 0")
+    if getattr(args, "workers", 1) != 1:
+        raise SystemExit("pubsubclub: error: --scenario pycalls counts one process per node: no --workers")
     progress(
         f"settings: --scenario pycalls --count {args.count} --transport {args.transport} --size {args.size} "
         f"--max-seconds {args.max_seconds:g} (defaults here: 500, rawsocket, 100, 60); lean clients, one plain "
