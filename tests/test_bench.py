@@ -154,6 +154,28 @@ def test_bench_calls_scenario_with_lean_clients() -> None:
     assert results["p99_ms"] >= results["p50_ms"] > 0
 
 
+#: pubsubclub's own Python calls per paced plain message, RawSocket clients (``bench --scenario pycalls``), just
+#: above the merged tree's figures of 2026-11-26 (node A 23.0, node B 29.0; the same in every run: they are counts).
+#: One more function on either path per message fails the test below; lower them when a change takes calls away.
+NODE_A_PUBSUBCLUB_CALLS_BOUND = 23.5
+NODE_B_PUBSUBCLUB_CALLS_BOUND = 29.5
+
+
+@pytest.mark.slow
+def test_bench_pycalls_counts_each_nodes_calls_per_message_within_bounds() -> None:
+    """``bench --scenario pycalls``: both nodes' calls per paced message, pubsubclub's at or under the bounds."""
+    results, err = bench("--scenario", "pycalls", "--count", "200", "--max-seconds", "60")
+    assert "settings: --scenario pycalls --count 200 --transport rawsocket" in err
+    assert (results["transport"], results["messages"], results["relayed"]) == ("rawsocket", 200, 200 + 3 * 200)
+    for node, bound in (("node_a", NODE_A_PUBSUBCLUB_CALLS_BOUND), ("node_b", NODE_B_PUBSUBCLUB_CALLS_BOUND)):
+        figures = results[node]
+        assert figures["calls_per_message"] > figures["pubsubclub_calls_per_message"] > 0, figures
+        assert figures["calls_busy"] > figures["calls_idle"], figures
+        per = [value for _, value in figures["top"]]
+        assert per == sorted(per, reverse=True) and per[0] >= 1, figures["top"]
+        assert figures["pubsubclub_calls_per_message"] <= bound, (node, figures)
+
+
 @pytest.mark.slow
 def test_bench_lean_clients_deliver_every_message_one_to_one() -> None:
     """``--client lean``: 2 publisher and 2 subscriber processes over RawSocket; all 2 x 1,500 arrive, each once.

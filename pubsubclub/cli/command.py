@@ -47,7 +47,9 @@ def parser() -> argparse.ArgumentParser:
         help="operations listener of node A (e.g. http://127.0.0.1:8181/): wait there until B's interest arrived",
     )
     bench.add_argument("--realm", default="realm1")
-    bench.add_argument("--count", type=int, default=50_000, help="messages in the throughput run")
+    bench.add_argument(
+        "--count", type=int, help="messages in the throughput run (default 50000); pycalls: messages counted (500)"
+    )
     bench.add_argument("--size", type=int, default=100, help="payload bytes")
     bench.add_argument("--rate", type=int, default=1000, help="messages/s in the latency run")
     bench.add_argument("--latency-count", type=int, default=5000, help="messages in the latency run")
@@ -55,13 +57,14 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls"],
+        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls", "pycalls"],
         default="wamp",
         help="wamp: cross-node WAMP throughput and latency (default); link: node to node with no WAMP client;"
         " peers: the wamp runs against pubsubclub and Crossbar.io (make bench-peers); stream: durable stream publish"
         " and catch-up; idle: node memory per idle WAMP session;"
         " fanout: one publisher to --subscribers over 3 nodes (--nodes 1: on one node);"
-        " calls: cross-node RPC, Autobahn caller on A, callee on B",
+        " calls: cross-node RPC, Autobahn caller on A, callee on B;"
+        " pycalls: Python calls per paced message on nodes A and B (counted, not timed)",
     )
     bench.add_argument(
         "--client",
@@ -75,7 +78,9 @@ def parser() -> argparse.ArgumentParser:
         "--serializer", choices=["json", "msgpack"], default="json", help="wamp: Autobahn clients' serializer"
     )
     bench.add_argument(
-        "--transport", choices=["websocket", "rawsocket"], default="websocket", help="wamp: Autobahn clients' transport"
+        "--transport",
+        choices=["websocket", "rawsocket"],
+        help="wamp: Autobahn clients' transport (default websocket); pycalls: the lean clients' (default rawsocket)",
     )
     bench.add_argument("--publishers", type=int, default=1, help="wamp --client lean: publisher processes (default 1)")
     bench.add_argument(
@@ -192,6 +197,15 @@ def _run_bench(args: argparse.Namespace) -> int:
 
     # SIGTERM unwinds like Ctrl-C, so every scenario's `finally` stops the nodes and routers it started.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    pycalls = args.scenario == "pycalls"
+    if args.count is None:
+        args.count = 500 if pycalls else 50_000
+    if args.transport is None:
+        args.transport = "rawsocket" if pycalls else "websocket"
+    if pycalls:
+        from pubsubclub.bench.pycalls import run_pycalls_bench
+
+        return run_pycalls_bench(args)
     if args.scenario == "peers":
         from pubsubclub.bench.peers import run_peers_bench
 
