@@ -20,6 +20,7 @@ another process, and every wait has a bound.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -338,6 +339,15 @@ class CrossbarProcess:
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"{self.name} ignored SIGTERM for {timeout:.0f} s; log:\n{self.log()}") from None
+        # The controller can exit before its workers: a router worker still closing would keep the
+        # port (a restart then seemed to serve while the old worker did). Wait for the group too.
+        deadline = time.monotonic() + timeout
+        while _group_members(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _group_members(proc.pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            raise AssertionError(f"{self.name}'s workers outlived its controller by {timeout:.0f} s")
         self._join_reader()
         return code
 
