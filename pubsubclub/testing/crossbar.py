@@ -276,7 +276,9 @@ class CrossbarProcess:
         self._ready.clear()
         env = dict(os.environ)
         # The child must not see our virtualenv's site-packages; Crossbar's venv has its own.
-        for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+        # Nor a bytecode cache folder set for our own children (tests/conftest.py): Crossbar's venv
+        # holds its compiled modules, and a fresh folder made every run compile all of them again.
+        for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONPYCACHEPREFIX"):
             env.pop(var, None)
         self.proc = subprocess.Popen(
             [
