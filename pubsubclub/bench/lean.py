@@ -44,6 +44,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -312,29 +313,48 @@ def _latency_publisher(
     return {"sent": sent, "start": start, "end": time.time()}
 
 
-def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list[int]) -> dict[str, Any]:
-    """The latency run with lean clients: one publisher on A paced at ``--rate``, one subscriber on B."""
-    me = [sys.executable, "-m", "pubsubclub.bench.lean"]
-    bound = str(args.max_seconds + 20)
-    sub = subprocess.Popen([*me, "latency-subscriber", *_host_port(raw_b), args.realm, bound],
-                           stdout=subprocess.PIPE, text=True)  # fmt: skip
+def publisher_and_subscriber(
+    sub_argv: list[str], pub_argv: list[str], timeout: float, started: Callable[[], None] | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run a subscriber process until its ready line, then ``started()`` and the publisher; their last JSON lines.
+
+    The two bench runners' clients (Autobahn and lean) report the same way: the
+    subscriber prints ``{"ready": true}`` once subscribed, each prints its result
+    as its last line. The subscriber is killed if it outlives the run.
+    """
+    sub = subprocess.Popen(sub_argv, stdout=subprocess.PIPE, text=True)
     try:
         assert sub.stdout is not None
         if not sub.stdout.readline():
-            raise RuntimeError("the lean latency subscriber did not start")
-        progress(f"lean latency run: {args.latency_count} messages at {args.rate}/s (A -> B)")
-        cpu_before = tree_cpu_seconds(server_pids)
-        pub = subprocess.run([*me, "latency-publisher", *_host_port(raw_a), args.realm, str(args.latency_count),
-                              str(args.size), str(args.rate), str(args.max_seconds)],
-                             stdout=subprocess.PIPE, text=True, timeout=args.max_seconds + 30)  # fmt: skip
-        out_sub, _ = sub.communicate(timeout=args.max_seconds + 30)
-        spent = tree_cpu_seconds(server_pids) - cpu_before
+            raise RuntimeError(f"the subscriber ({sub_argv[2]}) did not start")
+        if started is not None:
+            started()
+        pub = subprocess.run(pub_argv, stdout=subprocess.PIPE, text=True, timeout=timeout)
+        out_sub, _ = sub.communicate(timeout=timeout)
     finally:
         if sub.poll() is None:
             sub.kill()
         sub.wait(10)
-    p = json.loads(pub.stdout.strip().splitlines()[-1])
-    s = json.loads(out_sub.strip().splitlines()[-1])
+    return json.loads(pub.stdout.strip().splitlines()[-1]), json.loads(out_sub.strip().splitlines()[-1])
+
+
+def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list[int]) -> dict[str, Any]:
+    """The latency run with lean clients: one publisher on A paced at ``--rate``, one subscriber on B."""
+    me = [sys.executable, "-m", "pubsubclub.bench.lean"]
+    bound = str(args.max_seconds + 20)
+    cpu: list[float] = []
+
+    def started() -> None:
+        progress(f"lean latency run: {args.latency_count} messages at {args.rate}/s (A -> B)")
+        cpu.append(tree_cpu_seconds(server_pids))
+
+    p, s = publisher_and_subscriber(
+        [*me, "latency-subscriber", *_host_port(raw_b), args.realm, bound],
+        [*me, "latency-publisher", *_host_port(raw_a), args.realm, str(args.latency_count), str(args.size),
+         str(args.rate), str(args.max_seconds)],
+        args.max_seconds + 30, started,
+    )  # fmt: skip
+    spent = tree_cpu_seconds(server_pids) - cpu[0]
     return {
         "mode": "latency",
         "client": "lean",

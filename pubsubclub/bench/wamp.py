@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from pubsubclub.bench.lean import latency_summary, lean_latency, lean_run, lean_window
+from pubsubclub.bench.lean import latency_summary, lean_latency, lean_run, lean_window, publisher_and_subscriber
 from pubsubclub.bench.nodes import (
     free_port,
     local,
@@ -205,24 +205,10 @@ def _one_run(target: Target, args: argparse.Namespace, mode: str, count: int, ra
     else:
         url_a, url_b = target.ws
     common = [args.realm, str(args.max_seconds + 10), args.serializer]
-    sub = subprocess.Popen([*me, "subscriber", url_b, *common], stdout=subprocess.PIPE, text=True)
-    try:
-        assert sub.stdout is not None
-        sub.stdout.readline()  # {"ready": true}
-        common[1] = str(args.max_seconds)
-        pub = subprocess.run(
-            [*me, "publisher", url_a, *common, mode, str(count), str(args.size), str(rate)],
-            stdout=subprocess.PIPE,
-            text=True,
-            timeout=args.max_seconds + 30,
-        )
-        out_sub, _ = sub.communicate(timeout=args.max_seconds + 30)
-    finally:
-        if sub.poll() is None:
-            sub.kill()
-            sub.wait(10)
-    p = json.loads(pub.stdout.strip().splitlines()[-1])
-    s = json.loads(out_sub.strip().splitlines()[-1])
+    sub_argv = [*me, "subscriber", url_b, *common]
+    common[1] = str(args.max_seconds)
+    pub_argv = [*me, "publisher", url_a, *common, mode, str(count), str(args.size), str(rate)]
+    p, s = publisher_and_subscriber(sub_argv, pub_argv, args.max_seconds + 30)
     duration = max(s.get("last", 0) - p["start"], 1e-9)
     return {
         "mode": mode,
