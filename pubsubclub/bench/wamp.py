@@ -241,12 +241,17 @@ def measure(args: argparse.Namespace, target: Target) -> tuple[dict[str, Any], d
         f"throughput: {throughput['delivered_rate']:.0f} msgs/s delivered; latency run: "
         f"{args.latency_count} messages at {args.rate}/s"
     )
+    return throughput, latency_run(args, target)
+
+
+def latency_run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
+    """The Autobahn clients' latency run against ``target``, with the servers' CPU per message when it has pids."""
     cpu_before = tree_cpu_seconds(list(target.pids))
     latency = _one_run(target, args, "latency", args.latency_count, args.rate)
     if target.pids:
         spent = tree_cpu_seconds(list(target.pids)) - cpu_before
         latency["server_cpu_us_per_msg"] = spent / max(latency["received"], 1) * 1e6
-    return throughput, latency
+    return latency
 
 
 def _settings(args: argparse.Namespace) -> str:

@@ -57,14 +57,16 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls", "pycalls"],
+        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls", "pycalls", "floor"],
         default="wamp",
         help="wamp: cross-node WAMP throughput and latency (default); link: node to node with no WAMP client;"
         " peers: the wamp runs against pubsubclub and Crossbar.io (make bench-peers); stream: durable stream publish"
         " and catch-up; idle: node memory per idle WAMP session;"
         " fanout: one publisher to --subscribers over 3 nodes (--nodes 1: on one node);"
         " calls: cross-node RPC, Autobahn caller on A, callee on B;"
-        " pycalls: Python calls per paced message on nodes A and B (counted, not timed)",
+        " pycalls: Python calls per paced message on nodes A and B (counted, not timed);"
+        " floor: the wamp latency run through two minimal relays instead of nodes (--nodes 1: one), the clients'"
+        " and the machine's own floor",
     )
     bench.add_argument(
         "--client",
@@ -106,7 +108,9 @@ def parser() -> argparse.ArgumentParser:
         "--fanout-messages", type=int, help="fanout: messages published (default 2000; peers' fan-out row: 500)"
     )
     bench.add_argument(
-        "--nodes", type=int, help="fanout: linked nodes (default 3; 1: all on one node); wamp: 2 (default) or 1"
+        "--nodes",
+        type=int,
+        help="fanout: linked nodes (default 3; 1: all on one node); wamp: 2 (default) or 1; floor: relays, 2 or 1",
     )
     bench.add_argument(
         "--workers", type=int, default=1, help="fanout, wamp: the nodes' --workers (default 1: the flag is not passed)"
@@ -226,6 +230,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from pubsubclub.bench.calls import run_calls_bench
 
         return run_calls_bench(args)
+    if args.scenario == "floor":
+        from pubsubclub.bench.floor import run_floor_bench
+
+        return run_floor_bench(args)
     if args.scenario == "stream":
         from pubsubclub.bench.stream import run_stream_bench
 
