@@ -320,3 +320,121 @@ def test_idle_and_fanout_caps_leave_every_worker_room_for_all_sessions() -> None
     flags = idle_node_flags(1000, workers=2)
     cap = int(flags[flags.index("--edge-max-connections") + 1])
     assert cap // 2 >= 1000 and int(flags[flags.index("--edge-max-per-address") + 1]) == cap
+
+
+# -- --scenario floor and its relays (pubsubclub/bench/relay.py) ------------------------------------------------------
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["one-relay", "two-relays"])
+def floor_run(request: pytest.FixtureRequest) -> tuple[int, dict[str, Any], str]:
+    """One small ``bench --scenario floor`` run per relay count: (relays, results, stderr)."""
+    nodes = request.param
+    results, err = bench("--scenario", "floor", "--nodes", str(nodes), "--latency-count", "200", "--rate", "1000",
+                         "--max-seconds", "20")  # fmt: skip
+    return nodes, results, err
+
+
+@pytest.mark.slow
+def test_bench_floor_scenario_delivers_every_message_through_the_relays(
+    floor_run: tuple[int, dict[str, Any], str],
+) -> None:
+    """``bench --scenario floor`` (one relay or two): the Autobahn clients' latency run loses nothing."""
+    nodes, results, err = floor_run
+    assert (results["scenario"], results["nodes"], results["serializer"], results["transport"]) == (
+        "floor", nodes, "json", "websocket",
+    )  # fmt: skip
+    assert f"--latency-count 200 --max-seconds 20 --realm realm1 --nodes {nodes}" in err and "minimal relays" in err
+    lat = results["latency"]
+    assert (lat["mode"], lat["client"], lat["lost"]) == ("latency", "autobahn", 0)
+    assert lat["sent"] == lat["received"] == 200
+
+
+@pytest.mark.slow
+def test_bench_floor_scenario_reports_the_default_runs_latency_fields(
+    floor_run: tuple[int, dict[str, Any], str],
+) -> None:
+    """The floor run reports what the default run's latency half does: percentiles and CPU of clients and servers."""
+    _, results, _ = floor_run
+    lat = results["latency"]
+    lm = lat["latency_ms"]
+    assert set(lm) == {"p50", "p99", "p999", "max"} and 0 < lm["p50"] <= lm["p99"] <= lm["p999"] <= lm["max"]
+    assert lat["publisher_cpu_us_per_msg"] > 0 and lat["subscriber_cpu_us_per_msg"] > 0
+    assert lat["server_cpu_us_per_msg"] >= 0  # /proc counts 10 ms ticks: 200 messages may not reach one
+    assert len(lat["slowest_positions"]) == 5
+
+
+@pytest.mark.slow
+def test_bench_floor_scenario_leaves_no_relay_behind(floor_run: tuple[int, dict[str, Any], str]) -> None:
+    """After a floor run every relay process it started is gone."""
+    nodes, _, err = floor_run
+    [line] = [line for line in err.splitlines() if line.startswith("bench: relay pids:")]
+    pids = {int(word.strip(",")) for word in line.split()[4:7:2]}
+    assert len(pids) == nodes
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_relay_websocket_pieces_follow_rfc_6455() -> None:
+    """The relay's accept key is RFC 6455's worked example; unmasking and server frames round-trip at every length."""
+    from pubsubclub.bench.relay import accept_key, unmask, ws_frame
+
+    assert accept_key(b"dGhlIHNhbXBsZSBub25jZQ==") == b"s3pPLMBiTxaQ9kYGzzhZRbK+xOo="
+    for n in (0, 1, 5, 125, 126, 65535, 65536):
+        payload = bytes(range(256)) * (n // 256) + bytes(range(n % 256))
+        assert unmask(b"\x01\x02\x03\x04", unmask(b"\x01\x02\x03\x04", payload)) == payload
+        frame = ws_frame(payload)
+        header = 2 if n < 126 else 4 if n < 65536 else 10
+        assert frame[0] == 0x81 and len(frame) == header + n and frame[header:] == payload
+
+
+@pytest.mark.slow
+def test_relays_route_publishes_both_ways_and_outlive_a_bad_client() -> None:
+    """Two relays, ``websockets`` clients: events cross both ways (args and kwargs), acks, GOODBYE; junk drops only its
+    sender; the relays exit when their stdin closes or on SIGTERM."""
+    from contextlib import ExitStack
+
+    from websockets.exceptions import ConnectionClosed
+    from websockets.sync.client import connect
+
+    from pubsubclub.bench.floor import RELAY
+    from pubsubclub.bench.nodes import start_node, stop
+
+    pb, ready_b = start_node("relay-b", ["--peer-listen", "--max-seconds", "60"], RELAY)
+    procs, stack = [pb], ExitStack()
+    try:
+        pa, ready_a = start_node("relay-a", ["--peer", str(ready_b["peer"]), "--max-seconds", "60"], RELAY)
+        procs.append(pa)
+        clients = []
+        for url in (ready_a["wamp"], ready_a["wamp"], ready_b["wamp"]):
+            ws = stack.enter_context(connect(url, subprotocols=["wamp.2.json"], open_timeout=10))  # type: ignore[list-item]
+            clients.append(ws)
+            assert ws.subprotocol == "wamp.2.json"
+            ws.send(json.dumps([1, "realm1", {"roles": {"publisher": {}, "subscriber": {}}}]))
+            welcome = json.loads(ws.recv(timeout=10))
+            assert welcome[0] == 2 and "broker" in welcome[2]["roles"]
+        on_a, junk, on_b = clients
+        for i, ws in enumerate((on_a, on_b)):
+            ws.send(json.dumps([32, 7 + i, {}, f"t.{i}"]))
+            assert json.loads(ws.recv(timeout=10))[:2] == [33, 7 + i]
+        junk.send("[16, not json")  # its connection is dropped, nothing else
+        with pytest.raises(ConnectionClosed):
+            junk.recv(timeout=10)
+        on_a.send(json.dumps([16, 1, {"acknowledge": True}, "t.1", ["x"], {"k": 1}]))
+        assert json.loads(on_a.recv(timeout=10))[:2] == [17, 1]
+        event = json.loads(on_b.recv(timeout=10))
+        assert (event[0], event[3:]) == (36, [{}, ["x"], {"k": 1}])
+        on_b.send(json.dumps([16, 2, {}, "t.0", [{"i": 2}]]))
+        event = json.loads(on_a.recv(timeout=10))
+        assert (event[0], event[3:]) == (36, [{}, [{"i": 2}]])
+        on_b.send(json.dumps([6, {}, "wamp.close.normal"]))
+        assert json.loads(on_b.recv(timeout=10))[0] == 6
+        stack.close()
+        assert pa.stdin is not None
+        pa.stdin.close()
+        assert pa.wait(10) == 0
+        pb.terminate()
+        assert pb.wait(10) == 0
+    finally:
+        stack.close()
+        stop(procs)

@@ -144,7 +144,11 @@ class Client:
             opcode = data[pos] & 0x0F
             pos = start + n
             if opcode == 1 or opcode == 2:
-                self.relay.message(self, payload)
+                try:
+                    self.relay.message(self, payload)
+                except (ValueError, TypeError, LookupError, AttributeError):
+                    self.relay.drop(self)  # not the WAMP the bench's clients send
+                    return
             elif opcode == 8:
                 try:
                     self.sock.sendall(ws_frame(payload[:2], 8))
@@ -300,7 +304,10 @@ class Relay:
                 break
             payload = data[pos + 4 : pos + 4 + n]
             pos += 4 + n
-            self.publish(_loads(payload), payload, None)
+            try:
+                self.publish(_loads(payload), payload, None)
+            except (ValueError, TypeError, LookupError, AttributeError):
+                pass  # not a PUBLISH: skipped
         self.peer_buffer = data[pos:]
 
     def run(self, deadline: float) -> None:
