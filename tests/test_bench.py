@@ -438,3 +438,51 @@ def test_relays_route_publishes_both_ways_and_outlive_a_bad_client() -> None:
     finally:
         stack.close()
         stop(procs)
+
+
+@pytest.mark.slow
+def test_bench_floor_relays_exit_when_the_bench_is_killed() -> None:
+    """A floor bench killed with SIGKILL mid-run (no ``finally``): its relays see their stdin close and exit."""
+    import time
+
+    from pubsubclub.bench.nodes import descendants
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "floor", "--latency-count", "60000",
+         "--max-seconds", "60"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+    )  # fmt: skip
+    below: set[int] = set()
+    try:
+        assert proc.stderr is not None
+        relays: set[int] = set()
+        for line in proc.stderr:
+            if line.startswith("bench: relay pids:"):
+                relays = {int(word.strip(",")) for word in line.split()[4:7:2]}
+            if line.startswith("bench: latency run:"):
+                break
+        assert len(relays) == 2
+        deadline = time.monotonic() + 30
+        while len(below := descendants([proc.pid]) - {proc.pid}) < 4:  # the two relays and the two clients
+            assert time.monotonic() < deadline, below
+            time.sleep(0.05)
+        proc.kill()
+        proc.wait(10)
+        deadline = time.monotonic() + 10
+        for pid in relays:
+            while True:
+                try:
+                    os.kill(pid, 0)
+                except ProcessLookupError:
+                    break
+                assert time.monotonic() < deadline, f"relay {pid} outlived the bench"
+                time.sleep(0.05)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in below:  # the orphaned Autobahn clients would wait for their own bound
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
