@@ -486,3 +486,20 @@ def test_bench_floor_relays_exit_when_the_bench_is_killed() -> None:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+
+
+def test_bench_floor_refuses_what_its_relays_do_not_speak() -> None:
+    """The floor scenario takes 1 or 2 relays and the Autobahn JSON WebSocket clients only, refused before any start."""
+    import argparse
+
+    from pubsubclub.bench.floor import _check
+
+    def namespace(**changes: Any) -> argparse.Namespace:
+        base = {"nodes": None, "target": None, "client": "autobahn", "serializer": "json", "transport": "websocket"}
+        return argparse.Namespace(**{**base, **changes})
+
+    assert (_check(namespace()), _check(namespace(nodes=1))) == (2, 1)
+    for changes in ({"nodes": 3}, {"client": "lean"}, {"serializer": "msgpack"}, {"transport": "rawsocket"},
+                    {"target": ["ws://a", "ws://b"]}):  # fmt: skip
+        with pytest.raises(SystemExit):
+            _check(namespace(**changes))
