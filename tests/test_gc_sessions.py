@@ -1,0 +1,162 @@
+"""Closed client connections leave no reference cycles: reference counting frees them, no full collection needed.
+
+A node started in this process (the node's own composition: edge guard,
+WebSocket site, RawSocket and TEP listeners) on the real reactor serves
+sessions from plain blocking sockets in a thread (nothing of the client lives
+in the node's heap). With the cyclic collector off, sessions are opened and
+closed; the collection run afterwards must find none of their objects
+(docs/architecture.md, "Closed connections and the cyclic collector").
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import socket
+import struct
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+
+import pytest_twisted
+from helpers.polling import until
+from twisted.internet import reactor, threads
+
+from pubsubclub.bench.idle import frame
+from pubsubclub.config.load import add_node_flags, node_config
+from pubsubclub.node.node import Node
+
+#: Sessions per kind: enough that a per-session cycle stands out from any noise of the test process.
+SESSIONS = 40
+HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]).encode()
+SUBSCRIBE = json.dumps([32, 1, {}, "gc.topic"]).encode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "the node closed the connection"
+        out += chunk
+    return out
+
+
+def _ws_frame(sock: socket.socket) -> bytes:
+    head = _read_exactly(sock, 2)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = struct.unpack("!H", _read_exactly(sock, 2))[0]
+    return _read_exactly(sock, length)
+
+
+def _upgraded(port: int, path: str, protocol: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Protocol: {protocol}\r\n\r\n".encode()
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += _read_exactly(sock, 1)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    return sock
+
+
+def websocket_session(port: int) -> None:
+    """A WAMP session over WebSocket: upgrade, HELLO/WELCOME, SUBSCRIBE/SUBSCRIBED, then the socket closes."""
+    with _upgraded(port, "/ws", "wamp.2.json") as sock:
+        sock.sendall(frame(HELLO))
+        assert _ws_frame(sock).startswith(b"[2,")
+        sock.sendall(frame(SUBSCRIBE))
+        assert _ws_frame(sock).startswith(b"[33,")
+
+
+def rawsocket_session(port: int) -> None:
+    """A WAMP session over RawSocket (JSON): handshake, HELLO/WELCOME, SUBSCRIBE/SUBSCRIBED, then close."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(bytes([0x7F, 0xF1, 0, 0]))
+        assert _read_exactly(sock, 4)[0] == 0x7F
+        for message, answer in ((HELLO, b"[2,"), (SUBSCRIBE, b"[33,")):
+            sock.sendall(struct.pack("!I", len(message)) + message)
+            (word,) = struct.unpack("!I", _read_exactly(sock, 4))
+            assert _read_exactly(sock, word & 0xFFFFFF).startswith(answer)
+
+
+def tep_session(port: int) -> None:
+    """A TEP client: the WebSocket upgrade, then the socket closes."""
+    with _upgraded(port, "/tep", "tep"):
+        pass
+
+
+@pytest_twisted.async_yield_fixture(scope="module")
+async def node() -> AsyncIterator[Node]:
+    """One node in this process, on the real reactor, with WAMP (WebSocket and RawSocket) and TEP listeners."""
+    parser = argparse.ArgumentParser()
+    add_node_flags(parser)
+    local = "tcp:{}:interface=127.0.0.1"
+    flags = ["--wamp", local.format(_free_port()), "--rawsocket", local.format(_free_port())]
+    flags += ["--tep", local.format(_free_port()), "--psc", local.format(0), "--log-level", "warn"]
+    n = Node(node_config(parser.parse_args(flags)), reactor)
+    await n.start()
+    yield n
+    await n.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_closed_websocket_sessions_leave_no_cycles(node: Node) -> None:
+    """WAMP over WebSocket: what closed sessions leave behind is freed without the cyclic collector."""
+    await _assert_no_cycles(node, websocket_session, node.urls["wamp"])
+
+
+@pytest_twisted.ensureDeferred
+async def test_closed_rawsocket_sessions_leave_no_cycles(node: Node) -> None:
+    """WAMP over RawSocket: what closed sessions leave behind is freed without the cyclic collector."""
+    await _assert_no_cycles(node, rawsocket_session, node.urls["rawsocket"])
+
+
+@pytest_twisted.ensureDeferred
+async def test_closed_tep_connections_leave_no_cycles(node: Node) -> None:
+    """TEP over WebSocket: closed connections are freed without the cyclic collector."""
+    await _assert_no_cycles(node, tep_session, node.urls["tep"])
+
+
+async def _assert_no_cycles(node: Node, session: Callable[[int], None], url: str) -> None:
+    port = int(url.split(":")[2].split("/")[0])
+    gc.collect()
+    with _collector_off():
+        await threads.deferToThread(lambda: [session(port) for _ in range(SESSIONS)])
+        await until(lambda: node.edge.connections() == 0, what="the node to see every connection closed")
+        total, found = _cyclic_garbage()
+    assert total < SESSIONS, f"{total} objects in cycles after {SESSIONS} closed connections, most: {found}"
+
+
+@contextmanager
+def _collector_off() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _cyclic_garbage() -> tuple[int, list[tuple[str, int]]]:
+    """How many objects one full collection finds unreachable, and the commonest types (then freed as usual)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    gc.collect()
+    return sum(found.values()), found.most_common(12)
