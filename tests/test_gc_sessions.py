@@ -6,6 +6,9 @@ sessions from plain blocking sockets in a thread (nothing of the client lives
 in the node's heap). With the cyclic collector off, sessions are opened and
 closed; the collection run afterwards must find none of their objects
 (docs/architecture.md, "Closed connections and the cyclic collector").
+With the node's collector freezing what survives each full collection, a
+full collection walks none of the open sessions, and closing them frees
+what was frozen.
 """
 
 from __future__ import annotations
@@ -79,15 +82,18 @@ def websocket_session(port: int) -> None:
         assert _ws_frame(sock).startswith(b"[33,")
 
 
-def rawsocket_session(port: int) -> None:
-    """A WAMP session over RawSocket (JSON): handshake, HELLO/WELCOME, SUBSCRIBE/SUBSCRIBED, then close."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
-        sock.sendall(bytes([0x7F, 0xF1, 0, 0]))
-        assert _read_exactly(sock, 4)[0] == 0x7F
-        for message, answer in ((HELLO, b"[2,"), (SUBSCRIBE, b"[33,")):
-            sock.sendall(struct.pack("!I", len(message)) + message)
-            (word,) = struct.unpack("!I", _read_exactly(sock, 4))
-            assert _read_exactly(sock, word & 0xFFFFFF).startswith(answer)
+def rawsocket_session(port: int, close: bool = True) -> socket.socket:
+    """A WAMP session over RawSocket (JSON): handshake, HELLO/WELCOME, SUBSCRIBE/SUBSCRIBED, then (``close``) close."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(bytes([0x7F, 0xF1, 0, 0]))
+    assert _read_exactly(sock, 4)[0] == 0x7F
+    for message, answer in ((HELLO, b"[2,"), (SUBSCRIBE, b"[33,")):
+        sock.sendall(struct.pack("!I", len(message)) + message)
+        (word,) = struct.unpack("!I", _read_exactly(sock, 4))
+        assert _read_exactly(sock, word & 0xFFFFFF).startswith(answer)
+    if close:
+        sock.close()
+    return sock
 
 
 def tep_session(port: int) -> None:
@@ -128,7 +134,33 @@ async def test_closed_tep_connections_leave_no_cycles(node: Node) -> None:
     await _assert_no_cycles(node, tep_session, node.urls["tep"])
 
 
-async def _assert_no_cycles(node: Node, session: Callable[[int], None], url: str) -> None:
+@pytest_twisted.ensureDeferred
+async def test_open_sessions_are_frozen_and_closing_them_frees_what_was_frozen(node: Node) -> None:
+    """After a full collection the open sessions are frozen (the next walks none of them); closed, they are freed."""
+    port = int(node.urls["rawsocket"].split(":")[2])
+    gc.collect()
+    node.collector.install()
+    try:
+        gc.collect()
+        frozen = gc.get_freeze_count()
+        socks = await threads.deferToThread(lambda: [rawsocket_session(port, close=False) for _ in range(SESSIONS)])
+        try:
+            gc.collect()
+            held = gc.get_freeze_count() - frozen
+            walked = len(gc.get_objects())  # what a full collection walks now
+        finally:
+            await threads.deferToThread(lambda: [s.close() for s in socks])
+        await until(lambda: node.edge.connections() == 0, what="the node to see every connection closed")
+        left = gc.get_freeze_count() - frozen
+    finally:
+        node.collector.uninstall()
+        gc.unfreeze()
+    assert held >= 10 * SESSIONS, f"only {held} objects frozen for {SESSIONS} open sessions"
+    assert walked < SESSIONS, f"a full collection would walk {walked} objects with {SESSIONS} sessions open"
+    assert left < SESSIONS, f"{left} frozen objects left after {SESSIONS} sessions closed"
+
+
+async def _assert_no_cycles(node: Node, session: Callable[[int], object], url: str) -> None:
     port = int(url.split(":")[2].split("/")[0])
     gc.collect()
     with _collector_off():

@@ -115,6 +115,13 @@ class NodeSection:
         min=0.1,
         max=3600,
     )
+    gc_refreeze: bool = setting(
+        True,
+        "freeze what survives each full cyclic-GC collection (gc.freeze), so the next walks only newer objects:"
+        " no reactor stall that grows with the sessions held; off: frozen once at start-up"
+        " (docs/architecture.md, Closed connections and the cyclic collector)",
+        advanced=True,
+    )
     workers: str = setting(
         "1",
         "worker processes behind the client listeners (WAMP, RawSocket, TEP), one node to the cluster;"
