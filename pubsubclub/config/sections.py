@@ -122,6 +122,16 @@ class NodeSection:
         " (docs/architecture.md, Closed connections and the cyclic collector)",
         advanced=True,
     )
+    gc_full_threshold: int = setting(
+        1,
+        "Python's third cyclic-GC threshold (gc.set_threshold): a full collection waits for this many"
+        " collections of the middle generation (Python's default: 10); with gc-refreeze each walks only what"
+        " came since the last, so 1 keeps every walk short",
+        metavar="N",
+        min=1,
+        max=1000,
+        advanced=True,
+    )
     workers: str = setting(
         "1",
         "worker processes behind the client listeners (WAMP, RawSocket, TEP), one node to the cluster;"
