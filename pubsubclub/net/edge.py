@@ -172,7 +172,9 @@ class EdgeConnection(ProtocolWrapper):
         spec = providedBy(transport)
         kept = _KEPT_INTERFACES.get(spec)
         if kept is None:
-            kept = _KEPT_INTERFACES[spec] = tuple(i for i in spec.flattened() if not i.isOrExtends(ISSLTransport))
+            kept = tuple(i for i in spec.flattened() if not i.isOrExtends(ISSLTransport))
+            if len(_KEPT_INTERFACES) < _MAX_KEPT_KINDS:  # a few kinds of transport; never one entry per connection
+                _KEPT_INTERFACES[spec] = kept
         directlyProvides(self, *kept)
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
@@ -286,6 +288,7 @@ class EdgeConnection(ProtocolWrapper):
 _CLOSED = Protocol()
 #: The interfaces an :class:`EdgeConnection` provides, by its transport's (see ``makeConnection``).
 _KEPT_INTERFACES: dict[Any, tuple[Any, ...]] = {}
+_MAX_KEPT_KINDS = 64
 
 
 class _Refused(Protocol):
