@@ -1,7 +1,7 @@
 """Closed client connections leave no reference cycles: reference counting frees them, no full collection needed.
 
 A node started in this process (the node's own composition: edge guard,
-WebSocket site, RawSocket and TEP listeners) on the real reactor serves
+WebSocket site, RawSocket, TEP and NSD listeners) on the real reactor serves
 sessions from plain blocking sockets in a thread (nothing of the client lives
 in the node's heap). With the cyclic collector off, sessions are opened and
 closed; the collection run afterwards must find none of their objects
@@ -22,6 +22,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
 
+import pytest
 import pytest_twisted
 from helpers.polling import until
 from twisted.internet import reactor, threads
@@ -96,6 +97,16 @@ def rawsocket_session(port: int, close: bool = True) -> socket.socket:
     return sock
 
 
+def nsd_session(port: int) -> None:
+    """An NSD client: OpenRequest and its answer, then the socket closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(json.dumps({"_class": "OpenRequest", "identity": "gc"}).encode() + b"\n")
+        answer = b""
+        while b"\n" not in answer:
+            answer += _read_exactly(sock, 1)
+        assert b"SuccessResponse" in answer, answer
+
+
 def tep_session(port: int) -> None:
     """A TEP client: the WebSocket upgrade, then the socket closes."""
     with _upgraded(port, "/tep", "tep"):
@@ -103,13 +114,14 @@ def tep_session(port: int) -> None:
 
 
 @pytest_twisted.async_yield_fixture(scope="module")
-async def node() -> AsyncIterator[Node]:
-    """One node in this process, on the real reactor, with WAMP (WebSocket and RawSocket) and TEP listeners."""
+async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
+    """One node in this process, on the real reactor, with WAMP (WebSocket and RawSocket), TEP and NSD listeners."""
     parser = argparse.ArgumentParser()
     add_node_flags(parser)
     local = "tcp:{}:interface=127.0.0.1"
     flags = ["--wamp", local.format(_free_port()), "--rawsocket", local.format(_free_port())]
-    flags += ["--tep", local.format(_free_port()), "--psc", local.format(0), "--log-level", "warn"]
+    flags += ["--tep", local.format(_free_port()), "--nsd", local.format(_free_port()), "--psc", local.format(0)]
+    flags += ["--data-dir", str(tmp_path_factory.mktemp("gc")), "--log-level", "warn"]
     n = Node(node_config(parser.parse_args(flags)), reactor)
     await n.start()
     yield n
@@ -159,6 +171,12 @@ async def test_open_sessions_are_frozen_and_closing_them_frees_what_was_frozen(n
     assert held >= 10 * SESSIONS, f"only {held} objects frozen for {SESSIONS} open sessions"
     assert walked < SESSIONS, f"a full collection would walk {walked} objects with {SESSIONS} sessions open"
     assert left < SESSIONS, f"{left} frozen objects left after {SESSIONS} sessions closed"
+
+
+@pytest_twisted.ensureDeferred
+async def test_closed_nsd_connections_leave_no_cycles(node: Node) -> None:
+    """NSD: closed connections are freed without the cyclic collector."""
+    await _assert_no_cycles(node, nsd_session, node.urls["nsd"])
 
 
 async def _assert_no_cycles(node: Node, session: Callable[[int], object], url: str) -> None:
