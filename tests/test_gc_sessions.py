@@ -29,6 +29,7 @@ from twisted.internet import reactor, threads
 
 from pubsubclub.bench.idle import frame
 from pubsubclub.config.load import add_node_flags, node_config
+from pubsubclub.node.collector import SurvivorFreezer
 from pubsubclub.node.node import Node
 
 #: Sessions per kind: enough that a per-session cycle stands out from any noise of the test process.
@@ -211,3 +212,22 @@ def _cyclic_garbage() -> tuple[int, list[tuple[str, int]]]:
         gc.garbage.clear()
     gc.collect()
     return sum(found.values()), found.most_common(12)
+
+
+def test_without_refreeze_full_collections_are_timed_and_nothing_more_is_frozen() -> None:
+    """--no-gc-refreeze: start-up freezes once; later full collections are counted and timed, not frozen."""
+    thresholds = gc.get_threshold()
+    collector = SurvivorFreezer(refreeze=False, full_threshold=3)
+    try:
+        collector.start()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0 and gc.get_threshold()[2] == 3
+        kept = [{"n": i} for i in range(1000)]
+        gc.collect()
+        stats = collector.stats()
+        assert (stats["full_collections"], stats["freezes"], stats["frozen"]) == (1, 0, frozen), stats
+        assert len(kept) == 1000 and stats["max_full_ms"] >= 0
+    finally:
+        collector.uninstall()
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
