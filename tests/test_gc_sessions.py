@@ -18,6 +18,7 @@ import gc
 import json
 import socket
 import struct
+import weakref
 from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import contextmanager
@@ -227,6 +228,84 @@ def test_without_refreeze_full_collections_are_timed_and_nothing_more_is_frozen(
         stats = collector.stats()
         assert (stats["full_collections"], stats["freezes"], stats["frozen"]) == (1, 0, frozen), stats
         assert len(kept) == 1000 and stats["max_full_ms"] >= 0
+    finally:
+        collector.uninstall()
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+class _Node:
+    """One link of a reference cycle (a weakref tells when it is freed)."""
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def _frozen_cycles(n: int) -> tuple[list[_Node], list[weakref.ref[_Node]]]:
+    pairs = []
+    for _ in range(n):
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a
+        pairs.append(a)
+    return pairs, [weakref.ref(a) for a in pairs]
+
+
+@pytest.mark.parametrize("growth", [2.0, 0.0], ids=["thaw", "never"])
+def test_cycles_frozen_alive_and_dropped_later_are_freed_once_the_frozen_count_grew_past_the_factor(
+    growth: float,
+) -> None:
+    """A cycle frozen while reachable and dropped later survives every full collection until the growth thaw."""
+    thresholds = gc.get_threshold()
+    collector = SurvivorFreezer(refreeze=True, full_threshold=None, thaw_growth=growth)
+    try:
+        collector.start()
+        baseline = gc.get_freeze_count()
+        # Not yet past the factor: nothing thawed.
+        assert not collector.check_growth()
+        # Reachable cycles, frozen by the next full collection's end, as sessions are.
+        pairs, refs = _frozen_cycles(baseline)
+        gc.collect()
+        assert gc.get_freeze_count() >= 2 * baseline
+        # Dropped: frozen cycles are garbage no full collection walks.
+        del pairs
+        gc.collect()
+        assert sum(r() is not None for r in refs) == len(refs)
+        before = gc.get_freeze_count()
+        thawed = collector.check_growth()
+        alive = sum(r() is not None for r in refs)
+        if growth:
+            assert thawed and alive == 0 and collector.stats()["thaws"] == 1
+            # The survivors frozen again, the cycles (two tracked instances each) gone.
+            assert 0 < gc.get_freeze_count() <= before - 2 * len(refs)
+        else:
+            assert not thawed and alive == len(refs)
+    finally:
+        collector.uninstall()
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        gc.collect()
+
+
+def test_the_growth_check_runs_each_minute_on_the_reactor_and_stops() -> None:
+    """start(reactor) checks the frozen count every THAW_CHECK_SECONDS on that reactor; stop() ends it."""
+    from twisted.internet.task import Clock
+
+    from pubsubclub.node.collector import THAW_CHECK_SECONDS
+
+    clock = Clock()
+    thresholds = gc.get_threshold()
+    collector = SurvivorFreezer(refreeze=True, thaw_growth=2.0)
+    checks: list[bool] = []
+    collector.check_growth = lambda: checks.append(True) or False  # type: ignore[method-assign]
+    try:
+        collector.start(clock)
+        clock.advance(THAW_CHECK_SECONDS - 1)
+        assert checks == []
+        clock.advance(1)
+        clock.advance(THAW_CHECK_SECONDS)
+        assert checks == [True, True]
+        collector.stop()
+        assert clock.getDelayedCalls() == []
     finally:
         collector.uninstall()
         gc.set_threshold(*thresholds)

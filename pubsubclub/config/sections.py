@@ -132,6 +132,16 @@ class NodeSection:
         max=1000,
         advanced=True,
     )
+    gc_thaw_growth: float = setting(
+        2.0,
+        "with gc-refreeze: once the frozen objects pass this many times their count after the last thaw"
+        " (checked each minute), unfreeze and collect everything once, freeing cycles among frozen objects"
+        " (a bounded leak; one long collection); 0: never",
+        metavar="X",
+        min=0,
+        max=1000,
+        advanced=True,
+    )
     workers: str = setting(
         "1",
         "worker processes behind the client listeners (WAMP, RawSocket, TEP), one node to the cluster;"

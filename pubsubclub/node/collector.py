@@ -20,7 +20,13 @@ became garbage after it. The connection layer breaks the cycles a client
 connection forms, when it closes (pubsubclub/net/edge.py), so session churn
 leaves nothing frozen behind; the ``gc`` part of ``/stats`` shows the frozen
 count, which a leak would make grow with churn (docs/architecture.md,
-"Closed connections and the cyclic collector").
+"Closed connections and the cyclic collector"). A safety net bounds such a
+leak: every :data:`THAW_CHECK_SECONDS` the frozen count is compared with what
+it was after the last thaw (or start-up); past ``gc-thaw-growth`` times that,
+everything is unfrozen and collected once (one long walk, the stall the
+freezing otherwise avoids), and the survivors frozen again. A node whose
+sessions grow from 1,000 to 10,000 thaws about twice on the way (factor 2);
+one whose frozen population stays flat (churn without leaks) never does.
 """
 
 from __future__ import annotations
@@ -29,12 +35,19 @@ import gc
 import time
 from typing import Any
 
+#: Seconds between two comparisons of the frozen count with its size after the last thaw.
+THAW_CHECK_SECONDS = 60.0
+
 
 class SurvivorFreezer:
     """Freezes what survives each full collection, and times the full collections (for ``/stats``)."""
 
     def __init__(
-        self, refreeze: bool = True, full_threshold: int | None = None, clock: Any = time.perf_counter
+        self,
+        refreeze: bool = True,
+        full_threshold: int | None = None,
+        clock: Any = time.perf_counter,
+        thaw_growth: float = 2.0,
     ) -> None:
         #: Freeze after each full collection; False: only time them (the start-up freeze alone).
         self.refreeze = refreeze
@@ -51,6 +64,13 @@ class SurvivorFreezer:
         self.last_full_seconds = 0.0
         self.max_full_seconds = 0.0
         self.installed = False
+        #: Thaw and collect everything once the frozen count passes this many times its size after the
+        #: last thaw (0: never).
+        self.thaw_growth = thaw_growth
+        #: Thaws done (:meth:`check_growth`), and the frozen count they compare with.
+        self.thaws = 0
+        self._thaw_baseline = 0
+        self._checker: Any = None
 
     def install(self) -> None:
         """Watch the collector (``gc.callbacks``)."""
@@ -64,8 +84,11 @@ class SurvivorFreezer:
             gc.callbacks.remove(self._callback)
             self.installed = False
 
-    def start(self) -> None:
-        """The node is up: what it holds now lives as long as the process; collect once, freeze the survivors."""
+    def start(self, reactor: Any = None) -> None:
+        """The node is up: what it holds now lives as long as the process; collect once, freeze the survivors.
+
+        With ``reactor``, :meth:`check_growth` runs every :data:`THAW_CHECK_SECONDS` on it.
+        """
         self.install()
         if self.full_threshold is not None:
             young, middle, _ = gc.get_threshold()
@@ -77,6 +100,37 @@ class SurvivorFreezer:
         self.startup_full_seconds = self.last_full_seconds
         self.full_collections = 0
         self.last_full_seconds = self.max_full_seconds = 0.0
+        self._thaw_baseline = gc.get_freeze_count()
+        if reactor is not None and self.refreeze and self.thaw_growth > 0 and self._checker is None:
+            from twisted.internet.task import LoopingCall
+
+            self._checker = LoopingCall(self.check_growth)
+            self._checker.clock = reactor
+            self._checker.start(THAW_CHECK_SECONDS, now=False)
+
+    def stop(self) -> None:
+        """Stop the periodic check (what is frozen stays frozen)."""
+        if self._checker is not None and self._checker.running:
+            self._checker.stop()
+        self._checker = None
+
+    def check_growth(self) -> bool:
+        """Past ``thaw_growth`` times the frozen count after the last thaw: unfreeze, collect all once; True if so.
+
+        Frees reference cycles among frozen objects that became garbage after
+        their freeze (which no full collection finds): a leak the connection
+        layer's cycle breaking should leave nothing to, bounded here to
+        ``thaw_growth`` times the live frozen population.
+        """
+        if not self.refreeze or self.thaw_growth <= 0:
+            return False
+        if gc.get_freeze_count() <= self._thaw_baseline * self.thaw_growth:
+            return False
+        gc.unfreeze()
+        gc.collect()  # its end (the callback) freezes the survivors again
+        self.thaws += 1
+        self._thaw_baseline = gc.get_freeze_count()
+        return True
 
     def _callback(self, phase: str, info: dict[str, Any]) -> None:
         if info.get("generation") != 2:
@@ -102,6 +156,8 @@ class SurvivorFreezer:
             "frozen": gc.get_freeze_count(),
             "full_collections": self.full_collections,
             "freezes": self.freezes,
+            "thaw_growth": self.thaw_growth,
+            "thaws": self.thaws,
             "startup_full_ms": round(self.startup_full_seconds * 1000, 3),
             "last_full_ms": round(self.last_full_seconds * 1000, 3),
             "max_full_ms": round(self.max_full_seconds * 1000, 3),

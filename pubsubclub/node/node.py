@@ -326,7 +326,9 @@ class Node:
         self.discovery: Any = None
         #: The cyclic collector's freezing and timing; installed by ``run_node`` once the node is up (not here:
         #: a node built inside another program leaves that program's collector alone).
-        self.collector = SurvivorFreezer(config.node.gc_refreeze, config.node.gc_full_threshold)
+        self.collector = SurvivorFreezer(
+            config.node.gc_refreeze, config.node.gc_full_threshold, thaw_growth=config.node.gc_thaw_growth
+        )
 
     def section_of(self, spec: FrontendSpec) -> Any:
         """The config section of a registered front-end (its dataclass's defaults when the config has none)."""

@@ -168,7 +168,7 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
         # reactor for tens of milliseconds (measured with `pubsubclub bench`);
         # with gc-refreeze, so is what survives each later full collection
         # (pubsubclub/node/collector.py).
-        node.collector.start()
+        node.collector.start(reactor)
         print_ready(node, urls)
         if on_ready is not None:
             on_ready(node)
