@@ -50,6 +50,8 @@ def test_bench_idle_scenario_measures_memory_per_session() -> None:
     results, _ = bench("--scenario", "idle", "--sessions", "100")
     assert results["sessions"] == 100 and results["rss_after"] >= results["rss_before"] > 0
     assert results["subscribed"] == 100
+    # The node's full collections while they joined are timed, their survivors frozen (gc-refreeze).
+    assert results["gc"]["refreeze"] is True and results["gc"]["max_full_ms"] >= 0
 
 
 @pytest.mark.slow

@@ -71,7 +71,11 @@ def test_stats_only_on_the_operations_listener(tmp_path: Path) -> None:
 
     node = NodeProcess("a", tmp_path).start()
     try:
-        assert node.stats()["node"] == "a"
+        stats = node.stats()
+        assert stats["node"] == "a"
+        # The start-up collection's survivors are frozen, and so will be each later one's (gc-refreeze).
+        assert stats["gc"]["refreeze"] is True and stats["gc"]["freezes"] >= 1 and stats["gc"]["frozen"] > 10_000
+        assert stats["gc"]["thresholds"][2] == 1  # gc-full-threshold: a full collection may follow each middle one
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(node.http_url + "stats", timeout=5)
         assert e.value.code == 404

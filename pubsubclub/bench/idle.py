@@ -23,7 +23,7 @@ import struct
 import time
 from typing import Any
 
-from pubsubclub.bench.nodes import free_port, local, machine, progress, start_node, stop, tree_rss
+from pubsubclub.bench.nodes import free_port, local, machine, progress, start_node, stats, stop, tree_rss
 
 HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}}}]).encode()
 #: The topic every idle session subscribes to.
@@ -100,10 +100,15 @@ def run_idle_bench(args: argparse.Namespace) -> int:
         resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))  # the node inherits it
     if want < count + 256:
         raise SystemExit(f"pubsubclub: error: the open-file limit ({hard}) is too low for {count} sessions")
-    port = free_port()
-    node, _ = start_node("bench-idle", ["--wamp", local(port), "--psc", local(0), *idle_node_flags(count)])
+    port, ops_port = free_port(), free_port()
+    node, _ = start_node(
+        "bench-idle", ["--wamp", local(port), "--psc", local(0), "--http", local(ops_port), *idle_node_flags(count)]
+    )
     try:
         figures = measure_idle(port, [node.pid], count, args.max_seconds)
+        # The node's cyclic-GC full collections while the sessions joined (docs/architecture.md, "Closed
+        # connections and the cyclic collector"): how long the longest stalled its reactor.
+        figures["gc"] = stats(f"http://127.0.0.1:{ops_port}/")["gc"]
     finally:
         stop([node])
     results = {"machine": machine(), "scenario": "idle", **figures}
@@ -114,6 +119,11 @@ def run_idle_bench(args: argparse.Namespace) -> int:
             f"{count} idle subscribed WAMP sessions: node RSS {figures['rss_before'] / 2**20:.1f} -> "
             f"{figures['rss_after'] / 2**20:.1f} MiB, {figures['bytes_per_session'] / 1024:.1f} KiB per session "
             f"(opened in {figures['open_seconds']:.1f} s)"
+        )
+        gc_figures = figures["gc"]
+        print(
+            f"full GC collections in the node while they joined: {gc_figures['full_collections']}, longest "
+            f"{gc_figures['max_full_ms']:.1f} ms; {gc_figures['frozen']} objects frozen"
         )
     return 0
 

@@ -115,6 +115,33 @@ class NodeSection:
         min=0.1,
         max=3600,
     )
+    gc_refreeze: bool = setting(
+        True,
+        "freeze what survives each full cyclic-GC collection (gc.freeze), so the next walks only newer objects:"
+        " no reactor stall that grows with the sessions held; off: frozen once at start-up"
+        " (docs/architecture.md, Closed connections and the cyclic collector)",
+        advanced=True,
+    )
+    gc_full_threshold: int = setting(
+        1,
+        "Python's third cyclic-GC threshold (gc.set_threshold): a full collection waits for this many"
+        " collections of the middle generation (Python's default: 10); with gc-refreeze each walks only what"
+        " came since the last, so 1 keeps every walk short",
+        metavar="N",
+        min=1,
+        max=1000,
+        advanced=True,
+    )
+    gc_thaw_growth: float = setting(
+        2.0,
+        "with gc-refreeze: once the frozen objects pass this many times their count after the last thaw"
+        " (checked each minute), unfreeze and collect everything once, freeing cycles among frozen objects"
+        " (a bounded leak; one long collection); 0: never",
+        metavar="X",
+        min=0,
+        max=1000,
+        advanced=True,
+    )
     workers: str = setting(
         "1",
         "worker processes behind the client listeners (WAMP, RawSocket, TEP), one node to the cluster;"

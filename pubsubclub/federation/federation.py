@@ -77,6 +77,7 @@ from pubsubclub.federation.session import (
 from pubsubclub.federation.settings import FederationSettings
 from pubsubclub.federation.transport import NODE_HEADER
 from pubsubclub.net.ratelog import RateLimitedLog
+from pubsubclub.net.websocket import TakeoverResource
 
 log = Logger()
 
@@ -222,7 +223,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
 
     def resource(self) -> WebSocketResource:
         """A twisted.web resource accepting links."""
-        return WebSocketResource(self.server_factory())
+        return TakeoverResource(self.server_factory())
 
     def check_request(
         self, request: ConnectionRequest, source: str, on_evict: Callable[[], None]

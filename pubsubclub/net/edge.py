@@ -48,10 +48,11 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
-from zope.interface import directlyProvidedBy, directlyProvides
+from zope.interface import directlyProvides, providedBy
 
 from pubsubclub.net import writethrough
 from pubsubclub.net.sendbuffer import write_buffer_of
+from pubsubclub.net.websocket import forget_closed
 
 log = Logger()
 
@@ -165,8 +166,15 @@ class EdgeConnection(ProtocolWrapper):
         super().makeConnection(transport)
         # ProtocolWrapper claims every interface of the transport. Not ISSLTransport: Autobahn
         # then asks for a TLS channel id, which only the TLS protocol itself can give (it is
-        # beneath us), and fails the connection; the TLS protocol still does TLS.
-        kept = [i for i in directlyProvidedBy(self).flattened() if not i.isOrExtends(ISSLTransport)]
+        # beneath us), and fails the connection; the TLS protocol still does TLS. Worked out once
+        # per kind of transport (``directlyProvidedBy`` made a declaration per connection, each a
+        # reference cycle left to the cyclic collector).
+        spec = providedBy(transport)
+        kept = _KEPT_INTERFACES.get(spec)
+        if kept is None:
+            kept = tuple(i for i in spec.flattened() if not i.isOrExtends(ISSLTransport))
+            if len(_KEPT_INTERFACES) < _MAX_KEPT_KINDS:  # a few kinds of transport; never one entry per connection
+                _KEPT_INTERFACES[spec] = kept
         directlyProvides(self, *kept)
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
@@ -211,10 +219,25 @@ class EdgeConnection(ProtocolWrapper):
             self.factory.handshakes += 1
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:  # noqa: N802 - Twisted API
-        """Forget the connection, then tell the protocol."""
+        """Forget the connection, tell the protocol, then let go of it (no reference cycle outlives a connection)."""
         self.closing = True
         self.factory.forget(self)
-        self.wrappedProtocol.connectionLost(reason)
+        try:
+            self.wrappedProtocol.connectionLost(reason)
+        finally:
+            self._let_go()
+
+    def _let_go(self) -> None:
+        # The protocol and this wrapper refer to each other (``transport`` and ``wrappedProtocol``),
+        # and so do the TCP connection and its write-through, and an Autobahn protocol and its
+        # fired ``is_closed``: left alone, every closed connection would wait for a full cyclic
+        # collection, whose walk over a node's many sessions stalls the reactor
+        # (docs/architecture.md, "Closed connections and the cyclic collector").
+        wrapped = self.wrappedProtocol
+        self.wrappedProtocol = _CLOSED
+        forget_closed(wrapped)
+        if self._buffer is not None:
+            writethrough.uninstall(self._buffer)
 
     def pending_input(self) -> int:
         """Unfinished input the protocol holds (0 when it does not say)."""
@@ -259,6 +282,13 @@ class EdgeConnection(ProtocolWrapper):
             keepalive = getattr(self.wrappedProtocol, "keepalive", None)
             if keepalive is not None:
                 keepalive()
+
+
+#: What a closed :class:`EdgeConnection` wraps: nothing of the protocol it carried.
+_CLOSED = Protocol()
+#: The interfaces an :class:`EdgeConnection` provides, by its transport's (see ``makeConnection``).
+_KEPT_INTERFACES: dict[Any, tuple[Any, ...]] = {}
+_MAX_KEPT_KINDS = 64
 
 
 class _Refused(Protocol):

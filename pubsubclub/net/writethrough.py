@@ -149,3 +149,12 @@ def install(transport: Any) -> bool:
         return True
     transport.write = _WriteThrough(transport)  # type: ignore[method-assign]
     return True
+
+
+def uninstall(transport: Any) -> None:
+    """Give ``transport`` its class's ``write`` back (a closed connection: its write-through and it form a cycle).
+
+    A turn's pending :meth:`_WriteThrough.release` still holds the write-through and finds the connection closed.
+    """
+    if isinstance(vars(transport).get("write"), _WriteThrough):
+        del transport.write

@@ -42,6 +42,7 @@ from pubsubclub.frontends import registry
 from pubsubclub.frontends.base import HTTP_REFUSAL, Frontend, listen_url
 from pubsubclub.frontends.registry import FrontendContext, FrontendSpec
 from pubsubclub.net.edge import Edge, EdgeLimits, EdgeSettings, handshake_done
+from pubsubclub.node.collector import SurvivorFreezer
 from pubsubclub.node.ops import (
     HealthResource,
     MetricsTextResource,
@@ -323,6 +324,11 @@ class Node:
         self.before_stop: list[Any] = []
         #: Consul discovery, when ``config.consul.url`` is set (started in :meth:`start`).
         self.discovery: Any = None
+        #: The cyclic collector's freezing and timing; installed by ``run_node`` once the node is up (not here:
+        #: a node built inside another program leaves that program's collector alone).
+        self.collector = SurvivorFreezer(
+            config.node.gc_refreeze, config.node.gc_full_threshold, thaw_growth=config.node.gc_thaw_growth
+        )
 
     def section_of(self, spec: FrontendSpec) -> Any:
         """The config section of a registered front-end (its dataclass's defaults when the config has none)."""
@@ -366,6 +372,7 @@ class Node:
             **self._frontend_stats(),
             "edge": self.edge.stats(),
             "logins": None if self.login_throttle is None else self.login_throttle.stats(),
+            "gc": self.collector.stats(),
             **({} if self.place is None else {"worker": self._worker_stats(self.place)}),
         }
 

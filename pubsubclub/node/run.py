@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import gc
 import signal
 import sys
 from collections.abc import Callable
@@ -166,9 +165,10 @@ def run_node(config: NodeConfig, bridge: bool = False, on_ready: Callable[[Any],
         )
         # Everything allocated so far lives as long as the process: keep it out
         # of the cyclic GC's full collections, which otherwise stall the
-        # reactor for tens of milliseconds (measured with `pubsubclub bench`).
-        gc.collect()
-        gc.freeze()
+        # reactor for tens of milliseconds (measured with `pubsubclub bench`);
+        # with gc-refreeze, so is what survives each later full collection
+        # (pubsubclub/node/collector.py).
+        node.collector.start(reactor)
         print_ready(node, urls)
         if on_ready is not None:
             on_ready(node)

@@ -80,7 +80,7 @@ from pubsubclub.frontends.tep.codec import (
 from pubsubclub.frontends.wamp.auth import AuthPolicy, Role
 from pubsubclub.net.edge import handshake_done, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.net.websocket import ping_if_open, unfinished_input
+from pubsubclub.net.websocket import TakeoverResource, ping_if_open, unfinished_input
 from pubsubclub.net.wsframes import send_message
 
 __all__ = [
@@ -200,7 +200,7 @@ class TEPServer:
             # No HTML status page (with version) on a plain GET.
             webStatus=False,
         )
-        return WebSocketResource(factory)
+        return TakeoverResource(factory)
 
     # -- topics ------------------------------------------------------------------
 

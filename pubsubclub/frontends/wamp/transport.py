@@ -65,7 +65,7 @@ from pubsubclub.frontends.wamp.session import _ESTABLISHED
 from pubsubclub.net import wsframes
 from pubsubclub.net.edge import EdgeConnection, unsent_bytes
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.net.websocket import ping_if_open, unfinished_input
+from pubsubclub.net.websocket import TakeoverResource, ping_if_open, unfinished_input
 from pubsubclub.net.wsframes import _FIN_BINARY, _FIN_TEXT, _LONG, _MEDIUM, receive_data, send_held, send_message
 from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 
@@ -458,7 +458,7 @@ def wamp_resource(router: WampRouter, url: str | None = None) -> WebSocketResour
     )
     # The options as class attributes, not copied into every connection (memory per idle session).
     factory.protocol = slim_protocol(WampServerProtocol, factory)
-    return WebSocketResource(factory)
+    return TakeoverResource(factory)
 
 
 def wamp_site(router: WampRouter, static_dir: str | None = None) -> Site:

@@ -1,0 +1,312 @@
+"""Closed client connections leave no reference cycles: reference counting frees them, no full collection needed.
+
+A node started in this process (the node's own composition: edge guard,
+WebSocket site, RawSocket, TEP and NSD listeners) on the real reactor serves
+sessions from plain blocking sockets in a thread (nothing of the client lives
+in the node's heap). With the cyclic collector off, sessions are opened and
+closed; the collection run afterwards must find none of their objects
+(docs/architecture.md, "Closed connections and the cyclic collector").
+With the node's collector freezing what survives each full collection, a
+full collection walks none of the open sessions, and closing them frees
+what was frozen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import socket
+import struct
+import weakref
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import contextmanager
+
+import pytest
+import pytest_twisted
+from helpers.polling import until
+from twisted.internet import reactor, threads
+
+from pubsubclub.bench.idle import frame
+from pubsubclub.config.load import add_node_flags, node_config
+from pubsubclub.node.collector import SurvivorFreezer
+from pubsubclub.node.node import Node
+
+#: Sessions per kind: enough that a per-session cycle stands out from any noise of the test process.
+SESSIONS = 40
+HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]).encode()
+SUBSCRIBE = json.dumps([32, 1, {}, "gc.topic"]).encode()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _read_exactly(sock: socket.socket, n: int) -> bytes:
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "the node closed the connection"
+        out += chunk
+    return out
+
+
+def _ws_frame(sock: socket.socket) -> bytes:
+    head = _read_exactly(sock, 2)
+    length = head[1] & 0x7F
+    if length == 126:
+        length = struct.unpack("!H", _read_exactly(sock, 2))[0]
+    return _read_exactly(sock, length)
+
+
+def _upgraded(port: int, path: str, protocol: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+        f"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Protocol: {protocol}\r\n\r\n".encode()
+    )
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += _read_exactly(sock, 1)
+    assert answer.startswith(b"HTTP/1.1 101"), answer
+    return sock
+
+
+def websocket_session(port: int) -> None:
+    """A WAMP session over WebSocket: upgrade, HELLO/WELCOME, SUBSCRIBE/SUBSCRIBED, then the socket closes."""
+    with _upgraded(port, "/ws", "wamp.2.json") as sock:
+        sock.sendall(frame(HELLO))
+        assert _ws_frame(sock).startswith(b"[2,")
+        sock.sendall(frame(SUBSCRIBE))
+        assert _ws_frame(sock).startswith(b"[33,")
+
+
+def rawsocket_session(port: int, close: bool = True) -> socket.socket:
+    """A WAMP session over RawSocket (JSON): handshake, HELLO/WELCOME, SUBSCRIBE/SUBSCRIBED, then (``close``) close."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(bytes([0x7F, 0xF1, 0, 0]))
+    assert _read_exactly(sock, 4)[0] == 0x7F
+    for message, answer in ((HELLO, b"[2,"), (SUBSCRIBE, b"[33,")):
+        sock.sendall(struct.pack("!I", len(message)) + message)
+        (word,) = struct.unpack("!I", _read_exactly(sock, 4))
+        assert _read_exactly(sock, word & 0xFFFFFF).startswith(answer)
+    if close:
+        sock.close()
+    return sock
+
+
+def nsd_session(port: int) -> None:
+    """An NSD client: OpenRequest and its answer, then the socket closes."""
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as sock:
+        sock.sendall(json.dumps({"_class": "OpenRequest", "identity": "gc"}).encode() + b"\n")
+        answer = b""
+        while b"\n" not in answer:
+            answer += _read_exactly(sock, 1)
+        assert b"SuccessResponse" in answer, answer
+
+
+def tep_session(port: int) -> None:
+    """A TEP client: the WebSocket upgrade, then the socket closes."""
+    with _upgraded(port, "/tep", "tep"):
+        pass
+
+
+@pytest_twisted.async_yield_fixture(scope="module")
+async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
+    """One node in this process, on the real reactor, with WAMP (WebSocket and RawSocket), TEP and NSD listeners."""
+    parser = argparse.ArgumentParser()
+    add_node_flags(parser)
+    local = "tcp:{}:interface=127.0.0.1"
+    flags = ["--wamp", local.format(_free_port()), "--rawsocket", local.format(_free_port())]
+    flags += ["--tep", local.format(_free_port()), "--nsd", local.format(_free_port()), "--psc", local.format(0)]
+    flags += ["--data-dir", str(tmp_path_factory.mktemp("gc")), "--log-level", "warn"]
+    n = Node(node_config(parser.parse_args(flags)), reactor)
+    await n.start()
+    yield n
+    await n.stop()
+
+
+@pytest_twisted.ensureDeferred
+async def test_closed_websocket_sessions_leave_no_cycles(node: Node) -> None:
+    """WAMP over WebSocket: what closed sessions leave behind is freed without the cyclic collector."""
+    await _assert_no_cycles(node, websocket_session, node.urls["wamp"])
+
+
+@pytest_twisted.ensureDeferred
+async def test_closed_rawsocket_sessions_leave_no_cycles(node: Node) -> None:
+    """WAMP over RawSocket: what closed sessions leave behind is freed without the cyclic collector."""
+    await _assert_no_cycles(node, rawsocket_session, node.urls["rawsocket"])
+
+
+@pytest_twisted.ensureDeferred
+async def test_closed_tep_connections_leave_no_cycles(node: Node) -> None:
+    """TEP over WebSocket: closed connections are freed without the cyclic collector."""
+    await _assert_no_cycles(node, tep_session, node.urls["tep"])
+
+
+@pytest_twisted.ensureDeferred
+async def test_open_sessions_are_frozen_and_closing_them_frees_what_was_frozen(node: Node) -> None:
+    """After a full collection the open sessions are frozen (the next walks none of them); closed, they are freed."""
+    port = int(node.urls["rawsocket"].split(":")[2])
+    gc.collect()
+    node.collector.install()
+    try:
+        gc.collect()
+        frozen = gc.get_freeze_count()
+        socks = await threads.deferToThread(lambda: [rawsocket_session(port, close=False) for _ in range(SESSIONS)])
+        try:
+            gc.collect()
+            held = gc.get_freeze_count() - frozen
+            walked = len(gc.get_objects())  # what a full collection walks now
+        finally:
+            await threads.deferToThread(lambda: [s.close() for s in socks])
+        await until(lambda: node.edge.connections() == 0, what="the node to see every connection closed")
+        gc.collect()  # walks only what is not frozen: a cycle with a frozen member would stay
+        left = gc.get_freeze_count() - frozen
+    finally:
+        node.collector.uninstall()
+        gc.unfreeze()
+    assert held >= 10 * SESSIONS, f"only {held} objects frozen for {SESSIONS} open sessions"
+    assert walked < SESSIONS, f"a full collection would walk {walked} objects with {SESSIONS} sessions open"
+    assert left < SESSIONS, f"{left} frozen objects left after {SESSIONS} sessions closed"
+
+
+@pytest_twisted.ensureDeferred
+async def test_closed_nsd_connections_leave_no_cycles(node: Node) -> None:
+    """NSD: closed connections are freed without the cyclic collector."""
+    await _assert_no_cycles(node, nsd_session, node.urls["nsd"])
+
+
+async def _assert_no_cycles(node: Node, session: Callable[[int], object], url: str) -> None:
+    port = int(url.split(":")[2].split("/")[0])
+    gc.collect()
+    with _collector_off():
+        await threads.deferToThread(lambda: [session(port) for _ in range(SESSIONS)])
+        await until(lambda: node.edge.connections() == 0, what="the node to see every connection closed")
+        total, found = _cyclic_garbage()
+    assert total < SESSIONS, f"{total} objects in cycles after {SESSIONS} closed connections, most: {found}"
+
+
+@contextmanager
+def _collector_off() -> Iterator[None]:
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
+
+
+def _cyclic_garbage() -> tuple[int, list[tuple[str, int]]]:
+    """How many objects one full collection finds unreachable, and the commonest types (then freed as usual)."""
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        found = Counter(f"{type(o).__module__}.{type(o).__qualname__}" for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    gc.collect()
+    return sum(found.values()), found.most_common(12)
+
+
+def test_without_refreeze_full_collections_are_timed_and_nothing_more_is_frozen() -> None:
+    """--no-gc-refreeze: start-up freezes once; later full collections are counted and timed, not frozen."""
+    thresholds = gc.get_threshold()
+    collector = SurvivorFreezer(refreeze=False, full_threshold=3)
+    try:
+        collector.start()
+        frozen = gc.get_freeze_count()
+        assert frozen > 0 and gc.get_threshold()[2] == 3
+        kept = [{"n": i} for i in range(1000)]
+        gc.collect()
+        stats = collector.stats()
+        assert (stats["full_collections"], stats["freezes"], stats["frozen"]) == (1, 0, frozen), stats
+        assert len(kept) == 1000 and stats["max_full_ms"] >= 0
+    finally:
+        collector.uninstall()
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+
+
+class _Node:
+    """One link of a reference cycle (a weakref tells when it is freed)."""
+
+    def __init__(self) -> None:
+        self.other: object = None
+
+
+def _frozen_cycles(n: int) -> tuple[list[_Node], list[weakref.ref[_Node]]]:
+    pairs = []
+    for _ in range(n):
+        a, b = _Node(), _Node()
+        a.other, b.other = b, a
+        pairs.append(a)
+    return pairs, [weakref.ref(a) for a in pairs]
+
+
+@pytest.mark.parametrize("growth", [2.0, 0.0], ids=["thaw", "never"])
+def test_cycles_frozen_alive_and_dropped_later_are_freed_once_the_frozen_count_grew_past_the_factor(
+    growth: float,
+) -> None:
+    """A cycle frozen while reachable and dropped later survives every full collection until the growth thaw."""
+    thresholds = gc.get_threshold()
+    collector = SurvivorFreezer(refreeze=True, full_threshold=None, thaw_growth=growth)
+    try:
+        collector.start()
+        baseline = gc.get_freeze_count()
+        # Not yet past the factor: nothing thawed.
+        assert not collector.check_growth()
+        # Reachable cycles, frozen by the next full collection's end, as sessions are.
+        pairs, refs = _frozen_cycles(baseline)
+        gc.collect()
+        assert gc.get_freeze_count() >= 2 * baseline
+        # Dropped: frozen cycles are garbage no full collection walks.
+        del pairs
+        gc.collect()
+        assert sum(r() is not None for r in refs) == len(refs)
+        before = gc.get_freeze_count()
+        thawed = collector.check_growth()
+        alive = sum(r() is not None for r in refs)
+        if growth:
+            assert thawed and alive == 0 and collector.stats()["thaws"] == 1
+            # The survivors frozen again, the cycles (two tracked instances each) gone.
+            assert 0 < gc.get_freeze_count() <= before - 2 * len(refs)
+        else:
+            assert not thawed and alive == len(refs)
+    finally:
+        collector.uninstall()
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
+        gc.collect()
+
+
+def test_the_growth_check_runs_each_minute_on_the_reactor_and_stops() -> None:
+    """start(reactor) checks the frozen count every THAW_CHECK_SECONDS on that reactor; stop() ends it."""
+    from twisted.internet.task import Clock
+
+    from pubsubclub.node.collector import THAW_CHECK_SECONDS
+
+    clock = Clock()
+    thresholds = gc.get_threshold()
+    collector = SurvivorFreezer(refreeze=True, thaw_growth=2.0)
+    checks: list[bool] = []
+    collector.check_growth = lambda: checks.append(True) or False  # type: ignore[method-assign]
+    try:
+        collector.start(clock)
+        clock.advance(THAW_CHECK_SECONDS - 1)
+        assert checks == []
+        clock.advance(1)
+        clock.advance(THAW_CHECK_SECONDS)
+        assert checks == [True, True]
+        collector.stop()
+        assert clock.getDelayedCalls() == []
+    finally:
+        collector.uninstall()
+        gc.set_threshold(*thresholds)
+        gc.unfreeze()
