@@ -223,6 +223,8 @@ class Hub:
         self._delivered = 0
         #: (topic, front-end) -> [messages, bytes] of :meth:`publish_plain`'s counts not yet added (likewise).
         self._published_counts: dict[tuple[str, Source], list[int]] = {}
+        #: (topic, front-end) -> [messages, bytes] of :meth:`deliver_remote_one`'s counts not yet added (likewise).
+        self._delivered_counts: dict[tuple[str, Source], list[int]] = {}
         #: Messages received from other nodes not yet added to ``metrics`` (likewise).
         self._received = 0
         self.metrics.add_settler(self._settle)
@@ -312,6 +314,11 @@ class Hub:
         if counts:
             for (topic, source), (n, nbytes) in counts.items():
                 self.metrics.count(topic, source, Kind.PUBLISHED, n, nbytes)
+            counts.clear()
+        counts = self._delivered_counts
+        if counts:
+            for (topic, source), (n, nbytes) in counts.items():
+                self.metrics.count(topic, source, _KIND_DELIVERED, n, nbytes)
             counts.clear()
         n = self._received
         if n:
@@ -558,6 +565,74 @@ class Hub:
             self._delivered += delivered
             for (topic, source), (n, nbytes) in tally.items():
                 metrics.count(topic, source, Kind.DELIVERED, n, nbytes)
+        return delivered
+
+    def deliver_remote_one(self, envelope: Envelope) -> int:
+        """:meth:`deliver_remote_batch` of one message, without the batch's tuple, tally dict and lists.
+
+        The same deliveries and the same counts: the delivered count of each
+        front-end once per message (summed as the batch's tally sums it).
+        """
+        topic = envelope.topic
+        targets = self._snapshots.get(topic)
+        if targets is None:
+            targets = self._targets(topic) if topic in self._sinks else ()
+        delivered = 0
+        matched = self._patterns.match(topic) if self._any_patterns else ()
+        if matched:
+            tally: dict[tuple[str, Source], list[int]] = {}
+            try:
+                delivered = self._deliver_to(envelope, targets, matched, None, tally)
+            finally:
+                self._received += 1
+                self._delivered += delivered
+                for (name, counted), (n, nbytes) in tally.items():
+                    self.metrics.count(name, counted, _KIND_DELIVERED, n, nbytes)
+            return delivered
+        # The tally of one message: its first front-end's count here, any other front-end's in ``others``.
+        first: Source | None = None
+        n = 0
+        others: dict[Source, int] | None = None
+        try:
+            for sink, source in targets:
+                try:
+                    sent = sink.deliver(envelope)
+                except Exception:
+                    # One failing sink must not cost the others this message.
+                    self._failed(sink, "deliver", topic)
+                    continue
+                delivered += 1
+                if source is not None and sent is not False:
+                    k = 1 if sent is None or sent is True else sent
+                    if k <= 0:  # a fan-out to no client: not counted, as the batch's ``[source] * 0``
+                        continue
+                    if first is None or source is first:
+                        first = source
+                        n += k
+                    else:
+                        if others is None:
+                            others = {}
+                        others[source] = others.get(source, 0) + k
+        finally:
+            self._received += 1
+            self._delivered += delivered
+            if first is not None:
+                size = envelope.size
+                if size is None:
+                    size = payload_size(envelope)
+                # metrics.count(topic, first, DELIVERED, n, n * size), held back as publish_plain holds its count.
+                counts = self._delivered_counts
+                cell = counts.get((topic, first))
+                if cell is None:
+                    if len(counts) >= MAX_HELD_PUBLISHED:
+                        self._settle()  # bounded: delivering on ever new topics must not grow the node
+                    counts[(topic, first)] = [n, n * size]
+                else:
+                    cell[0] += n
+                    cell[1] += n * size
+                if others:
+                    for other, k in others.items():
+                        self.metrics.count(topic, other, _KIND_DELIVERED, k, k * size)
         return delivered
 
     def _targets(self, topic: str) -> tuple[tuple[Sink, Source | None], ...]:
