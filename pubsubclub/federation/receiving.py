@@ -7,6 +7,7 @@ PSC301s (a single message is a batch of one), replay positions and gaps
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from twisted.logger import Logger
 
 from pubsubclub.core.counters import DropReason, FederationEvent, Kind, LinkCount, Source
 from pubsubclub.core.hub import GAP_TOPIC, Envelope
+from pubsubclub.core.metrics import LATENCY_BOUNDS_MS
 from pubsubclub.federation import psc
 from pubsubclub.federation.replay import DUPLICATE, Gap, ResumeRefused
 from pubsubclub.federation.session import (
@@ -281,7 +283,16 @@ class Receiving(FederationState):
                     cell[1] += size
                 self._received_n += 1
                 if source is not None:
-                    metrics.latency(source, now - published_at)
+                    seconds = now - published_at
+                    hist = metrics._interval_latency.get(source)
+                    if hist is None:
+                        metrics.latency(source, seconds)
+                    else:
+                        # Metrics.latency, without its call once the interval has a histogram for ``source``.
+                        ms = seconds * 1000.0 if seconds > 0.0 else 0.0
+                        hist.counts[bisect_left(LATENCY_BOUNDS_MS, ms)] += 1
+                        hist.count += 1
+                        hist.sum_ms += ms
 
     def _settle_received(self) -> None:
         """Add the received messages held back since the last read of the metrics (run by ``Metrics.settle``)."""
