@@ -1245,3 +1245,37 @@ def test_the_json_serializer_writes_through_a_c_callable_the_methods_bytes() -> 
             return b"own"
 
     assert Own(serializer._bounds).serialize([1]) == b"own"  # a subclass's own method is left alone
+
+
+@pytest.mark.parametrize("name", ["json", "msgpack", "cbor"])
+@pytest.mark.parametrize("setup", ["plain", "wrapped", "retained", "second"])
+def test_the_inline_first_event_is_what_event_bytes_makes(name: str, setup: str) -> None:
+    """BrokerSession.deliver's own first EVENT: event_bytes' bytes, memo and publication id, any wire format."""
+    import itertools
+
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.publishing import PUBLICATION, RETAINED, event_bytes
+
+    payloads = [1, "\u0000AAE=", b"\x00\x01", {"args": [1], "kwargs": {"k": [None, 2.5]}}, [1, {"a": "é"}]]
+    for payload in payloads:
+        router = WampRouter(Hub(), new_id=itertools.count(7).__next__)
+        session, transport = _joined(router)
+        transport.serializer = _serializers()[name]
+        session.onMessage(message.Subscribe(1, "com.example.t"))
+        subscription = session._topics["com.example.t"]
+        made = [Envelope("com.example.t", payload, "n", wamp_wrapped=setup == "wrapped") for _ in range(2)]
+        if setup == "retained":
+            for envelope in made:
+                envelope.wire[RETAINED] = True
+        if setup == "second":  # another subscriber's EVENT made first: the memo holds the publication
+            for envelope in made:
+                envelope.wire[PUBLICATION] = 99
+        transport.encoded.clear()
+        assert session.deliver(made[0]) is True
+        drawn = router.new_id() - 1  # the id deliver drew, if it drew one: the one before this draw
+        same_id = itertools.repeat(drawn).__next__
+        expected = event_bytes(made[1], subscription, transport.object_serializer, same_id, None)
+        assert transport.encoded == [expected] and made[0].wire == made[1].wire

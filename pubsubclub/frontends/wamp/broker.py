@@ -153,11 +153,11 @@ class BrokerSession(WampSession):
         ):
             # Not subscribed, not established, publish options or a lagging client: the checks one by one.
             return self._send_event(envelope, subscription, None)
-        serializer = self._event_serializer
-        if serializer is None:
-            # The transport's object serializer (a property), read at the first EVENT: fixed at its handshake.
-            serializer = self._event_serializer = transport.object_serializer
         try:
+            serializer = self._event_serializer
+            if serializer is None:
+                # The transport's object serializer (a property), read at the first EVENT: fixed at its handshake.
+                serializer = self._event_serializer = transport.object_serializer
             wire = envelope.wire
             if not wire and not envelope.wamp_wrapped:
                 # event_bytes' first case without its call: the first EVENT of a plain publish (no options,
