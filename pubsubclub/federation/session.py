@@ -61,6 +61,8 @@ CLOSE_NO_COMMON_VERSION = 4406
 CLOSE_DUPLICATE = 4409
 CLOSE_REMOVED = 4410
 CLOSE_SELF = 4508
+#: ``sizes`` of :meth:`LinkSession._receive_publishes` before its first run (never changed).
+_NO_SIZES: list[int] = []
 
 
 class LinkOwner(Protocol):
@@ -239,8 +241,9 @@ class LinkSession:
         limits = self._limits
         decode, publish, meta_class = psc.decode, psc.Publish, psc.Meta
         loads, max_frame, max_topic = orjson.loads, self._max_frame, limits.max_topic_length
-        run: list[psc.Publish] = []
-        sizes: list[int] = []
+        # Made at a run's first message: a lone message read as its fields makes neither.
+        run: list[psc.Publish] | None = None
+        sizes = _NO_SIZES  # never appended to: replaced with the run's own list with ``run``
         # A frame of one message that the link accepts goes to the owner as its fields (no Publish, Meta, lists).
         plain = self._received_plain if len(parts) == 1 else None
         for part in parts:
@@ -300,12 +303,15 @@ class LinkSession:
                         if self.with_replay
                         else (meta is None or self.with_metadata)
                     ):
-                        run.append(message)
-                        sizes.append(size)
+                        if run is None:
+                            run, sizes = [message], [size]
+                        else:
+                            run.append(message)
+                            sizes.append(size)
                         continue
             if run:
                 self._owner.link_received_batch(self, run, sizes)
-                run, sizes = [], []
+                run = None
             if not part:
                 raise LinkError(CLOSE_BAD_MESSAGE, "bad PSC batch: an empty line")
             if self.state is LinkState.CLOSED:
