@@ -1077,8 +1077,8 @@ def _serializers() -> dict[str, Any]:
     return {s.SERIALIZER_ID: copy.copy(s) for s in bounded_serializers(JSONBounds())}
 
 
-def _relayed_outcome(frames: list[bytes], fast: bool, replay: bool, setup: str) -> tuple[tuple[Any, ...], int]:
-    """What ``frames`` on B's open consumer link did to B's WAMP subscribers, the link and the metrics; plain reads."""
+def _relayed_outcome(frames: list[bytes], fast: bool, replay: bool, setup: str) -> tuple[tuple[Any, ...], int, int]:
+    """What ``frames`` on B's link did to B's WAMP subscribers, the link and the metrics; plain reads, plain EVENTs."""
     import itertools
 
     from autobahn.wamp import message
@@ -1090,11 +1090,26 @@ def _relayed_outcome(frames: list[bytes], fast: bool, replay: bool, setup: str) 
     hub = federation.hub
     router = WampRouter(hub, new_id=itertools.count(1000).__next__)
     subscribers = []
-    for name in ("json", "json", "msgpack"):
+    names = ("json", "json", "msgpack")
+    if setup.startswith("single"):
+        names = ("msgpack",) if setup == "single-msgpack" else ("json",)
+    for name in names:
         subscriber, transport = _joined(router)
         transport.serializer = _serializers()[name]
         subscriber.onMessage(message.Subscribe(1, "com.example.t"))
         subscribers.append((subscriber, transport))
+    if setup == "single-lagging":
+        subscribers[0][1].unsent = 10**9
+    elif setup == "single-raising":
+        transport = subscribers[0][1]
+        encoded = transport.send_encoded
+
+        def raising(data: bytes) -> None:
+            if b"boom" in data:
+                raise RuntimeError("transport bug")
+            encoded(data)
+
+        transport.send_encoded = raising  # type: ignore[method-assign]
     if setup == "pattern":
         subscriber, transport = subscribers[2]
         subscriber.onMessage(message.Subscribe(2, "com.example", match="prefix"))
@@ -1109,6 +1124,7 @@ def _relayed_outcome(frames: list[bytes], fast: bool, replay: bool, setup: str) 
         transport.sent.clear()
         transport.encoded.clear()
     plain: list[bytes] = []
+    plain_events: list[bool] = []
     if fast:
         taken = session._received_plain
         assert taken is not None
@@ -1118,6 +1134,16 @@ def _relayed_outcome(frames: list[bytes], fast: bool, replay: bool, setup: str) 
             taken(*args)
 
         session._received_plain = counted
+        for subscriber, _ in subscribers:
+            sent_plain = subscriber.deliver_plain
+
+            def deliver_plain(*args: Any, sent_plain: Any = sent_plain) -> Any:
+                sent = sent_plain(*args)
+                if sent is not None:
+                    plain_events.append(sent)
+                return sent
+
+            subscriber.deliver_plain = deliver_plain
     else:
         session._received_plain = None
         federation.link_received_batch = (  # type: ignore[method-assign]
@@ -1137,7 +1163,7 @@ def _relayed_outcome(frames: list[bytes], fast: bool, replay: bool, setup: str) 
         results, [(t.encoded, t.dropped) for _, t in subscribers], session.state, session.last_size,
         metrics.view("federation"), metrics.view("hub"), dict(metrics.link_counts), counts,
         {origin: (h.counts, h.count, h.sum_ms) for origin, h in latencies.items()}, dict(metrics.sink_errors),
-    ), len(plain)  # fmt: skip
+    ), len(plain), len(plain_events)  # fmt: skip
 
 
 _RELAYED = [
@@ -1158,20 +1184,33 @@ _RELAYED = [
     b'[301,"T",1e400,{"o":"n1","t":99.5,"i":"x","s":19}]',  # not a number orjson reads
     b'[301,"T",1,{"o":"n1","t":99.5,"i":"x"}]',  # no sequence number on a replay link
     b'[301,"com.example.other",1,{"o":"n1","t":99.5,"i":"x","s":20}]',  # nobody subscribed
-    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":21}]',
+    b'[301,"T","boom",{"o":"n1","t":99.5,"i":"x","s":21}]',  # a transport that raises on it (single-raising)
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":22}]',
 ]
 
 
-@pytest.mark.parametrize("setup", ["plain", "pattern", "lagging", "closed", "unpositioned"])
+_SINGLE = ["single", "single-msgpack", "single-lagging", "single-raising"]
+
+
+@pytest.mark.parametrize("setup", ["plain", "pattern", "lagging", "closed", "unpositioned", *_SINGLE])
 @pytest.mark.parametrize("replay", [True, False])
 def test_a_relayed_psc301_reaches_wamp_subscribers_as_the_general_path_sends_it(replay: bool, setup: str) -> None:
-    """Hostile lone PSC301s as fields (link_received_plain, deliver_remote_one, inline EVENT): the general outcome."""
+    """Hostile lone PSC301s as fields (link_received_plain, deliver_remote_plain/one, EVENTs): the general outcome."""
     frames = _RELAYED if replay else [f.replace(b',"s":', b',"_":') for f in _RELAYED]
-    (fast, plain), (general, none) = (_relayed_outcome(frames, f, replay, setup) for f in (True, False))
+    (fast, plain, plain_events), (general, none, no_events) = (
+        _relayed_outcome(frames, f, replay, setup) for f in (True, False)
+    )
     assert fast == general
-    assert (plain, none) == (11 if replay else 12, 0)  # the plain path was taken where it applies, and only there
-    events = fast[1][1][0] if setup == "closed" else fast[1][0][0]
-    assert [orjson.loads(e)[3:] for e in events[:2]] == [[{}, [1]], [{}, [2, 3], {"k": 1}]]
+    assert (plain, none) == (12 if replay else 13, 0)  # the plain path was taken where it applies, and only there
+    # Without an envelope only to a lone subscriber that can take it (8 plain values, 10 without replay's checks).
+    taking = setup in ("single", "single-msgpack", "single-raising")
+    assert (plain_events, no_events) == ((8 if replay else 10) if taking else 0, 0)
+    if setup not in ("single-msgpack", "single-lagging"):
+        events = fast[1][1][0] if setup == "closed" else fast[1][0][0]
+        assert [orjson.loads(e)[3:] for e in events[:2]] == [[{}, [1]], [{}, [2, 3], {"k": 1}]]
+    if setup == "single-raising":
+        # The send failed inside the session (logged, not a sink error), and the next message went out.
+        assert fast[-1] == {} and all(b"boom" not in e for e in fast[1][0][0]) and fast[1][0][0][-1].endswith(b"[1]]")
 
 
 @pytest.mark.parametrize("with_pattern", [False, True])
@@ -1279,3 +1318,42 @@ def test_the_inline_first_event_is_what_event_bytes_makes(name: str, setup: str)
         same_id = itertools.repeat(drawn).__next__
         expected = event_bytes(made[1], subscription, transport.object_serializer, same_id, None)
         assert transport.encoded == [expected] and made[0].wire == made[1].wire
+
+
+class _PlainSink(_CountedSink):
+    """A _CountedSink that also takes plain values: answers ``plain`` (True, False, None: the envelope) or raises."""
+
+    takes_plain = True
+
+    def __init__(self, answer: Any, plain: Any) -> None:
+        super().__init__(answer)
+        self.plain = plain
+
+    def deliver_plain(self, topic: str, payload: Any, message_id: str | None) -> Any:
+        if self.plain is not None:
+            self.got.append(payload)
+        if self.plain == "raise":
+            raise RuntimeError("sink bug")
+        return self.plain
+
+
+@pytest.mark.parametrize(("answer", "plain"), [(True, True), (False, False), (True, None), (False, None),
+                                               ("raise", "raise"), (True, "raise")])  # fmt: skip
+def test_deliver_remote_plain_delivers_and_counts_as_deliver_remote_one(answer: Any, plain: Any) -> None:
+    """Without an envelope (a lone sink taking plain values) or with one: the same deliveries, counts and failures."""
+    from pubsubclub.core.hub import Envelope, Hub
+
+    results = []
+    for fields in (True, False):
+        hub = Hub("b")
+        sink = _PlainSink(answer, plain if plain != "raise" or fields else "raise")
+        if not fields and plain == "raise":
+            sink.answer = "raise"  # what a raise in deliver_plain stands for: deliver raising
+        hub.subscribe("t", sink)  # type: ignore[arg-type]
+        if fields:
+            delivered = hub.deliver_remote_plain("t", 5, "a", 1.0, "a-1", False, 12)
+        else:
+            delivered = hub.deliver_remote_one(Envelope("t", 5, "a", 1.0, "a-1", False, 12))
+        _, counts, _ = hub.metrics.take_interval(1.0)
+        results.append((delivered, sink.got, counts, dict(hub.metrics.sink_errors), hub.metrics.view("hub")))
+    assert results[0] == results[1]

@@ -111,7 +111,9 @@ class Sink(Protocol):
     (``delivered`` in the metrics; docs/metrics.md, "Who counts a delivery").
     Its ``deliver`` says how many clients it sent the message to: None or
     True for one, False for none (a slow consumer dropped), an int for a sink
-    that fans out to several (SysV's channel sink).
+    that fans out to several (SysV's channel sink). A sink whose class sets
+    ``takes_plain`` may be handed a remote message as its fields instead
+    (:meth:`Hub.deliver_remote_plain`: ``deliver_plain(topic, payload, message_id)``).
     """
 
     def deliver(self, envelope: Envelope) -> bool | int | None:
@@ -634,6 +636,54 @@ class Hub:
                     for other, k in others.items():
                         self.metrics.count(topic, other, _KIND_DELIVERED, k, k * size)
         return delivered
+
+    def deliver_remote_plain(
+        self,
+        topic: str,
+        payload: Any,
+        origin: str | None,
+        published_at: float | None,
+        message_id: str | None,
+        wamp_wrapped: bool,
+        size: int,
+    ) -> int:
+        """:meth:`deliver_remote_one` of ``Envelope(topic, payload, origin, published_at, message_id, ...)``.
+
+        Without the envelope when nothing could look at it: the topic's only
+        sink takes plain values (``takes_plain``: its ``deliver_plain(topic,
+        payload, message_id)`` answers True or False as ``deliver`` would, or
+        None, having done nothing, when it needs the envelope), no pattern is
+        held, and the payload is not a WAMP wrapper. The same deliveries and
+        counts either way.
+        """
+        targets = self._snapshots.get(topic)
+        if targets is None:
+            targets = self._targets(topic) if topic in self._sinks else ()
+        if len(targets) == 1 and not self._any_patterns and not wamp_wrapped:
+            sink, source = targets[0]
+            if getattr(sink, "takes_plain", False):
+                try:
+                    sent = sink.deliver_plain(topic, payload, message_id)  # type: ignore[attr-defined]
+                except Exception:
+                    # As deliver_remote_one's loop: the failure counted and logged, the message not delivered.
+                    self._received += 1
+                    self._failed(sink, "deliver", topic)
+                    return 0
+                if sent is not None:
+                    self._received += 1
+                    self._delivered += 1
+                    if source is not None and sent is True:
+                        counts = self._delivered_counts  # deliver_remote_one's held count
+                        cell = counts.get((topic, source))
+                        if cell is None:
+                            if len(counts) >= MAX_HELD_PUBLISHED:
+                                self._settle()
+                            counts[(topic, source)] = [1, size]
+                        else:
+                            cell[0] += 1
+                            cell[1] += size
+                    return 1
+        return self.deliver_remote_one(Envelope(topic, payload, origin, published_at, message_id, wamp_wrapped, size))
 
     def _targets(self, topic: str) -> tuple[tuple[Sink, Source | None], ...]:
         """``topic``'s sinks with their ``counts_as``, made once per change of its subscribers, not per message.

@@ -260,9 +260,9 @@ class Receiving(FederationState):
                         return
                     self._report_gap(Gap(peer, skipped, "sequence"))
             source = origin or peer_node
-            envelope = Envelope(topic, payload, source, published_at, message_id, wamp_wrapped, size)
             counted = True
-            hub.deliver_remote_one(envelope)
+            # hub.deliver_remote_one(Envelope(...)), the envelope made only if something needs it.
+            hub.deliver_remote_plain(topic, payload, source, published_at, message_id, wamp_wrapped, size)
         finally:
             if holding:
                 if wsframes._held:

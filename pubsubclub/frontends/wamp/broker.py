@@ -174,6 +174,39 @@ class BrokerSession(WampSession):
         except Exception:
             return self._send_failed(envelope)
 
+    #: The hub may hand this sink a remote message as its fields (:meth:`deliver_plain`).
+    takes_plain = True
+
+    def deliver_plain(self, topic: str, payload: Any, message_id: str | None) -> bool | None:
+        """:meth:`deliver` of a plain remote message no one else receives, without its envelope.
+
+        None, having done nothing, where :meth:`deliver` would not take its
+        short path (not subscribed, not established, a lagging client): the
+        hub then makes the envelope and calls :meth:`deliver`.
+        """
+        subscription = self._topics.get(topic)
+        transport = self._transport
+        if (
+            subscription is None
+            or transport is None
+            or self._state is not _ESTABLISHED
+            or transport.unsent_bytes() > self._limits.max_send_buffer
+        ):
+            return None
+        try:
+            serializer = self._event_serializer
+            if serializer is None:
+                serializer = self._event_serializer = transport.object_serializer
+            # deliver's first EVENT of a plain publish: nothing to memoise, as no other recipient can ask.
+            transport.send_encoded(
+                serializer.serialize([EVENT, subscription, self._router.new_id(), _NO_DETAILS, [payload]])
+            )
+            return True
+        except Exception:
+            log.failure("WAMP session {session}: cannot send event {message_id}", session=self._session_id,
+                        message_id=message_id)  # fmt: skip
+            return False
+
     def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool:
         """Send ``envelope``, which matched ``pattern``, as an EVENT of that pattern subscription; True if sent."""
         return self._send_event(envelope, self._patterns.get(pattern), pattern)
