@@ -132,10 +132,16 @@ class BuggyFederation(Federation):
     """A federation whose delivery raises for one topic, like a bug while handling a valid message."""
 
     def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
-        """Raise for topic ``bug``, deliver everything else (every PSC301 run, a lone one included, comes here)."""
+        """Raise for topic ``bug``, deliver everything else (every PSC301 run of a frame of several comes here)."""
         if any(message.topic == "bug" for message in messages):
             raise RuntimeError("handler bug")
         super().link_received_batch(session, messages, sizes)
+
+    def link_received_plain(self, session: LinkSession, topic: str, *fields: Any) -> None:
+        """Raise for topic ``bug``, deliver everything else (a lone PSC301 as nodes write it comes here)."""
+        if topic == "bug":
+            raise RuntimeError("handler bug")
+        super().link_received_plain(session, topic, *fields)
 
 
 def linked_pair(net: Net, consumer: Federation | None = None) -> tuple[Federation, Federation, Any]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Any
 
@@ -293,3 +294,17 @@ def test_a_frame_within_the_bounds_holds_only_lines_within_them(lines: list[Any]
     if jsonbounds.text_within(b"\n".join(texts), bounds, wrapper_depth=1):
         for text in texts:
             check_decoded(text, orjson.loads(text), bounds, wrapper_depth=1)
+
+
+_LINES = st.binary(max_size=80) | st.lists(values, max_size=4).map(lambda v: json.dumps(v).encode())
+
+
+@given(_LINES, st.integers(1, 6), st.integers(0, 2))
+def test_a_lone_line_is_judged_as_the_frame_scan_judges_it(raw: bytes, max_depth: int, wrapper: int) -> None:
+    """text_within's one-line count (no copies) answers what the per-line scan answers, for any bytes."""
+    bounds = JSONBounds(max_depth=max_depth)
+    scan = raw.translate(jsonbounds._DIGIT_MASK).find(jsonbounds._LONG_RUN) < 0 and max(
+        map(len, raw.translate(None, jsonbounds._NOT_OPENERS).split(b"\n"))
+    ) <= max_depth + wrapper
+    assert jsonbounds.text_within(raw, bounds, wrapper_depth=wrapper) is scan
+    assert jsonbounds.text_within(raw + b"\n" + raw, bounds, wrapper_depth=wrapper) is scan

@@ -766,6 +766,10 @@ class _Recorder:
     def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
         self.calls += [("received", m, size) for m, size in zip(messages, sizes, strict=True)]
 
+    def link_received_plain(self, session: LinkSession, topic: str, message: Any, *fields: Any) -> None:
+        *meta, size = fields
+        self.calls.append(("received", psc.Publish(topic, message, psc.Meta(*meta)), size))
+
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         self.calls.append(("dropped", str(error), session.last_size))
 
@@ -1052,3 +1056,304 @@ def test_a_multiline_frame_on_a_link_without_batches_is_one_message_checked_whol
     assert fast == _outcome(slow_session, slow_owner, slow_session._receive_one, frame)
     if frame.count(b"[") > 64:
         assert fast[1][0][0] == "dropped"
+
+
+# -- node B's relayed PSC301 -> EVENT: the lone message as its fields, the EVENT without its layers --------------
+
+
+class _AsBatch(list):  # type: ignore[type-arg]
+    """One message that link_received_batch takes for several: its general branch (_envelopes, the hub's batch)."""
+
+    def __len__(self) -> int:
+        return 2
+
+
+def _serializers() -> dict[str, Any]:
+    import copy
+
+    from pubsubclub.core.jsonbounds import JSONBounds
+    from pubsubclub.frontends.wamp.transport import bounded_serializers
+
+    return {s.SERIALIZER_ID: copy.copy(s) for s in bounded_serializers(JSONBounds())}
+
+
+def _relayed_outcome(frames: list[bytes], fast: bool, replay: bool, setup: str) -> tuple[tuple[Any, ...], int, int]:
+    """What ``frames`` on B's link did to B's WAMP subscribers, the link and the metrics; plain reads, plain EVENTs."""
+    import itertools
+
+    from autobahn.wamp import message
+
+    from pubsubclub.federation.receiving import Receiving
+    from pubsubclub.frontends.wamp import WampRouter
+
+    federation, session, _, _ = _receiving(replay)
+    hub = federation.hub
+    router = WampRouter(hub, new_id=itertools.count(1000).__next__)
+    subscribers = []
+    names = ("json", "json", "msgpack")
+    if setup.startswith("single"):
+        names = ("msgpack",) if setup == "single-msgpack" else ("json",)
+    for name in names:
+        subscriber, transport = _joined(router)
+        transport.serializer = _serializers()[name]
+        subscriber.onMessage(message.Subscribe(1, "com.example.t"))
+        subscribers.append((subscriber, transport))
+    if setup == "single-lagging":
+        subscribers[0][1].unsent = 10**9
+    elif setup == "single-raising":
+        transport = subscribers[0][1]
+        encoded = transport.send_encoded
+
+        def raising(data: bytes) -> None:
+            if b"boom" in data:
+                raise RuntimeError("transport bug")
+            encoded(data)
+
+        transport.send_encoded = raising  # type: ignore[method-assign]
+    if setup == "pattern":
+        subscriber, transport = subscribers[2]
+        subscriber.onMessage(message.Subscribe(2, "com.example", match="prefix"))
+    elif setup == "lagging":
+        subscribers[1][1].unsent = 10**9
+    elif setup == "closed":
+        subscribers[0][1].open = False
+        subscribers[0][0].onClose(False)
+    elif setup == "unpositioned" and federation.inbox is not None:
+        federation.inbox._positions.clear()  # no PSC104 heard: the inbox counts from the first message
+    for _, transport in subscribers:
+        transport.sent.clear()
+        transport.encoded.clear()
+    plain: list[bytes] = []
+    plain_events: list[bool] = []
+    if fast:
+        taken = session._received_plain
+        assert taken is not None
+
+        def counted(*args: Any) -> None:
+            plain.append(args[1])
+            taken(*args)
+
+        session._received_plain = counted
+        for subscriber, _ in subscribers:
+            sent_plain = subscriber.deliver_plain
+
+            def deliver_plain(*args: Any, sent_plain: Any = sent_plain) -> Any:
+                sent = sent_plain(*args)
+                if sent is not None:
+                    plain_events.append(sent)
+                return sent
+
+            subscriber.deliver_plain = deliver_plain
+    else:
+        session._received_plain = None
+        federation.link_received_batch = (  # type: ignore[method-assign]
+            lambda s, messages, sizes: Receiving.link_received_batch(federation, s, _AsBatch(messages), sizes)
+        )
+    topic = router.hub_topic("realm1", "com.example.t")
+    results = []
+    for frame in frames:
+        try:
+            session.receive(frame.replace(b'"T"', orjson.dumps(topic)))
+            results.append(None)
+        except Exception as e:  # noqa: BLE001 - compared, whatever it is
+            results.append((type(e), getattr(e, "code", None), str(e)))
+    metrics = hub.metrics
+    _, counts, latencies = metrics.take_interval(200.0)
+    return (
+        results, [(t.encoded, t.dropped) for _, t in subscribers], session.state, session.last_size,
+        metrics.view("federation"), metrics.view("hub"), dict(metrics.link_counts), counts,
+        {origin: (h.counts, h.count, h.sum_ms) for origin, h in latencies.items()}, dict(metrics.sink_errors),
+    ), len(plain), len(plain_events)  # fmt: skip
+
+
+_RELAYED = [
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":1}]',  # the plain path
+    b'[301,"T",{"args":[2,3],"kwargs":{"k":1}},{"o":"n1","t":99.5,"i":"x","s":2,"w":1}]',  # wrapped
+    b'[301,"T",{"args":7},{"o":"n1","t":99.5,"i":"x","s":3,"w":1}]',  # "wrapped", but not a wrapper
+    b'[301,"T","\\u0000AAE=",{"o":"","t":99.5,"i":"x","s":4}]',  # a binary-looking string; no origin
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":4}]',  # a duplicate
+    b'[301,"T",[1,{"a":null}],{"o":"n1","t":101.0,"i":"x","s":9}]',  # a gap; published "after" now
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":10,"w":2}]',  # bad "w"
+    b'[301,"T",' + _DEEP + b',{"o":"n1","t":99.5,"i":"x","s":11}]',  # too deep for the link
+    b'[301,"T",[[[[[[[[[1]]]]]]]]],{"o":"n1","t":99.5,"i":"x","s":12}]',  # deeper than the clients' bound
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":13,"p":{"e":[7]}}]',  # a routing object: decode's
+    b'[301,"T",1,{"o":"n1","t":99,"i":"x","s":14}]',  # an integer time: decode's
+    b'[301,"T",1,{"o":7,"t":99.5,"i":"x","s":15}]',  # a bad origin
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":16}]  ',  # trailing blanks
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":17,"s":18}]',  # a repeated key
+    b'[301,"T",1e400,{"o":"n1","t":99.5,"i":"x","s":19}]',  # not a number orjson reads
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x"}]',  # no sequence number on a replay link
+    b'[301,"com.example.other",1,{"o":"n1","t":99.5,"i":"x","s":20}]',  # nobody subscribed
+    b'[301,"T","boom",{"o":"n1","t":99.5,"i":"x","s":21}]',  # a transport that raises on it (single-raising)
+    b'[301,"T",1,{"o":"n1","t":99.5,"i":"x","s":22}]',
+]
+
+
+_SINGLE = ["single", "single-msgpack", "single-lagging", "single-raising"]
+
+
+@pytest.mark.parametrize("setup", ["plain", "pattern", "lagging", "closed", "unpositioned", *_SINGLE])
+@pytest.mark.parametrize("replay", [True, False])
+def test_a_relayed_psc301_reaches_wamp_subscribers_as_the_general_path_sends_it(replay: bool, setup: str) -> None:
+    """Hostile lone PSC301s as fields (link_received_plain, deliver_remote_plain/one, EVENTs): the general outcome."""
+    frames = _RELAYED if replay else [f.replace(b',"s":', b',"_":') for f in _RELAYED]
+    (fast, plain, plain_events), (general, none, no_events) = (
+        _relayed_outcome(frames, f, replay, setup) for f in (True, False)
+    )
+    assert fast == general
+    assert (plain, none) == (12 if replay else 13, 0)  # the plain path was taken where it applies, and only there
+    # Without an envelope only to a lone subscriber that can take it (8 plain values, 10 without replay's checks).
+    taking = setup in ("single", "single-msgpack", "single-raising")
+    assert (plain_events, no_events) == ((8 if replay else 10) if taking else 0, 0)
+    if setup not in ("single-msgpack", "single-lagging"):
+        events = fast[1][1][0] if setup == "closed" else fast[1][0][0]
+        assert [orjson.loads(e)[3:] for e in events[:2]] == [[{}, [1]], [{}, [2, 3], {"k": 1}]]
+    if setup == "single-raising":
+        # The send failed inside the session (logged, not a sink error), and the next message went out.
+        assert fast[-1] == {} and all(b"boom" not in e for e in fast[1][0][0]) and fast[1][0][0][-1].endswith(b"[1]]")
+
+
+@pytest.mark.parametrize("with_pattern", [False, True])
+def test_deliver_remote_one_delivers_and_counts_as_a_batch_of_it(with_pattern: bool) -> None:
+    """deliver_remote_one (no tuple, tally or lists) delivers, counts and fails as a batch of one, any sink."""
+    from pubsubclub.core.counters import Source
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.core.patterns import PREFIX, Pattern
+    from pubsubclub.testing import RecordingSink
+
+    results = []
+    for one in (True, False):
+        hub = Hub("b")
+        sinks = [_CountedSink(a) for a in (True, 0, False, None, 3, "raise", 2)]
+        sinks[1].counts_as = sinks[4].counts_as = Source.TEP  # a second front-end, one of whose sinks reaches no one
+        sinks.append(RecordingSink())  # not counted by the hub
+        for sink in sinks:
+            hub.subscribe("t", sink)  # type: ignore[arg-type]
+        if with_pattern:
+            hub.subscribe_pattern(Pattern(PREFIX, "t"), _CountedSink(True))  # type: ignore[arg-type]
+        envelopes = [Envelope("t", n, "a", size=10 + n) for n in range(3)] + [Envelope("u", 9, "a", size=None)]
+        delivered = [hub.deliver_remote_one(e) if one else hub.deliver_remote_batch([e]) for e in envelopes]
+        _, counts, _ = hub.metrics.take_interval(1.0)
+        results.append((delivered, [getattr(s, "got", None) for s in sinks], counts, dict(hub.metrics.sink_errors),
+                        hub.metrics.view("hub")))  # fmt: skip
+    assert results[0] == results[1]
+    if not with_pattern:  # WAMP: 1 + 1 + 2 clients per message, TEP: 3
+        counts = results[0][2]
+        assert counts[("t", "wamp", "delivered", None, None)] == [12, 4 * (10 + 11 + 12)]
+        assert counts[("t", "tep", "delivered", None, None)] == [9, 3 * (10 + 11 + 12)]
+
+
+def test_held_delivered_and_received_counts_are_bounded_and_added_before_every_read() -> None:
+    """The relayed path's held delivered/received counts reach every read in full, held for at most 1,024 keys each."""
+    from pubsubclub.core.hub import MAX_HELD_PUBLISHED, Envelope
+    from pubsubclub.federation.receiving import MAX_HELD_RECEIVED
+
+    federation, session, _, _ = _receiving(replay=False)
+    hub = federation.hub
+    for i in range(MAX_HELD_RECEIVED + 5):
+        hub.subscribe(f"t{i}", _CountedSink(True))  # type: ignore[arg-type]
+        federation.link_received_plain(session, f"t{i}", i, "n1", 99.0, "x", False, None, 10)
+        assert len(federation._received_counts) <= MAX_HELD_RECEIVED
+        assert len(hub._delivered_counts) <= MAX_HELD_PUBLISHED
+    hub.deliver_remote_one(Envelope("t0", 0, "n1", size=7))
+    _, counters, latencies = hub.metrics.take_interval(200.0)
+    received = {k[0]: v for k, v in counters.items() if k[1:] == ("psc", "received", "a", None)}
+    delivered = {k[0]: v for k, v in counters.items() if k[1:] == ("wamp", "delivered", None, None)}
+    assert len(received) == len(delivered) == MAX_HELD_RECEIVED + 5
+    assert received["t0"] == [1, 10] and delivered["t0"] == [2, 17] and delivered["t9"] == [1, 10]
+    assert hub.metrics.view("federation")["received"] == len(received) == latencies["n1"].count
+    assert federation._received_counts == {} and hub._delivered_counts == {}
+
+
+def test_the_json_serializer_writes_through_a_c_callable_the_methods_bytes() -> None:
+    """The bounded JSON serializer's serialize is a C callable giving the method's bytes (binary values too)."""
+    import types
+
+    from pubsubclub.frontends.wamp.transport import _BoundedJsonObjectSerializer
+
+    serializer = _serializers()["json"]._serializer
+    assert type(serializer) is _BoundedJsonObjectSerializer
+    assert not isinstance(serializer.serialize, (types.FunctionType, types.MethodType))
+    for value in ([36, 1, 2, {}, [b"\x00\x01", {"k": [1.5, None, "\u0000x", "é"]}]], [36, 1, 2, {}, [2**63 - 1]]):
+        assert serializer.serialize(value) == _BoundedJsonObjectSerializer.serialize(serializer, value)
+    with pytest.raises(TypeError):
+        serializer.serialize([{1, 2}])
+
+    class Own(_BoundedJsonObjectSerializer):  # type: ignore[misc]
+        def serialize(self, obj: Any) -> bytes:
+            return b"own"
+
+    assert Own(serializer._bounds).serialize([1]) == b"own"  # a subclass's own method is left alone
+
+
+@pytest.mark.parametrize("name", ["json", "msgpack", "cbor"])
+@pytest.mark.parametrize("setup", ["plain", "wrapped", "retained", "second"])
+def test_the_inline_first_event_is_what_event_bytes_makes(name: str, setup: str) -> None:
+    """BrokerSession.deliver's own first EVENT: event_bytes' bytes, memo and publication id, any wire format."""
+    import itertools
+
+    from autobahn.wamp import message
+
+    from pubsubclub.core.hub import Envelope, Hub
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.publishing import PUBLICATION, RETAINED, event_bytes
+
+    payloads = [1, "\u0000AAE=", b"\x00\x01", {"args": [1], "kwargs": {"k": [None, 2.5]}}, [1, {"a": "é"}]]
+    for payload in payloads:
+        router = WampRouter(Hub(), new_id=itertools.count(7).__next__)
+        session, transport = _joined(router)
+        transport.serializer = _serializers()[name]
+        session.onMessage(message.Subscribe(1, "com.example.t"))
+        subscription = session._topics["com.example.t"]
+        made = [Envelope("com.example.t", payload, "n", wamp_wrapped=setup == "wrapped") for _ in range(2)]
+        if setup == "retained":
+            for envelope in made:
+                envelope.wire[RETAINED] = True
+        if setup == "second":  # another subscriber's EVENT made first: the memo holds the publication
+            for envelope in made:
+                envelope.wire[PUBLICATION] = 99
+        transport.encoded.clear()
+        assert session.deliver(made[0]) is True
+        drawn = router.new_id() - 1  # the id deliver drew, if it drew one: the one before this draw
+        same_id = itertools.repeat(drawn).__next__
+        expected = event_bytes(made[1], subscription, transport.object_serializer, same_id, None)
+        assert transport.encoded == [expected] and made[0].wire == made[1].wire
+
+
+class _PlainSink(_CountedSink):
+    """A _CountedSink that also takes plain values: answers ``plain`` (True, False, None: the envelope) or raises."""
+
+    takes_plain = True
+
+    def __init__(self, answer: Any, plain: Any) -> None:
+        super().__init__(answer)
+        self.plain = plain
+
+    def deliver_plain(self, topic: str, payload: Any, message_id: str | None) -> Any:
+        if self.plain is not None:
+            self.got.append(payload)
+        if self.plain == "raise":
+            raise RuntimeError("sink bug")
+        return self.plain
+
+
+@pytest.mark.parametrize(("answer", "plain"), [(True, True), (False, False), (True, None), (False, None),
+                                               ("raise", "raise"), (True, "raise")])  # fmt: skip
+def test_deliver_remote_plain_delivers_and_counts_as_deliver_remote_one(answer: Any, plain: Any) -> None:
+    """Without an envelope (a lone sink taking plain values) or with one: the same deliveries, counts and failures."""
+    from pubsubclub.core.hub import Envelope, Hub
+
+    results = []
+    for fields in (True, False):
+        hub = Hub("b")
+        sink = _PlainSink(answer, plain if plain != "raise" or fields else "raise")
+        if not fields and plain == "raise":
+            sink.answer = "raise"  # what a raise in deliver_plain stands for: deliver raising
+        hub.subscribe("t", sink)  # type: ignore[arg-type]
+        if fields:
+            delivered = hub.deliver_remote_plain("t", 5, "a", 1.0, "a-1", False, 12)
+        else:
+            delivered = hub.deliver_remote_one(Envelope("t", 5, "a", 1.0, "a-1", False, 12))
+        _, counts, _ = hub.metrics.take_interval(1.0)
+        results.append((delivered, sink.got, counts, dict(hub.metrics.sink_errors), hub.metrics.view("hub")))
+    assert results[0] == results[1]

@@ -111,7 +111,9 @@ class Sink(Protocol):
     (``delivered`` in the metrics; docs/metrics.md, "Who counts a delivery").
     Its ``deliver`` says how many clients it sent the message to: None or
     True for one, False for none (a slow consumer dropped), an int for a sink
-    that fans out to several (SysV's channel sink).
+    that fans out to several (SysV's channel sink). A sink whose class sets
+    ``takes_plain`` may be handed a remote message as its fields instead
+    (:meth:`Hub.deliver_remote_plain`: ``deliver_plain(topic, payload, message_id)``).
     """
 
     def deliver(self, envelope: Envelope) -> bool | int | None:
@@ -223,6 +225,8 @@ class Hub:
         self._delivered = 0
         #: (topic, front-end) -> [messages, bytes] of :meth:`publish_plain`'s counts not yet added (likewise).
         self._published_counts: dict[tuple[str, Source], list[int]] = {}
+        #: (topic, front-end) -> [messages, bytes] of :meth:`deliver_remote_one`'s counts not yet added (likewise).
+        self._delivered_counts: dict[tuple[str, Source], list[int]] = {}
         #: Messages received from other nodes not yet added to ``metrics`` (likewise).
         self._received = 0
         self.metrics.add_settler(self._settle)
@@ -312,6 +316,11 @@ class Hub:
         if counts:
             for (topic, source), (n, nbytes) in counts.items():
                 self.metrics.count(topic, source, Kind.PUBLISHED, n, nbytes)
+            counts.clear()
+        counts = self._delivered_counts
+        if counts:
+            for (topic, source), (n, nbytes) in counts.items():
+                self.metrics.count(topic, source, _KIND_DELIVERED, n, nbytes)
             counts.clear()
         n = self._received
         if n:
@@ -559,6 +568,122 @@ class Hub:
             for (topic, source), (n, nbytes) in tally.items():
                 metrics.count(topic, source, Kind.DELIVERED, n, nbytes)
         return delivered
+
+    def deliver_remote_one(self, envelope: Envelope) -> int:
+        """:meth:`deliver_remote_batch` of one message, without the batch's tuple, tally dict and lists.
+
+        The same deliveries and the same counts: the delivered count of each
+        front-end once per message (summed as the batch's tally sums it).
+        """
+        topic = envelope.topic
+        targets = self._snapshots.get(topic)
+        if targets is None:
+            targets = self._targets(topic) if topic in self._sinks else ()
+        delivered = 0
+        matched = self._patterns.match(topic) if self._any_patterns else ()
+        if matched:
+            tally: dict[tuple[str, Source], list[int]] = {}
+            try:
+                delivered = self._deliver_to(envelope, targets, matched, None, tally)
+            finally:
+                self._received += 1
+                self._delivered += delivered
+                for (name, counted), (n, nbytes) in tally.items():
+                    self.metrics.count(name, counted, _KIND_DELIVERED, n, nbytes)
+            return delivered
+        # The tally of one message: its first front-end's count here, any other front-end's in ``others``.
+        first: Source | None = None
+        n = 0
+        others: dict[Source, int] | None = None
+        try:
+            for sink, source in targets:
+                try:
+                    sent = sink.deliver(envelope)
+                except Exception:
+                    # One failing sink must not cost the others this message.
+                    self._failed(sink, "deliver", topic)
+                    continue
+                delivered += 1
+                if source is not None and sent is not False:
+                    k = 1 if sent is None or sent is True else sent
+                    if k <= 0:  # a fan-out to no client: not counted, as the batch's ``[source] * 0``
+                        continue
+                    if first is None or source is first:
+                        first = source
+                        n += k
+                    else:
+                        if others is None:
+                            others = {}
+                        others[source] = others.get(source, 0) + k
+        finally:
+            self._received += 1
+            self._delivered += delivered
+            if first is not None:
+                size = envelope.size
+                if size is None:
+                    size = payload_size(envelope)
+                # metrics.count(topic, first, DELIVERED, n, n * size), held back as publish_plain holds its count.
+                counts = self._delivered_counts
+                cell = counts.get((topic, first))
+                if cell is None:
+                    if len(counts) >= MAX_HELD_PUBLISHED:
+                        self._settle()  # bounded: delivering on ever new topics must not grow the node
+                    counts[(topic, first)] = [n, n * size]
+                else:
+                    cell[0] += n
+                    cell[1] += n * size
+                if others:
+                    for other, k in others.items():
+                        self.metrics.count(topic, other, _KIND_DELIVERED, k, k * size)
+        return delivered
+
+    def deliver_remote_plain(
+        self,
+        topic: str,
+        payload: Any,
+        origin: str | None,
+        published_at: float | None,
+        message_id: str | None,
+        wamp_wrapped: bool,
+        size: int,
+    ) -> int:
+        """:meth:`deliver_remote_one` of ``Envelope(topic, payload, origin, published_at, message_id, ...)``.
+
+        Without the envelope when nothing could look at it: the topic's only
+        sink takes plain values (``takes_plain``: its ``deliver_plain(topic,
+        payload, message_id)`` answers True or False as ``deliver`` would, or
+        None, having done nothing, when it needs the envelope), no pattern is
+        held, and the payload is not a WAMP wrapper. The same deliveries and
+        counts either way.
+        """
+        targets = self._snapshots.get(topic)
+        if targets is None:
+            targets = self._targets(topic) if topic in self._sinks else ()
+        if len(targets) == 1 and not self._any_patterns and not wamp_wrapped:
+            sink, source = targets[0]
+            if getattr(sink, "takes_plain", False):
+                try:
+                    sent = sink.deliver_plain(topic, payload, message_id)  # type: ignore[attr-defined]
+                except Exception:
+                    # As deliver_remote_one's loop: the failure counted and logged, the message not delivered.
+                    self._received += 1
+                    self._failed(sink, "deliver", topic)
+                    return 0
+                if sent is not None:
+                    self._received += 1
+                    self._delivered += 1
+                    if source is not None and sent is True:
+                        counts = self._delivered_counts  # deliver_remote_one's held count
+                        cell = counts.get((topic, source))
+                        if cell is None:
+                            if len(counts) >= MAX_HELD_PUBLISHED:
+                                self._settle()
+                            counts[(topic, source)] = [1, size]
+                        else:
+                            cell[0] += 1
+                            cell[1] += size
+                    return 1
+        return self.deliver_remote_one(Envelope(topic, payload, origin, published_at, message_id, wamp_wrapped, size))
 
     def _targets(self, topic: str) -> tuple[tuple[Sink, Source | None], ...]:
         """``topic``'s sinks with their ``counts_as``, made once per change of its subscribers, not per message.

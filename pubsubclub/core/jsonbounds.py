@@ -210,6 +210,9 @@ def text_within(raw: bytes, bounds: JSONBounds = DEFAULT_BOUNDS, wrapper_depth: 
     """
     if raw.translate(_DIGIT_MASK).find(_LONG_RUN) >= 0:
         return False
+    if b"\n" not in raw:
+        # One line (a lone message): its opening brackets counted in place, without the copies below.
+        return raw.count(b"[") + raw.count(b"{") <= bounds.max_depth + wrapper_depth
     # Only each line's opening brackets are kept: all in C, a fraction of text_depth's cost.
     return max(map(len, raw.translate(None, _NOT_OPENERS).split(b"\n"))) <= bounds.max_depth + wrapper_depth
 

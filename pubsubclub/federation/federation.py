@@ -202,6 +202,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         self._relay_sent_patterns = {}
         self._relay_hint = None
         self.metrics.add_settler(self._settle)
+        self._received_counts = {}
         self.metrics.add_settler(self._settle_received)
         hub.add_interest_listener(self)
         hub.add_pattern_listener(self)

@@ -7,6 +7,7 @@ PSC301s (a single message is a batch of one), replay positions and gaps
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -14,6 +15,7 @@ from twisted.logger import Logger
 
 from pubsubclub.core.counters import DropReason, FederationEvent, Kind, LinkCount, Source
 from pubsubclub.core.hub import GAP_TOPIC, Envelope
+from pubsubclub.core.metrics import LATENCY_BOUNDS_MS
 from pubsubclub.federation import psc
 from pubsubclub.federation.replay import DUPLICATE, Gap, ResumeRefused
 from pubsubclub.federation.session import (
@@ -30,6 +32,8 @@ from pubsubclub.net.wsframes import hold_writes, release_writes
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _RECEIVED = FederationEvent.RECEIVED
+#: Most (topic, peer) received counts :meth:`Receiving.link_received_plain` holds back between reads of the metrics.
+MAX_HELD_RECEIVED = 1024
 
 
 class Receiving(FederationState):
@@ -37,6 +41,9 @@ class Receiving(FederationState):
 
     #: PSC301s received and not yet added to the metrics' RECEIVED event (:meth:`_settle_received`).
     _received_n = 0
+    #: (topic, peer) -> [messages, bytes] of :meth:`link_received_plain`'s PSC ``received`` counts not yet
+    #: added to the metrics (:meth:`_settle_received`; made by Federation.__init__).
+    _received_counts: dict[tuple[str, str], list[int]]
 
     if TYPE_CHECKING:
 
@@ -168,7 +175,7 @@ class Receiving(FederationState):
                         options=meta.options,
                     )  # fmt: skip
                 counted = True
-                hub.deliver_remote_batch((envelope,))
+                hub.deliver_remote_one(envelope)
             finally:
                 if holding:
                     if wsframes._held:
@@ -179,7 +186,7 @@ class Receiving(FederationState):
                     metrics.count(message.topic, Source.PSC, Kind.RECEIVED, 1, size, peer=peer_node or session.peer)
                     self._received_n += 1
                     if published_at is not None and origin is not None:
-                        metrics.latencies(origin, [now - published_at])
+                        metrics.latency(origin, now - published_at)
             return
         received: dict[str, list[int]] = {}
         latencies: dict[str, list[float]] = {}
@@ -203,12 +210,102 @@ class Receiving(FederationState):
             for origin, seconds in latencies.items():
                 metrics.latencies(origin, seconds)
 
+    def link_received_plain(
+        self,
+        session: LinkSession,
+        topic: str,
+        payload: object,
+        origin: str,
+        published_at: float,
+        message_id: str,
+        wamp_wrapped: bool,
+        seq: int | None,
+        size: int,
+    ) -> None:
+        """A lone PSC301 as its fields (LinkOwner): :meth:`link_received_batch` of it, without Publish and Meta.
+
+        The same steps in the same order as the batch of one (hold, replay
+        check, delivery, release, counts); relayed on by a primary worker
+        through the batch path itself.
+        """
+        if self.worker_prefix is not None:
+            meta = psc.Meta(origin, published_at, message_id, wamp_wrapped, seq)
+            self.link_received_batch(session, [psc.Publish(topic, payload, meta)], [size])
+            return
+        if session.state is LinkState.CLOSED:
+            return
+        hub = self.hub
+        metrics = hub.metrics
+        peer_node = session.peer_node
+        holding = wsframes._held is None  # wsframes.hold_writes, without its call
+        if holding:
+            wsframes._held = {}
+        counted = False
+        source: str | None = None
+        now = self._reactor.seconds()  # before the replay check, as _envelopes reads it
+        try:
+            inbox = self.inbox
+            if inbox is not None and session.with_replay and seq is not None:
+                peer = peer_node or session.peer
+                position = inbox._positions.get(peer)
+                if position is not None and position[1] == seq - 1:
+                    position[1] = seq  # Inbox.accept's in-order case (it answers 0), without its call
+                    skipped = 0
+                else:
+                    skipped = inbox.accept(peer, seq)
+                if skipped:
+                    if skipped == DUPLICATE:
+                        metrics.event(FederationEvent.DUPLICATES_DROPPED)
+                        metrics.link_count(peer, LinkCount.DUPLICATES, 1)
+                        return
+                    self._report_gap(Gap(peer, skipped, "sequence"))
+            source = origin or peer_node
+            counted = True
+            # hub.deliver_remote_one(Envelope(...)), the envelope made only if something needs it.
+            hub.deliver_remote_plain(topic, payload, source, published_at, message_id, wamp_wrapped, size)
+        finally:
+            if holding:
+                if wsframes._held:
+                    release_writes()
+                else:
+                    wsframes._held = None
+            if counted:
+                # metrics.count(topic, PSC, RECEIVED, 1, size, peer=...), held back to the next read of the metrics.
+                counts = self._received_counts
+                key = (topic, peer_node or session.peer)
+                cell = counts.get(key)
+                if cell is None:
+                    if len(counts) >= MAX_HELD_RECEIVED:
+                        self._settle_received()  # bounded: ever new topics must not grow the node
+                    counts[key] = [1, size]
+                else:
+                    cell[0] += 1
+                    cell[1] += size
+                self._received_n += 1
+                if source is not None:
+                    seconds = now - published_at
+                    hist = metrics._interval_latency.get(source)
+                    if hist is None:
+                        metrics.latency(source, seconds)
+                    else:
+                        # Metrics.latency, without its call once the interval has a histogram for ``source``.
+                        ms = seconds * 1000.0 if seconds > 0.0 else 0.0
+                        hist.counts[bisect_left(LATENCY_BOUNDS_MS, ms)] += 1
+                        hist.count += 1
+                        hist.sum_ms += ms
+
     def _settle_received(self) -> None:
         """Add the received messages held back since the last read of the metrics (run by ``Metrics.settle``)."""
         n = self._received_n
         if n:
             self._received_n = 0
             self.hub.metrics.event(_RECEIVED, n)
+        counts = self._received_counts
+        if counts:
+            count = self.hub.metrics.count
+            for (topic, peer), (n, nbytes) in counts.items():
+                count(topic, Source.PSC, Kind.RECEIVED, n, nbytes, peer=peer)
+            counts.clear()
 
     def _envelopes(
         self,

@@ -61,6 +61,8 @@ CLOSE_NO_COMMON_VERSION = 4406
 CLOSE_DUPLICATE = 4409
 CLOSE_REMOVED = 4410
 CLOSE_SELF = 4508
+#: ``sizes`` of :meth:`LinkSession._receive_publishes` before its first run (never changed).
+_NO_SIZES: list[int] = []
 
 
 class LinkOwner(Protocol):
@@ -79,6 +81,10 @@ class LinkOwner(Protocol):
         stop when ``session`` closes meanwhile (as a frame's remaining
         messages are never handled then).
         """
+
+    # Optional: ``link_received_plain(session, topic, message, origin, published_at, message_id, wamp_wrapped,
+    # seq, size)``, a lone PSC301 as nodes write it (metadata without "b"/"p") that the link accepts, as its
+    # fields: what link_received_batch(session, [Publish(...)], [size]) does, without the Publish and Meta.
 
     def link_subscribed(self, session: LinkSession, topics: tuple[str, ...]) -> None:
         """A producer link's consumer asked for ``topics``."""
@@ -158,6 +164,8 @@ class LinkSession:
         self._limits = limits
         #: ``limits.max_link_frame`` (a property), read once per frame received.
         self._max_frame = limits.max_link_frame
+        #: The owner's ``link_received_plain`` (see :class:`LinkOwner`), if it has one.
+        self._received_plain: Callable[..., None] | None = getattr(owner, "link_received_plain", None)
 
     def __repr__(self) -> str:
         return f"<LinkSession {self.role.value} peer={self.peer} {self.state.value}>"
@@ -233,8 +241,11 @@ class LinkSession:
         limits = self._limits
         decode, publish, meta_class = psc.decode, psc.Publish, psc.Meta
         loads, max_frame, max_topic = orjson.loads, self._max_frame, limits.max_topic_length
-        run: list[psc.Publish] = []
-        sizes: list[int] = []
+        # Made at a run's first message: a lone message read as its fields makes neither.
+        run: list[psc.Publish] | None = None
+        sizes = _NO_SIZES  # never appended to: replaced with the run's own list with ``run``
+        # A frame of one message that the link accepts goes to the owner as its fields (no Publish, Meta, lists).
+        plain = self._received_plain if len(parts) == 1 else None
         for part in parts:
             if part:
                 message: psc.Message | None = None
@@ -273,6 +284,12 @@ class LinkSession:
                                 and (w == 0 or w == 1)
                                 and (q is None or (type(q) is int and 0 < q <= psc.MAX_SEQ))
                             ):
+                                if plain is not None and (
+                                    (self.resumed and q is not None) if self.with_replay else self.with_metadata
+                                ):
+                                    # The run below of this one message, without its objects.
+                                    plain(self, topic, value[2], o, t, i, w == 1, q, size)
+                                    return
                                 message = publish(topic, value[2], meta_class(o, t, i, w == 1, q))
                 if message is None:
                     try:
@@ -286,12 +303,15 @@ class LinkSession:
                         if self.with_replay
                         else (meta is None or self.with_metadata)
                     ):
-                        run.append(message)
-                        sizes.append(size)
+                        if run is None:
+                            run, sizes = [message], [size]
+                        else:
+                            run.append(message)
+                            sizes.append(size)
                         continue
             if run:
                 self._owner.link_received_batch(self, run, sizes)
-                run, sizes = [], []
+                run = None
             if not part:
                 raise LinkError(CLOSE_BAD_MESSAGE, "bad PSC batch: an empty line")
             if self.state is LinkState.CLOSED:

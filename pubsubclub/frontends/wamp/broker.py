@@ -38,6 +38,8 @@ Authorization
 
 from __future__ import annotations
 
+from typing import Any
+
 from autobahn.wamp import message
 from autobahn.wamp.message import Message
 from twisted.logger import Logger
@@ -47,7 +49,7 @@ from pubsubclub.core.hub import Envelope, LimitExceeded
 from pubsubclub.core.metrics import payload_size
 from pubsubclub.core.patterns import MATCHES, Pattern
 from pubsubclub.frontends.wamp.auth import NOT_AUTHORIZED
-from pubsubclub.frontends.wamp.codec import DisclosingCall, DisclosingRegister, PublishRequest
+from pubsubclub.frontends.wamp.codec import _NO_DETAILS, EVENT, DisclosingCall, DisclosingRegister, PublishRequest
 from pubsubclub.frontends.wamp.meta import META_PREFIXES
 from pubsubclub.frontends.wamp.publishing import (
     DISCLOSE_ALWAYS,
@@ -135,6 +137,8 @@ class BrokerSession(WampSession):
 
     #: The hub counts what this sink delivers under the ``wamp`` front-end, once per message.
     counts_as = Source.WAMP
+    #: The transport's object serializer, kept at the first EVENT (an instance attribute only from then on).
+    _event_serializer: Any = None
 
     def deliver(self, envelope: Envelope) -> bool:
         """Send ``envelope`` as an EVENT, or drop this client if it lags too far; True if sent."""
@@ -149,14 +153,59 @@ class BrokerSession(WampSession):
         ):
             # Not subscribed, not established, publish options or a lagging client: the checks one by one.
             return self._send_event(envelope, subscription, None)
-        router = self._router
         try:
-            # publishing.event_bytes without the router's wrapper (an exact subscription names no topic).
-            data = event_bytes(envelope, subscription, transport.object_serializer, router.new_id, None)
+            serializer = self._event_serializer
+            if serializer is None:
+                # The transport's object serializer (a property), read at the first EVENT: fixed at its handshake.
+                serializer = self._event_serializer = transport.object_serializer
+            wire = envelope.wire
+            if not wire and not envelope.wamp_wrapped:
+                # event_bytes' first case without its call: the first EVENT of a plain publish (no options,
+                # checked above; not retained: that is in ``wire``), the plain EVENT memoised as it memoises it.
+                first = wire[PUBLICATION] = self._router.new_id()
+                data = wire[(serializer.NAME, subscription)] = serializer.serialize(
+                    [EVENT, subscription, first, _NO_DETAILS, [envelope.payload]]
+                )
+            else:
+                # publishing.event_bytes without the router's wrapper (an exact subscription names no topic).
+                data = event_bytes(envelope, subscription, serializer, self._router.new_id, None)
             transport.send_encoded(data)
             return True
         except Exception:
             return self._send_failed(envelope)
+
+    #: The hub may hand this sink a remote message as its fields (:meth:`deliver_plain`).
+    takes_plain = True
+
+    def deliver_plain(self, topic: str, payload: Any, message_id: str | None) -> bool | None:
+        """:meth:`deliver` of a plain remote message no one else receives, without its envelope.
+
+        None, having done nothing, where :meth:`deliver` would not take its
+        short path (not subscribed, not established, a lagging client): the
+        hub then makes the envelope and calls :meth:`deliver`.
+        """
+        subscription = self._topics.get(topic)
+        transport = self._transport
+        if (
+            subscription is None
+            or transport is None
+            or self._state is not _ESTABLISHED
+            or transport.unsent_bytes() > self._limits.max_send_buffer
+        ):
+            return None
+        try:
+            serializer = self._event_serializer
+            if serializer is None:
+                serializer = self._event_serializer = transport.object_serializer
+            # deliver's first EVENT of a plain publish: nothing to memoise, as no other recipient can ask.
+            transport.send_encoded(
+                serializer.serialize([EVENT, subscription, self._router.new_id(), _NO_DETAILS, [payload]])
+            )
+            return True
+        except Exception:
+            log.failure("WAMP session {session}: cannot send event {message_id}", session=self._session_id,
+                        message_id=message_id)  # fmt: skip
+            return False
 
     def deliver_matched(self, envelope: Envelope, pattern: Pattern) -> bool:
         """Send ``envelope``, which matched ``pattern``, as an EVENT of that pattern subscription; True if sent."""

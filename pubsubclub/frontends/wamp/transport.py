@@ -30,6 +30,7 @@ JSON subscriber).
 from __future__ import annotations
 
 import base64
+import functools
 from typing import Any, Protocol
 
 import cbor2
@@ -328,9 +329,13 @@ class _BoundedJsonObjectSerializer(JsonObjectSerializer):  # type: ignore[misc]
     def __init__(self, bounds: JSONBounds) -> None:
         super().__init__()
         self._bounds = bounds
+        if type(self).serialize is _BoundedJsonObjectSerializer.serialize:
+            # serialize() itself, as a C callable: every EVENT is serialized through it, and a call of the
+            # method would cost a Python frame per message around the one C call it makes.
+            self.serialize = functools.partial(orjson.dumps, default=_json_default)  # type: ignore[method-assign]
 
     def serialize(self, obj: Any) -> bytes:
-        """One WAMP message as compact UTF-8 JSON."""
+        """One WAMP message as compact UTF-8 JSON (the instance's C callable does the same)."""
         return orjson.dumps(obj, default=_json_default)
 
     def unserialize(self, payload: bytes) -> list[Any]:
