@@ -44,7 +44,14 @@ def test_failures_before_delay_are_free_then_lockouts_double_up_to_the_cap(clock
         assert guard.locked("10.0.0.1") == pytest.approx(delay / 2)
         clock.now += delay / 2
     assert lockouts == [1.0, 2.0, 4.0, 8.0, 10.0, 10.0]
-    assert guard.stats() == {"sources": 1, "failures": 9, "lockouts": 6, "refused": 6, "forgotten_early": 0}
+    assert guard.stats() == {
+        "sources": 1,
+        "failures": 9,
+        "lockouts": 6,
+        "refused": 6,
+        "forgotten_early": 0,
+        "replicated": 0,
+    }
 
 
 def test_a_locked_source_does_not_lock_out_another(clock: Clock) -> None:

@@ -17,13 +17,20 @@ injected clock (the reactor's ``seconds`` in a node).
 
 A successful login does not clear a source's failures: whoever holds one
 valid credential could otherwise log in between guesses at another's.
+
+A node with workers keeps one table per process and makes them one
+(federation/logins.py): :attr:`LoginThrottle.listener` hears each failure
+seen here, :meth:`LoginThrottle.replicated` applies one another process saw,
+and :meth:`LoginThrottle.rows` / :meth:`LoginThrottle.merge` carry a whole
+table to a process that (re)starts, merged by the larger count and the later
+times (idempotent: a row merged twice changes nothing).
 """
 
 from __future__ import annotations
 
 import ipaddress
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 __all__ = ["LoginThrottle", "LoginThrottleSettings", "source_key"]
@@ -76,8 +83,10 @@ class LoginThrottle:
         self.settings = settings
         self._clock = clock
         self._sources: OrderedDict[str, _Failures] = OrderedDict()
-        #: Counters for /stats.
-        self.counts = {"failures": 0, "lockouts": 0, "refused": 0, "forgotten_early": 0}
+        #: Counters for /stats (``replicated``: failures another process of the node saw, federation/logins.py).
+        self.counts = {"failures": 0, "lockouts": 0, "refused": 0, "forgotten_early": 0, "replicated": 0}
+        #: Called with the source key of each failure seen here (not of replicated ones); None: nobody.
+        self.listener: Callable[[str], None] | None = None
 
     def locked(self, host: str) -> float:
         """Seconds ``host`` must still wait before a credential of its is checked; 0.0 if it may try now.
@@ -95,9 +104,36 @@ class LoginThrottle:
 
     def failed(self, host: str) -> float:
         """``host`` gave a wrong credential; the lockout it starts now, in seconds (0.0: none yet)."""
+        key = source_key(host)
+        delay = self._fail(key)
+        self.counts["failures"] += 1
+        if delay > 0.0:
+            self.counts["lockouts"] += 1
+        if self.listener is not None:
+            self.listener(key)
+        return delay
+
+    def replicated(self, key: str) -> float:
+        """Source ``key`` failed on another process of this node: counted here as if it failed here."""
+        self.counts["replicated"] += 1
+        return self._fail(key)
+
+    def _fail(self, key: str) -> float:
         settings = self.settings
         now = self._clock()
-        key = source_key(host)
+        entry = self._entry(key, now)
+        entry.count += 1
+        entry.last = now
+        over = entry.count - settings.failures_before_delay
+        if over <= 0:
+            return 0.0
+        delay = min(settings.max_delay, settings.first_delay * 2.0 ** min(over - 1, 64))
+        entry.until = now + delay
+        return delay
+
+    def _entry(self, key: str, now: float) -> _Failures:
+        """``key``'s entry (a fresh one if it has none or was quiet for ``forget_after``), now the most recent."""
+        settings = self.settings
         entry = self._sources.pop(key, None)
         if entry is None or now - entry.last >= settings.forget_after:
             entry = _Failures()
@@ -111,16 +147,39 @@ class LoginThrottle:
             if oldest is entry or now - oldest.last < settings.forget_after:
                 break
             sources.popitem(last=False)
-        entry.count += 1
-        entry.last = now
-        self.counts["failures"] += 1
-        over = entry.count - settings.failures_before_delay
-        if over <= 0:
-            return 0.0
-        delay = min(settings.max_delay, settings.first_delay * 2.0 ** min(over - 1, 64))
-        entry.until = now + delay
-        self.counts["lockouts"] += 1
-        return delay
+        return entry
+
+    def rows(self) -> Iterator[tuple[str, int, float, float]]:
+        """Each remembered source as ``(key, count, seconds since its last failure, seconds of lockout left)``.
+
+        The least recently failed first; the keys are read when the iteration
+        starts, so the table may change while it runs (gone entries are skipped).
+        """
+        now = self._clock()
+        for key in list(self._sources):
+            entry = self._sources.get(key)
+            if entry is not None and now - entry.last < self.settings.forget_after:
+                yield key, entry.count, now - entry.last, max(0.0, entry.until - now)
+
+    def merge(self, key: str, count: int, age: float, left: float) -> bool:
+        """Merge a row of another process's table (:meth:`rows`): the larger count, the later times.
+
+        True when it changed this table (the row told something new).
+        """
+        now = self._clock()
+        if age >= self.settings.forget_after or count <= 0:
+            return False
+        last = now - max(0.0, age)
+        until = now + min(max(0.0, left), self.settings.max_delay)
+        entry = self._sources.get(key)
+        if entry is not None and now - entry.last < self.settings.forget_after:
+            if count <= entry.count and last <= entry.last and until <= entry.until:
+                return False
+        entry = self._entry(key, now)
+        entry.count = max(entry.count, count)
+        entry.last = max(entry.last, last)
+        entry.until = max(entry.until, until)
+        return True
 
     def __len__(self) -> int:
         """Sources remembered."""

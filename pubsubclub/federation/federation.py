@@ -33,7 +33,7 @@ from pubsubclub.core.counters import FederationEvent, Source
 from pubsubclub.core.hub import GAP_TOPIC, Hub
 from pubsubclub.core.metrics import Metrics
 from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import psc, psc_retain
+from pubsubclub.federation import psc, psc_logins, psc_retain
 from pubsubclub.federation.auth import (
     AUTH_HEADER,
     DIALLED_HEADER,
@@ -51,6 +51,7 @@ from pubsubclub.federation.forwarding import (  # noqa: F401 (re-exported: the f
 )
 from pubsubclub.federation.interest import INTEREST_SETTLE_TIMEOUT, Interest  # noqa: F401 (re-exported)
 from pubsubclub.federation.linkserver import PSCServerFactory
+from pubsubclub.federation.logins import ClusterLogins
 from pubsubclub.federation.realmcheck import PLAIN_REALM_HEADER, REALM_CONFLICT, realm_conflict, realm_header
 from pubsubclub.federation.receiving import Receiving
 from pubsubclub.federation.relay import Relay
@@ -178,6 +179,10 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         self.rpc.round_trips = self.round_trips
         #: Retained events over 0.8 links (federation/retained.py); the node attaches the WAMP router's table.
         self.retained = ClusterRetained(self.metrics, reactor.callLater, self._link_queued, self.queue_cap)
+        #: Failed logins shared by a node's workers (federation/logins.py); the node attaches its throttle.
+        self.logins = ClusterLogins(reactor.callLater, self._link_queued, self.queue_cap)
+        #: A worker other than the primary: its primary's node id (failed logins are shared with it alone).
+        self.primary_node: str | None = None
         self._servers: dict[str, _Server] = {}
         #: Every live link, by its session.
         self._links: dict[LinkSession, Link] = {}
@@ -324,6 +329,9 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
             link = self._links.get(session)
             if not self.mark_worker(session, None if link is None else link.transport):
                 return
+            session.same_node = session.worker
+        elif self.primary_node is not None:
+            session.same_node = session.peer_node == self.primary_node
         if session.role is Role.CONSUMER:
             existing = None
             if session.peer_node is not None:
@@ -379,6 +387,8 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
             self.rpc.link_open(session)
         if session.with_retained:
             self.retained.link_open(session)
+        if session.same_node and session.with_rpc:
+            self.logins.link_open(session)
         self.metrics.event(FederationEvent.LINKS_OPENED)
         log.info(
             "PSC link up: {role} of {peer} (node {node}), version {version}",
@@ -399,6 +409,7 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
         self._producers.pop(session, None)
         self.rpc.link_closed(session)
         self.retained.link_closed(session)
+        self.logins.link_closed(session)
         if self.outbox is not None:
             self.outbox.detach(session)
         for topic in session.topics:
@@ -526,6 +537,10 @@ class Federation(Dialling, Interest, Forwarding, Receiving, Relay):
     def link_retained(self, session: LinkSession, message: psc_retain.Retained) -> None:
         """A 0.8 retained event (federation/retained.py)."""
         self.retained.receive(session, message)
+
+    def link_logins(self, session: LinkSession, message: psc_logins.FailedLogin | psc_logins.LoginTable) -> None:
+        """Failed logins from another process of this node (federation/logins.py)."""
+        self.logins.receive(session, message)
 
     def _link_queued(self, session: LinkSession) -> int:
         """Bytes ``session``'s transport holds unsent (0 for a transport that does not say)."""

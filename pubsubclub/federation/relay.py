@@ -43,11 +43,13 @@ class Relay(FederationState):
     """Relaying between a node's workers and the cluster (a part of :class:`Federation`)."""
 
     if TYPE_CHECKING:
+        from pubsubclub.federation.logins import ClusterLogins
         from pubsubclub.federation.retained import ClusterRetained
         from pubsubclub.federation.rpc import ClusterRPC
 
         rpc: ClusterRPC
         retained: ClusterRetained
+        logins: ClusterLogins
 
         def local_published(self, envelope: Envelope, relayed_from: LinkSession | None = None) -> None:
             """Forward a message to the consumers that asked for its topic (forwarding.py)."""
@@ -66,6 +68,7 @@ class Relay(FederationState):
         # Registrations and retained events cross the node's links with the same split horizon.
         self.rpc.relaying = True
         self.retained.relaying = True
+        self.logins.relaying = True
 
     def is_worker_name(self, name: str | None) -> bool:
         """Whether ``name`` is one of this node's workers' node ids."""

@@ -17,7 +17,7 @@ import orjson
 
 from pubsubclub.core.jsonbounds import text_within
 from pubsubclub.core.patterns import Pattern
-from pubsubclub.federation import psc, psc_retain, psc_rpc
+from pubsubclub.federation import psc, psc_logins, psc_retain, psc_rpc
 
 
 class Role(enum.Enum):
@@ -107,6 +107,9 @@ class LinkOwner(Protocol):
     def link_retained(self, session: LinkSession, message: psc_retain.Retained) -> None:
         """A 0.8 consumer link received a retained event (PSC501, federation/psc_retain.py)."""
 
+    def link_logins(self, session: LinkSession, message: psc_logins.FailedLogin | psc_logins.LoginTable) -> None:
+        """A link between two processes of one node received failed logins (PSC601/602, federation/logins.py)."""
+
     def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
         """A consumer link received a PSC301 whose message breaks the JSON bounds; it was dropped."""
 
@@ -158,6 +161,8 @@ class LinkSession:
         self.topics_heard = False
         #: A link to one of this node's own workers (federation/relay.py): messages on it are relayed.
         self.worker = False
+        #: A link between two processes of one node (a primary and one of its workers): failed logins cross it.
+        self.same_node = False
         self._send = send
         self._owner = owner
         self._versions = versions
@@ -348,6 +353,10 @@ class LinkSession:
             if not (self.with_retained and self.state is LinkState.OPEN and self.role is Role.CONSUMER):
                 raise self._unexpected(message)
             self._owner.link_retained(self, message)
+        elif isinstance(message, (psc_logins.FailedLogin, psc_logins.LoginTable)):
+            if not (self.same_node and self.with_rpc and self.state is LinkState.OPEN and self.role is Role.CONSUMER):
+                raise self._unexpected(message)
+            self._owner.link_logins(self, message)
         elif isinstance(message, psc.ExtensionMessage):
             allowed = psc_rpc.FROM_CONSUMER if self.role is Role.PRODUCER else psc_rpc.FROM_PRODUCER
             if not (self.with_rpc and self.state is LinkState.OPEN and isinstance(message, allowed)):

@@ -180,6 +180,7 @@ def build_federation(hub: Hub, config: NodeConfig, reactor: Any, place: WorkerPl
         federation.learn_from_peers = False  # its one peer is the primary, whose peers are not its business
         federation.asks_gaps = True  # the gaps the primary sees in other nodes' streams are its clients' too
         federation.rpc.required_peer = place.node_id  # meta queries: without the primary the answer is incomplete
+        federation.primary_node = place.node_id  # failed logins are shared with it (federation/logins.py)
     if place is not None and place.primary and place.count > 1:
         federation.enable_relay(f"{place.node_id}.w", {place.psc_url(i) for i in range(1, place.count)})
     return federation
@@ -266,6 +267,10 @@ class Node:
         self.login_throttle: LoginThrottle | None = (
             None if bridge else LoginThrottle(config.login_throttle_settings(), reactor.seconds)
         )
+        if self.login_throttle is not None and place is not None and place.count > 1:
+            # ... and with workers, one per node too: they share it over their links (federation/logins.py).
+            self.federation.logins.enabled = True
+            self.federation.logins.attach(self.login_throttle)
         context = frontend_context(
             config,
             reactor,
@@ -371,10 +376,17 @@ class Node:
             "discovery": None if self.discovery is None else self.discovery.status(),
             **self._frontend_stats(),
             "edge": self.edge.stats(),
-            "logins": None if self.login_throttle is None else self.login_throttle.stats(),
+            "logins": None if self.login_throttle is None else self._login_stats(self.login_throttle),
             "gc": self.collector.stats(),
             **({} if self.place is None else {"worker": self._worker_stats(self.place)}),
         }
+
+    def _login_stats(self, throttle: LoginThrottle) -> dict[str, Any]:
+        """The throttle's counters; with workers, also what this process exchanged with the others."""
+        logins: dict[str, Any] = dict(throttle.stats())
+        if self.federation.logins.enabled:
+            logins["shared"] = self.federation.logins.stats()
+        return logins
 
     def _worker_stats(self, place: WorkerPlace) -> dict[str, Any]:
         """This worker's index, pid and its shares of the node's connection caps (client listeners)."""

@@ -158,6 +158,10 @@ class WorkersStatsResource(Resource):
             for section in SUMMED_SECTIONS:
                 if section in body and section in answer:
                     body[section] = summed(body[section], answer[section])
+        logins = body.get("logins")
+        if isinstance(logins, dict) and isinstance(own.get("logins"), dict):
+            # The processes share one table (federation/logins.py): each holds every source, so not summed.
+            body["logins"] = {**logins, "sources": own["logins"].get("sources"), "shared": own["logins"].get("shared")}
         body["workers"] = rows
         if not request.finished and not getattr(request, "_disconnected", False):
             request.setHeader(b"content-type", b"application/json")
@@ -176,6 +180,7 @@ def _worker_row(stats: dict[str, Any]) -> dict[str, Any]:
         "state": "up",
         "wamp_sessions": wamp.get("sessions") if isinstance(wamp, dict) else None,
         "edge_caps": worker.get("edge_caps"),
+        "logins": stats.get("logins"),
         "hub": stats.get("hub"),
         "remote_interest": stats.get("remote_interest"),
         "remote_patterns": stats.get("remote_patterns"),
