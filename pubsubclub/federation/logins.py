@@ -84,10 +84,7 @@ class ClusterLogins:
     def failed_here(self, key: str) -> None:
         """A wrong credential from ``key`` here: PSC601 to the node's other processes."""
         if self._consumers:
-            data = psc_logins.FailedLogin(key).encode()
-            for session in self._consumers:
-                session.send_raw(data)
-                self.counts["sent"] += 1
+            self._send_failure(psc_logins.FailedLogin(key), None)
 
     def receive(self, session: LinkSession, msg: psc_logins.FailedLogin | psc_logins.LoginTable) -> None:
         """A PSC601 or PSC602 from another process of the node: applied, and relayed by the primary."""
@@ -98,11 +95,7 @@ class ClusterLogins:
         if isinstance(msg, psc_logins.FailedLogin):
             throttle.replicated(msg.source)
             if self.relaying:
-                data = None
-                for target in self._consumers:
-                    if target.peer_node != session.peer_node:
-                        data = data or msg.encode()
-                        target.send_raw(data)
+                self._send_failure(msg, session.peer_node)
             return
         news = [row for row in msg.rows if throttle.merge(*row)]
         self.counts["rows_merged"] += len(news)
@@ -110,6 +103,17 @@ class ClusterLogins:
             for target in self._consumers:
                 if target.peer_node != session.peer_node:
                     self._send_table(target, iter(news))
+
+    def _send_failure(self, msg: psc_logins.FailedLogin, source: str | None) -> None:
+        """PSC601 once to each other process of the node but ``source`` (two links to one: a superseded one)."""
+        data = None
+        done: set[str | None] = set() if source is None else {source}
+        for target in self._consumers:
+            if target.peer_node not in done:
+                done.add(target.peer_node)
+                data = data or msg.encode()
+                target.send_raw(data)
+                self.counts["sent"] += 1
 
     def _send_table(self, session: LinkSession, rows: Iterator[Row]) -> None:
         """Send ``rows`` on ``session`` as PSC602s, in slices, waiting while its queue is over half its cap."""

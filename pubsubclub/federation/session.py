@@ -61,6 +61,8 @@ CLOSE_NO_COMMON_VERSION = 4406
 CLOSE_DUPLICATE = 4409
 CLOSE_REMOVED = 4410
 CLOSE_SELF = 4508
+#: Failed logins between the processes of one node (federation/psc_logins.py): accepted on such links only.
+_LOGIN_MESSAGES = (psc_logins.FailedLogin, psc_logins.LoginTable)
 #: ``sizes`` of :meth:`LinkSession._receive_publishes` before its first run (never changed).
 _NO_SIZES: list[int] = []
 
@@ -353,11 +355,13 @@ class LinkSession:
             if not (self.with_retained and self.state is LinkState.OPEN and self.role is Role.CONSUMER):
                 raise self._unexpected(message)
             self._owner.link_retained(self, message)
-        elif isinstance(message, (psc_logins.FailedLogin, psc_logins.LoginTable)):
-            if not (self.same_node and self.with_rpc and self.state is LinkState.OPEN and self.role is Role.CONSUMER):
-                raise self._unexpected(message)
-            self._owner.link_logins(self, message)
         elif isinstance(message, psc.ExtensionMessage):
+            if isinstance(message, _LOGIN_MESSAGES):
+                open_consumer = self.state is LinkState.OPEN and self.role is Role.CONSUMER
+                if not (self.same_node and self.with_rpc and open_consumer):
+                    raise self._unexpected(message)
+                self._owner.link_logins(self, message)
+                return
             allowed = psc_rpc.FROM_CONSUMER if self.role is Role.PRODUCER else psc_rpc.FROM_PRODUCER
             if not (self.with_rpc and self.state is LinkState.OPEN and isinstance(message, allowed)):
                 raise self._unexpected(message)
