@@ -51,6 +51,7 @@ def test_failures_before_delay_are_free_then_lockouts_double_up_to_the_cap(clock
         "refused": 6,
         "forgotten_early": 0,
         "replicated": 0,
+        "elsewhere": 0,
     }
 
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from pubsubclub.core.loginthrottle import LoginThrottle, LoginThrottleSettings
+from pubsubclub.core.loginthrottle import RETRY_ELSEWHERE, LoginThrottle, LoginThrottleSettings
 from pubsubclub.federation import psc, psc_logins
 from pubsubclub.federation.logins import ClusterLogins
 from pubsubclub.federation.session import CLOSE_BAD_MESSAGE, LinkError, LinkSession, LinkState, Role
@@ -155,3 +155,17 @@ def test_merging_keeps_the_cap_and_ignores_forgotten_rows() -> None:
     assert len(throttle) == 10 and throttle.stats()["forgotten_early"] == 40
     assert not throttle.merge("10.0.1.1", 9, 100.0, 50.0)
     assert throttle.merge("10.0.1.2", 9, 0.0, 10_000.0) and throttle.locked("10.0.1.2") == 60.0
+
+
+def test_a_worker_leaves_a_source_past_its_free_failures_to_the_primary() -> None:
+    """With checks_past_free off, a source at its free failures is refused (retry elsewhere), one below is not."""
+    clock = Clock()
+    _, throttle = shared(clock, failures_before_delay=2, first_delay=60.0, forget_after=100.0)
+    throttle.checks_past_free = False
+    throttle.replicated("10.0.0.1")
+    assert throttle.locked("10.0.0.1") == 0.0
+    throttle.replicated("10.0.0.1")
+    assert throttle.locked("10.0.0.1") == RETRY_ELSEWHERE
+    clock.now += 100.0  # quiet for forget_after: a fresh source again
+    assert throttle.locked("10.0.0.1") == 0.0
+    assert throttle.stats()["elsewhere"] == 1 and throttle.stats()["refused"] == 1

@@ -168,9 +168,18 @@ def test_failures_spread_over_both_workers_lock_the_source_out_on_both(node: Nod
     """3 free failures + 1 in total, wherever they land: then every attempt on either worker is refused."""
     source = "127.0.0.11"
     before = logins(node)
-    first = [attempt(node, source) for _ in range(FREE + 1)]
-    assert [answer for answer, _ in first] == [FAILED] * (FREE + 1)
-    wait_counted(node, before, FREE + 1)
+    first: list[tuple[str, int]] = []
+    failures = 0
+    while failures < FREE + 1:
+        assert len(first) < MAX_TRIES, first
+        first.append(attempt(node, source))
+        if first[-1][0] == FAILED:
+            failures += 1
+            wait_counted(node, before, failures)
+    # The free ones were checked wherever they landed; past them, worker 1 refused unchecked (the primary checks).
+    assert [answer for answer, _ in first[:FREE]] == [FAILED] * FREE
+    assert first[-1] == (FAILED, 0)
+    assert all(answer == TOO_MANY and worker == 1 for answer, worker in first[FREE:-1]), first
     answers = on_both_workers(node, source)
     assert [answer for answer, _ in answers] == [TOO_MANY] * len(answers), (first, answers)
     # The operator API (the primary's) refuses that source too.
@@ -187,6 +196,26 @@ def test_operator_api_failures_lock_wamp_logins_on_every_worker(node: NodeProces
     wait_counted(node, before, FREE + 1)
     answers = on_both_workers(node, source)
     assert [answer for answer, _ in answers] == [TOO_MANY] * len(answers), answers
+
+
+def test_past_its_free_failures_a_source_is_checked_by_the_primary_alone(node: NodeProcess) -> None:
+    """3 free failures and no lockout yet: worker 1 refuses the source unchecked, the primary checks one guess."""
+    for n in range(12):  # until a source's first login lands on worker 1 (a chance of 1/2 each)
+        source = f"127.0.0.{20 + n}"
+        before = logins(node)
+        assert [operator_post(node, f"guess-{i}", source)[0] for i in range(FREE)] == [401] * FREE
+        wait_counted(node, before, FREE)
+        answer, worker = attempt(node, source)
+        if worker == 1:
+            break
+    else:
+        raise AssertionError("no source's first login landed on worker 1")
+    assert answer == TOO_MANY  # though no lockout started: a guess past the free ones is the primary's to check
+    answers = on_both_workers(node, source)
+    on_primary = [answer for answer, worker in answers if worker == 0]
+    on_worker = [answer for answer, worker in answers if worker == 1]
+    assert on_primary == [FAILED] + [TOO_MANY] * (len(on_primary) - 1), answers
+    assert on_worker == [TOO_MANY] * len(on_worker), answers
 
 
 def test_a_killed_worker_comes_back_with_the_nodes_lockouts(node: NodeProcess) -> None:

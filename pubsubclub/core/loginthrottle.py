@@ -33,7 +33,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
-__all__ = ["LoginThrottle", "LoginThrottleSettings", "source_key"]
+__all__ = ["RETRY_ELSEWHERE", "LoginThrottle", "LoginThrottleSettings", "source_key"]
+
+#: "Try again in" seconds told to a source past its free failures by a process that does not check them.
+RETRY_ELSEWHERE = 1.0
 
 
 @dataclass(frozen=True)
@@ -84,21 +87,42 @@ class LoginThrottle:
         self._clock = clock
         self._sources: OrderedDict[str, _Failures] = OrderedDict()
         #: Counters for /stats (``replicated``: failures another process of the node saw, federation/logins.py).
-        self.counts = {"failures": 0, "lockouts": 0, "refused": 0, "forgotten_early": 0, "replicated": 0}
+        self.counts = {
+            "failures": 0,
+            "lockouts": 0,
+            "refused": 0,
+            "forgotten_early": 0,
+            "replicated": 0,
+            "elsewhere": 0,
+        }
         #: Called with the source key of each failure seen here (not of replicated ones); None: nobody.
         self.listener: Callable[[str], None] | None = None
+        #: Whether this process checks the credentials of a source past its free failures. False in a
+        #: node's workers other than the primary: those sources are checked by the primary alone, one at a
+        #: time, so a guesser timing its tries to reach every worker at once still gets one per lockout.
+        self.checks_past_free = True
 
     def locked(self, host: str) -> float:
         """Seconds ``host`` must still wait before a credential of its is checked; 0.0 if it may try now.
 
-        A positive answer counts as a refused attempt.
+        A positive answer counts as a refused attempt. Where :attr:`checks_past_free` is False, a source
+        past its free failures is refused here with :data:`RETRY_ELSEWHERE` once its lockout is over.
         """
         entry = self._sources.get(source_key(host))
         if entry is None:
             return 0.0
-        left = entry.until - self._clock()
+        now = self._clock()
+        left = entry.until - now
         if left <= 0.0:
-            return 0.0
+            settings = self.settings
+            if (
+                self.checks_past_free
+                or entry.count < settings.failures_before_delay
+                or now - entry.last >= settings.forget_after
+            ):
+                return 0.0
+            left = RETRY_ELSEWHERE
+            self.counts["elsewhere"] += 1
         self.counts["refused"] += 1
         return left
 

@@ -271,6 +271,8 @@ class Node:
             # ... and with workers, one per node too: they share it over their links (federation/logins.py).
             self.federation.logins.enabled = True
             self.federation.logins.attach(self.login_throttle)
+            # Past its free failures, a source's credentials are checked by the primary alone (one at a time).
+            self.login_throttle.checks_past_free = place.primary
         context = frontend_context(
             config,
             reactor,
