@@ -3,8 +3,9 @@
 Every scenario counts deliveries exactly: each publisher ends with a marker
 message, and since delivery is FIFO per publisher and topic, once a subscriber
 has the marker it has everything it will ever get from that publisher, so its
-count must be exact (no loss, no duplicate). The routers are shared by the
-module (a Crossbar start takes seconds); each test uses its own topics.
+count must be exact (no loss, no duplicate). The routers are shared with
+other modules (conftest's ``crossbar_routers``: a Crossbar start takes seconds); each test uses its
+own topics.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,20 +37,9 @@ COUNT = 20
 
 
 @pytest.fixture(scope="module")
-def routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[CrossbarProcess]]:
-    """Two Crossbar routers for the module (the tests restart or stop none of them)."""
-    started = [
-        CrossbarProcess(tmp_path_factory.mktemp(f"router{i}"), free_port(), name=f"crossbar{i}") for i in (1, 2)
-    ]
-    try:
-        # Started side by side: each start-up is seconds of imports.
-        with ThreadPoolExecutor(2) as pool:
-            for future in [pool.submit(proc.start) for proc in started]:
-                future.result()
-        yield started
-    finally:
-        for proc in started:
-            proc.stop()
+def routers(crossbar_routers: list[CrossbarProcess]) -> list[CrossbarProcess]:
+    """Two Crossbar routers: the run's shared ones (the tests restart or stop none of them)."""
+    return crossbar_routers
 
 
 @pytest.fixture
