@@ -15,7 +15,7 @@ import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, CallResult, RegisterOptions
 from helpers.bridgeproc import BridgeProcess
-from helpers.nodes import Cluster, NodeProcess
+from helpers.nodes import Cluster, NodeProcess, start_all
 from helpers.polling import until
 from helpers.wampclient import connect, leave
 from twisted.internet import defer
@@ -70,9 +70,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory, crossbar_routers: list[Cross
         bridge = BridgeProcess("bridge1", tmp, router, "bridge-1")
         node.peers = [bridge.psc_url]
         bridge.peers = [node.psc_url]
-        for member in (node, bridge):
-            member.start()
-            started.append(member)
+        started += [node, bridge]
+        start_all(started)  # start-ups overlap
         Cluster([node, bridge]).wait_linked()
         yield Setup(router, bridge, node)
     finally:

@@ -30,7 +30,7 @@ from autobahn.wamp import message
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, PublishOptions, RegisterOptions, SubscribeOptions
 from helpers.bridgeproc import BridgeProcess
-from helpers.nodes import Cluster, NodeProcess, assert_clean_log
+from helpers.nodes import Cluster, NodeProcess, assert_clean_log, start_all
 from helpers.polling import WAIT_SECONDS, until
 from helpers.wampclient import Recorder, connect, leave
 from twisted.internet import reactor, threads
@@ -80,9 +80,8 @@ def shop(tmp_path_factory: pytest.TempPathFactory, crossbar_routers: list[Crossb
         member.peers = [other.psc_url for other in members if other is not member]
     started: list[NodeProcess] = []
     try:
-        for member in members:
-            member.start()
-            started.append(member)
+        started += members
+        start_all(started)  # start-ups overlap
         Cluster(members).wait_linked()
         yield Shop(nodes, router, bridge)
         for node in nodes:
