@@ -113,12 +113,13 @@ def spark() -> Iterator[SparkSession]:
 
 @pytest.fixture(scope="session")
 def crossbar_routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[CrossbarProcess]]:
-    """Two Crossbar routers (the default test configuration) for the modules that neither restart nor stop them.
+    """Two Crossbar routers (the default test configuration), shared by every module that needs one as it is.
 
-    A Crossbar start-up is seconds of imports (two processes each): the bridge, bridge RPC, one-router
-    and Nagle modules share these instead of starting their own. Each module uses its own topics and
-    procedures, and its bridges and clients leave before the next module (their subscriptions,
-    registrations and the bridge lock go with them).
+    A Crossbar start-up is seconds of imports (two processes each): the bridge, bridge RPC, one-router,
+    launcher and Nagle modules share these instead of starting their own. Each module uses its own
+    topics and procedures, and its bridges and clients leave before the next module (their
+    subscriptions, registrations and the bridge lock go with them). A test may restart (or kill and
+    start) one: it serves again on the same port with the same configuration.
     """
     from concurrent.futures import ThreadPoolExecutor
 

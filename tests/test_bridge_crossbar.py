@@ -38,17 +38,18 @@ COUNT = 20
 
 @pytest.fixture(scope="module")
 def routers(crossbar_routers: list[CrossbarProcess]) -> list[CrossbarProcess]:
-    """Two Crossbar routers: the run's shared ones (the tests restart or stop none of them)."""
+    """Two Crossbar routers: the run's shared ones (only ``test_crossbar_restart`` restarts one; none is stopped)."""
     return crossbar_routers
 
 
 @pytest.fixture
-def own_router(tmp_path: Path) -> Iterator[CrossbarProcess]:
-    """A router of the test's own (for tests that restart it)."""
-    proc = CrossbarProcess(tmp_path / "own-router", free_port(), name="own-crossbar")
-    proc.start()
+def restarted_router(crossbar_routers: list[CrossbarProcess]) -> Iterator[CrossbarProcess]:
+    """A router the test restarts: the run's second shared one (restarted, it serves again on its port with
+    its configuration; running again afterwards in any case, for the tests after)."""
+    proc = crossbar_routers[1]
     yield proc
-    proc.stop()
+    if not proc.running():
+        proc.start()
 
 
 @pytest.fixture
@@ -291,9 +292,9 @@ async def test_two_bridges_on_one_router_one_carries_the_other_takes_over(
 
 
 @pytest_twisted.ensureDeferred
-async def test_crossbar_restart(own_router: CrossbarProcess, members: Any) -> None:
+async def test_crossbar_restart(restarted_router: CrossbarProcess, members: Any) -> None:
     """After the router restarts, the bridge rejoins, re-reads interest, resubscribes; nothing lost or doubled."""
-    router = own_router
+    router = restarted_router
     (node,), (bridge,) = members(1, [(router, "bridge-1")])
     await Cluster([node, bridge]).linked()
     topic = "bridge.router_restart"
