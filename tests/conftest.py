@@ -25,6 +25,8 @@ from hypothesis import settings  # noqa: E402
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from pubsubclub.testing.crossbar import CrossbarProcess
+
 # Tests never assert on speed: Hypothesis's per-example deadline (200 ms) is such an
 # assertion, and it failed property tests on a loaded machine. Examples stay bounded
 # by their count and by pytest-timeout.
@@ -107,6 +109,34 @@ def spark() -> Iterator[SparkSession]:
     session = start_spark("local[2]", TEST_CONF)
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def crossbar_routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[CrossbarProcess]]:
+    """Two Crossbar routers (the default test configuration), shared by every module that needs one as it is.
+
+    A Crossbar start-up is seconds of imports (two processes each): the bridge, bridge RPC, one-router,
+    launcher and Nagle modules share these instead of starting their own. Each module uses its own
+    topics and procedures, and its bridges and clients leave before the next module (their
+    subscriptions, registrations and the bridge lock go with them). A test may restart (or kill and
+    start) one: it serves again on the same port with the same configuration.
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from helpers.ports import free_port
+
+    from pubsubclub.testing.crossbar import CrossbarProcess
+
+    started = [CrossbarProcess(tmp_path_factory.mktemp(f"router{i}"), free_port(), name=f"crossbar{i}") for i in (1, 2)]
+    try:
+        # Started side by side.
+        with ThreadPoolExecutor(2) as pool:
+            for future in [pool.submit(proc.start) for proc in started]:
+                future.result()
+        yield started
+    finally:
+        for proc in started:
+            proc.stop()
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups

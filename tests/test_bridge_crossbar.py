@@ -3,8 +3,9 @@
 Every scenario counts deliveries exactly: each publisher ends with a marker
 message, and since delivery is FIFO per publisher and topic, once a subscriber
 has the marker it has everything it will ever get from that publisher, so its
-count must be exact (no loss, no duplicate). The routers are shared by the
-module (a Crossbar start takes seconds); each test uses its own topics.
+count must be exact (no loss, no duplicate). The routers are shared with
+other modules (conftest's ``crossbar_routers``: a Crossbar start takes seconds); each test uses its
+own topics.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,29 +37,19 @@ COUNT = 20
 
 
 @pytest.fixture(scope="module")
-def routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[CrossbarProcess]]:
-    """Two Crossbar routers for the module (the tests restart or stop none of them)."""
-    started = [
-        CrossbarProcess(tmp_path_factory.mktemp(f"router{i}"), free_port(), name=f"crossbar{i}") for i in (1, 2)
-    ]
-    try:
-        # Started side by side: each start-up is seconds of imports.
-        with ThreadPoolExecutor(2) as pool:
-            for future in [pool.submit(proc.start) for proc in started]:
-                future.result()
-        yield started
-    finally:
-        for proc in started:
-            proc.stop()
+def routers(crossbar_routers: list[CrossbarProcess]) -> list[CrossbarProcess]:
+    """Two Crossbar routers: the run's shared ones (only ``test_crossbar_restart`` restarts one; none is stopped)."""
+    return crossbar_routers
 
 
 @pytest.fixture
-def own_router(tmp_path: Path) -> Iterator[CrossbarProcess]:
-    """A router of the test's own (for tests that restart it)."""
-    proc = CrossbarProcess(tmp_path / "own-router", free_port(), name="own-crossbar")
-    proc.start()
+def restarted_router(crossbar_routers: list[CrossbarProcess]) -> Iterator[CrossbarProcess]:
+    """A router the test restarts: the run's second shared one (restarted, it serves again on its port with
+    its configuration; running again afterwards in any case, for the tests after)."""
+    proc = crossbar_routers[1]
     yield proc
-    proc.stop()
+    if not proc.running():
+        proc.start()
 
 
 @pytest.fixture
@@ -302,9 +292,9 @@ async def test_two_bridges_on_one_router_one_carries_the_other_takes_over(
 
 
 @pytest_twisted.ensureDeferred
-async def test_crossbar_restart(own_router: CrossbarProcess, members: Any) -> None:
+async def test_crossbar_restart(restarted_router: CrossbarProcess, members: Any) -> None:
     """After the router restarts, the bridge rejoins, re-reads interest, resubscribes; nothing lost or doubled."""
-    router = own_router
+    router = restarted_router
     (node,), (bridge,) = members(1, [(router, "bridge-1")])
     await Cluster([node, bridge]).linked()
     topic = "bridge.router_restart"

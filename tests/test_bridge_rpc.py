@@ -8,7 +8,6 @@ sessions gone, so the next one starts from no registrations.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,9 +15,8 @@ import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, CallResult, RegisterOptions
 from helpers.bridgeproc import BridgeProcess
-from helpers.nodes import Cluster, NodeProcess
+from helpers.nodes import Cluster, NodeProcess, start_all
 from helpers.polling import until
-from helpers.ports import free_port
 from helpers.wampclient import connect, leave
 from twisted.internet import defer
 
@@ -62,26 +60,23 @@ class Setup:
 
 
 @pytest.fixture(scope="module")
-def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Setup]:
-    """Crossbar + bridge + node for the module."""
+def setup(tmp_path_factory: pytest.TempPathFactory, crossbar_routers: list[CrossbarProcess]) -> Iterator[Setup]:
+    """Crossbar (the run's shared router) + bridge + node for the module."""
     tmp = tmp_path_factory.mktemp("bridge-rpc")
-    router = CrossbarProcess(Path(tmp) / "router", free_port(), name="crossbar-rpc")
+    router = crossbar_routers[0]
     started: list[NodeProcess] = []
-    router.start()
     try:
         node = NodeProcess("node1", tmp)
         bridge = BridgeProcess("bridge1", tmp, router, "bridge-1")
         node.peers = [bridge.psc_url]
         bridge.peers = [node.psc_url]
-        for member in (node, bridge):
-            member.start()
-            started.append(member)
+        started += [node, bridge]
+        start_all(started)  # start-ups overlap
         Cluster([node, bridge]).wait_linked()
         yield Setup(router, bridge, node)
     finally:
         for member in started:
             member.stop()
-        router.stop()
 
 
 async def call_error(session: Any, procedure: str, *args: Any, **kwargs: Any) -> ApplicationError:

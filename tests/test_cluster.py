@@ -154,15 +154,14 @@ async def test_binary_payload_is_delivered_locally_and_forwarded(cluster_factory
 @pytest_twisted.ensureDeferred
 async def test_one_peer_each_joins_a_full_mesh(tmp_path) -> None:
     """node2 and node3 each list only node1; they learn of each other, link both ways, and traffic reaches all."""
-    from helpers.nodes import NodeProcess
+    from helpers.nodes import NodeProcess, start_all
 
     nodes = [NodeProcess(f"node{i + 1}", tmp_path) for i in range(3)]
     nodes[1].peers = [nodes[0].psc_url]
     nodes[2].peers = [nodes[0].psc_url]
     cluster = Cluster(nodes)
     try:
-        for node in nodes:
-            node.start()
+        start_all(nodes)  # start-ups overlap
         await cluster.linked()
         assert sorted(nodes[2].stats()["servers"]) == sorted([nodes[0].psc_url, nodes[1].psc_url])
         await _publish_reaches_all_nodes_exactly_once(cluster)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,13 +14,12 @@ from pubsubclub.testing.crossbar import BRIDGE_ROLE, CrossbarMissing, CrossbarPr
 
 
 @pytest.fixture(scope="module")
-def router(tmp_path_factory: pytest.TempPathFactory) -> Iterator[CrossbarProcess]:
-    """One Crossbar router for this module."""
-    proc = CrossbarProcess(tmp_path_factory.mktemp("crossbar"), free_port(), name="launcher-router")
-    proc.config = crossbar.router_config(proc.port)
-    proc.start()
-    yield proc
-    proc.stop()
+def router(crossbar_routers: list[CrossbarProcess]) -> CrossbarProcess:
+    """A router with the generated config (``router_config``): one of the run's shared ones (the restart test
+    leaves it running again on its port)."""
+    proc = crossbar_routers[1]
+    assert proc.config == crossbar.router_config(proc.port)
+    return proc
 
 
 def test_missing_crossbar_fails_with_a_clear_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

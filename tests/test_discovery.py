@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 from helpers.consulproc import ConsulDoubleProcess
-from helpers.nodes import NodeProcess
+from helpers.nodes import NodeProcess, start_all
 from helpers.polling import until, wait_until
 from helpers.wampclient import connect, leave, publish_acked, subscribe
 from twisted.internet import defer
@@ -266,9 +266,15 @@ class ConsulCluster:
 
     def start(self, name: str, *extra: str) -> NodeProcess:
         """Start a node with ``--consul`` and no ``--peer``."""
-        node = NodeProcess(name, self.tmp_path, extra=("--consul", self.consul.url, *CONSUL_FLAGS, *extra))
-        self.nodes[name] = node
-        return node.start()
+        return self.start_together([name], *extra)[0]
+
+    def start_together(self, names: list[str], *extra: str) -> list[NodeProcess]:
+        """:meth:`start` for several nodes at once (their start-ups overlap)."""
+        nodes = [NodeProcess(name, self.tmp_path, extra=("--consul", self.consul.url, *CONSUL_FLAGS, *extra))
+                 for name in names]  # fmt: skip
+        for node in nodes:
+            self.nodes[node.name] = node
+        return start_all(nodes)
 
     def running(self) -> list[NodeProcess]:
         """Nodes whose process is alive."""
@@ -325,8 +331,7 @@ async def assert_traffic_flows(cluster: ConsulCluster) -> None:
 @pytest_twisted.ensureDeferred
 async def test_nodes_join_and_leave_through_consul(consul_cluster: ConsulCluster) -> None:
     """Three nodes mesh via Consul; a fourth joins; a SIGTERM'd node and a kill -9'd node are dropped."""
-    for name in ("node1", "node2", "node3"):
-        consul_cluster.start(name)
+    consul_cluster.start_together(["node1", "node2", "node3"])
     consul_cluster.wait_meshed()
     await assert_traffic_flows(consul_cluster)
 
@@ -350,8 +355,7 @@ async def test_nodes_join_and_leave_through_consul(consul_cluster: ConsulCluster
 @pytest_twisted.ensureDeferred
 async def test_links_survive_a_consul_restart_and_watching_resumes(consul_cluster: ConsulCluster) -> None:
     """The agent restarts mid-run: links stay up, and a node started afterwards is discovered by all."""
-    for name in ("node1", "node2"):
-        consul_cluster.start(name)
+    consul_cluster.start_together(["node1", "node2"])
     consul_cluster.wait_meshed()
     opened = {name: node.stats()["federation"]["links_opened"] for name, node in consul_cluster.nodes.items()}
 
@@ -374,8 +378,7 @@ async def test_links_survive_a_consul_restart_and_watching_resumes(consul_cluste
 @pytest_twisted.ensureDeferred
 async def test_http_check_mode(consul_cluster: ConsulCluster) -> None:
     """With --consul-check http the agent polls /health; the nodes mesh and a stopped node is dropped."""
-    for name in ("node1", "node2", "node3"):
-        consul_cluster.start(name, "--consul-check", "http")
+    consul_cluster.start_together(["node1", "node2", "node3"], "--consul-check", "http")
     consul_cluster.wait_meshed()
     checks = consul_cluster.consul.get("/v1/agent/checks")
     assert checks["service:node1"]["Type"] == "http" and checks["service:node1"]["Status"] == "passing"

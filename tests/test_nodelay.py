@@ -18,7 +18,6 @@ import pytest
 from helpers.bridgeproc import BridgeProcess
 from helpers.nodes import NodeProcess, start_cluster
 from helpers.polling import wait_until
-from helpers.ports import free_port
 
 from pubsubclub.testing.crossbar import CrossbarProcess
 
@@ -105,9 +104,9 @@ def test_client_and_link_connections_have_nagle_off(tmp_path: Path) -> None:
             node.stop()
 
 
-def test_bridge_connection_to_its_router_has_nagle_off(tmp_path: Path) -> None:
+def test_bridge_connection_to_its_router_has_nagle_off(tmp_path: Path, crossbar_routers: list[CrossbarProcess]) -> None:
     """``pubsubclub bridge``: its WAMP client connection to a Crossbar.io router has TCP_NODELAY."""
-    router = CrossbarProcess(tmp_path / "router", free_port(), name="crossbar").start()
+    router = crossbar_routers[0]
     bridge = BridgeProcess("bridge1", tmp_path, router)
     try:
         bridge.start()
@@ -118,4 +117,3 @@ def test_bridge_connection_to_its_router_has_nagle_off(tmp_path: Path) -> None:
         assert to_router and all(to_router), "the bridge's connection to its router has Nagle's algorithm on"
     finally:
         bridge.stop()
-        router.stop()

@@ -30,9 +30,8 @@ from autobahn.wamp import message
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import CallOptions, PublishOptions, RegisterOptions, SubscribeOptions
 from helpers.bridgeproc import BridgeProcess
-from helpers.nodes import Cluster, NodeProcess, assert_clean_log
+from helpers.nodes import Cluster, NodeProcess, assert_clean_log, start_all
 from helpers.polling import WAIT_SECONDS, until
-from helpers.ports import free_port
 from helpers.wampclient import Recorder, connect, leave
 from twisted.internet import reactor, threads
 from twisted.internet.task import deferLater
@@ -63,10 +62,11 @@ class Shop:
 
 
 @pytest.fixture(scope="module")
-def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
-    """node1, node2 (discloses callers): realm1 and shop2; node3: realm1; Crossbar + bridge (realm1); all linked."""
+def shop(tmp_path_factory: pytest.TempPathFactory, crossbar_routers: list[CrossbarProcess]) -> Iterator[Shop]:
+    """node1, node2 (discloses callers): realm1 and shop2; node3: realm1; Crossbar (the run's shared router) +
+    bridge (realm1); all linked."""
     tmp = Path(tmp_path_factory.mktemp("one-router"))
-    router = CrossbarProcess(tmp / "router", free_port(), name="crossbar-shop")
+    router = crossbar_routers[0]
     two_realms = ("--realm", "realm1", "--realm", SHOP2, "--plain-realm", "realm1")
     nodes = [
         NodeProcess("node1", tmp, extra=two_realms),
@@ -79,11 +79,9 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
     for member in members:
         member.peers = [other.psc_url for other in members if other is not member]
     started: list[NodeProcess] = []
-    router.start()
     try:
-        for member in members:
-            member.start()
-            started.append(member)
+        started += members
+        start_all(started)  # start-ups overlap
         Cluster(members).wait_linked()
         yield Shop(nodes, router, bridge)
         for node in nodes:
@@ -91,7 +89,6 @@ def shop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shop]:
     finally:
         for member in started:
             member.stop()
-        router.stop()
 
 
 class _DisclosingPublish(message.Publish):  # type: ignore[misc]

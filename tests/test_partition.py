@@ -26,6 +26,7 @@ import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
 from helpers import polling
 from helpers.netns import NetnsNode, Network, network
+from helpers.nodes import start_all
 from helpers.prometheus import metric_value
 from helpers.wampclient import connect, leave, publish_acked
 from twisted.internet import defer, reactor, task
@@ -115,6 +116,16 @@ class Numbers:
         self.arrived.setdefault(value, time.monotonic())
 
 
+async def _first_of(event: defer.Deferred[None], seconds: float) -> None:
+    """Wait until ``event`` fires or ``seconds`` pass, whichever comes first (``event`` is left as it is)."""
+    waited: defer.Deferred[None] = defer.Deferred()
+    timer = reactor.callLater(seconds, lambda: waited.called or waited.callback(None))
+    event.addBoth(lambda result: (waited.called or waited.callback(None), result)[1])
+    await waited
+    if timer.active():
+        timer.cancel()
+
+
 def _open_links(node: NetnsNode) -> int:
     return sum(1 for link in node.stats()["links"] if link["state"] == "open")
 
@@ -135,7 +146,7 @@ def cluster(tmp_path: Path) -> Iterator[Callable[..., tuple[Network, NetnsNode, 
             one.peers, two.peers = [two.psc_url], [one.psc_url]
             for node in (one, two):
                 stack.callback(node.stop)
-                node.start()
+            start_all([one, two])  # start-ups overlap
             return net, one, two
 
         yield make
@@ -188,13 +199,14 @@ async def run_traffic(net: Network, one: NetnsNode, two: NetnsNode, scenario: Sc
         # Absence is checked with an end marker: the first one to arrive comes
         # after every number the subscriber will ever get (FIFO per origin and
         # topic). It is sent again every half second, since markers published
-        # before the link is back (and its interest known) are lost too.
+        # before the link is back (and its interest known) are lost too; the
+        # loop goes on as soon as one arrives (no half second waited out).
         deadline = time.monotonic() + RECOVERY_SECONDS
         while not numbers.ended.called:
             if time.monotonic() > deadline:
                 raise AssertionError("no end marker arrived: the link did not come back")
             await publish_acked(pub, TOPIC, "end")
-            await task.deferLater(reactor, 0.5, lambda: None)
+            await _first_of(numbers.ended, 0.5)
         delays = [numbers.arrived[n] - sent_at[n] for n in numbers.arrived]
         return Outcome(scenario.count, numbers.received, gaps, dropped, max(delays, default=0.0), sent_at)
     finally:

@@ -19,7 +19,7 @@ import pytest
 import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import RegisterOptions, SubscribeOptions
-from helpers.nodes import Cluster, NodeProcess
+from helpers.nodes import Cluster, NodeProcess, start_all
 from helpers.polling import until, wait_until
 from helpers.wampclient import Recorder, connect, leave, publish_acked, subscribe
 from twisted.internet import threads
@@ -76,8 +76,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     for node in nodes:
         node.peers = [other.psc_url for other in nodes if other is not node]
     try:
-        for node in nodes:
-            node.start()
+        start_all(nodes)  # start-ups overlap
         yield Cluster(nodes)
     finally:
         for node in nodes:

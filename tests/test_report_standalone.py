@@ -68,7 +68,7 @@ def standalone(tmp_path: Path) -> Iterator[str]:
                 pass  # master not listening yet
             assert all(p.poll() is None for p in procs), "master or worker exited; see its log in " + str(tmp_path)
             assert time.monotonic() < deadline, f"no worker registered within {REGISTER_SECONDS} s"
-            time.sleep(0.5)
+            time.sleep(0.1)
         yield f"spark://127.0.0.1:{port}"
     finally:
         for p in reversed(procs):

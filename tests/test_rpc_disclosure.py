@@ -16,7 +16,7 @@ import pytest_twisted
 from autobahn.twisted.wamp import ApplicationSession
 from autobahn.wamp import message
 from autobahn.wamp.types import RegisterOptions
-from helpers.nodes import Cluster, NodeProcess
+from helpers.nodes import Cluster, NodeProcess, start_all
 from helpers.polling import until
 from helpers.wampclient import connect, leave
 
@@ -98,8 +98,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         NodeProcess("node2", tmp, extra=("--auth", str(policy), "--wamp-disclose-caller", "always")),
     ]
     nodes[0].peers, nodes[1].peers = [nodes[1].psc_url], [nodes[0].psc_url]
-    for n in nodes:
-        n.start()
+    start_all(nodes)  # start-ups overlap
     cluster = Cluster(nodes)
     try:
         cluster.wait_linked()

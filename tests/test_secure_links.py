@@ -544,11 +544,10 @@ def test_certificate_from_another_ca_refused(nodes: Nodes, ca: CA, server_cert: 
     """A node trusting a different CA refuses the listener's certificate: no link, the log says why."""
     listener = nodes.make("listener")
     listener.extra = ("--psc", tls_listener(listener.psc_port, server_cert))
-    listener.start()
     stranger_ca = make_ca(tmp_path, "stranger-ca")
     dialler = nodes.make("dialler", "--ca-file", str(stranger_ca.pem))
     dialler.peers = [f"wss://127.0.0.1:{listener.psc_port}/psc"]
-    dialler.start()
+    start_all([listener, dialler])  # start-ups overlap
     wait_for_log(dialler, f"could not link to wss://127.0.0.1:{listener.psc_port}/psc")
     wait_for_log(dialler, "certificate verify failed")
     assert open_links(dialler) == []
@@ -560,10 +559,9 @@ def test_certificate_for_another_name_refused(nodes: Nodes, ca: CA, tmp_path: Pa
     elsewhere = ca.issue(tmp_path, "elsewhere", dns=("elsewhere.example",), ips=("192.0.2.7",))
     listener = nodes.make("listener")
     listener.extra = ("--psc", tls_listener(listener.psc_port, elsewhere))
-    listener.start()
     dialler = nodes.make("dialler", "--ca-file", str(ca.pem))
     dialler.peers = [f"wss://127.0.0.1:{listener.psc_port}/psc"]
-    dialler.start()
+    start_all([listener, dialler])  # start-ups overlap
     wait_for_log(dialler, f"could not link to wss://127.0.0.1:{listener.psc_port}/psc")
     wait_for_log(dialler, "IPAddressMismatch")
     assert open_links(dialler) == []

@@ -11,7 +11,7 @@ import pytest
 import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions
-from helpers.nodes import Cluster, NodeProcess, assert_clean_log
+from helpers.nodes import Cluster, NodeProcess, assert_clean_log, start_all
 from helpers.polling import until
 from helpers.ports import free_port
 from helpers.wampclient import Recorder, connect, leave
@@ -52,8 +52,7 @@ def trio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     nodes = [NodeProcess(f"node{i}", tmp_path, extra=extra) for i in (1, 2, 3)]
     for node in nodes:
         node.peers = [other.psc_url for other in nodes if other is not node]
-    for node in nodes:
-        node.start()
+    start_all(nodes)  # start-ups overlap
     cluster = Cluster(nodes)
     cluster.wait_linked()
     yield cluster
@@ -275,8 +274,7 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     tmp_path = tmp_path_factory.mktemp("meta-open")
     nodes = [NodeProcess(f"node{i}", tmp_path) for i in (1, 2)]
     nodes[0].peers, nodes[1].peers = [nodes[1].psc_url], [nodes[0].psc_url]
-    for node in nodes:
-        node.start()
+    start_all(nodes)  # start-ups overlap
     cluster = Cluster(nodes)
     cluster.wait_linked()
     yield cluster

@@ -24,7 +24,7 @@ import pytest
 import pytest_twisted
 from autobahn.wamp.exception import ApplicationError
 from autobahn.wamp.types import PublishOptions, RegisterOptions, SubscribeOptions
-from helpers.nodes import REPO, NodeProcess
+from helpers.nodes import REPO, NodeProcess, start_all
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.prometheus import metric_value
 from helpers.rawws import RECV_SECONDS, Wamp
@@ -48,8 +48,7 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[NodeProces
     other = NodeProcess("other", tmp)
     wk.peers = [other.psc_url]
     other.peers = [wk.psc_url]
-    wk.start()
-    other.start()
+    start_all([wk, other])  # start-ups overlap
     yield wk, other
     other.stop()
     wk.stop()

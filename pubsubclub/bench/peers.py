@@ -48,6 +48,7 @@ import statistics
 import subprocess
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -92,22 +93,32 @@ def _pubsubclub(topology: str, sessions: int = 0) -> tuple[Target, Callable[[], 
 # -- Crossbar ----------------------------------------------------------------------
 
 
-def _node_public_key(node_dir: Path) -> str:
-    """Make the router's node key in ``node_dir/.crossbar`` with Crossbar's own code; its public key (hex)."""
+def _node_public_keys(node_dirs: list[Path]) -> list[str]:
+    """Make each router's node key in ``<dir>/.crossbar`` with Crossbar's own code; their public keys (hex).
+
+    One Python process makes every key (a start of Crossbar's Python is a second or two of imports).
+    """
     from pubsubclub.testing.crossbar import crossbar_executable
 
-    cbdir = node_dir / ".crossbar"
-    cbdir.mkdir(parents=True, exist_ok=True)
+    cbdirs = [node_dir / ".crossbar" for node_dir in node_dirs]
+    for cbdir in cbdirs:
+        cbdir.mkdir(parents=True, exist_ok=True)
     python = crossbar_executable().parent / "python"
     subprocess.run(
-        [str(python), "-c", "import sys; from crossbar.common.key import _maybe_generate_node_key as g; g(sys.argv[1])",
-         str(cbdir)],
+        [str(python), "-c",
+         "import sys; from crossbar.common.key import _maybe_generate_node_key as g; [g(d) for d in sys.argv[1:]]",
+         *map(str, cbdirs)],
         check=True, capture_output=True, timeout=120,
     )  # fmt: skip
-    for line in (cbdir / "key.pub").read_text().splitlines():
-        if line.startswith("public-key-ed25519:"):
-            return line.split(":", 1)[1].strip()
-    raise RuntimeError(f"no public key in {cbdir / 'key.pub'}")
+    keys = []
+    for cbdir in cbdirs:
+        for line in (cbdir / "key.pub").read_text().splitlines():
+            if line.startswith("public-key-ed25519:"):
+                keys.append(line.split(":", 1)[1].strip())
+                break
+        else:
+            raise RuntimeError(f"no public key in {cbdir / 'key.pub'}")
+    return keys
 
 
 def _with_rlink(config: dict[str, Any], peer_key: str, peer_port: int, calls: bool = False) -> dict[str, Any]:
@@ -170,17 +181,19 @@ def _crossbar(topology: str, workdir: Path) -> tuple[Target, Callable[[], None]]
     # The idle and fan-out clients never answer pings (the nodes' idle deadline is off for them likewise).
     configs = {name: _without_pings(config) for name, config in configs.items()}
     if topology == "pair":
-        keys = {name: _node_public_key(workdir / f"crossbar-{name}") for name in names}
+        keys = dict(zip(names, _node_public_keys([workdir / f"crossbar-{name}" for name in names]), strict=True))
         for name, peer in (("a", "b"), ("b", "a")):
             configs[name] = _with_rlink(configs[name], keys[peer], ports[peer][0], calls=True)
-    routers: list[CrossbarProcess] = []
+    # Warnings only, as the nodes: an rlink logs two info lines per call it forwards.
+    routers = [CrossbarProcess(workdir / f"crossbar-{name}", ports[name][0], configs[name], f"crossbar-{name}",
+                               loglevel="warn") for name in names]  # fmt: skip
+    for name in names:
+        progress(f"starting Crossbar router {name} (ws {ports[name][0]}, rawsocket {ports[name][1]})")
+    # Started side by side (each start-up is seconds of imports); an rlink retries until its peer listens.
     try:
-        for name in names:
-            # Warnings only, as the nodes: an rlink logs two info lines per call it forwards.
-            router = CrossbarProcess(workdir / f"crossbar-{name}", ports[name][0], configs[name], f"crossbar-{name}",
-                                     loglevel="warn")  # fmt: skip
-            progress(f"starting Crossbar router {name} (ws {ports[name][0]}, rawsocket {ports[name][1]})")
-            routers.append(router.start())
+        with ThreadPoolExecutor(len(routers)) as pool:
+            for future in [pool.submit(router.start) for router in routers]:
+                future.result()
     except BaseException:
         for router in routers:
             router.stop()
@@ -191,8 +204,9 @@ def _crossbar(topology: str, workdir: Path) -> tuple[Target, Callable[[], None]]
     target = Target(ws=(ws[0], ws[-1]), rs=(rs[0], rs[-1]), pids=pids)
 
     def stop_routers() -> None:
-        for router in routers:
-            router.stop()
+        with ThreadPoolExecutor(len(routers)) as pool:
+            for future in [pool.submit(router.stop) for router in routers]:
+                future.result()
 
     return target, stop_routers
 
