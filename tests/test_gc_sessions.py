@@ -160,8 +160,12 @@ async def test_open_sessions_are_frozen_and_closing_them_frees_what_was_frozen(n
     try:
         gc.collect()
         frozen = gc.get_freeze_count()
+        before = _connection_objects()
         socks = await threads.deferToThread(lambda: [rawsocket_session(port, close=False) for _ in range(SESSIONS)])
         try:
+            # The open sessions' own objects, watched without holding them (weak references).
+            opened = [weakref.ref(o) for o in _connection_objects(exclude=before).values()]
+            del before
             gc.collect()
             held = gc.get_freeze_count() - frozen
             walked = len(gc.get_objects())  # what a full collection walks now
@@ -169,13 +173,14 @@ async def test_open_sessions_are_frozen_and_closing_them_frees_what_was_frozen(n
             await threads.deferToThread(lambda: [s.close() for s in socks])
         await until(lambda: node.edge.connections() == 0, what="the node to see every connection closed")
         gc.collect()  # walks only what is not frozen: a cycle with a frozen member would stay
-        left = gc.get_freeze_count() - frozen
+        alive = Counter(_kind(o) for o in (r() for r in opened) if o is not None)
     finally:
         node.collector.uninstall()
         gc.unfreeze()
+    assert len(opened) >= 3 * SESSIONS, f"only {len(opened)} connection objects seen for {SESSIONS} sessions"
     assert held >= 10 * SESSIONS, f"only {held} objects frozen for {SESSIONS} open sessions"
     assert walked < SESSIONS, f"a full collection would walk {walked} objects with {SESSIONS} sessions open"
-    assert left < SESSIONS, f"{left} frozen objects left after {SESSIONS} sessions closed"
+    assert not alive, f"frozen connection objects left after {SESSIONS} sessions closed: {alive.most_common(8)}"
 
 
 @pytest_twisted.ensureDeferred
