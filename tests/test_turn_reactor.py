@@ -15,7 +15,7 @@ from twisted.internet.abstract import FileDescriptor
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 
-from pubsubclub.net.reactor import TurnReactor, at_turn_end
+from pubsubclub.net.reactor import TurnReactor, at_turn_end, turn_end_hook
 
 
 class _Reader(FileDescriptor):
@@ -189,3 +189,34 @@ def test_a_node_process_runs_on_the_turn_reactor() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ), check=True
     )
     assert out.stdout.strip() == "TurnReactor"
+
+
+def test_turn_end_hook_asks_without_a_python_call_and_again_within_the_turn(turn_reactor: TurnReactor) -> None:
+    """turn_end_hook on the node's reactor is its list's C append; calls asked through it (one asked while the turn
+    ends, too) run at the turn's end, in order, as at_turn_end's do."""
+    r = turn_reactor
+    ask = turn_end_hook(r)
+    assert type(ask).__name__ == "builtin_function_or_method"
+    seen: list[str] = []
+
+    def on_read() -> None:
+        ask(lambda: seen.append("a") or ask(lambda: seen.append("c")))
+        at_turn_end(r, lambda: seen.append("b"))
+
+    _, peer = _ready(r, seen, "read", on_read)
+    r.doIteration(5.0)
+    assert seen == ["read", "a", "b", "c"] and r._turn_end == [] and r.getDelayedCalls() == []
+    ask(lambda: seen.append("next turn"))
+    r.doIteration(0.0)
+    assert seen[-1] == "next turn"
+    peer.close()
+
+
+def test_turn_end_hook_on_other_reactors_is_a_call_later() -> None:
+    """On a reactor without the hook turn_end_hook asks a callLater(0), as at_turn_end does."""
+    clock = MemoryReactorClock()
+    seen: list[str] = []
+    turn_end_hook(clock)(lambda: seen.append("later"))
+    assert seen == [] and len(clock.getDelayedCalls()) == 1
+    clock.advance(0)
+    assert seen == ["later"]

@@ -44,7 +44,7 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__()
-        #: Callbacks for the end of the current turn, in the order asked.
+        #: Callbacks for the end of the current turn, in the order asked. Never replaced (turn_end_hook).
         self._turn_end: list[Callable[[], None]] = []
 
     def at_turn_end(self, fn: Callable[[], None]) -> None:
@@ -52,15 +52,17 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
         self._turn_end.append(fn)
 
     def _end_turn(self) -> None:
-        pending = self._turn_end
-        while pending:
-            self._turn_end = []
+        # The list itself stays (its ``append`` is handed out by turn_end_hook): the calls run from a copy
+        # and the list is emptied, so what they ask for lands in it and runs in this turn's next pass.
+        queue = self._turn_end
+        while queue:
+            pending = queue[:]
+            queue.clear()
             for fn in pending:
                 try:
                     fn()
                 except Exception:
                     log.failure("an end-of-turn call failed")
-            pending = self._turn_end
 
     def doPoll(self, timeout: float | None) -> None:  # noqa: N802 - Twisted API
         """Wait for events (at most ``timeout`` seconds), dispatch them, then end the turn."""
@@ -115,3 +117,16 @@ def at_turn_end(reactor: Any, fn: Callable[[], None]) -> None:
         hook(fn)
     else:
         reactor.callLater(0, fn)
+
+
+def turn_end_hook(reactor: Any) -> Callable[[Callable[[], None]], None]:
+    """:func:`at_turn_end` bound to ``reactor``, to ask for the end of a turn without a Python call.
+
+    On a :class:`TurnReactor` it is its end-of-turn list's ``append`` (a C
+    method: asking costs no Python frame, once per message on a link or a
+    connection written through); on another reactor, ``at_turn_end`` itself.
+    Kept by whoever asks often (a link, a connection), made once.
+    """
+    if getattr(type(reactor), "at_turn_end", None) is TurnReactor.at_turn_end:
+        return reactor._turn_end.append  # type: ignore[no-any-return]
+    return lambda fn: at_turn_end(reactor, fn)

@@ -34,7 +34,7 @@ from typing import Any
 
 from twisted.internet import tcp
 
-from pubsubclub.net.reactor import at_turn_end
+from pubsubclub.net.reactor import turn_end_hook
 
 #: The connection classes whose ``socket`` can be written directly (Unix connections derive from these).
 _DIRECT = (tcp.Connection,)
@@ -43,12 +43,15 @@ _DIRECT = (tcp.Connection,)
 class _Turn:
     """The connections corked in this reactor turn, and the one call that sends for them all."""
 
-    __slots__ = ("corked", "due")
+    __slots__ = ("ask", "corked", "due", "reactor")
 
     def __init__(self) -> None:
         self.corked: list[_WriteThrough] = []
         #: A flush is asked for at this turn's end.
         self.due = False
+        #: The reactor last asked, and its turn_end_hook (one reactor in a node: made once).
+        self.reactor: Any = None
+        self.ask: Any = None
 
     def flush(self) -> None:
         """The end of the turn: one send per corked connection; what is left goes to epoll."""
@@ -108,7 +111,10 @@ class _WriteThrough:
             turn.corked.append(self)
             if not turn.due:
                 turn.due = True
-                at_turn_end(conn.reactor, turn.flush)
+                reactor = conn.reactor
+                if reactor is not turn.reactor:
+                    turn.reactor, turn.ask = reactor, turn_end_hook(reactor)
+                turn.ask(turn.flush)  # at_turn_end(reactor, ...), without its calls
             return
         self._write(conn, data)
 
