@@ -6,6 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pubsubclub.federation import psc
 from pubsubclub.federation.session import LinkSession, Role
@@ -1521,3 +1523,36 @@ def test_a_link_frame_on_a_guarded_connection_asks_the_cap_only_with_bytes_queue
     edge.closing = False
     _LinkProtocolBase._write_frame(link, b"four")  # type: ignore[arg-type]
     assert asked == ["s", "s", ("overflow", 101)] and link.dropped is True and len(wire.writes) == 2
+
+
+def test_a_known_topic_skips_the_uri_match_and_a_new_one_is_matched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain PUBLISH on a topic the router remembers makes no URI match; on a new one it matches, as before."""
+    from pubsubclub.frontends.wamp import transport
+
+    matched: list[str] = []
+
+    class Spy:
+        def fullmatch(self, topic: str) -> Any:
+            matched.append(topic)
+            return _LOOSE.fullmatch(topic)
+
+    _LOOSE = transport._LOOSE_URI
+    monkeypatch.setattr(transport, "_LOOSE_URI", Spy())
+    frames = [b'[16,7,{},"com.example.t",["v"]]', b'[16,8,{},"com.example.new",["v"]]',
+              b'[16,9,{},"com.example.new",["w"]]', b'[16,10,{},"com..bad",["v"]]']  # fmt: skip
+    fast = _publishing_outcome(frames, fast=True)
+    assert matched == ["com.example.t", "com.example.new", "com..bad"]  # the first: the warm-up publish, unknown
+    monkeypatch.setattr(transport, "_LOOSE_URI", _LOOSE)
+    assert fast == _publishing_outcome(frames, fast=False) and len(fast[0]) == 1  # the stream takes com.example.t
+
+
+@given(st.text(max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_every_topic_the_router_remembers_is_one_the_plain_path_would_match(topic: str) -> None:
+    """What the router's URI check passes (and so may remember for publish) the plain path's expression matches."""
+    from pubsubclub.frontends.wamp.codec import _LOOSE_URI
+    from pubsubclub.frontends.wamp.uris import uri_problem
+
+    for uri in (topic, f"com.{topic}", f"{topic}.x", f"a.{topic}\n", f"b\u00a0{topic}", f"c\x85{topic}"):
+        if uri_problem(uri, 1000) is None:
+            assert _LOOSE_URI.fullmatch(uri) is not None, uri

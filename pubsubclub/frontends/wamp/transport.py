@@ -277,9 +277,11 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
                         and len(args) == 1
                         and type(topic) is str
                         and session._state is _ESTABLISHED
-                        and _LOOSE_URI.fullmatch(topic) is not None
                     ):
-                        plain = True
+                        # A topic the router remembers passed its URI check (uris.uri_problem: the same loose
+                        # URI expression and more), so it needs no match here: the usual PUBLISH makes none.
+                        hub_topic = session._router.publish_topics.get((session._realm, topic))
+                        plain = hub_topic is not None or _LOOSE_URI.fullmatch(topic) is not None
                 if not plain:
                     messages = decoded(serializer, [value], len(payload))
     except ProtocolError as e:
@@ -296,9 +298,9 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
     if plain:
         try:
             # publish_plain(session, request, topic, args[0], len(payload)), without its call: the same
-            # checks (topic known good, role, disclosure, size); anything else is publish's, refusals too.
+            # checks (topic known good: hub_topic, looked up above; role, disclosure, size); anything
+            # else is publish's, refusals too.
             router = session._router
-            hub_topic = router.publish_topics.get((session._realm, topic))
             role = session._role
             hub = router.hub
             size = len(payload)
