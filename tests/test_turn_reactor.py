@@ -220,3 +220,69 @@ def test_turn_end_hook_on_other_reactors_is_a_call_later() -> None:
     assert seen == [] and len(clock.getDelayedCalls()) == 1
     clock.advance(0)
     assert seen == ["later"]
+
+
+def test_the_main_loop_asks_twisted_for_timer_work_only_when_there_is_some() -> None:
+    """Busy turns with no timer due call no runUntilCurrent; timers (new, due, chained, from a thread, cancelled in
+    bulk) still run or are swept, and stop ends the loop."""
+    import threading
+
+    r = TurnReactor()
+    seen: list[str] = []
+    runs = turns = 0
+    twisteds_run, twisteds_iteration = r.runUntilCurrent, r.doIteration
+
+    def run() -> None:
+        nonlocal runs
+        runs += 1
+        twisteds_run()
+
+    def iteration(timeout: Any) -> None:
+        nonlocal turns
+        turns += 1
+        twisteds_iteration(timeout)
+
+    r.runUntilCurrent, r.doIteration = run, iteration  # type: ignore[method-assign]
+    reads = 0
+
+    def on_read() -> None:
+        nonlocal reads
+        reads += 1
+        if reads < 30:
+            peer.send(b"x")  # ready again: one more busy turn
+        else:
+            r.callLater(0, lambda: r.callLater(0.001, lambda: seen.append("chained")))
+            threading.Thread(target=lambda: r.callFromThread(seen.append, "thread")).start()
+            for call in [r.callLater(3600, seen.append, "never") for _ in range(60)]:
+                call.cancel()
+            r.callLater(0.05, r.stop)
+
+    reader, peer = _ready(r, seen, "read", on_read)
+    r.callLater(3600, seen.append, "far")  # a timer held, never due: the wait is bounded by it, nothing to run
+    r.run(installSignalHandlers=False)
+    assert reads == 30 and "chained" in seen and "thread" in seen and "never" not in seen and "far" not in seen
+    assert turns >= 30 and runs < turns - 25, (runs, turns)
+    assert len(r._pendingTimedCalls) < 60  # the cancelled ones swept (Twisted's rule: more than 50, over half)
+    peer.close()
+    reader.sock.close()
+
+
+def test_an_error_escaping_a_turn_is_logged_as_critical_and_the_loop_goes_on(errors: list[dict[str, Any]]) -> None:
+    """What a turn raises is logged (critical) and the next turn runs, as in Twisted's main loop."""
+    r = TurnReactor()
+    twisteds_iteration = r.doIteration
+    failed = []
+
+    def iteration(timeout: Any) -> None:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("turn boom")
+        twisteds_iteration(timeout)
+
+    r.doIteration = iteration  # type: ignore[method-assign]
+    seen: list[str] = []
+    r.callLater(0.01, lambda: (seen.append("timer"), r.stop()))
+    r.run(installSignalHandlers=False)
+    assert seen == ["timer"]
+    assert any("turn boom" in repr(e.get("log_failure")) and e.get("log_level").name == "critical" for e in errors)
+    errors.clear()

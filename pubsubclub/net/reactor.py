@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import epollreactor
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python import log as legacy_log
 
 log = Logger()
@@ -98,6 +98,49 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
             self._end_turn()
 
     doIteration = doPoll
+
+    def mainLoop(self) -> None:  # noqa: N802 - Twisted API
+        """Twisted's main loop (timers, then wait for events and dispatch them), its timer work done inline.
+
+        Each turn Twisted calls ``runUntilCurrent`` and ``timeout`` (each
+        inserting new timers first) inside a context manager that logs what
+        escapes: six Python calls per turn, on every relayed message's path
+        at a steady pace. Here ``runUntilCurrent`` (Twisted's) is called only
+        when it has something to do: a call from a thread, a timer new since
+        the last turn, one due, cancelled timers to sweep (Twisted's
+        threshold) or a stop; the wait is Twisted's ``timeout`` computed
+        inline when no timer is new (else its own). What escapes a turn is
+        logged as critical and the loop goes on, as Twisted's does.
+        """
+        while self._started:
+            try:
+                pending = self._pendingTimedCalls  # read each turn: Twisted replaces it when it sweeps
+                if (
+                    self.threadCallQueue
+                    or self._newTimedCalls
+                    or self._justStopped
+                    or self._cancellations > _CANCELLATIONS_KEPT
+                    or (pending and pending[0].time <= self.seconds())
+                ):
+                    self.runUntilCurrent()
+                    pending = self._pendingTimedCalls
+                if self._newTimedCalls:
+                    wait = self.timeout()
+                elif pending:
+                    # Never in the past, never longer than epoll_wait's millisecond int takes (Twisted's bounds).
+                    wait = max(0, min(_LONGEST_WAIT, pending[0].time - self.seconds()))
+                else:
+                    wait = None
+                self.doIteration(self.running and wait)
+            except BaseException:
+                log.failure("Unexpected error in main loop", level=LogLevel.critical)
+        log.info("Main loop terminated.")
+
+
+#: Twisted's runUntilCurrent sweeps cancelled timers out once more than this many are held (and half the heap).
+_CANCELLATIONS_KEPT = 50
+#: The longest wait Twisted's ``timeout`` gives: 2**31 ms as seconds (epoll_wait's timeout is a C int of ms).
+_LONGEST_WAIT = 2147483
 
 
 def install() -> bool:
