@@ -286,3 +286,26 @@ def test_an_error_escaping_a_turn_is_logged_as_critical_and_the_loop_goes_on(err
     assert seen == ["timer"]
     assert any("turn boom" in repr(e.get("log_failure")) and e.get("log_level").name == "critical" for e in errors)
     errors.clear()
+
+
+def test_a_twisted_without_the_timer_attributes_gets_its_own_main_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mainLoop relies on Twisted's private timer state only where it exists; else Twisted's own loop runs."""
+    from twisted.internet.base import ReactorBase
+
+    from pubsubclub.net import reactor as reactor_module
+
+    twisteds_loop = ReactorBase.mainLoop
+    loops: list[Any] = []
+
+    def spy(self: Any) -> None:
+        loops.append(self)
+        twisteds_loop(self)
+
+    monkeypatch.setattr(ReactorBase, "mainLoop", spy)
+    for state, expected in ((reactor_module._TIMER_STATE, 0), (("_a_timer_attribute_twisted_renamed",), 1)):
+        monkeypatch.setattr(reactor_module, "_TIMER_STATE", state)
+        r = TurnReactor()
+        seen: list[str] = []
+        r.callLater(0.01, lambda: (seen.append("timer"), r.stop()))  # noqa: B023 - run before the next pass
+        r.run(installSignalHandlers=False)
+        assert seen == ["timer"] and len(loops) == expected

@@ -110,8 +110,12 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
         the last turn, one due, cancelled timers to sweep (Twisted's
         threshold) or a stop; the wait is Twisted's ``timeout`` computed
         inline when no timer is new (else its own). What escapes a turn is
-        logged as critical and the loop goes on, as Twisted's does.
+        logged as critical and the loop goes on, as Twisted's does. A
+        Twisted without the timer attributes read here gets its own loop.
         """
+        if not all(hasattr(self, name) for name in _TIMER_STATE):
+            super().mainLoop()
+            return
         while self._started:
             try:
                 pending = self._pendingTimedCalls  # read each turn: Twisted replaces it when it sweeps
@@ -137,6 +141,8 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
         log.info("Main loop terminated.")
 
 
+#: The attributes of Twisted's ReactorBase that mainLoop reads (private: checked before it relies on them).
+_TIMER_STATE = ("threadCallQueue", "_newTimedCalls", "_pendingTimedCalls", "_cancellations", "_justStopped")
 #: Twisted's runUntilCurrent sweeps cancelled timers out once more than this many are held (and half the heap).
 _CANCELLATIONS_KEPT = 50
 #: The longest wait Twisted's ``timeout`` gives: 2**31 ms as seconds (epoll_wait's timeout is a C int of ms).
