@@ -309,3 +309,25 @@ def test_a_twisted_without_the_timer_attributes_gets_its_own_main_loop(monkeypat
         r.callLater(0.01, lambda: (seen.append("timer"), r.stop()))  # noqa: B023 - run before the next pass
         r.run(installSignalHandlers=False)
         assert seen == ["timer"] and len(loops) == expected
+
+
+def test_a_failing_call_asked_during_a_turn_is_logged_and_the_others_run(
+    turn_reactor: TurnReactor, errors: list[dict[str, Any]]
+) -> None:
+    """At a turn's end (calls asked while its events were dispatched) one raising is logged; the rest still run."""
+    r = turn_reactor
+    seen: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("turn-end boom")
+
+    def on_read() -> None:
+        r.at_turn_end(boom)
+        r.at_turn_end(lambda: seen.append("after") or r.at_turn_end(lambda: seen.append("asked again")))
+
+    _, peer = _ready(r, seen, "read", on_read)
+    r.doIteration(5.0)
+    assert seen == ["read", "after", "asked again"] and r._turn_end == []
+    assert any("turn-end boom" in repr(e.get("log_failure")) for e in errors)
+    errors.clear()
+    peer.close()

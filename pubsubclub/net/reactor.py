@@ -94,8 +94,16 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
                 # What _doReadOrWrite lets escape (a failing connectionLost):
                 # logged, as callWithLogger does, and the loop goes on.
                 legacy_log.err()
-        if self._turn_end:
-            self._end_turn()
+        queue = self._turn_end
+        while queue:
+            # _end_turn, without its call (once per turn that asked for its end: each relayed message's).
+            pending = queue[:]
+            queue.clear()
+            for fn in pending:
+                try:
+                    fn()
+                except Exception:
+                    log.failure("an end-of-turn call failed")
 
     doIteration = doPoll
 
