@@ -99,6 +99,8 @@ class _Turn:
 
 
 _turn = _Turn()
+#: Its flush, bound once (asked for at the end of every turn that corked a connection).
+_flush = _turn.flush
 
 
 class _WriteThrough:
@@ -151,7 +153,7 @@ class _WriteThrough:
                 reactor = conn.reactor
                 if reactor is not turn.reactor:
                     turn.reactor, turn.ask = reactor, turn_end_hook(reactor)
-                turn.ask(turn.flush)  # at_turn_end(reactor, ...), without its calls
+                turn.ask(_flush)  # at_turn_end(reactor, turn.flush), without its calls or a bound method made
             return
         self._write(conn, data)
 
