@@ -35,7 +35,7 @@ from typing import Any
 from twisted.internet import tcp
 from twisted.logger import Logger
 
-from pubsubclub.net.reactor import turn_end_hook
+from pubsubclub.net.reactor import TurnReactor, at_turn_end
 
 log = Logger()
 
@@ -46,15 +46,12 @@ _DIRECT = (tcp.Connection,)
 class _Turn:
     """The connections corked in this reactor turn, and the one call that sends for them all."""
 
-    __slots__ = ("ask", "corked", "due", "reactor")
+    __slots__ = ("corked", "due")
 
     def __init__(self) -> None:
         self.corked: list[_WriteThrough] = []
         #: A flush is asked for at this turn's end.
         self.due = False
-        #: The reactor last asked, and its turn_end_hook (one reactor in a node: made once).
-        self.reactor: Any = None
-        self.ask: Any = None
 
     def flush(self) -> None:
         """The end of the turn: one send per corked connection; what is left goes to epoll.
@@ -151,9 +148,12 @@ class _WriteThrough:
             if not turn.due:
                 turn.due = True
                 reactor = conn.reactor
-                if reactor is not turn.reactor:
-                    turn.reactor, turn.ask = reactor, turn_end_hook(reactor)
-                turn.ask(_flush)  # at_turn_end(reactor, turn.flush), without its calls or a bound method made
+                if type(reactor) is TurnReactor:
+                    # at_turn_end(reactor, turn.flush) on the node's reactor, without its calls or a bound method
+                    # made (turn_end_hook's append; no reference to the reactor kept here).
+                    reactor._turn_end.append(_flush)
+                else:
+                    at_turn_end(reactor, _flush)
             return
         self._write(conn, data)
 
