@@ -6,6 +6,8 @@ from typing import Any
 
 import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pubsubclub.federation import psc
 from pubsubclub.federation.session import LinkSession, Role
@@ -1357,3 +1359,198 @@ def test_deliver_remote_plain_delivers_and_counts_as_deliver_remote_one(answer: 
         _, counts, _ = hub.metrics.take_interval(1.0)
         results.append((delivered, sink.got, counts, dict(hub.metrics.sink_errors), hub.metrics.view("hub")))
     assert results[0] == results[1]
+
+
+# -- node A: a plain PUBLISH to the link, the link's batch at the turn end --------------------------------
+
+
+def _publishing_outcome(frames: list[bytes], fast: bool, setup: Any = None) -> tuple[Any, ...]:
+    """What a publisher's ``frames`` did on node A (link bytes, metrics, answers), fed plainly or through decode."""
+    from pubsubclub.frontends.wamp import WampRouter
+    from pubsubclub.frontends.wamp.transport import _BoundedJsonObjectSerializer, feed_session
+
+    federation, link, sent = _fixed_producer_side()
+    router = WampRouter(federation.hub)
+    federation.outbox.resume(link, "n2", psc.Resume(None, 0, (router.hub_topic("realm1", "com.example.t"),)))
+    publisher, publisher_t = _joined(router)
+    publisher._session_id = 4242  # random per session: one id on both routes (a disclosed publisher's bytes)
+    serializer = _json()
+    feed_session(_Connection(publisher), serializer, b'[16,1,{},"com.example.t",[0]]', None)  # the topic now known
+    if setup is not None:
+        setup(router, publisher)
+    if not fast:
+        class General(_BoundedJsonObjectSerializer):  # type: ignore[misc]
+            pass
+
+        serializer._serializer = General(serializer._serializer._bounds)
+    before = len(sent)
+    for frame in frames:
+        feed_session(_Connection(publisher), serializer, frame, None)
+    _, counters, _ = federation.hub.metrics.take_interval(0.0)
+    answers = [(type(m).__name__, getattr(m, "reason", None), getattr(m, "error", None)) for m in publisher_t.sent]
+    metrics = federation.hub.metrics
+    views = metrics.view("federation"), metrics.view("hub")
+    return sent[before:], sorted(counters.items()), views, federation.hub.stats, federation.outbox.summary(), answers
+
+
+@pytest.mark.parametrize("setup", [None, _deny, _too_large, _disclose, _raising_clock])
+def test_a_plain_publish_reaches_the_link_as_the_general_path_sends_it(setup: Any) -> None:
+    """Node A: plain PUBLISHes (good, new topic, bad URI, reserved, "%") leave the same link bytes, counts, answers."""
+    frames = [
+        b'[16,7,{},"com.example.t",["v"]]',
+        b'[16,8,{},"com.example.t",["100%d %s"]]',
+        b'[16,9,{},"com.example.t",[{"k":[1,null]}]]',
+        b'[16,10,{},"com.example.new",["v"]]',
+        b'[16,11,{},"com..bad",["v"]]',
+        b'[16,12,{},"wamp.reserved",["v"]]',
+        b'[16,13,{},"com.example.t",["' + b"x" * 300 + b'"]]',
+    ]
+    fast = _publishing_outcome(frames, fast=True, setup=setup)
+    assert fast == _publishing_outcome(frames, fast=False, setup=setup)
+    assert bool(fast[0]) is (setup not in (_too_large, _deny, _raising_clock))
+
+
+class _LinkFactory:
+    """A link protocol's factory: the reactor it asks for the turn's end."""
+
+    isServer = True
+
+    def __init__(self, reactor: Any) -> None:
+        self.reactor = reactor
+
+
+class _Batched:
+    batched = True
+
+
+def _batching_link(reactor: Any) -> Any:
+    """A link protocol (open, plain, 0.4+ session) on ``reactor``, writing to a recording transport."""
+    from pubsubclub.federation.transport import _LinkProtocolBase
+
+    class Link(_LinkProtocolBase, _Protocol):  # type: ignore[misc]
+        pass
+
+    link = Link()
+    link.factory = _LinkFactory(reactor)
+    link.session = _Batched()  # type: ignore[assignment]
+    return link
+
+
+def test_a_link_batch_asks_the_turn_end_once_per_turn_without_a_python_call() -> None:
+    """On the node's reactor a turn's messages leave as one frame at its end, asked once per turn through the list's
+    append; on another reactor (callLater(0)) the same frames leave."""
+    from twisted.internet.testing import MemoryReactorClock
+
+    from pubsubclub.net.reactor import TurnReactor
+
+    turn = TurnReactor.__new__(TurnReactor)  # its end-of-turn list only: no epoll, no waker to leave open
+    turn._turn_end = []
+    link = _batching_link(turn)
+    for data in (b"a", b"bb", b"c"):
+        link._send_text(data)
+    assert len(turn._turn_end) == 1 and type(link._ask_turn_end).__name__ == "builtin_function_or_method"
+    turn._end_turn()
+    link._send_text(b"d")
+    assert len(turn._turn_end) == 1
+    turn._end_turn()
+    on_turn = link.transport.writes
+    clock = MemoryReactorClock()
+    link = _batching_link(clock)
+    for data in (b"a", b"bb", b"c"):
+        link._send_text(data)
+    assert len(clock.getDelayedCalls()) == 1
+    clock.advance(0)
+    link._send_text(b"d")
+    clock.advance(0)
+    assert on_turn == link.transport.writes == [b"\x81\x06a\nbb\nc", b"\x81\x01d"]
+
+
+def test_a_link_frame_on_a_guarded_connection_asks_the_cap_only_with_bytes_queued() -> None:
+    """_write_frame on a listener's link (EdgeConnection): its queued bytes as unsent() counts them, 0 once closing."""
+    from pubsubclub.federation.transport import _LinkProtocolBase
+    from pubsubclub.net.edge import EdgeConnection
+
+    asked: list[Any] = []
+
+    class Federation:
+        def queue_cap(self, session: Any) -> int:
+            asked.append(session)
+            return 100
+
+        def link_overflow(self, session: Any, queued: int) -> None:
+            asked.append(("overflow", queued))
+
+    class Factory(_Factory):
+        federation = Federation()
+
+    class Buffer:
+        dataBuffer = b"xxxxxxxxxx"  # noqa: N815 - Twisted's name
+        offset = 4
+        _tempDataLen = 0
+
+    class Backlog:
+        paused = False
+        since_pause = 0
+
+    class Link(_Protocol):
+        _seal = None
+        _overflowed = False
+        session = "s"
+        dropped: Any = None
+
+        def dropConnection(self, abort: bool) -> None:  # noqa: N802 - Autobahn API
+            self.dropped = abort
+
+    link = Link()
+    link.factory = Factory()
+    link._backlog = Backlog()  # type: ignore[attr-defined]
+    edge = EdgeConnection.__new__(EdgeConnection)
+    edge.transport = wire = _Transport()
+    edge._buffer, edge.closing, edge._cap = None, False, 0
+    link.transport = edge  # type: ignore[assignment]
+    _LinkProtocolBase._write_frame(link, b"one")  # type: ignore[arg-type]
+    assert asked == [] and wire.writes == [b"\x81\x03one"]
+    buffer = edge._buffer = Buffer()
+    _LinkProtocolBase._write_frame(link, b"two")  # type: ignore[arg-type]
+    assert asked == ["s"] and len(wire.writes) == 2
+    buffer._tempDataLen = 95  # 6 + 95 queued: past the cap of 100
+    assert edge.unsent() == 101
+    edge.closing = True  # closing: nothing counts as queued, and the guard writes nothing more
+    _LinkProtocolBase._write_frame(link, b"three")  # type: ignore[arg-type]
+    assert asked == ["s"] and len(wire.writes) == 2 and link.dropped is None
+    edge.closing = False
+    _LinkProtocolBase._write_frame(link, b"four")  # type: ignore[arg-type]
+    assert asked == ["s", "s", ("overflow", 101)] and link.dropped is True and len(wire.writes) == 2
+
+
+def test_a_known_topic_skips_the_uri_match_and_a_new_one_is_matched(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A plain PUBLISH on a topic the router remembers makes no URI match; on a new one it matches, as before."""
+    from pubsubclub.frontends.wamp import transport
+
+    matched: list[str] = []
+
+    class Spy:
+        def fullmatch(self, topic: str) -> Any:
+            matched.append(topic)
+            return _LOOSE.fullmatch(topic)
+
+    _LOOSE = transport._LOOSE_URI
+    monkeypatch.setattr(transport, "_LOOSE_URI", Spy())
+    frames = [b'[16,7,{},"com.example.t",["v"]]', b'[16,8,{},"com.example.new",["v"]]',
+              b'[16,9,{},"com.example.new",["w"]]', b'[16,10,{},"com..bad",["v"]]']  # fmt: skip
+    fast = _publishing_outcome(frames, fast=True)
+    assert matched == ["com.example.t", "com.example.new", "com..bad"]  # the first: the warm-up publish, unknown
+    monkeypatch.setattr(transport, "_LOOSE_URI", _LOOSE)
+    assert fast == _publishing_outcome(frames, fast=False) and len(fast[0]) == 1  # the stream takes com.example.t
+
+
+@given(st.text(max_size=12))
+@settings(max_examples=300, deadline=None)
+def test_every_topic_the_router_remembers_is_one_the_plain_path_would_match(topic: str) -> None:
+    """What the router's URI check passes (and so may remember for publish) the plain path's expression matches."""
+    from pubsubclub.frontends.wamp.codec import _LOOSE_URI
+    from pubsubclub.frontends.wamp.uris import uri_problem
+
+    for uri in (topic, f"com.{topic}", f"{topic}.x", f"a.{topic}\n", f"b\u00a0{topic}", f"c\x85{topic}"):
+        if uri_problem(uri, 1000) is None:
+            assert _LOOSE_URI.fullmatch(uri) is not None, uri

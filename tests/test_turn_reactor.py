@@ -15,7 +15,7 @@ from twisted.internet.abstract import FileDescriptor
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import globalLogPublisher
 
-from pubsubclub.net.reactor import TurnReactor, at_turn_end
+from pubsubclub.net.reactor import TurnReactor, at_turn_end, turn_end_hook
 
 
 class _Reader(FileDescriptor):
@@ -189,3 +189,162 @@ def test_a_node_process_runs_on_the_turn_reactor() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ), check=True
     )
     assert out.stdout.strip() == "TurnReactor"
+
+
+def test_turn_end_hook_asks_without_a_python_call_and_again_within_the_turn(turn_reactor: TurnReactor) -> None:
+    """turn_end_hook on the node's reactor is its list's C append; calls asked through it (one asked while the turn
+    ends, too) run at the turn's end, in order, as at_turn_end's do."""
+    r = turn_reactor
+    ask = turn_end_hook(r)
+    assert type(ask).__name__ == "builtin_function_or_method"
+    seen: list[str] = []
+
+    def on_read() -> None:
+        ask(lambda: seen.append("a") or ask(lambda: seen.append("c")))
+        at_turn_end(r, lambda: seen.append("b"))
+
+    _, peer = _ready(r, seen, "read", on_read)
+    r.doIteration(5.0)
+    assert seen == ["read", "a", "b", "c"] and r._turn_end == [] and r.getDelayedCalls() == []
+    ask(lambda: seen.append("next turn"))
+    r.doIteration(0.0)
+    assert seen[-1] == "next turn"
+    peer.close()
+
+
+def test_turn_end_hook_on_other_reactors_is_a_call_later() -> None:
+    """On a reactor without the hook turn_end_hook asks a callLater(0), as at_turn_end does."""
+    clock = MemoryReactorClock()
+    seen: list[str] = []
+    turn_end_hook(clock)(lambda: seen.append("later"))
+    assert seen == [] and len(clock.getDelayedCalls()) == 1
+    clock.advance(0)
+    assert seen == ["later"]
+
+
+def _close(r: TurnReactor) -> None:
+    """Close what a hand-made reactor holds open (its epoll and waker): nothing left for the collector to warn of."""
+    r.removeAll()
+    if r.waker is not None:
+        r.waker.connectionLost(None)
+    r._poller.close()
+
+
+def test_the_main_loop_asks_twisted_for_timer_work_only_when_there_is_some() -> None:
+    """Busy turns with no timer due call no runUntilCurrent; timers (new, due, chained, from a thread, cancelled in
+    bulk) still run or are swept, and stop ends the loop."""
+    import threading
+
+    r = TurnReactor()
+    seen: list[str] = []
+    runs = turns = 0
+    twisteds_run, twisteds_iteration = r.runUntilCurrent, r.doIteration
+
+    def run() -> None:
+        nonlocal runs
+        runs += 1
+        twisteds_run()
+
+    def iteration(timeout: Any) -> None:
+        nonlocal turns
+        turns += 1
+        twisteds_iteration(timeout)
+
+    r.runUntilCurrent, r.doIteration = run, iteration  # type: ignore[method-assign]
+    reads = 0
+
+    def on_read() -> None:
+        nonlocal reads
+        reads += 1
+        if reads < 30:
+            peer.send(b"x")  # ready again: one more busy turn
+        else:
+            r.callLater(0, lambda: r.callLater(0.001, lambda: seen.append("chained")))
+            threading.Thread(target=lambda: r.callFromThread(seen.append, "thread")).start()
+            for call in [r.callLater(3600, seen.append, "never") for _ in range(60)]:
+                call.cancel()
+            r.callLater(0.05, r.stop)
+
+    reader, peer = _ready(r, seen, "read", on_read)
+    r.callLater(3600, seen.append, "far")  # a timer held, never due: the wait is bounded by it, nothing to run
+    try:
+        r.run(installSignalHandlers=False)
+        assert reads == 30 and "chained" in seen and "thread" in seen and "never" not in seen and "far" not in seen
+        assert turns >= 30 and runs < turns - 25, (runs, turns)
+        assert len(r._pendingTimedCalls) < 60  # the cancelled ones swept (Twisted's rule: more than 50, over half)
+    finally:
+        peer.close()
+        reader.sock.close()
+        _close(r)
+
+
+def test_an_error_escaping_a_turn_is_logged_as_critical_and_the_loop_goes_on(errors: list[dict[str, Any]]) -> None:
+    """What a turn raises is logged (critical) and the next turn runs, as in Twisted's main loop."""
+    r = TurnReactor()
+    twisteds_iteration = r.doIteration
+    failed = []
+
+    def iteration(timeout: Any) -> None:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("turn boom")
+        twisteds_iteration(timeout)
+
+    r.doIteration = iteration  # type: ignore[method-assign]
+    seen: list[str] = []
+    r.callLater(0.01, lambda: (seen.append("timer"), r.stop()))
+    try:
+        r.run(installSignalHandlers=False)
+    finally:
+        _close(r)
+    assert seen == ["timer"]
+    assert any("turn boom" in repr(e.get("log_failure")) and e.get("log_level").name == "critical" for e in errors)
+    errors.clear()
+
+
+def test_a_twisted_without_the_timer_attributes_gets_its_own_main_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mainLoop relies on Twisted's private timer state only where it exists; else Twisted's own loop runs."""
+    from twisted.internet.base import ReactorBase
+
+    from pubsubclub.net import reactor as reactor_module
+
+    twisteds_loop = ReactorBase.mainLoop
+    loops: list[Any] = []
+
+    def spy(self: Any) -> None:
+        loops.append(self)
+        twisteds_loop(self)
+
+    monkeypatch.setattr(ReactorBase, "mainLoop", spy)
+    for state, expected in ((reactor_module._TIMER_STATE, 0), (("_a_timer_attribute_twisted_renamed",), 1)):
+        monkeypatch.setattr(reactor_module, "_TIMER_STATE", state)
+        r = TurnReactor()
+        seen: list[str] = []
+        r.callLater(0.01, lambda: (seen.append("timer"), r.stop()))  # noqa: B023 - run before the next pass
+        try:
+            r.run(installSignalHandlers=False)
+        finally:
+            _close(r)
+        assert seen == ["timer"] and len(loops) == expected
+
+
+def test_a_failing_call_asked_during_a_turn_is_logged_and_the_others_run(
+    turn_reactor: TurnReactor, errors: list[dict[str, Any]]
+) -> None:
+    """At a turn's end (calls asked while its events were dispatched) one raising is logged; the rest still run."""
+    r = turn_reactor
+    seen: list[str] = []
+
+    def boom() -> None:
+        raise RuntimeError("turn-end boom")
+
+    def on_read() -> None:
+        r.at_turn_end(boom)
+        r.at_turn_end(lambda: seen.append("after") or r.at_turn_end(lambda: seen.append("asked again")))
+
+    _, peer = _ready(r, seen, "read", on_read)
+    r.doIteration(5.0)
+    assert seen == ["read", "after", "asked again"] and r._turn_end == []
+    assert any("turn-end boom" in repr(e.get("log_failure")) for e in errors)
+    errors.clear()
+    peer.close()

@@ -200,3 +200,50 @@ async def test_a_connection_with_a_producer_is_left_to_twisted() -> None:
         client.close()
         server.transport.abortConnection()
         await port.stopListening()
+
+
+@pytest_twisted.ensureDeferred
+async def test_a_producer_failing_at_the_turns_end_leaves_no_other_connection_corked() -> None:
+    """One corked connection whose producer raises on resume is logged; the turn's other connection still sends."""
+    from twisted.logger import globalLogPublisher
+
+    first, first_client, first_port = await _pair()
+    second, second_client, second_port = await _pair()
+    failures: list[Any] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if event.get("log_failure") is not None:
+            failures.append(event["log_failure"])
+
+    class Failing:
+        calls = 0
+
+        def resumeProducing(self) -> None:  # noqa: N802 - Twisted API
+            self.calls += 1
+            if self.calls > 1:  # the first is registerProducer's own
+                raise RuntimeError("producer boom")
+
+        def stopProducing(self) -> None:  # noqa: N802 - Twisted API
+            pass
+
+    globalLogPublisher.addObserver(observer)
+    try:
+        assert writethrough.install(first.transport) and writethrough.install(second.transport)
+        first.transport.write(b"a")  # sent in the call: both connections corked for the turn
+        second.transport.write(b"b")
+        first.transport.registerProducer(Failing(), False)
+        first.transport.write(b"c")
+        second.transport.write(b"d")
+        await _next_turn()
+        assert _recv_exactly(first_client, 2) == b"ac" and _recv_exactly(second_client, 2) == b"bd"
+        assert not first.transport.write.corked and not second.transport.write.corked
+        assert any("producer boom" in repr(f) for f in failures)
+        second.transport.write(b"e")  # not stuck behind a cork nobody flushes
+        assert _recv_exactly(second_client, 1) == b"e"
+    finally:
+        globalLogPublisher.removeObserver(observer)
+        first.transport.unregisterProducer()
+        for client, server, port in ((first_client, first, first_port), (second_client, second, second_port)):
+            client.close()
+            server.transport.abortConnection()
+            await port.stopListening()

@@ -51,7 +51,7 @@ from pubsubclub.federation.session import (
     Role,
 )
 from pubsubclub.net.edge import EdgeConnection, unsent_bytes
-from pubsubclub.net.reactor import at_turn_end
+from pubsubclub.net.reactor import turn_end_hook
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 from pubsubclub.net.wsframes import receive_data, send_message
 
@@ -205,6 +205,8 @@ class _LinkProtocolBase:
     _batch_bytes = 0
     #: A flush is asked for at this reactor turn's end (pubsubclub.net.reactor).
     _batch_due = False
+    #: How this link asks for the end of a turn: turn_end_hook(factory.reactor), made at the first batch.
+    _ask_turn_end: Callable[[Callable[[], None]], None] | None = None
     #: The largest frame the peer accepts (its X-PubSubClub-Max-Frame, at most ours), set once per link.
     _max_frame = psc.DEFAULT_LIMITS.max_message_size
     #: With a cluster secret, seals every frame after the proof and opens the peer's (None: plain link).
@@ -268,11 +270,19 @@ class _LinkProtocolBase:
             # No timer of any length: flushed when this reactor turn's work is done,
             # so a lone message leaves as soon as it would have unbatched.
             self._batch_due = True
-            at_turn_end(self.factory.reactor, self._turn_ended)
+            ask = self._ask_turn_end
+            if ask is None:
+                ask = self._ask_turn_end = turn_end_hook(self.factory.reactor)
+            ask(self._turn_ended)  # at_turn_end(reactor, ...), without its calls
 
     def _turn_ended(self) -> None:
+        # _flush_batch, without its call (once per turn a link sent in).
         self._batch_due = False
-        self._flush_batch()
+        pending = self._batch
+        self._batch = None
+        self._batch_bytes = 0
+        if pending and self.state == _OPEN:  # type: ignore[attr-defined]
+            self._write_frame(pending[0] if len(pending) == 1 else psc.BATCH_SEPARATOR.join(pending))
 
     def _flush_batch(self) -> None:
         """Send the gathered messages as one frame, one per line."""
@@ -288,8 +298,15 @@ class _LinkProtocolBase:
             if self._overflowed:
                 return
             transport = self.transport  # type: ignore[attr-defined]
-            # edge.unsent_bytes, without its call for a guarded connection (every listener's).
-            queued = transport.unsent() if type(transport) is EdgeConnection else unsent_bytes(transport, backlog)
+            if type(transport) is EdgeConnection:
+                # EdgeConnection.unsent, without its call (a guarded connection: every listener's).
+                buffer = transport._buffer
+                if buffer is None or transport.closing:
+                    queued = 0
+                else:
+                    queued = len(buffer.dataBuffer) - buffer.offset + buffer._tempDataLen
+            else:
+                queued = unsent_bytes(transport, backlog)
             federation: LinkHost = self.factory.federation
             # Nothing queued is never over a cap (a cap is at least 0): the usual frame asks no cap.
             if queued and queued > federation.queue_cap(self.session):

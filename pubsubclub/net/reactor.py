@@ -33,7 +33,7 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet import epollreactor
-from twisted.logger import Logger
+from twisted.logger import Logger, LogLevel
 from twisted.python import log as legacy_log
 
 log = Logger()
@@ -44,7 +44,7 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
 
     def __init__(self) -> None:
         super().__init__()
-        #: Callbacks for the end of the current turn, in the order asked.
+        #: Callbacks for the end of the current turn, in the order asked. Never replaced (turn_end_hook).
         self._turn_end: list[Callable[[], None]] = []
 
     def at_turn_end(self, fn: Callable[[], None]) -> None:
@@ -52,15 +52,17 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
         self._turn_end.append(fn)
 
     def _end_turn(self) -> None:
-        pending = self._turn_end
-        while pending:
-            self._turn_end = []
+        # The list itself stays (its ``append`` is handed out by turn_end_hook): the calls run from a copy
+        # and the list is emptied, so what they ask for lands in it and runs in this turn's next pass.
+        queue = self._turn_end
+        while queue:
+            pending = queue[:]
+            queue.clear()
             for fn in pending:
                 try:
                     fn()
                 except Exception:
                     log.failure("an end-of-turn call failed")
-            pending = self._turn_end
 
     def doPoll(self, timeout: float | None) -> None:  # noqa: N802 - Twisted API
         """Wait for events (at most ``timeout`` seconds), dispatch them, then end the turn."""
@@ -92,10 +94,67 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
                 # What _doReadOrWrite lets escape (a failing connectionLost):
                 # logged, as callWithLogger does, and the loop goes on.
                 legacy_log.err()
-        if self._turn_end:
-            self._end_turn()
+        queue = self._turn_end
+        while queue:
+            # _end_turn, without its call (once per turn that asked for its end: each relayed message's).
+            pending = queue[:]
+            queue.clear()
+            for fn in pending:
+                try:
+                    fn()
+                except Exception:
+                    log.failure("an end-of-turn call failed")
 
     doIteration = doPoll
+
+    def mainLoop(self) -> None:  # noqa: N802 - Twisted API
+        """Twisted's main loop (timers, then wait for events and dispatch them), its timer work done inline.
+
+        Each turn Twisted calls ``runUntilCurrent`` and ``timeout`` (each
+        inserting new timers first) inside a context manager that logs what
+        escapes: six Python calls per turn, on every relayed message's path
+        at a steady pace. Here ``runUntilCurrent`` (Twisted's) is called only
+        when it has something to do: a call from a thread, a timer new since
+        the last turn, one due, cancelled timers to sweep (Twisted's
+        threshold) or a stop; the wait is Twisted's ``timeout`` computed
+        inline when no timer is new (else its own). What escapes a turn is
+        logged as critical and the loop goes on, as Twisted's does. A
+        Twisted without the timer attributes read here gets its own loop.
+        """
+        if not all(hasattr(self, name) for name in _TIMER_STATE):
+            super().mainLoop()
+            return
+        while self._started:
+            try:
+                pending = self._pendingTimedCalls  # read each turn: Twisted replaces it when it sweeps
+                if (
+                    self.threadCallQueue
+                    or self._newTimedCalls
+                    or self._justStopped
+                    or self._cancellations > _CANCELLATIONS_KEPT
+                    or (pending and pending[0].time <= self.seconds())
+                ):
+                    self.runUntilCurrent()
+                    pending = self._pendingTimedCalls
+                if self._newTimedCalls:
+                    wait = self.timeout()
+                elif pending:
+                    # Never in the past, never longer than epoll_wait's millisecond int takes (Twisted's bounds).
+                    wait = max(0, min(_LONGEST_WAIT, pending[0].time - self.seconds()))
+                else:
+                    wait = None
+                self.doIteration(self.running and wait)
+            except BaseException:
+                log.failure("Unexpected error in main loop", level=LogLevel.critical)
+        log.info("Main loop terminated.")
+
+
+#: The attributes of Twisted's ReactorBase that mainLoop reads (private: checked before it relies on them).
+_TIMER_STATE = ("threadCallQueue", "_newTimedCalls", "_pendingTimedCalls", "_cancellations", "_justStopped")
+#: Twisted's runUntilCurrent sweeps cancelled timers out once more than this many are held (and half the heap).
+_CANCELLATIONS_KEPT = 50
+#: The longest wait Twisted's ``timeout`` gives: 2**31 ms as seconds (epoll_wait's timeout is a C int of ms).
+_LONGEST_WAIT = 2147483
 
 
 def install() -> bool:
@@ -115,3 +174,16 @@ def at_turn_end(reactor: Any, fn: Callable[[], None]) -> None:
         hook(fn)
     else:
         reactor.callLater(0, fn)
+
+
+def turn_end_hook(reactor: Any) -> Callable[[Callable[[], None]], None]:
+    """:func:`at_turn_end` bound to ``reactor``, to ask for the end of a turn without a Python call.
+
+    On a :class:`TurnReactor` it is its end-of-turn list's ``append`` (a C
+    method: asking costs no Python frame, once per message on a link or a
+    connection written through); on another reactor, ``at_turn_end`` itself.
+    Kept by whoever asks often (a link, a connection), made once.
+    """
+    if getattr(type(reactor), "at_turn_end", None) is TurnReactor.at_turn_end:
+        return reactor._turn_end.append  # type: ignore[no-any-return]
+    return lambda fn: at_turn_end(reactor, fn)

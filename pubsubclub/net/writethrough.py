@@ -33,8 +33,11 @@ from __future__ import annotations
 from typing import Any
 
 from twisted.internet import tcp
+from twisted.logger import Logger
 
-from pubsubclub.net.reactor import at_turn_end
+from pubsubclub.net.reactor import TurnReactor, at_turn_end
+
+log = Logger()
 
 #: The connection classes whose ``socket`` can be written directly (Unix connections derive from these).
 _DIRECT = (tcp.Connection,)
@@ -51,14 +54,50 @@ class _Turn:
         self.due = False
 
     def flush(self) -> None:
-        """The end of the turn: one send per corked connection; what is left goes to epoll."""
+        """The end of the turn: one send per corked connection; what is left goes to epoll.
+
+        Each connection's release is done here, not in a call per connection
+        and turn. One that raises (its producer's ``resumeProducing``) is
+        logged; the others are still released (none is left corked).
+        """
         self.due = False
         corked, self.corked = self.corked, []
         for through in corked:
-            through.release()
+            # Send what this turn wrote to the connection, in one send; anything the socket did not take waits
+            # for epoll.
+            through.corked = False
+            conn = through._conn
+            if not conn.connected or conn.disconnecting or not conn._tempDataLen:
+                # Closed meanwhile, or loseConnection() asked Twisted to flush and close: Twisted's.
+                if conn.connected and conn._tempDataLen:
+                    conn.startWriting()
+                continue
+            pending = conn._tempDataBuffer
+            data = pending[0] if len(pending) == 1 else b"".join(pending)
+            conn._tempDataBuffer = []
+            conn._tempDataLen = 0
+            try:
+                sent = through._sock.send(data)
+            except OSError:
+                sent = 0  # EAGAIN, or an error Twisted's own write path finds again and closes on
+            if sent == len(data):
+                producer = conn.producer
+                if producer is not None and (not conn.streamingProducer or conn.producerPaused):
+                    # As Twisted's doWrite does when its buffer drains: the producer may go on.
+                    conn.producerPaused = False
+                    try:
+                        producer.resumeProducing()
+                    except Exception:
+                        log.failure("a producer failed to resume after a write-through send")
+                continue
+            conn.dataBuffer = data[sent:]
+            conn.offset = 0
+            conn.startWriting()
 
 
 _turn = _Turn()
+#: Its flush, bound once (asked for at the end of every turn that corked a connection).
+_flush = _turn.flush
 
 
 class _WriteThrough:
@@ -71,7 +110,7 @@ class _WriteThrough:
         self._sock = conn.socket
         #: Twisted's own (the class's: on a connection switched to TLS with startTLS it encrypts).
         self._write = type(conn).write
-        #: Bytes of this turn wait in Twisted's buffer for :meth:`release`.
+        #: Bytes of this turn wait in Twisted's buffer for the turn's end (:meth:`_Turn.flush`).
         self.corked = False
 
     def __call__(self, data: bytes) -> None:
@@ -108,37 +147,15 @@ class _WriteThrough:
             turn.corked.append(self)
             if not turn.due:
                 turn.due = True
-                at_turn_end(conn.reactor, turn.flush)
+                reactor = conn.reactor
+                if type(reactor) is TurnReactor:
+                    # at_turn_end(reactor, turn.flush) on the node's reactor, without its calls or a bound method
+                    # made (turn_end_hook's append; no reference to the reactor kept here).
+                    reactor._turn_end.append(_flush)
+                else:
+                    at_turn_end(reactor, _flush)
             return
         self._write(conn, data)
-
-    def release(self) -> None:
-        """Send what this turn wrote, in one ``send``; anything the socket did not take waits for epoll."""
-        self.corked = False
-        conn = self._conn
-        if not conn.connected or conn.disconnecting or not conn._tempDataLen:
-            # Closed meanwhile, or loseConnection() asked Twisted to flush and close: Twisted's.
-            if conn.connected and conn._tempDataLen:
-                conn.startWriting()
-            return
-        pending = conn._tempDataBuffer
-        data = pending[0] if len(pending) == 1 else b"".join(pending)
-        conn._tempDataBuffer = []
-        conn._tempDataLen = 0
-        try:
-            sent = self._sock.send(data)
-        except OSError:
-            sent = 0  # EAGAIN, or an error Twisted's own write path finds again and closes on
-        if sent == len(data):
-            producer = conn.producer
-            if producer is not None and (not conn.streamingProducer or conn.producerPaused):
-                # As Twisted's doWrite does when its buffer drains: the producer may go on.
-                conn.producerPaused = False
-                producer.resumeProducing()
-            return
-        conn.dataBuffer = data[sent:]
-        conn.offset = 0
-        conn.startWriting()
 
 
 def install(transport: Any) -> bool:
@@ -154,7 +171,7 @@ def install(transport: Any) -> bool:
 def uninstall(transport: Any) -> None:
     """Give ``transport`` its class's ``write`` back (a closed connection: its write-through and it form a cycle).
 
-    A turn's pending :meth:`_WriteThrough.release` still holds the write-through and finds the connection closed.
+    A turn's pending :meth:`_Turn.flush` still holds the write-through and finds the connection closed.
     """
     if isinstance(vars(transport).get("write"), _WriteThrough):
         del transport.write

@@ -57,10 +57,11 @@ from twisted.web.server import Site
 from twisted.web.static import File
 
 from pubsubclub.core import jsonbounds
+from pubsubclub.core.counters import Source
 from pubsubclub.core.jsonbounds import _DIGIT_MASK, _LONG_RUN, JSONBounds, check
 from pubsubclub.frontends.wamp.broker import BrokerSession
-from pubsubclub.frontends.wamp.codec import _LOOSE_URI, _MAX_ID, PUBLISH, decode, decoded
-from pubsubclub.frontends.wamp.publishing import publish_plain
+from pubsubclub.frontends.wamp.codec import _LOOSE_URI, _MAX_ID, PUBLISH, PublishRequest, decode, decoded
+from pubsubclub.frontends.wamp.publishing import DISCLOSE_ALWAYS, publish
 from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.frontends.wamp.session import _ESTABLISHED
 from pubsubclub.net import wsframes
@@ -73,6 +74,8 @@ from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
 log = Logger()
+#: The published count's front-end, bound once (read per plain PUBLISH).
+_WAMP = Source.WAMP
 _OPEN = WampWebSocketServerProtocol.STATE_OPEN
 
 
@@ -224,8 +227,9 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
     :class:`~pubsubclub.frontends.wamp.codec.PublishRequest` (see
     :func:`~pubsubclub.frontends.wamp.codec.decode`); the plainest one (JSON
     ``[16, request, {}, topic, [value]]`` to an established broker session)
-    goes to :func:`~pubsubclub.frontends.wamp.publishing.publish_plain` without
-    it, the JSON decoded here without the serializer's and decode's calls.
+    does what :func:`~pubsubclub.frontends.wamp.publishing.publish_plain` does
+    without it (inline: its checks, then ``Hub.publish_plain`` or ``publish``),
+    the JSON decoded here without the serializer's and decode's calls.
     """
     session = owner._session
     if session is None:
@@ -273,9 +277,11 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
                         and len(args) == 1
                         and type(topic) is str
                         and session._state is _ESTABLISHED
-                        and _LOOSE_URI.fullmatch(topic) is not None
                     ):
-                        plain = True
+                        # A topic the router remembers passed its URI check (uris.uri_problem: the same loose
+                        # URI expression and more), so it needs no match here: the usual PUBLISH makes none.
+                        hub_topic = session._router.publish_topics.get((session._realm, topic))
+                        plain = hub_topic is not None or _LOOSE_URI.fullmatch(topic) is not None
                 if not plain:
                     messages = decoded(serializer, [value], len(payload))
     except ProtocolError as e:
@@ -291,7 +297,22 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
         return
     if plain:
         try:
-            publish_plain(session, request, topic, args[0], len(payload))
+            # publish_plain(session, request, topic, args[0], len(payload)), without its call: the same
+            # checks (topic known good: hub_topic, looked up above; role, disclosure, size); anything
+            # else is publish's, refusals too.
+            router = session._router
+            role = session._role
+            hub = router.hub
+            size = len(payload)
+            if (
+                hub_topic is None
+                or (role is not None and not role.may_publish(hub_topic))
+                or router.disclose_publisher == DISCLOSE_ALWAYS
+                or size >= hub.checked_from
+            ):
+                publish(session, PublishRequest(request, topic, args, None, None, None, None, size))
+            else:
+                hub.publish_plain(hub_topic, args[0], size, session, _WAMP)
         except Exception:
             session.internal_error("PublishRequest")  # as onMessage answers a raise
         return
