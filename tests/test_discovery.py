@@ -427,3 +427,51 @@ def test_node_with_a_frozen_agent_stops_within_its_shutdown_timeout(consul_clust
     assert "no answer within" not in log[:cut]
     # (The fixture's teardown fails the test on any traceback in the log: a watch cancelled while its
     # request was still connecting used to be logged as a critical "discovery task failed".)
+
+
+def test_consul_retry_and_watch_settings_reach_the_discovery(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """[consul] retry-initial, -factor, -max, -jitter, watch-wait and deregister-after reach the discovery."""
+    import argparse
+
+    from twisted.internet.testing import MemoryReactorClock
+
+    import pubsubclub.discovery.consul as consul_module
+    from pubsubclub.config.load import add_node_flags, node_config
+    from pubsubclub.federation.retry import RetryPolicy
+    from pubsubclub.node.node import Node
+
+    made: list[dict[str, Any]] = []
+
+    class Recorder:
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            made.append(kwargs)
+
+        def start(self) -> None:
+            pass
+
+        def stop(self) -> None:
+            pass
+
+    monkeypatch.setattr(consul_module, "ConsulDiscovery", Recorder)
+    parser = argparse.ArgumentParser()
+    add_node_flags(parser)
+    flags = ["--consul", "http://127.0.0.1:8500", "--data-dir", str(tmp_path)]
+    flags += ["--consul-retry-initial", "0.25", "--consul-retry-factor", "3", "--consul-retry-max", "40"]
+    flags += ["--consul-retry-jitter", "0.5", "--consul-watch-wait", "30", "--consul-deregister-after", "120"]
+    node = Node(node_config(parser.parse_args(flags)), MemoryReactorClock())
+    node._start_discovery()
+    (kwargs,) = made
+    assert kwargs["backoff"] == RetryPolicy(initial=0.25, factor=3.0, max_delay=40.0, jitter=0.5)
+    assert (kwargs["watch_wait"], kwargs["deregister_after"]) == (30.0, 120.0)
+    # The defaults are the values the discovery had before they were settings.
+    defaults = node_config(parser.parse_args(["--consul", "http://127.0.0.1:8500"])).consul
+    assert RetryPolicy(defaults.retry_initial, defaults.retry_factor, defaults.retry_max, defaults.retry_jitter) == (
+        RetryPolicy(initial=0.5, factor=2.0, max_delay=15.0, jitter=0.2)
+    )
+    assert (defaults.watch_wait, defaults.deregister_after) == (60.0, 600.0)
+    for flag, bad in (("retry_factor", 0.5), ("retry_jitter", 1.0), ("deregister_after", 30.0), ("watch_wait", 700.0)):
+        from pubsubclub.config import ConfigError, build
+
+        with pytest.raises(ConfigError) as info:
+            build({}, {"consul": "http://127.0.0.1:8500", f"consul_{flag}": bad})
+        assert info.value.key == "consul-" + flag.replace("_", "-")

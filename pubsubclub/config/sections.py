@@ -325,6 +325,50 @@ class ConsulSection:
     debounce: float = setting(
         0.5, "seconds of quiet before a membership change applies", metavar="S", advanced=True, min=0, max=60
     )
+    retry_initial: float = setting(
+        0.5,
+        "seconds before retrying a failed request to the Consul agent (registration, heartbeat, watch)",
+        metavar="S",
+        advanced=True,
+        min=0.01,
+        max=3600,
+    )
+    retry_factor: float = setting(
+        2.0, "growth of that delay per further failure", metavar="X", advanced=True, min=1.0, max=10.0
+    )
+    retry_max: float = setting(
+        15.0,
+        "longest delay between retries to the Consul agent, in seconds",
+        metavar="S",
+        advanced=True,
+        min=0.01,
+        max=3600,
+    )
+    retry_jitter: float = setting(
+        0.2,
+        "spread of each retry delay, as a fraction either way (nodes failing together do not retry together)",
+        metavar="F",
+        advanced=True,
+        min=0.0,
+        max=0.9,
+    )
+    watch_wait: float = setting(
+        60.0,
+        "longest a blocking query for the service's members waits at the agent, in seconds (Consul caps it at 600)",
+        metavar="S",
+        advanced=True,
+        min=1.0,
+        max=600.0,
+    )
+    deregister_after: float = setting(
+        600.0,
+        "the agent removes this node's service once its check has been critical this long, in seconds"
+        " (Consul's DeregisterCriticalServiceAfter; at least 60)",
+        metavar="S",
+        advanced=True,
+        min=60.0,
+        max=604_800.0,
+    )
 
 
 @dataclass(frozen=True)

@@ -600,6 +600,14 @@ class Node:
             health_url=self.urls.get("health"),
             ttl=section.ttl,
             debounce=section.debounce,
+            watch_wait=section.watch_wait,
+            deregister_after=section.deregister_after,
+            backoff=RetryPolicy(
+                initial=section.retry_initial,
+                factor=section.retry_factor,
+                max_delay=section.retry_max,
+                jitter=section.retry_jitter,
+            ),
             reactor=self.reactor,
         )
         self.discovery.start()
