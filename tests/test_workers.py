@@ -205,6 +205,11 @@ async def test_stats_sum_the_workers(nodes: tuple[NodeProcess, NodeProcess]) -> 
     assert stats["hub"]["published"] == sum(row["hub"]["published"] for row in workers)
     assert stats["wamp"]["sessions"] == sum(row["wamp_sessions"] for row in workers) == 2 + len(extra)
     assert wk.health()[1]["workers"] == {"count": 2, "linked": 2}
+    # The collector: each worker's own figures in its row, the node's counts added, its longest the maximum.
+    collectors = [row["gc"] for row in workers]
+    assert all(gc["frozen"] > 0 for gc in collectors)
+    assert stats["gc"]["frozen"] == sum(gc["frozen"] for gc in collectors)
+    assert stats["gc"]["max_full_ms"] == max(gc["max_full_ms"] for gc in collectors)
     # /metrics: every worker's series, labelled by worker.
     text = wk.metrics()
     published = [metric_value(text, "pubsubclub_events_total", event="published", worker=w) for w in ("0", "1")]

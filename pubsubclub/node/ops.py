@@ -162,11 +162,33 @@ class WorkersStatsResource(Resource):
         if isinstance(logins, dict) and isinstance(own.get("logins"), dict):
             # The processes share one table (federation/logins.py): each holds every source, so not summed.
             body["logins"] = {**logins, "sources": own["logins"].get("sources"), "shared": own["logins"].get("shared")}
+        body["gc"] = _node_gc([row["gc"] for row in rows if isinstance(row.get("gc"), dict)], own.get("gc"))
         body["workers"] = rows
         if not request.finished and not getattr(request, "_disconnected", False):
             request.setHeader(b"content-type", b"application/json")
             request.write(json.dumps(body).encode())
             request.finish()
+
+
+#: The collector's counts a node's ``gc`` adds over its workers; its longest full collections are their maximum.
+GC_SUMMED = ("frozen", "full_collections", "freezes", "thaws")
+GC_LONGEST = ("max_full_ms", "startup_full_ms")
+
+
+def _node_gc(each: list[dict[str, Any]], own: Any) -> Any:
+    """The node's ``gc``: the workers' counts added, the longest full collection of any (the rest the primary's)."""
+    if not each or not isinstance(own, dict):
+        return own
+    node = dict(own)
+    for key in GC_SUMMED:
+        values = [gc[key] for gc in each if isinstance(gc.get(key), (int, float))]
+        if values:
+            node[key] = sum(values)
+    for key in GC_LONGEST:
+        values = [gc[key] for gc in each if isinstance(gc.get(key), (int, float))]
+        if values:
+            node[key] = max(values)
+    return node
 
 
 def _worker_row(stats: dict[str, Any]) -> dict[str, Any]:
@@ -181,6 +203,7 @@ def _worker_row(stats: dict[str, Any]) -> dict[str, Any]:
         "wamp_sessions": wamp.get("sessions") if isinstance(wamp, dict) else None,
         "edge_caps": worker.get("edge_caps"),
         "logins": stats.get("logins"),
+        "gc": stats.get("gc"),
         "hub": stats.get("hub"),
         "remote_interest": stats.get("remote_interest"),
         "remote_patterns": stats.get("remote_patterns"),
