@@ -16,25 +16,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from helpers.logins import FAILED, POLICY, TOO_MANY
 from helpers.nodes import OPS_TOKEN, NodeProcess
 from helpers.rawws import RECV_SECONDS
 from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow
 
-POLICY = """\
-anonymous = false
-[roles.writer]
-subscribe = [""]
-publish = [""]
-[[principals]]
-authid = "alice"
-role = "writer"
-ticket = "the-real-ticket"
-"""
 FREE = 3
-TOO_MANY = "pubsubclub.error.too_many_auth_failures"
-FAILED = "wamp.error.authentication_failed"
 
 
 @pytest.fixture

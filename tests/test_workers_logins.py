@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.logins import FAILED, POLICY, TOO_MANY
 from helpers.nodes import OPS_TOKEN, NodeProcess, share_logs, unshare_logs
 from helpers.polling import wait_until
 from helpers.rawws import RECV_SECONDS
@@ -29,21 +30,9 @@ from websockets.sync.client import connect as ws_connect
 
 pytestmark = pytest.mark.slow
 
-POLICY = """\
-anonymous = false
-[roles.writer]
-subscribe = [""]
-publish = [""]
-[[principals]]
-authid = "alice"
-role = "writer"
-ticket = "the-real-ticket"
-"""
 FREE = 3
 #: Sources the node remembers (``--auth-max-sources``): small, so the flood test fills it.
 MAX_SOURCES = 40
-TOO_MANY = "pubsubclub.error.too_many_auth_failures"
-FAILED = "wamp.error.authentication_failed"
 #: Most attempts made to have each worker answer once (each lands on a worker with a chance of 1/2).
 MAX_TRIES = 40
 
