@@ -28,6 +28,8 @@ import signal
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -106,50 +108,56 @@ def child_timeout(args: argparse.Namespace) -> float:
     return 2 * (args.max_seconds + 30) + 120
 
 
-def run_child(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+def run_child(argv: list[str], timeout: float, grace: float = STOP_GRACE) -> tuple[int | None, str, str]:
     """Run ``argv`` in its own process group; (exit status or None on timeout, stdout, stderr).
 
-    Whatever ends the wait (the timeout, the bench's SIGTERM or Ctrl-C, an
-    exception), the child and every process it started are stopped before this returns or raises.
+    The child's stderr (its progress) is passed on as it comes, indented.
+    Whatever ends the wait (the child's exit, the timeout, the bench's SIGTERM
+    or Ctrl-C, an exception), the group is then emptied before this returns or
+    raises: after a timeout or an exception SIGTERM and ``grace`` seconds for
+    the child to unwind (its nodes' own stop), then SIGKILL to whatever is left.
+    The child (the group's leader) is reaped only after that SIGKILL, so the
+    group's id cannot have been reused by then.
     """
-    proc = subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    progress(f"  child pid {proc.pid}")
-    out, err, status = "", "", None
-    try:
-        out, err = proc.communicate(timeout=timeout)
-        status = proc.returncode
-    except subprocess.TimeoutExpired:
-        pass
-    finally:
-        if proc.returncode is None:
-            out, err = _stop_group(proc)
-    return status, out, err
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True
+        )
+        progress(f"  child pid {proc.pid}")
+        lines: list[str] = []
+        reader = threading.Thread(target=_pass_on, args=(proc.stderr, lines), daemon=True)
+        reader.start()
+        ended = False
+        try:
+            ended = _exited(proc.pid, timeout)
+        finally:
+            if not ended:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGTERM)
+                _exited(proc.pid, grace)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+            reader.join(10)  # its pipe closes with the group; a process outside it would only keep the thread
+        out.seek(0)
+        return (proc.returncode if ended else None), out.read(), "".join(lines)
 
 
-def _stop_group(proc: subprocess.Popen[str]) -> tuple[str, str]:
-    """SIGTERM to the child's process group, a grace period, SIGKILL to what is left; its output so far.
+def _exited(pid: int, seconds: float) -> bool:
+    """Whether child ``pid`` exits within ``seconds``; it is left unreaped (a zombie) for its group's SIGKILL."""
+    deadline = time.monotonic() + seconds
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
-    The child (the group's leader) is waited for without being reaped, so the
-    group's id cannot have been reused when the SIGKILL goes out.
-    """
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE
-    while time.monotonic() < deadline:
-        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-            break
-        time.sleep(0.05)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    try:
-        return proc.communicate(timeout=10)
-    except subprocess.TimeoutExpired:  # a process outside the group still holds a pipe: give up on the output
-        proc.kill()
-        proc.wait(10)
-        return "", ""
+
+def _pass_on(stream: Any, lines: list[str]) -> None:
+    """Keep a child's stderr lines and show each as a progress line of its own run."""
+    for line in stream:
+        lines.append(line)
+        progress(f"  {line.rstrip().removeprefix('bench: ')}")
 
 
 def run_record(kind: str, pair: int, position: int, result: dict[str, Any]) -> dict[str, Any]:
@@ -245,9 +253,6 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
             name = f"run {position} of {total} ({kind}, pair {pair} of {args.runs})"
             progress(f"{name}: pubsubclub bench{' --scenario floor' if kind == 'floor' else ''}")
             status, out, err = runner(child_argv(args, kind), timeout)
-            for line in err.splitlines():
-                if line.startswith(("bench: node pids:", "bench: relay pids:")):
-                    progress(f"  {line.removeprefix('bench: ')}")
             record = _parse(name, status, out, err, timeout, kind, pair, position)
             runs.append(record)
             progress(f"{name}: {_figures(record)}")
