@@ -121,24 +121,28 @@ def run_child(argv: list[str], timeout: float, grace: float = STOP_GRACE) -> tup
     """
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, text=True, start_new_session=True
-        )
-        progress(f"  child pid {proc.pid}")
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, text=True, errors="replace",
+            start_new_session=True,
+        )  # fmt: skip
         lines: list[str] = []
         reader = threading.Thread(target=_pass_on, args=(proc.stderr, lines), daemon=True)
-        reader.start()
         ended = False
         try:
+            progress(f"  child pid {proc.pid}")
+            reader.start()
             ended = _exited(proc.pid, timeout)
         finally:
-            if not ended:
+            try:
+                if not ended:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    _exited(proc.pid, grace)
+            finally:  # even when a second Ctrl-C or SIGTERM cuts the grace short
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGTERM)
-                _exited(proc.pid, grace)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-            reader.join(10)  # its pipe closes with the group; a process outside it would only keep the thread
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            if reader.is_alive():
+                reader.join(10)  # its pipe closes with the group; a process outside it would only keep the thread
         out.seek(0)
         return (proc.returncode if ended else None), out.read(), "".join(lines)
 
