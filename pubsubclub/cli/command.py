@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls", "pycalls", "floor"],
+        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls", "pycalls", "floor", "tail"],
         default="wamp",
         help="wamp: cross-node WAMP throughput and latency (default); link: node to node with no WAMP client;"
         " peers: the wamp runs against pubsubclub and Crossbar.io (make bench-peers); stream: durable stream publish"
@@ -66,7 +66,9 @@ def parser() -> argparse.ArgumentParser:
         " calls: cross-node RPC, Autobahn caller on A, callee on B;"
         " pycalls: Python calls per paced message on nodes A and B (counted, not timed);"
         " floor: the wamp latency run through two minimal relays instead of nodes (--nodes 1: one), the clients'"
-        " and the machine's own floor",
+        " and the machine's own floor;"
+        " tail: issue 22's tail bar in one command: --runs default runs alternating with as many floor runs, then"
+        " the verdict (runs over --bar-ms, medians, the nodes' p99 minus the floor's per pair)",
     )
     bench.add_argument(
         "--client",
@@ -91,7 +93,13 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--window", type=int, help="wamp --client lean, link: messages in flight (default 20000); calls: calls (100)"
     )
-    bench.add_argument("--runs", type=int, default=1, help="peers: runs per figure, the median is shown (default 1)")
+    bench.add_argument(
+        "--runs", type=int, help="peers: runs per figure, the median is shown (default 1); tail: default runs (10)"
+    )
+    bench.add_argument("--no-floor", action="store_true", help="tail: only the default runs, no floor run between them")
+    bench.add_argument(
+        "--bar-ms", type=float, default=1.0, help="tail: the bar, p99 in milliseconds each run must meet (default 1.0)"
+    )
     bench.add_argument(
         "--clients", help="peers: comma-separated autobahn-json-ws, autobahn-msgpack-rs, lean (default: all)"
     )
@@ -206,6 +214,8 @@ def _run_bench(args: argparse.Namespace) -> int:
         args.count = 500 if pycalls else 50_000
     if args.transport is None:
         args.transport = "rawsocket" if pycalls else "websocket"
+    if args.runs is None:
+        args.runs = 10 if args.scenario == "tail" else 1
     if pycalls:
         from pubsubclub.bench.pycalls import run_pycalls_bench
 
@@ -234,6 +244,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from pubsubclub.bench.floor import run_floor_bench
 
         return run_floor_bench(args)
+    if args.scenario == "tail":
+        from pubsubclub.bench.tail import run_tail_bench
+
+        return run_tail_bench(args)
     if args.scenario == "stream":
         from pubsubclub.bench.stream import run_stream_bench
 

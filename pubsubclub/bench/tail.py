@@ -1,0 +1,346 @@
+"""``pubsubclub bench --scenario tail``: issue 22's tail bar checked in one command.
+
+The bar: p99 at 1,000 msgs/s at most 1 ms in every one of 10 consecutive
+``pubsubclub bench`` runs. This scenario runs ``--runs`` (default 10) default
+``pubsubclub bench`` runs, each as its own ``python -m pubsubclub bench --json``
+child process (fresh nodes, the throughput run, then the latency run: exactly
+what a user's separate invocation does), and unless ``--no-floor`` alternates
+them with as many ``--scenario floor`` runs (floor, nodes, floor, nodes, ...),
+so that the nodes and the instrument's own floor see the same minutes of the
+machine. Then the verdict (:func:`verdict`, a pure function of the runs): per
+side the runs over ``--bar-ms`` or with a lost message, "met in k of N", the
+medians, and the nodes' p99 minus the floor's p99 of each pair.
+
+Each child runs in its own process group; a child that fails, prints no
+results or outlives :func:`child_timeout` is stopped with everything it
+started (SIGTERM to the group, SIGKILL to what is left) and named in the error.
+The bench's own SIGTERM, Ctrl-C or an exception does the same to the running
+child.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pubsubclub.bench.nodes import machine, progress
+
+#: Most runs per side: a bound on the loop (10 is the bar; 100 pairs take over an hour).
+MAX_RUNS = 100
+#: Seconds a stopped child has to unwind (its nodes' own stop) before its process group is killed.
+STOP_GRACE = 30.0
+#: The child runs' lines shown in an error about them.
+ERROR_LINES = 12
+
+#: Options of ``pubsubclub bench`` that do not apply to the bar's runs, with the value that means "not given".
+REFUSED: dict[str, tuple[str, Any]] = {
+    "--target": ("target", None),
+    "--target-ops": ("target_ops", None),
+    "--client": ("client", "autobahn"),
+    "--serializer": ("serializer", "json"),
+    "--transport": ("transport", "websocket"),
+    "--workers": ("workers", 1),
+    "--publishers": ("publishers", 1),
+    "--subscribers": ("subscribers", None),
+    "--window": ("window", None),
+    "--clients": ("clients", None),
+    "--topology": ("topology", "both"),
+    "--calls": ("calls", None),
+    "--rows": ("rows", "events,calls,idle,fanout"),
+    "--fanout-messages": ("fanout_messages", None),
+    "--sessions": ("sessions", 10_000),
+    "--batch": ("batch", 1000),
+    "--relaxed": ("relaxed", False),
+    "--cluster-secret-file": ("cluster_secret_file", None),
+}
+
+#: Runs a child: (argv, timeout) -> (exit status, or None when it timed out; its stdout; its stderr).
+Runner = Callable[[list[str], float], tuple["int | None", str, str]]
+
+
+def check_tail_args(args: argparse.Namespace) -> None:
+    """SystemExit for settings the bar's runs cannot take, before anything starts."""
+    given = [flag for flag, (dest, default) in REFUSED.items() if getattr(args, dest, default) != default]
+    if getattr(args, "nodes", None) not in (None, 2):
+        given.insert(0, "--nodes")
+    if given:
+        raise SystemExit(
+            f"pubsubclub: error: --scenario tail runs the default bench (Autobahn clients, JSON over WebSocket, two"
+            f" local nodes of one worker) and --scenario floor: {', '.join(given)} does not apply (it takes --runs,"
+            " --no-floor, --bar-ms, --size, --rate, --latency-count, --count, --max-seconds, --realm)"
+        )
+    if not 1 <= args.runs <= MAX_RUNS:
+        raise SystemExit(f"pubsubclub: error: --runs takes 1 to {MAX_RUNS} here")
+    if not args.bar_ms > 0:
+        raise SystemExit("pubsubclub: error: --bar-ms must be above 0")
+    if args.rate < 1 or args.latency_count < 1 or args.count < 1 or args.size < 0 or not args.max_seconds > 0:
+        raise SystemExit(
+            "pubsubclub: error: --rate, --latency-count and --count must be at least 1, --size at least 0,"
+            " --max-seconds above 0"
+        )
+
+
+def child_argv(args: argparse.Namespace, kind: str) -> list[str]:
+    """The ``pubsubclub bench`` command of one run: ``kind`` "nodes" (the default bench) or "floor"."""
+    common = ["--size", str(args.size), "--rate", str(args.rate), "--latency-count", str(args.latency_count),
+              "--max-seconds", f"{args.max_seconds:g}", "--realm", args.realm, "--json"]  # fmt: skip
+    if kind == "floor":
+        return [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "floor", *common]
+    return [sys.executable, "-m", "pubsubclub", "bench", "--count", str(args.count), *common]
+
+
+def child_timeout(args: argparse.Namespace) -> float:
+    """Seconds one child run may take: its two runs' own bounds (``--max-seconds`` + 30 each) and 120 for the rest.
+
+    A child normally ends within its own bounds and reports why; this one is for a child that hangs.
+    """
+    return 2 * (args.max_seconds + 30) + 120
+
+
+def run_child(argv: list[str], timeout: float, grace: float = STOP_GRACE) -> tuple[int | None, str, str]:
+    """Run ``argv`` in its own process group; (exit status or None on timeout, stdout, stderr).
+
+    The child's stderr (its progress) is passed on as it comes, indented.
+    Whatever ends the wait (the child's exit, the timeout, the bench's SIGTERM
+    or Ctrl-C, an exception), the group is then emptied before this returns or
+    raises: after a timeout or an exception SIGTERM and ``grace`` seconds for
+    the child to unwind (its nodes' own stop), then SIGKILL to whatever is left.
+    The child (the group's leader) is reaped only after that SIGKILL, so the
+    group's id cannot have been reused by then.
+    """
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.PIPE, text=True, errors="replace",
+            start_new_session=True,
+        )  # fmt: skip
+        lines: list[str] = []
+        reader = threading.Thread(target=_pass_on, args=(proc.stderr, lines), daemon=True)
+        ended = False
+        try:
+            progress(f"  child pid {proc.pid}")
+            reader.start()
+            ended = _exited(proc.pid, timeout)
+        finally:
+            try:
+                if not ended:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGTERM)
+                    _exited(proc.pid, grace)
+            finally:  # even when a second Ctrl-C or SIGTERM cuts the grace short
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+            if reader.is_alive():
+                reader.join(10)  # its pipe closes with the group; a process outside it would only keep the thread
+        out.seek(0)
+        return (proc.returncode if ended else None), out.read(), "".join(lines)
+
+
+def _exited(pid: int, seconds: float) -> bool:
+    """Whether child ``pid`` exits within ``seconds``; it is left unreaped (a zombie) for its group's SIGKILL."""
+    deadline = time.monotonic() + seconds
+    while os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True
+
+
+def _pass_on(stream: Any, lines: list[str]) -> None:
+    """Keep a child's stderr lines and show each as a progress line of its own run."""
+    for line in stream:
+        lines.append(line)
+        progress(f"  {line.rstrip().removeprefix('bench: ')}")
+
+
+def run_record(kind: str, pair: int, position: int, result: dict[str, Any]) -> dict[str, Any]:
+    """One run's figures from its child's JSON results (``kind`` "nodes" or "floor")."""
+    lat = result["latency"]
+    lm = lat.get("latency_ms") or {}
+    record: dict[str, Any] = {
+        "kind": kind,
+        "pair": pair,
+        "position": position,
+        "p50": lm.get("p50"),
+        "p99": lm.get("p99"),
+        "p999": lm.get("p999"),
+        "max": lm.get("max"),
+        "sent": lat["sent"],
+        "received": lat["received"],
+        "lost": lat["lost"],
+        "server_cpu_us_per_msg": lat.get("server_cpu_us_per_msg"),
+        "slowest_positions": lat.get("slowest_positions"),
+        "load_average": result.get("machine", {}).get("load_average"),
+    }
+    if kind == "nodes":
+        t = result["throughput"]
+        record["throughput_lost"] = t["lost"]
+        record["throughput"] = {key: t.get(key) for key in ("sent", "received", "delivered_rate",
+                                                             "server_cpu_us_per_msg")}  # fmt: skip
+    return record
+
+
+def _median(values: Sequence[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
+
+
+def _side(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
+    """One side's verdict: runs over the bar (or without a p99), runs that lost a message, medians."""
+    over = [r["pair"] for r in runs if r["p99"] is None or r["p99"] > bar_ms]
+    lost = [r["pair"] for r in runs if r["lost"] or r.get("throughput_lost")]
+    met_runs = sum(1 for r in runs if r["pair"] not in over and r["pair"] not in lost)
+    return {
+        "runs": len(runs),
+        "met_runs": met_runs,
+        "met": bool(runs) and met_runs == len(runs),
+        "over_bar": over,
+        "lost": lost,
+        "median_ms": {key: _median([r[key] for r in runs]) for key in ("p50", "p99", "p999", "max")},
+        "median_server_cpu_us_per_msg": _median([r["server_cpu_us_per_msg"] for r in runs]),
+    }
+
+
+def verdict(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
+    """The bar's verdict from the run records (:func:`run_record`): per side, and the nodes' p99 over the floor's.
+
+    A run meets the bar when its p99 is at or under ``bar_ms`` and it lost no
+    message (in the latency run, nor in the nodes' throughput run); a side meets
+    it when every run does. Without floor runs the floor's fields are None.
+    """
+    nodes = [r for r in runs if r["kind"] == "nodes"]
+    floor = [r for r in runs if r["kind"] == "floor"]
+    paired: list[float | None] | None = None
+    if floor:
+        floor_p99 = {r["pair"]: r["p99"] for r in floor}
+        paired = []
+        for r in nodes:
+            other = floor_p99.get(r["pair"])
+            paired.append(None if r["p99"] is None or other is None else r["p99"] - other)
+    return {
+        "bar_ms": bar_ms,
+        "nodes": _side(nodes, bar_ms),
+        "floor": _side(floor, bar_ms) if floor else None,
+        "paired_p99_ms": paired,
+        "median_paired_p99_ms": _median(paired) if paired is not None else None,
+    }
+
+
+def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
+    """Run the pairs (floor, nodes, ...) one after the other, print each run's figures and the verdict."""
+    check_tail_args(args)
+    kinds = ["nodes"] if args.no_floor else ["floor", "nodes"]
+    total = args.runs * len(kinds)
+    timeout = child_timeout(args)
+    progress(
+        f"settings: --scenario tail --runs {args.runs} --bar-ms {args.bar_ms:g}{' --no-floor' if args.no_floor else ''}"
+        f" --count {args.count} --size {args.size} --rate {args.rate} --latency-count {args.latency_count}"
+        f" --max-seconds {args.max_seconds:g} --realm {args.realm} (defaults: 10, 1, floor on, 50000, 100, 1000, 5000,"
+        f" 60, realm1); {total} child runs ({' then '.join(kinds)}, x {args.runs}), each bounded by {timeout:g} s"
+    )
+    before = machine()
+    runs: list[dict[str, Any]] = []
+    for pair in range(1, args.runs + 1):
+        for kind in kinds:
+            position = len(runs) + 1
+            name = f"run {position} of {total} ({kind}, pair {pair} of {args.runs})"
+            progress(f"{name}: pubsubclub bench{' --scenario floor' if kind == 'floor' else ''}")
+            status, out, err = runner(child_argv(args, kind), timeout)
+            record = _parse(name, status, out, err, timeout, kind, pair, position)
+            runs.append(record)
+            progress(f"{name}: {_figures(record)}")
+    results = {
+        "machine": before,
+        "load_average_after": machine()["load_average"],
+        "scenario": "tail",
+        "runs": args.runs,
+        "floor": not args.no_floor,
+        "order": kinds,
+        "size": args.size,
+        "rate": args.rate,
+        "latency_count": args.latency_count,
+        "count": args.count,
+        "serializer": "json",
+        "transport": "websocket",
+        "nodes_runs": [r for r in runs if r["kind"] == "nodes"],
+        "floor_runs": None if args.no_floor else [r for r in runs if r["kind"] == "floor"],
+        "verdict": verdict(runs, args.bar_ms),
+    }
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        print(human(results))
+    return 0
+
+
+def _parse(
+    name: str, status: int | None, out: str, err: str, timeout: float, kind: str, pair: int, position: int
+) -> dict[str, Any]:
+    """The run's record; SystemExit naming the run when it failed, timed out or printed no results."""
+    why = ""
+    if status is None:
+        why = f"did not end within {timeout:g} s (stopped with everything it started)"
+    elif status != 0:
+        why = f"exited with status {status}"
+    else:
+        try:
+            return run_record(kind, pair, position, json.loads(out))
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            why = f"printed no usable results ({type(e).__name__}: {e})"
+    lines = err.strip().splitlines()[-ERROR_LINES:]
+    shown = "; its last lines on stderr:\n  " + "\n  ".join(lines) if lines else " (nothing on stderr)"
+    raise SystemExit(f"pubsubclub: error: bench --scenario tail: {name} {why}{shown}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def _figures(r: dict[str, Any]) -> str:
+    cpu = r["server_cpu_us_per_msg"]
+    return (
+        f"p50 {_ms(r['p50'])}, p99 {_ms(r['p99'])}, p99.9 {_ms(r['p999'])}, max {_ms(r['max'])} ms, lost {r['lost']}"
+        + (f" (throughput run {r['throughput_lost']})" if "throughput_lost" in r else "")
+        + f"; servers' CPU {'-' if cpu is None else f'{cpu:.1f}'} us/msg"
+    )
+
+
+def _side_text(what: str, side: dict[str, Any], bar_ms: float) -> str:
+    m = side["median_ms"]
+    over = ", ".join(map(str, side["over_bar"])) or "none"
+    lost = ", ".join(map(str, side["lost"])) or "none"
+    return (
+        f"{what}: bar {'MET' if side['met'] else 'NOT MET'}: p99 <= {bar_ms:g} ms with no message lost in"
+        f" {side['met_runs']} of {side['runs']} runs (over the bar: pairs {over}; lost messages: pairs {lost});"
+        f" medians p50 {_ms(m['p50'])}, p99 {_ms(m['p99'])}, p99.9 {_ms(m['p999'])}, max {_ms(m['max'])} ms"
+    )
+
+
+def human(results: dict[str, Any]) -> str:
+    """The results as text: one line per run, then the verdict."""
+    v = results["verdict"]
+    lines = [
+        f"tail: {results['runs']} pairs of runs ({', '.join(results['order'])}) at {results['rate']}/s,"
+        f" {results['latency_count']} messages each; bar: p99 <= {v['bar_ms']:g} ms, no message lost",
+    ]
+    for r in sorted(results["nodes_runs"] + (results["floor_runs"] or []), key=lambda r: r["position"]):
+        lines.append(f"  pair {r['pair']:>3} {r['kind']:<5}: {_figures(r)}")
+    lines.append(_side_text("nodes", v["nodes"], v["bar_ms"]))
+    if v["floor"] is not None:
+        lines.append(_side_text("floor", v["floor"], v["bar_ms"]))
+        each = ", ".join("-" if d is None else f"{d:+.3f}" for d in v["paired_p99_ms"])
+        median = v["median_paired_p99_ms"]
+        shown = "-" if median is None else f"{median:+.3f}"
+        lines.append(f"nodes' p99 minus the floor's, per pair: {each} ms; median {shown} ms")
+    return "\n".join(lines)

@@ -1,0 +1,270 @@
+"""``pubsubclub bench --scenario tail``: the bar's verdict from fabricated runs, one tiny real run, refusals, failures.
+
+The verdict is a pure function of the run records, tested with made-up
+figures. The real run is tiny (2 pairs of 200 paced messages) and asserts
+only structure, order and that nothing is lost or left running: never a
+latency value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any
+
+import pytest
+from helpers.nodes import REPO
+
+from pubsubclub.bench.tail import check_tail_args, run_child, run_tail_bench, verdict
+from pubsubclub.cli.command import parser
+
+
+def run(kind: str, pair: int, p99: float | None, lost: int = 0, **more: Any) -> dict[str, Any]:
+    """A fabricated run record with ``p99`` (the other percentiles derived from it)."""
+    record: dict[str, Any] = {
+        "kind": kind, "pair": pair, "position": 0, "p50": None if p99 is None else p99 / 2, "p99": p99,
+        "p999": None if p99 is None else p99 * 2, "max": None if p99 is None else p99 * 3, "lost": lost,
+        "server_cpu_us_per_msg": 100.0,
+    }  # fmt: skip
+    if kind == "nodes":
+        record["throughput_lost"] = 0
+    return {**record, **more}
+
+
+def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
+    """Each of ``pids`` is gone within ``timeout`` (a killed orphan is a zombie until init reaps it)."""
+    deadline = time.monotonic() + timeout
+    for pid in pids:
+        while True:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                break
+            assert time.monotonic() < deadline, f"{pid} outlived the bench"
+            time.sleep(0.05)
+
+
+def tail_args(*flags: str) -> argparse.Namespace:
+    """``pubsubclub bench --scenario tail FLAGS`` as parsed, with the defaults the bench fills in given explicitly."""
+    return parser().parse_args(
+        ["bench", "--scenario", "tail", "--runs", "2", "--count", "500", "--transport", "websocket", *flags]
+    )
+
+
+# -- the verdict, a pure function of the runs --------------------------------------------------------------------------
+
+
+def test_a_run_exactly_at_the_bar_meets_it() -> None:
+    """p99 equal to the bar counts as met; a hair above does not, and names its pair."""
+    v = verdict([run("nodes", 1, 1.0), run("nodes", 2, 1.0000001)], 1.0)
+    assert v["nodes"]["met_runs"] == 1 and v["nodes"]["over_bar"] == [2] and v["nodes"]["met"] is False
+    v = verdict([run("nodes", 1, 1.0), run("nodes", 2, 0.5)], 1.0)
+    assert (v["nodes"]["met_runs"], v["nodes"]["met"], v["nodes"]["over_bar"]) == (2, True, [])
+
+
+def test_a_lost_message_fails_the_run_whatever_its_p99() -> None:
+    """A message lost in the latency run, or in the nodes' throughput run, fails that run though its p99 is low."""
+    v = verdict([run("nodes", 1, 0.5, lost=1), run("nodes", 2, 0.5, throughput_lost=3), run("nodes", 3, 0.5)], 1.0)
+    assert (v["nodes"]["met_runs"], v["nodes"]["met"], v["nodes"]["lost"], v["nodes"]["over_bar"]) == (1, False, [1, 2],
+                                                                                                        [])  # fmt: skip
+
+
+def test_a_run_without_a_p99_does_not_meet_the_bar() -> None:
+    """A run with no latency figures (no message arrived) is counted over the bar and left out of the medians."""
+    v = verdict([run("nodes", 1, None, lost=200), run("nodes", 2, 0.8)], 1.0)
+    assert v["nodes"]["over_bar"] == [1] and v["nodes"]["median_ms"]["p99"] == 0.8
+
+
+def test_medians_of_an_even_count_are_the_mean_of_the_middle_two() -> None:
+    """Four runs: each percentile's median is the mean of the two middle values."""
+    v = verdict([run("nodes", i + 1, p99) for i, p99 in enumerate((0.9, 1.3, 0.7, 1.1))], 1.0)
+    m = v["nodes"]["median_ms"]
+    assert m["p99"] == pytest.approx(1.0) and m["p50"] == pytest.approx(0.5) and m["max"] == pytest.approx(3.0)
+    assert v["nodes"]["median_server_cpu_us_per_msg"] == 100.0 and v["nodes"]["over_bar"] == [2, 4]
+
+
+def test_the_paired_difference_is_each_pairs_nodes_p99_minus_its_floor_p99() -> None:
+    """Each pair's nodes p99 minus the same pair's floor p99, in pair order, and their median; both sides judged."""
+    runs = [run("floor", 1, 0.8), run("nodes", 1, 0.95), run("floor", 2, 1.05), run("nodes", 2, 1.1),
+            run("floor", 3, 0.7), run("nodes", 3, 1.0)]  # fmt: skip
+    v = verdict(runs, 1.0)
+    assert v["paired_p99_ms"] == pytest.approx([0.15, 0.05, 0.3]) and v["median_paired_p99_ms"] == pytest.approx(0.15)
+    assert (v["nodes"]["met_runs"], v["nodes"]["over_bar"]) == (2, [2])
+    assert (v["floor"]["met_runs"], v["floor"]["over_bar"], v["floor"]["met"]) == (2, [2], False)
+
+
+def test_without_floor_runs_the_floor_fields_are_none() -> None:
+    """``--no-floor``: only the nodes are judged; the floor's side and the paired difference are None."""
+    v = verdict([run("nodes", 1, 0.9), run("nodes", 2, 0.8)], 1.0)
+    assert (v["floor"], v["paired_p99_ms"], v["median_paired_p99_ms"]) == (None, None, None)
+    assert v["nodes"]["met"] is True and v["bar_ms"] == 1.0
+
+
+# -- refusals, before anything starts ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [("--target", "ws://a", "ws://b"), ("--client", "lean"), ("--workers", "2"), ("--serializer", "msgpack"),
+     ("--transport", "rawsocket"), ("--nodes", "1"), ("--subscribers", "4"), ("--runs", "0"),
+     ("--runs", "101"), ("--bar-ms", "0"), ("--rate", "0"), ("--max-seconds", "0")],
+    ids=lambda flags: " ".join(flags),
+)  # fmt: skip
+def test_tail_refuses_what_the_bars_runs_do_not_take(flags: tuple[str, ...]) -> None:
+    """Options that do not apply to the default bench or the floor, and out-of-range ones, are refused by name."""
+    with pytest.raises(SystemExit, match=r"^pubsubclub: error: .*(" + re.escape(flags[0]) + ")"):
+        check_tail_args(tail_args(*flags))
+    check_tail_args(tail_args("--no-floor", "--bar-ms", "1.5", "--size", "10", "--realm", "r", "--nodes", "2"))
+
+
+def test_tail_refusal_comes_before_any_run() -> None:
+    """From the command line: the error on stderr, exit status 1, and no run started."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "tail", "--client", "lean"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1 and "pubsubclub: error: --scenario tail" in result.stderr
+    assert "--client" in result.stderr and "run 1" not in result.stderr and result.stdout == ""
+
+
+# -- a failing or hanging child ----------------------------------------------------------------------------------------
+
+FLOOR_RESULT = {
+    "machine": {"load_average": 0.5},
+    "latency": {"latency_ms": {"p50": 0.5, "p99": 0.9, "p999": 1.0, "max": 1.2}, "sent": 10, "received": 10, "lost": 0,
+                "server_cpu_us_per_msg": 140.0, "slowest_positions": [1, 2, 3, 4, 5]},
+}  # fmt: skip
+
+
+def test_a_failing_child_run_is_named_with_its_last_lines() -> None:
+    """The floor run succeeds, the nodes run exits 3: the error names run 2 (nodes, pair 1), its status and stderr."""
+    seen: list[list[str]] = []
+
+    def runner(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+        seen.append(argv)
+        if "floor" in argv:
+            return 0, json.dumps(FLOOR_RESULT), ""
+        return run_child([sys.executable, "-c", "import sys; print('bench: boom on node A', file=sys.stderr); "
+                          "sys.exit(3)"], timeout)  # fmt: skip
+
+    with pytest.raises(SystemExit) as raised:
+        run_tail_bench(tail_args("--runs", "1"), runner)
+    message = str(raised.value.code)
+    assert message.startswith("pubsubclub: error: bench --scenario tail: run 2 of 2 (nodes, pair 1 of 1)")
+    assert "exited with status 3" in message and "bench: boom on node A" in message
+    assert [argv[3:5] for argv in seen] == [["bench", "--scenario"], ["bench", "--count"]]
+
+
+def test_a_child_that_prints_no_results_is_an_error() -> None:
+    """Exit status 0 but no JSON on stdout: the run is named, nothing is judged."""
+    with pytest.raises(SystemExit, match=r"run 1 of 2 \(floor, pair 1 of 1\) printed no usable results"):
+        run_tail_bench(tail_args("--runs", "1"), lambda argv, timeout: (0, "not json", ""))
+
+
+HANGING_CHILD = textwrap.dedent("""
+    import signal, subprocess, sys, time
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    grand = subprocess.Popen([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM,"
+                              " signal.SIG_IGN); print('up', flush=True); time.sleep(120)"], stdout=subprocess.PIPE)
+    grand.stdout.readline()
+    print(f"grandchild pid {grand.pid}", file=sys.stderr, flush=True)
+    time.sleep(120)
+""")
+
+
+@pytest.mark.slow
+def test_a_hanging_child_and_what_it_started_are_killed_and_named() -> None:
+    """A child (and its grandchild) ignoring SIGTERM past the timeout: both killed, the run named as timed out."""
+    pids: list[int] = []
+
+    def runner(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+        status, out, err = run_child([sys.executable, "-c", HANGING_CHILD], 3, grace=0.5)
+        pids.extend(int(p) for p in re.findall(r"grandchild pid (\d+)", err))
+        return status, out, err
+
+    with pytest.raises(SystemExit, match=r"run 1 of 1 \(nodes, pair 1 of 1\) did not end within") as raised:
+        run_tail_bench(tail_args("--runs", "1", "--no-floor"), runner)
+    assert "grandchild pid" in str(raised.value.code) and len(pids) == 1
+    assert_gone(pids)
+
+
+# -- one tiny real run -------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tail_run() -> tuple[dict[str, Any], str]:
+    """``bench --scenario tail --runs 2`` with tiny runs: (results, stderr)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "tail", "--runs", "2", "--latency-count", "200",
+         "--count", "500", "--max-seconds", "20", "--json"],
+        capture_output=True, text=True, timeout=400, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout), result.stderr
+
+
+@pytest.mark.slow
+def test_tail_alternates_floor_and_nodes_runs_and_judges_both(tail_run: tuple[dict[str, Any], str]) -> None:
+    """Two pairs: floor, nodes, floor, nodes; each run's figures, nothing lost, the verdict's fields for both sides."""
+    results, err = tail_run
+    assert {"cpus", "cpu_model", "python", "load_average"} <= results["machine"].keys()
+    assert (results["scenario"], results["runs"], results["floor"]) == ("tail", 2, True)
+    assert results["order"] == ["floor", "nodes"]
+    runs = sorted(results["nodes_runs"] + results["floor_runs"], key=lambda r: r["position"])
+    assert [(r["position"], r["kind"], r["pair"]) for r in runs] == [
+        (1, "floor", 1), (2, "nodes", 1), (3, "floor", 2), (4, "nodes", 2),
+    ]  # fmt: skip
+    assert err.index("run 1 of 4 (floor") < err.index("run 2 of 4 (nodes") < err.index("run 4 of 4 (nodes")
+    for r in runs:
+        assert (r["sent"], r["received"], r["lost"]) == (200, 200, 0)
+        assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"] and r["server_cpu_us_per_msg"] >= 0
+    assert all(r["throughput_lost"] == 0 and r["throughput"]["sent"] == 500 for r in results["nodes_runs"])
+    v = results["verdict"]
+    assert v["bar_ms"] == 1.0 and len(v["paired_p99_ms"]) == 2 and v["median_paired_p99_ms"] is not None
+    for side in (v["nodes"], v["floor"]):
+        assert side["runs"] == 2 and side["lost"] == [] and side["met_runs"] == 2 - len(side["over_bar"])
+        assert set(side["median_ms"]) == {"p50", "p99", "p999", "max"}
+
+
+@pytest.mark.slow
+def test_tail_leaves_no_child_node_or_relay_behind(tail_run: tuple[dict[str, Any], str]) -> None:
+    """After the run every child bench, node and relay it started is gone."""
+    _, err = tail_run
+    children = [int(p) for p in re.findall(r"child pid (\d+)", err)]
+    servers = [int(p) for line in err.splitlines() if "node pids:" in line or "relay pids:" in line
+               for p in re.findall(r"\b[AB] (\d+)", line)]  # fmt: skip
+    assert len(children) == 4 and len(servers) == 8
+    assert_gone(children + servers)
+
+
+@pytest.mark.slow
+def test_tail_stopped_with_sigterm_stops_its_child_and_what_it_started() -> None:
+    """SIGTERM to the tail bench mid-run: it exits, and its child bench and the child's relays are gone."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "tail", "--runs", "1", "--latency-count", "60000",
+         "--max-seconds", "60"],
+        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
+    )  # fmt: skip
+    pids: list[int] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            pids += [int(p) for p in re.findall(r"child pid (\d+)", line)]
+            if "relay pids:" in line:
+                pids += [int(p) for p in re.findall(r"\b[AB] (\d+)", line)]
+                break
+        assert len(pids) == 3
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 128 + signal.SIGTERM
+        assert_gone(pids)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
