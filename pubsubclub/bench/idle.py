@@ -151,7 +151,9 @@ def run_idle_bench(args: argparse.Namespace) -> int:
         raise SystemExit(f"pubsubclub: error: the open-file limit ({hard}) is too low for {count} sessions")
     port, ops_port = free_port(), free_port()
     # RawSocket: the sessions' listener beside an unused WebSocket one (the node always has one).
-    listeners = ["--wamp", local(port)] if transport == "websocket" else ["--wamp", local(0), "--rawsocket", local(port)]
+    listeners = ["--wamp", local(port)]
+    if transport == "rawsocket":
+        listeners = ["--wamp", local(0), "--rawsocket", local(port)]
     node, _ = start_node(
         "bench-idle", [*listeners, "--psc", local(0), "--http", local(ops_port), *idle_node_flags(count)]
     )
@@ -194,7 +196,7 @@ def idle_node_flags(count: int, workers: int = 1) -> list[str]:
 def measure_idle(
     port: int, pids: list[int], count: int, max_seconds: float, transport: str = "websocket"
 ) -> dict[str, Any]:
-    """Open ``count`` idle subscribed sessions (``transport``) on ``port``; the RSS of ``pids`` (and children) around it."""
+    """Open ``count`` idle subscribed ``transport`` sessions on ``port``; the RSS of ``pids`` (and children) around."""
     before = tree_rss(pids)
     loop = asyncio.new_event_loop()
     writers: list[Any] = []
