@@ -182,7 +182,8 @@ class WampRawSocketProtocol(Protocol):
                 feed_message(self, payload, None, serializer)  # type: ignore[arg-type]
             elif kind == FRAME_PING:
                 self._write(FRAME_PONG, payload)  # type: ignore[arg-type]
-        self._hold(buffer, at)
+        if held is not None or at < end:  # _hold(buffer, at), without its call when a read held whole frames only
+            self._hold(buffer, at)
         if problem is not None:
             self._fail(problem)
 
