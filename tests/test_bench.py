@@ -45,13 +45,24 @@ def test_bench_prints_settings_progress_and_results() -> None:
 
 
 @pytest.mark.slow
-def test_bench_idle_scenario_measures_memory_per_session() -> None:
+@pytest.mark.parametrize("transport", ["websocket", "rawsocket"])
+def test_bench_idle_scenario_measures_memory_per_session(transport: str) -> None:
     """``bench --scenario idle`` opens the sessions (every HELLO answered with WELCOME) and reports RSS per session."""
-    results, _ = bench("--scenario", "idle", "--sessions", "100")
+    results, _ = bench("--scenario", "idle", "--sessions", "100", "--transport", transport)
     assert results["sessions"] == 100 and results["rss_after"] >= results["rss_before"] > 0
-    assert results["subscribed"] == 100
+    assert (results["subscribed"], results["transport"]) == (100, transport)
     # The node's full collections while they joined are timed, their survivors frozen (gc-refreeze).
     assert results["gc"]["refreeze"] is True and results["gc"]["max_full_ms"] >= 0
+
+
+def test_bench_idle_scenario_refuses_a_serializer_its_client_does_not_speak() -> None:
+    """``bench --scenario idle --serializer msgpack``: a clear error before any node starts (the client is JSON)."""
+    from pubsubclub.bench.idle import run_idle_bench
+    from pubsubclub.cli.command import parser
+
+    args = parser().parse_args(["bench", "--scenario", "idle", "--serializer", "msgpack"])
+    with pytest.raises(SystemExit, match="the idle client speaks JSON, not msgpack"):
+        run_idle_bench(args)
 
 
 @pytest.mark.slow

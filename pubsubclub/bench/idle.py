@@ -3,7 +3,10 @@
 One node is started; a lean client opens ``--sessions`` WebSocket connections
 (a minimal RFC 6455 client on asyncio: the upgrade, one masked text frame
 with HELLO, the WELCOME read back, then one SUBSCRIBE to a topic all share
-and its SUBSCRIBED) and keeps them open, idle. The node's RSS
+and its SUBSCRIBED) and keeps them open, idle. With ``--transport
+rawsocket`` the sessions are WAMP RawSocket ones instead (the node's
+``--rawsocket`` listener; the 4-octet handshake for JSON, then the same
+HELLO and SUBSCRIBE, each one frame). The node's RSS
 (``/proc/<pid>/status``) is read before the first connection and after the
 last SUBSCRIBED; the difference divided by the count is the cost of one idle
 subscribed session (its TCP connection, WebSocket protocol, broker session
@@ -68,23 +71,63 @@ async def joined_session(port: int, hello: bytes = HELLO) -> tuple[asyncio.Strea
     return reader, writer
 
 
-async def _session(port: int) -> asyncio.StreamWriter:
-    reader, writer = await joined_session(port)
-    writer.write(frame(json.dumps([32, 1, {}, IDLE_TOPIC]).encode()))
-    answer = await read_frame(reader)
+#: The RawSocket handshake of a client taking messages up to 16 MiB (LENGTH 15), serializer 1 (JSON).
+RAWSOCKET_HELLO = bytes([0x7F, 0xF1, 0, 0])
+
+
+def rawsocket_frame(payload: bytes) -> bytes:
+    """One RawSocket WAMP message frame (type 0, 24-bit length)."""
+    return struct.pack("!I", len(payload)) + payload
+
+
+async def read_rawsocket_message(reader: asyncio.StreamReader) -> bytes:
+    """The payload of the next RawSocket WAMP message frame (a PING the node sends meanwhile is skipped)."""
+    while True:
+        (header,) = struct.unpack("!I", await reader.readexactly(4))
+        payload = await reader.readexactly(header & 0xFFFFFF)
+        if header >> 24 == 0:
+            return payload
+
+
+async def joined_rawsocket_session(
+    port: int, hello: bytes = HELLO
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A WAMP session over a minimal RawSocket client: the handshake (JSON), HELLO, WELCOME read back."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(RAWSOCKET_HELLO)
+    answer = await reader.readexactly(4)
+    if answer[0] != 0x7F or answer[1] & 0x0F != 1:
+        raise RuntimeError(f"RawSocket handshake refused: {answer!r}")
+    writer.write(rawsocket_frame(hello))
+    welcome = json.loads(await read_rawsocket_message(reader))
+    if welcome[0] != 2:
+        raise RuntimeError(f"no WELCOME: {welcome!r}")
+    return reader, writer
+
+
+async def _session(port: int, transport: str = "websocket") -> asyncio.StreamWriter:
+    subscribe = json.dumps([32, 1, {}, IDLE_TOPIC]).encode()
+    if transport == "rawsocket":
+        reader, writer = await joined_rawsocket_session(port)
+        writer.write(rawsocket_frame(subscribe))
+        answer = await read_rawsocket_message(reader)
+    else:
+        reader, writer = await joined_session(port)
+        writer.write(frame(subscribe))
+        answer = await read_frame(reader)
     if not answer.startswith(b"[33,"):
         raise RuntimeError(f"no SUBSCRIBED: {answer[:80]!r}")
     return writer
 
 
-async def _open_all(port: int, count: int, deadline: float) -> list[asyncio.StreamWriter]:
+async def _open_all(port: int, count: int, deadline: float, transport: str) -> list[asyncio.StreamWriter]:
     writers: list[asyncio.StreamWriter] = []
     batch = 200
     while len(writers) < count:
         if time.monotonic() > deadline:
             raise TimeoutError(f"{len(writers)} of {count} sessions before the time bound")
         n = min(batch, count - len(writers))
-        writers.extend(await asyncio.gather(*(_session(port) for _ in range(n))))
+        writers.extend(await asyncio.gather(*(_session(port, transport) for _ in range(n))))
         if len(writers) % 2000 == 0:
             progress(f"{len(writers)} sessions open")
     return writers
@@ -93,7 +136,13 @@ async def _open_all(port: int, count: int, deadline: float) -> list[asyncio.Stre
 def run_idle_bench(args: argparse.Namespace) -> int:
     """Start a node, open the sessions, print the memory per session."""
     count = args.sessions
-    progress(f"settings: --scenario idle --sessions {count} --max-seconds {args.max_seconds:g} (defaults: 10000, 60)")
+    transport = args.transport or "websocket"
+    if args.serializer != "json":
+        raise SystemExit(f"pubsubclub: error: --scenario idle: the idle client speaks JSON, not {args.serializer}")
+    progress(
+        f"settings: --scenario idle --sessions {count} --transport {transport} --max-seconds {args.max_seconds:g}"
+        " (defaults: 10000, websocket, 60)"
+    )
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     want = min(hard, count * 2 + 1024)
     if soft < want:
@@ -101,11 +150,15 @@ def run_idle_bench(args: argparse.Namespace) -> int:
     if want < count + 256:
         raise SystemExit(f"pubsubclub: error: the open-file limit ({hard}) is too low for {count} sessions")
     port, ops_port = free_port(), free_port()
+    # RawSocket: the sessions' listener beside an unused WebSocket one (the node always has one).
+    listeners = ["--wamp", local(port)]
+    if transport == "rawsocket":
+        listeners = ["--wamp", local(0), "--rawsocket", local(port)]
     node, _ = start_node(
-        "bench-idle", ["--wamp", local(port), "--psc", local(0), "--http", local(ops_port), *idle_node_flags(count)]
+        "bench-idle", [*listeners, "--psc", local(0), "--http", local(ops_port), *idle_node_flags(count)]
     )
     try:
-        figures = measure_idle(port, [node.pid], count, args.max_seconds)
+        figures = measure_idle(port, [node.pid], count, args.max_seconds, transport)
         # The node's cyclic-GC full collections while the sessions joined (docs/architecture.md, "Closed
         # connections and the cyclic collector"): how long the longest stalled its reactor.
         figures["gc"] = stats(f"http://127.0.0.1:{ops_port}/")["gc"]
@@ -116,7 +169,7 @@ def run_idle_bench(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=2))
     else:
         print(
-            f"{count} idle subscribed WAMP sessions: node RSS {figures['rss_before'] / 2**20:.1f} -> "
+            f"{count} idle subscribed WAMP sessions ({transport}): node RSS {figures['rss_before'] / 2**20:.1f} -> "
             f"{figures['rss_after'] / 2**20:.1f} MiB, {figures['bytes_per_session'] / 1024:.1f} KiB per session "
             f"(opened in {figures['open_seconds']:.1f} s)"
         )
@@ -140,14 +193,16 @@ def idle_node_flags(count: int, workers: int = 1) -> list[str]:
     return ["--edge-max-per-address", cap, "--edge-max-connections", cap, "--edge-idle-timeout", "0"]
 
 
-def measure_idle(port: int, pids: list[int], count: int, max_seconds: float) -> dict[str, Any]:
-    """Open ``count`` idle subscribed sessions on ``port``; the RSS of ``pids`` (and their children) around it."""
+def measure_idle(
+    port: int, pids: list[int], count: int, max_seconds: float, transport: str = "websocket"
+) -> dict[str, Any]:
+    """Open ``count`` idle subscribed ``transport`` sessions on ``port``; the RSS of ``pids`` (and children) around."""
     before = tree_rss(pids)
     loop = asyncio.new_event_loop()
     writers: list[Any] = []
     try:
         started = time.perf_counter()
-        writers = loop.run_until_complete(_open_all(port, count, time.monotonic() + max_seconds))
+        writers = loop.run_until_complete(_open_all(port, count, time.monotonic() + max_seconds, transport))
         opened = time.perf_counter() - started
         after = tree_rss(pids)
     finally:
@@ -156,6 +211,7 @@ def measure_idle(port: int, pids: list[int], count: int, max_seconds: float) -> 
         loop.close()
     return {
         "sessions": count,
+        "transport": transport,
         "subscribed": len(writers),  # each one's SUBSCRIBED read back
         "rss_before": before,
         "rss_after": after,

@@ -84,7 +84,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--transport",
         choices=["websocket", "rawsocket"],
-        help="wamp: Autobahn clients' transport (default websocket); pycalls: the lean clients' (default rawsocket)",
+        help="wamp: Autobahn clients' transport (default websocket); pycalls: the lean clients' (default rawsocket);"
+        " idle: the sessions' (default websocket; rawsocket: the node's --rawsocket listener)",
     )
     bench.add_argument("--publishers", type=int, default=1, help="wamp --client lean: publisher processes (default 1)")
     bench.add_argument(

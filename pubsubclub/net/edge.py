@@ -123,6 +123,15 @@ def unsent_bytes(transport: Any, backlog: Any) -> int:
     return backlog.unsent() if backlog is not None else 0  # type: ignore[no-any-return]
 
 
+def reads_send_buffer(transport: Any) -> bool:
+    """True if ``transport`` is a guarded connection reading its TCP buffer: it drops a slow consumer itself.
+
+    A protocol on such a transport needs no :class:`~pubsubclub.net.sendbuffer.SendBacklog` of its own:
+    :func:`unsent_bytes` asks the guard, which checks the cap after every write.
+    """
+    return isinstance(transport, EdgeConnection) and transport._buffer is not None
+
+
 def http_refusal(text: str) -> bytes:
     """An HTTP 503 answer that closes the connection (WebSocket and HTTP listeners, before any upgrade)."""
     body = text.encode() + b"\n"

@@ -26,7 +26,6 @@ as fatal without an ABORT. What it does:
 
 from __future__ import annotations
 
-import copy
 import math
 import struct
 from typing import Any
@@ -39,7 +38,7 @@ from twisted.python.failure import Failure
 from pubsubclub.core.counters import Source
 from pubsubclub.frontends.wamp.router import WampRouter
 from pubsubclub.frontends.wamp.transport import bounded_serializers, feed_message
-from pubsubclub.net.edge import EdgeConnection, unsent_bytes
+from pubsubclub.net.edge import EdgeConnection, reads_send_buffer, unsent_bytes
 from pubsubclub.net.nodelay import set_no_delay
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
 
@@ -65,25 +64,62 @@ def length_exponent(max_bytes: int) -> int:
     return max(0, min(15, math.ceil(math.log2(max(max_bytes, 512))) - 9))
 
 
-class WampRawSocketProtocol(Protocol):
-    """One RawSocket connection driving one BrokerSession."""
+#: The maximum message size of each handshake LENGTH nibble (``2 ** (9 + LENGTH)``): one shared int per value.
+_SIZES = tuple(2 ** (9 + exponent) for exponent in range(16))
 
-    def __init__(self, router: WampRouter, serializers: dict[int, Any], max_receive: int) -> None:
-        self._router = router
-        self._serializers = serializers
-        #: What we accept from the client (announced in our handshake).
-        self._max_receive = max_receive
-        #: The largest frame we take: what we announce (a power of two), worked out once, not per frame.
-        self._max_frame = 2 ** (9 + length_exponent(max_receive))
+
+class WampRawSocketProtocol(Protocol):
+    """One RawSocket connection driving one BrokerSession.
+
+    Built by :class:`WampRawSocketFactory` as its own subclass (:meth:`for_factory`),
+    which holds what every connection of the listener shares as class attributes;
+    each connection keeps only its own state, in slots (memory per idle session,
+    docs/architecture.md "Idle RawSocket connections slimmed").
+    """
+
+    # Per factory (class attributes of the subclass for_factory makes, ``factory`` too), not per connection:
+    _router: WampRouter
+    _serializers: dict[int, Any]
+    #: What we accept from the client (announced in our handshake).
+    _max_receive: int
+    #: The largest frame we take: what we announce (a power of two), worked out once, not per frame.
+    _max_frame: int
+
+    # Per connection. ``transport`` and ``connected`` hide Twisted's class defaults: __init__ sets them.
+    __slots__ = ("transport", "connected", "_max_send", "_buffer", "_serializer", "_session", "_backlog", "_open",
+                 "_handshake_timer")  # fmt: skip
+
+    def __init__(self) -> None:
+        self.transport: Any = None
+        self.connected = 0
         #: What the client accepts from us (from its handshake).
         self._max_send = 0
-        self._buffer = bytearray()
+        #: Unfinished input (a handshake or frame still arriving); None while nothing is held.
+        self._buffer: bytearray | None = None
+        #: The factory's serializer of the handshake's format (shared: no per-connection copy).
         self._serializer: Any | None = None
         self._session: Any = None
+        #: Only where the connection layer does not read the TCP buffer itself (see ``_handshake``).
         self._backlog: SendBacklog | None = None
         self._open = False
         #: Closes a connection that sends no handshake within the join timeout.
         self._handshake_timer: Any = None
+
+    @classmethod
+    def for_factory(cls, factory: WampRawSocketFactory) -> type[WampRawSocketProtocol]:
+        """A subclass holding ``factory``'s router, serializers and limits as class attributes."""
+        max_receive = factory.router.limits.max_message_size
+        shared = {
+            "__slots__": (),
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "factory": factory,
+            "_router": factory.router,
+            "_serializers": factory.serializers,
+            "_max_receive": max_receive,
+            "_max_frame": _SIZES[length_exponent(max_receive)],
+        }
+        return type(cls.__name__, (cls,), shared)
 
     # -- Twisted -------------------------------------------------------------------
 
@@ -107,34 +143,59 @@ class WampRawSocketProtocol(Protocol):
             timer.cancel()
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
-        """Handshake first, then frames, each WAMP message straight to :func:`feed_message`."""
-        buffer = self._buffer
-        buffer += data
+        """Handshake first, then frames, each WAMP message straight to :func:`feed_message`.
+
+        Whole frames are read from ``data`` itself; only an unfinished rest is held (``_buffer``).
+        """
+        held = self._buffer
+        if held is not None:
+            held += data
+            buffer: bytes | bytearray = held
+        else:
+            buffer = data
+        end = len(buffer)
+        at = 0  # the first octet not yet taken
         serializer = self._serializer
         if serializer is None:
-            if len(buffer) < 4:
+            if end < 4 or not self._handshake(bytes(buffer[:4])):
+                self._hold(buffer, 0)
                 return
-            if not self._handshake(bytes(buffer[:4])):
-                return
-            del buffer[:4]
+            at = 4
             serializer = self._serializer
-        while len(buffer) >= 4 and self._open:
-            (header,) = _HEADER.unpack_from(buffer)
+        problem = None
+        max_frame = self._max_frame
+        while end - at >= 4 and self._open:
+            (header,) = _HEADER.unpack_from(buffer, at)
             kind, length = header >> 24, header & 0xFFFFFF
             if kind & 0xF8 or kind > FRAME_PONG:
-                self._fail(f"RawSocket frame with reserved bits or unknown type {kind}")
-                return
-            if length > self._max_frame:
-                self._fail(f"RawSocket frame of {length} bytes over the announced maximum")
-                return
-            if len(buffer) < 4 + length:
-                return
-            payload = bytes(buffer[4 : 4 + length])
-            del buffer[: 4 + length]
+                problem = f"RawSocket frame with reserved bits or unknown type {kind}"
+                break
+            if length > max_frame:
+                problem = f"RawSocket frame of {length} bytes over the announced maximum"
+                break
+            start = at + 4
+            if end - start < length:
+                break
+            at = start + length
+            payload = buffer[start:at] if held is None else bytes(buffer[start:at])
             if kind == FRAME_MESSAGE:  # the serializer is chosen once, in the handshake, and kept
-                feed_message(self, payload, None, serializer)
+                feed_message(self, payload, None, serializer)  # type: ignore[arg-type]
             elif kind == FRAME_PING:
-                self._write(FRAME_PONG, payload)
+                self._write(FRAME_PONG, payload)  # type: ignore[arg-type]
+        if held is not None or at < end:  # _hold(buffer, at), without its call when a read held whole frames only
+            self._hold(buffer, at)
+        if problem is not None:
+            self._fail(problem)
+
+    def _hold(self, buffer: bytes | bytearray, taken: int) -> None:
+        """Keep what follows the first ``taken`` octets of ``buffer`` (the held input, or a read); nothing: None."""
+        held = self._buffer
+        if held is not None and buffer is held:
+            del held[:taken]
+            if not held:
+                self._buffer = None
+        elif taken < len(buffer):
+            self._buffer = bytearray(memoryview(buffer)[taken:])
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:  # noqa: N802 - Twisted API
         """Tell the session."""
@@ -162,12 +223,15 @@ class WampRawSocketProtocol(Protocol):
         if serializer is None:
             self._refuse(ERROR_SERIALIZER_UNSUPPORTED)
             return False
-        self._serializer = copy.copy(serializer)
-        self._max_send = 2 ** (9 + (octets[1] >> 4))
+        self._serializer = serializer
+        self._max_send = _SIZES[octets[1] >> 4]
         ours = length_exponent(self._max_receive)
         transport.write(bytes([MAGIC, (ours << 4) | (octets[1] & 0x0F), 0, 0]))
         self._open = True
-        self._backlog = watch_send_buffer(transport, "WAMP")
+        # Under a connection guard that reads the TCP buffer (every listener of a node), the guard drops a slow
+        # consumer on the write that crosses its cap and gives unsent_bytes(): a backlog would only duplicate it.
+        if not reads_send_buffer(transport):
+            self._backlog = watch_send_buffer(transport, "WAMP")
         self._session = self._router.session_factory()
         self._session.onOpen(self)
         return True
@@ -207,7 +271,8 @@ class WampRawSocketProtocol(Protocol):
 
     def pending_input(self) -> int:
         """Bytes of an unfinished handshake or frame held."""
-        return len(self._buffer)
+        held = self._buffer
+        return len(held) if held is not None else 0
 
     # -- the broker's transport contract -----------------------------------------------------
 
@@ -290,8 +355,9 @@ class WampRawSocketFactory(Factory):
             getattr(s, "RAWSOCKET_SERIALIZER_ID"): s for s in bounded_serializers(router.limits.json)  # noqa: B009
         }
 
+        #: This factory's connections' class: it holds the factory, router, serializers and limits.
+        self.connection_class = WampRawSocketProtocol.for_factory(self)
+
     def buildProtocol(self, addr: Any) -> WampRawSocketProtocol:  # noqa: N802 - Twisted API
         """One connection."""
-        protocol = WampRawSocketProtocol(self.router, self.serializers, self.router.limits.max_message_size)
-        protocol.factory = self
-        return protocol
+        return self.connection_class()
