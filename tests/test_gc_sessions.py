@@ -27,6 +27,8 @@ from contextlib import contextmanager
 import pytest
 import pytest_twisted
 from helpers.polling import until
+from helpers.ports import free_port
+from helpers.rawsocketclient import read_exactly
 from twisted.internet import abstract, reactor, threads
 from twisted.internet.protocol import Protocol
 from twisted.web.server import Request
@@ -42,27 +44,12 @@ HELLO = json.dumps([1, "realm1", {"roles": {"subscriber": {}, "publisher": {}}}]
 SUBSCRIBE = json.dumps([32, 1, {}, "gc.topic"]).encode()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "the node closed the connection"
-        out += chunk
-    return out
-
-
 def _ws_frame(sock: socket.socket) -> bytes:
-    head = _read_exactly(sock, 2)
+    head = read_exactly(sock, 2)
     length = head[1] & 0x7F
     if length == 126:
-        length = struct.unpack("!H", _read_exactly(sock, 2))[0]
-    return _read_exactly(sock, length)
+        length = struct.unpack("!H", read_exactly(sock, 2))[0]
+    return read_exactly(sock, length)
 
 
 def _upgraded(port: int, path: str, protocol: str) -> socket.socket:
@@ -74,7 +61,7 @@ def _upgraded(port: int, path: str, protocol: str) -> socket.socket:
     )
     answer = b""
     while b"\r\n\r\n" not in answer:
-        answer += _read_exactly(sock, 1)
+        answer += read_exactly(sock, 1)
     assert answer.startswith(b"HTTP/1.1 101"), answer
     return sock
 
@@ -92,11 +79,11 @@ def rawsocket_session(port: int, close: bool = True) -> socket.socket:
     """A WAMP session over RawSocket (JSON): handshake, HELLO/WELCOME, SUBSCRIBE/SUBSCRIBED, then (``close``) close."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(bytes([0x7F, 0xF1, 0, 0]))
-    assert _read_exactly(sock, 4)[0] == 0x7F
+    assert read_exactly(sock, 4)[0] == 0x7F
     for message, answer in ((HELLO, b"[2,"), (SUBSCRIBE, b"[33,")):
         sock.sendall(struct.pack("!I", len(message)) + message)
-        (word,) = struct.unpack("!I", _read_exactly(sock, 4))
-        assert _read_exactly(sock, word & 0xFFFFFF).startswith(answer)
+        (word,) = struct.unpack("!I", read_exactly(sock, 4))
+        assert read_exactly(sock, word & 0xFFFFFF).startswith(answer)
     if close:
         sock.close()
     return sock
@@ -108,7 +95,7 @@ def nsd_session(port: int) -> None:
         sock.sendall(json.dumps({"_class": "OpenRequest", "identity": "gc"}).encode() + b"\n")
         answer = b""
         while b"\n" not in answer:
-            answer += _read_exactly(sock, 1)
+            answer += read_exactly(sock, 1)
         assert b"SuccessResponse" in answer, answer
 
 
@@ -124,8 +111,8 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
     parser = argparse.ArgumentParser()
     add_node_flags(parser)
     local = "tcp:{}:interface=127.0.0.1"
-    flags = ["--wamp", local.format(_free_port()), "--rawsocket", local.format(_free_port())]
-    flags += ["--tep", local.format(_free_port()), "--nsd", local.format(_free_port()), "--psc", local.format(0)]
+    flags = ["--wamp", local.format(free_port()), "--rawsocket", local.format(free_port())]
+    flags += ["--tep", local.format(free_port()), "--nsd", local.format(free_port()), "--psc", local.format(0)]
     flags += ["--data-dir", str(tmp_path_factory.mktemp("gc")), "--log-level", "warn"]
     n = Node(node_config(parser.parse_args(flags)), reactor)
     await n.start()

@@ -19,6 +19,8 @@ from typing import Any
 import pytest
 import pytest_twisted
 from helpers.polling import until
+from helpers.ports import free_port
+from helpers.rawsocketclient import read_exactly
 from twisted.internet import reactor, threads
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 
@@ -181,9 +183,7 @@ def test_bad_handshakes_get_the_same_answers(
         struct.pack("!I", 0x08 << 24),  # a reserved bit
     ],
 )
-def test_bad_frames_close_the_connection(
-    setup: tuple[WampRawSocketFactory, MemoryReactorClock], bad: bytes
-) -> None:
+def test_bad_frames_close_the_connection(setup: tuple[WampRawSocketFactory, MemoryReactorClock], bad: bytes) -> None:
     """An oversize frame, an unknown type or a reserved bit (after a good frame in the same read) closes it."""
     factory, clock = setup
     protocol, wire = joined(factory, clock)
@@ -258,30 +258,15 @@ def test_slimmed_connections_subscribe_publish_call_and_close(
 # -- on a real node ------------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _read_exactly(sock: socket.socket, n: int) -> bytes:
-    out = b""
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        assert chunk, "the node closed the connection"
-        out += chunk
-    return out
-
-
 def _subscribed_session(port: int) -> socket.socket:
     """A RawSocket (JSON) session past HELLO/WELCOME and SUBSCRIBE/SUBSCRIBED, left open."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=10)
     sock.sendall(HANDSHAKE)
-    assert _read_exactly(sock, 4)[0] == 0x7F
+    assert read_exactly(sock, 4)[0] == 0x7F
     for message, answer in ((HELLO, b"[2,"), ([32, 1, {}, "slim.node"], b"[33,")):
         sock.sendall(frame(message))
-        (word,) = struct.unpack("!I", _read_exactly(sock, 4))
-        assert _read_exactly(sock, word & 0xFFFFFF).startswith(answer)
+        (word,) = struct.unpack("!I", read_exactly(sock, 4))
+        assert read_exactly(sock, word & 0xFFFFFF).startswith(answer)
     return sock
 
 
@@ -291,7 +276,7 @@ async def node(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Node]:
     parser = argparse.ArgumentParser()
     add_node_flags(parser)
     local = "tcp:{}:interface=127.0.0.1"
-    flags = ["--wamp", local.format(_free_port()), "--rawsocket", local.format(_free_port()), "--psc", local.format(0)]
+    flags = ["--wamp", local.format(free_port()), "--rawsocket", local.format(free_port()), "--psc", local.format(0)]
     flags += ["--data-dir", str(tmp_path_factory.mktemp("rsslim")), "--log-level", "warn"]
     n = Node(node_config(parser.parse_args(flags)), reactor)
     await n.start()

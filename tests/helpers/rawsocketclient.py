@@ -7,6 +7,16 @@ import struct
 import time
 
 
+def read_exactly(sock: socket.socket, n: int) -> bytes:
+    """``n`` octets from ``sock``, however the node splits them; fails if the node closes first."""
+    out = b""
+    while len(out) < n:
+        chunk = sock.recv(n - len(out))
+        assert chunk, "the node closed the connection"
+        out += chunk
+    return out
+
+
 class Raw:
     """A RawSocket client on a plain socket."""
 
