@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from helpers.nodes import REPO
+from helpers.procfs import assert_gone
 
 
 def bench(*args: str, timeout: float = 120) -> tuple[dict[str, Any], str]:
@@ -484,15 +485,7 @@ def test_bench_floor_relays_exit_when_the_bench_is_killed() -> None:
             time.sleep(0.05)
         proc.kill()
         proc.wait(10)
-        deadline = time.monotonic() + 10
-        for pid in relays:
-            while True:
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    break
-                assert time.monotonic() < deadline, f"relay {pid} outlived the bench"
-                time.sleep(0.05)
+        assert_gone(sorted(relays))
     finally:
         if proc.poll() is None:
             proc.kill()

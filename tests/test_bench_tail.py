@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
-import time
 from typing import Any
 
 import pytest
 from helpers.nodes import REPO
+from helpers.procfs import assert_gone
 
 from pubsubclub.bench.tail import check_tail_args, run_child, run_tail_bench, verdict
 from pubsubclub.cli.command import parser
@@ -36,19 +35,6 @@ def run(kind: str, pair: int, p99: float | None, lost: int = 0, **more: Any) -> 
     if kind == "nodes":
         record["throughput_lost"] = 0
     return {**record, **more}
-
-
-def assert_gone(pids: list[int], timeout: float = 10.0) -> None:
-    """Each of ``pids`` is gone within ``timeout`` (a killed orphan is a zombie until init reaps it)."""
-    deadline = time.monotonic() + timeout
-    for pid in pids:
-        while True:
-            try:
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                break
-            assert time.monotonic() < deadline, f"{pid} outlived the bench"
-            time.sleep(0.05)
 
 
 def tail_args(*flags: str) -> argparse.Namespace:
