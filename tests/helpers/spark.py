@@ -18,7 +18,11 @@ T0 = 1_767_225_600.0
 #: JVM options of every Spark JVM the tests start. The tests' data is tiny, so a JVM's time
 #: goes to compiling Spark itself: the client JIT alone (C1, no C2) and the serial collector
 #: halved a cold report run (57 s -> 27 s on the shared 2-core VM; docs/architecture.md, Testing).
-TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: Spark's own jars are not verified again as each of its thousands of classes loads (the
+#: bytecode verifier; JDK classes are never verified): about 1 s less per JVM start-up.
+TEST_JAVA_OPTIONS = (
+    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+)
 
 #: Settings for tiny data: few shuffle partitions and no adaptive re-planning of each stage.
 TINY_DATA_CONF = {
