@@ -9,6 +9,7 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +123,10 @@ def test_report_on_a_standalone_cluster_equals_local_mode(
          "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m", *conf_flags(TINY_DATA_CONF)],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    # The same report in local mode meanwhile, on the test's session: the cluster run waits for its
+    # executor to start and register, and its driver plans one small job after another.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="local-report")
+    local_run = pool.submit(run_report, tmp_path / "m", tmp_path / "local", spark=spark, progress=lambda _m: None)
     deadline = time.monotonic() + REPORT_SECONDS
     try:
         while True:  # the report, while the master and the worker (still starting) stay up
@@ -135,11 +140,12 @@ def test_report_on_a_standalone_cluster_equals_local_mode(
         if proc.poll() is None:
             proc.kill()
             proc.communicate()
+        pool.shutdown(wait=True)
     assert proc.returncode == 0, stderr[-3000:]
     standalone.check_alive()
     assert _alive_workers(standalone.ui) == 1  # the job ran on the cluster's worker
     assert "records: 3,000 valid, 2 bad lines skipped" in stdout
-    local = run_report(tmp_path / "m", tmp_path / "local", spark=spark, progress=lambda _m: None)
+    local = local_run.result()
     assert local.bad == {"corrupt_json": 1, "unknown_version": 1}
     for name in local.tables:
         assert_same_table(tmp_path / "cluster" / name, local.out / name)
