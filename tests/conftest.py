@@ -23,6 +23,8 @@ from helpers.nodes import (  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from pyspark.sql import SparkSession
 
     from pubsubclub.testing.crossbar import CrossbarProcess
@@ -99,20 +101,122 @@ async def double() -> AsyncIterator[Any]:
     d.shutdown()
 
 
-@pytest.fixture(scope="session")
-def spark() -> Iterator[SparkSession]:
-    """One local[2] SparkSession for every report test of the run."""
+def _used_later(request: pytest.FixtureRequest, fixture: str) -> bool:
+    """Whether a test of the run uses ``fixture`` but not the first one, and this is no pytest-xdist worker."""
+    uses = [fixture in getattr(item, "fixturenames", ()) for item in request.session.items]
+    return any(uses) and not uses[0] and not os.environ.get("PYTEST_XDIST_WORKER")
+
+
+def _start_spark(warm_up: Path | None = None) -> SparkSession:
+    """The tests' local[2] SparkSession; with ``warm_up``, after one report over a few generated dumps there."""
     from helpers.spark import TEST_CONF
 
-    from pubsubclub.reports.job import start_spark
+    from pubsubclub.reports.generate import generate
+    from pubsubclub.reports.job import run_report, start_spark
 
     session = start_spark("local[2]", TEST_CONF)
+    if warm_up is not None:
+        try:
+            generate(warm_up / "m", 300, nodes=2, topics=3, seed=0, per_file=100, workers=1)
+            run_report(warm_up / "m", warm_up / "out", spark=session, progress=lambda _m: None)
+        except BaseException:
+            session.stop()
+            raise
+    return session
+
+
+@pytest.fixture(scope="session", autouse=True)
+def spark_started_early(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Future[SparkSession] | None]:
+    """When the run holds report tests: their SparkSession, started and warmed up on a thread from the first test on.
+
+    A JVM start-up and its first report (Spark compiling itself: about 15 s on one core) then
+    overlap the node tests that run before the first report test, instead of delaying it
+    (docs/architecture.md, Suite time). Not when the first test uses ``spark`` (nothing to overlap),
+    nor under pytest-xdist (only the worker that runs the Spark group starts a session): there
+    ``spark`` starts it on first use. An error of the start fails the tests that use ``spark``, not
+    the test that happens to run first.
+    """
+    if not _used_later(request, "spark"):
+        yield None
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
+    started = pool.submit(_start_spark, tmp_path_factory.mktemp("spark-warm-up"))
+    try:
+        yield started
+    finally:
+        pool.shutdown(wait=True)
+        if started.exception() is None:
+            started.result().stop()
+
+
+@pytest.fixture(scope="session")
+def spark(spark_started_early: Future[SparkSession] | None) -> Iterator[SparkSession]:
+    """One local[2] SparkSession for every report test of the run (``spark_started_early``'s if it started one)."""
+    if spark_started_early is not None:
+        yield spark_started_early.result()  # stopped by spark_started_early
+        return
+    session = _start_spark()
     yield session
     session.stop()
 
 
+def _routers(tmp_path_factory: pytest.TempPathFactory) -> list[CrossbarProcess]:
+    """Two Crossbar routers with the default test configuration, not started (ports are taken on the main thread)."""
+    from helpers.ports import free_port
+
+    from pubsubclub.testing.crossbar import CrossbarProcess
+
+    return [CrossbarProcess(tmp_path_factory.mktemp(f"router{i}"), free_port(), name=f"crossbar{i}") for i in (1, 2)]
+
+
+def _start_routers(routers: list[CrossbarProcess]) -> list[CrossbarProcess]:
+    """Start ``routers`` side by side; on a failure, stop them all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            for future in [pool.submit(proc.start) for proc in routers]:
+                future.result()
+    except BaseException:
+        for proc in routers:
+            proc.stop()
+        raise
+    return routers
+
+
+@pytest.fixture(scope="session", autouse=True)
+def crossbar_started_early(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Future[list[CrossbarProcess]] | None]:
+    """When a later test uses ``crossbar_routers``: the routers, started on a thread from the first test on.
+
+    Their start-up (seconds of imports) then overlaps the tests before the first Crossbar module
+    (docs/architecture.md, Suite time); the rules of ``spark_started_early`` apply.
+    """
+    if not _used_later(request, "crossbar_routers"):
+        yield None
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="crossbar-start")
+    started = pool.submit(_start_routers, _routers(tmp_path_factory))
+    try:
+        yield started
+    finally:
+        pool.shutdown(wait=True)
+        if started.exception() is None:
+            for proc in started.result():
+                proc.stop()
+
+
 @pytest.fixture(scope="session")
-def crossbar_routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[CrossbarProcess]]:
+def crossbar_routers(
+    crossbar_started_early: Future[list[CrossbarProcess]] | None, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[list[CrossbarProcess]]:
     """Two Crossbar routers (the default test configuration), shared by every module that needs one as it is.
 
     A Crossbar start-up is seconds of imports (two processes each): the bridge, bridge RPC, one-router,
@@ -121,18 +225,11 @@ def crossbar_routers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[
     subscriptions, registrations and the bridge lock go with them). A test may restart (or kill and
     start) one: it serves again on the same port with the same configuration.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
-    from helpers.ports import free_port
-
-    from pubsubclub.testing.crossbar import CrossbarProcess
-
-    started = [CrossbarProcess(tmp_path_factory.mktemp(f"router{i}"), free_port(), name=f"crossbar{i}") for i in (1, 2)]
+    if crossbar_started_early is not None:
+        yield crossbar_started_early.result()  # stopped by crossbar_started_early
+        return
+    started = _start_routers(_routers(tmp_path_factory))
     try:
-        # Started side by side.
-        with ThreadPoolExecutor(2) as pool:
-            for future in [pool.submit(proc.start) for proc in started]:
-                future.result()
         yield started
     finally:
         for proc in started:

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +85,47 @@ def cluster_report(spark: SparkSession, cluster_dumps: Path, tmp_path_factory: p
     """The report over ``cluster_dumps`` with no window, built once for the tests that only read it."""
     return run_report(cluster_dumps, tmp_path_factory.mktemp("cluster-report") / "out", spark=spark,
                       progress=lambda _m: None)  # fmt: skip
+
+
+#: Upper bound of the spark-submit run (its own JVM, started in the background by ``spark_submitted``).
+SUBMIT_SECONDS = 180
+
+
+@pytest.fixture(scope="module", autouse=True)
+def spark_submitted(
+    cluster_dumps: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """``spark-submit`` of the job over ``cluster_dumps``, started with the module's first test and left running.
+
+    Its JVM start-up and cold run (20-25 s) then overlap the module's other tests, which use the
+    shared session (docs/architecture.md, Suite time); ``test_spark_submit_runs_the_same_job``
+    waits for it. Output goes to files (a pipe nobody reads could fill and stall it); the whole
+    process group is killed at the end if it still runs.
+    """
+    folder = tmp_path_factory.mktemp("spark-submit")
+    package = folder / "pubsubclub.zip"
+    with zipfile.ZipFile(package, "w") as zf:
+        for path in (REPO / "pubsubclub").rglob("*.py"):
+            zf.write(path, path.relative_to(REPO).as_posix())
+    submit = Path(sys.executable).parent / "spark-submit"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
+           "SPARK_LOCAL_IP": "127.0.0.1"}  # fmt: skip
+    with open(folder / "stdout", "wb") as out, open(folder / "stderr", "wb") as err:
+        proc = subprocess.Popen(
+            # The driver JVM's options go to spark-submit itself: the job's own --conf flags reach a running JVM.
+            [str(submit), "--master", "local[1]", "--driver-java-options", TEST_JAVA_OPTIONS, "--py-files",
+             str(package), str(REPO / "pubsubclub/reports/submit.py"), "--metrics", str(cluster_dumps),
+             "--out", str(folder / "submitted"), "--conf", "spark.ui.enabled=false",
+             *conf_flags({**TINY_DATA_CONF, **INTERPRETED_CONF})],
+            cwd=folder, env=env, stdout=out, stderr=err, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield proc, folder
+    finally:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def table(spark: SparkSession, result: ReportResult, name: str) -> Any:
@@ -256,25 +300,18 @@ def test_cli_generate(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert sum(len(p.read_bytes().splitlines()) for p in (tmp_path / "m").rglob("*.jsonl")) == 100
 
 
-def test_spark_submit_runs_the_same_job(cluster_dumps: Path, cluster_report: ReportResult, tmp_path: Path) -> None:
+def test_spark_submit_runs_the_same_job(
+    spark_submitted: tuple[subprocess.Popen[bytes], Path], cluster_report: ReportResult
+) -> None:
     """``spark-submit --py-files pubsubclub.zip .../submit.py`` writes the same tables as the library call."""
-    package = tmp_path / "pubsubclub.zip"
-    with zipfile.ZipFile(package, "w") as zf:
-        for path in (REPO / "pubsubclub").rglob("*.py"):
-            zf.write(path, path.relative_to(REPO).as_posix())
-    submit = Path(sys.executable).parent / "spark-submit"
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
-           "SPARK_LOCAL_IP": "127.0.0.1"}  # fmt: skip
-    proc = subprocess.run(
-        # The driver JVM's options go to spark-submit itself: the job's own --conf flags reach a running JVM.
-        [str(submit), "--master", "local[1]", "--driver-java-options", TEST_JAVA_OPTIONS, "--py-files", str(package),
-         str(REPO / "pubsubclub/reports/submit.py"), "--metrics", str(cluster_dumps),
-         "--out", str(tmp_path / "submitted"), "--conf", "spark.ui.enabled=false",
-         *conf_flags({**TINY_DATA_CONF, **INTERPRETED_CONF})],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "top topic: t.hot" in proc.stdout
-    assert "[2/6] reading" in proc.stdout  # spark-submit merges the driver's stderr into its stdout
+    proc, folder = spark_submitted
+    try:
+        returncode = proc.wait(SUBMIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"spark-submit did not finish within {SUBMIT_SECONDS} s") from None
+    stdout, stderr = (folder / "stdout").read_text(), (folder / "stderr").read_text()
+    assert returncode == 0, stderr[-3000:]
+    assert "top topic: t.hot" in stdout
+    assert "[2/6] reading" in stdout  # spark-submit merges the driver's stderr into its stdout
     for name in cluster_report.tables:
-        assert_same_table(tmp_path / "submitted" / name, cluster_report.out / name)
+        assert_same_table(folder / "submitted" / name, cluster_report.out / name)

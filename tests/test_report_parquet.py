@@ -14,7 +14,7 @@ import pytest
 import pytest_twisted
 from helpers.nodes import Cluster, NodeProcess
 from helpers.polling import until
-from helpers.spark import assert_same_table
+from helpers.spark import assert_same_table, reports_together
 from helpers.wampclient import connect, leave, publish_acked, subscribe
 from pyspark.sql import SparkSession
 
@@ -138,8 +138,8 @@ def test_generated_dumps_in_both_formats_count_once(spark: SparkSession, tmp_pat
     """Generated dumps written as ``both`` report the generator's totals once, as the JSON lines alone do."""
     made = generate(tmp_path / "both", 2000, nodes=2, topics=4, seed=5, per_file=250, dump_format="both")
     assert _copy_format(tmp_path / "both", tmp_path / "jsonl", ".jsonl") == made.files
-    both = run_report(tmp_path / "both", tmp_path / "out-both", spark=spark, progress=_quiet)
-    jsonl = run_report(tmp_path / "jsonl", tmp_path / "out-jsonl", spark=spark, progress=_quiet)
+    both, jsonl = reports_together(spark, (tmp_path / "both", tmp_path / "out-both"),
+                                   (tmp_path / "jsonl", tmp_path / "out-jsonl"))  # fmt: skip
     assert both.records == jsonl.records == made.records
     _assert_same_tables(jsonl, both)
 
@@ -168,8 +168,8 @@ async def test_real_nodes_parquet_dumps_report_the_same_numbers_as_their_json_du
         assert node.stop() == 0
     jsonl_files = _copy_format(metrics, tmp_path / "jsonl", ".jsonl")
     assert _copy_format(metrics, tmp_path / "parquet", ".parquet") == jsonl_files > 0
-    from_json = run_report(tmp_path / "jsonl", tmp_path / "out-jsonl", spark=spark, progress=_quiet)
-    from_parquet = run_report(tmp_path / "parquet", tmp_path / "out-parquet", spark=spark, progress=_quiet)
+    from_json, from_parquet = reports_together(spark, (tmp_path / "jsonl", tmp_path / "out-jsonl"),
+                                               (tmp_path / "parquet", tmp_path / "out-parquet"))  # fmt: skip
     assert from_parquet.records == from_json.records > 0 and from_parquet.bad == from_json.bad == {}
     _assert_same_tables(from_json, from_parquet)
     totals = {r["topic"]: r for r in pq.read_table(from_parquet.tables["topic_totals"]).to_pylist()}

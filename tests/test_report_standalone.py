@@ -9,6 +9,8 @@ import sys
 import time
 import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -19,8 +21,10 @@ from pyspark.sql import SparkSession
 from pubsubclub.reports.generate import generate
 from pubsubclub.reports.job import run_report
 
-#: Upper bound of the wait for the worker to register with the master.
+#: Upper bound of the wait for the master to serve.
 REGISTER_SECONDS = 60.0
+#: Upper bound of the report on the cluster (the worker registers meanwhile).
+REPORT_SECONDS = 150.0
 
 
 def _spark_class() -> Path:
@@ -40,9 +44,28 @@ def _alive_workers(ui_port: int) -> int:
         return int(json.load(reply).get("aliveworkers", 0))
 
 
+@dataclass
+class Standalone:
+    """A running master and worker: the master URL, the master's UI port and both processes."""
+
+    url: str
+    ui: int
+    procs: list[subprocess.Popen[bytes]]
+    logs: Path
+
+    def check_alive(self) -> None:
+        """Neither the master nor the worker has exited."""
+        assert all(p.poll() is None for p in self.procs), "master or worker exited; see its log in " + str(self.logs)
+
+
 @pytest.fixture
-def standalone(tmp_path: Path) -> Iterator[str]:
-    """A standalone master and one 1-core worker on loopback; the master URL. Both are stopped after."""
+def standalone(tmp_path: Path) -> Iterator[Standalone]:
+    """A standalone master and one 1-core worker on loopback, once the master answers. Both are stopped after.
+
+    The worker is launched once the master serves, and the test's driver starts while the worker
+    starts and registers (an application waits for a worker; its executor is launched when one
+    registers): the two JVM start-ups overlap (docs/architecture.md, Suite time).
+    """
     port, ui, worker_ui = free_port(), free_port(), free_port()
     spark_class, env = str(_spark_class()), _env()
     logs = [open(tmp_path / name, "w") for name in ("master.log", "worker.log")]  # noqa: SIM115  (closed below)
@@ -52,24 +75,27 @@ def standalone(tmp_path: Path) -> Iterator[str]:
              "--webui-port", str(ui)],
             env=env, stdout=logs[0], stderr=subprocess.STDOUT,
         ),
-        subprocess.Popen(
-            [spark_class, "org.apache.spark.deploy.worker.Worker", f"spark://127.0.0.1:{port}", "--host", "127.0.0.1",
-             "--cores", "1", "--memory", "1g", "--webui-port", str(worker_ui), "--work-dir", str(tmp_path / "work")],
-            env=env, stdout=logs[1], stderr=subprocess.STDOUT,
-        ),
     ]  # fmt: skip
+    cluster = Standalone(f"spark://127.0.0.1:{port}", ui, procs, tmp_path)
     try:
         deadline = time.monotonic() + REGISTER_SECONDS
         while True:
             try:
-                if _alive_workers(ui) >= 1:
-                    break
+                _alive_workers(ui)
+                break  # the master serves its UI, so its RPC endpoint too (it binds that first)
             except OSError:
                 pass  # master not listening yet
-            assert all(p.poll() is None for p in procs), "master or worker exited; see its log in " + str(tmp_path)
-            assert time.monotonic() < deadline, f"no worker registered within {REGISTER_SECONDS} s"
+            cluster.check_alive()
+            assert time.monotonic() < deadline, f"the master did not serve within {REGISTER_SECONDS} s"
             time.sleep(0.1)
-        yield f"spark://127.0.0.1:{port}"
+        procs.append(
+            subprocess.Popen(
+                [spark_class, "org.apache.spark.deploy.worker.Worker", cluster.url, "--host", "127.0.0.1", "--cores",
+                 "1", "--memory", "1g", "--webui-port", str(worker_ui), "--work-dir", str(tmp_path / "work")],
+                env=env, stdout=logs[1], stderr=subprocess.STDOUT,
+            )
+        )  # fmt: skip
+        yield cluster
     finally:
         for p in reversed(procs):
             p.terminate()
@@ -84,20 +110,42 @@ def standalone(tmp_path: Path) -> Iterator[str]:
 
 
 @pytest.mark.slow
-def test_report_on_a_standalone_cluster_equals_local_mode(spark: SparkSession, standalone: str, tmp_path: Path) -> None:
+def test_report_on_a_standalone_cluster_equals_local_mode(
+    spark: SparkSession, standalone: Standalone, tmp_path: Path
+) -> None:
     """``pubsubclub report --master spark://...`` writes the same tables as local mode and exits 0."""
     generate(tmp_path / "m", 3000, nodes=3, topics=5, seed=1, per_file=300)
     with (tmp_path / "m" / "node=node1" / "junk.jsonl").open("w") as f:
         f.write('not json\n{"v": 2}\n')
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "pubsubclub", "report", "--metrics", str(tmp_path / "m"),
-         "--out", str(tmp_path / "cluster"), "--master", standalone,
+         "--out", str(tmp_path / "cluster"), "--master", standalone.url,
          "--conf", "spark.driver.host=127.0.0.1", "--conf", "spark.executor.memory=512m", *conf_flags(TINY_DATA_CONF)],
-        env=_env(), capture_output=True, text=True, timeout=150,
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "records: 3,000 valid, 2 bad lines skipped" in proc.stdout
-    local = run_report(tmp_path / "m", tmp_path / "local", spark=spark, progress=lambda _m: None)
+    # The same report in local mode meanwhile, on the test's session: the cluster run waits for its
+    # executor to start and register, and its driver plans one small job after another.
+    pool = ThreadPoolExecutor(1, thread_name_prefix="local-report")
+    local_run = pool.submit(run_report, tmp_path / "m", tmp_path / "local", spark=spark, progress=lambda _m: None)
+    deadline = time.monotonic() + REPORT_SECONDS
+    try:
+        while True:  # the report, while the master and the worker (still starting) stay up
+            try:
+                stdout, stderr = proc.communicate(timeout=0.5)
+                break
+            except subprocess.TimeoutExpired:
+                standalone.check_alive()
+                assert time.monotonic() < deadline, f"no report within {REPORT_SECONDS} s"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        pool.shutdown(wait=True)
+    assert proc.returncode == 0, stderr[-3000:]
+    standalone.check_alive()
+    assert _alive_workers(standalone.ui) == 1  # the job ran on the cluster's worker
+    assert "records: 3,000 valid, 2 bad lines skipped" in stdout
+    local = local_run.result()
     assert local.bad == {"corrupt_json": 1, "unknown_version": 1}
     for name in local.tables:
         assert_same_table(tmp_path / "cluster" / name, local.out / name)

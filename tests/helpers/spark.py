@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 
-from pubsubclub.reports.job import DEFAULT_CONF
+from pubsubclub.reports.job import DEFAULT_CONF, ReportResult
 
 #: 2026-01-01T00:00:00Z, the generator's first interval start and a minute boundary.
 T0 = 1_767_225_600.0
@@ -18,7 +18,11 @@ T0 = 1_767_225_600.0
 #: JVM options of every Spark JVM the tests start. The tests' data is tiny, so a JVM's time
 #: goes to compiling Spark itself: the client JIT alone (C1, no C2) and the serial collector
 #: halved a cold report run (57 s -> 27 s on the shared 2-core VM; docs/architecture.md, Testing).
-TEST_JAVA_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+#: Spark's own jars are not verified again as each of its thousands of classes loads (the
+#: bytecode verifier; JDK classes are never verified): about 1 s less per JVM start-up.
+TEST_JAVA_OPTIONS = (
+    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+)
 
 #: Settings for tiny data: few shuffle partitions and no adaptive re-planning of each stage.
 TINY_DATA_CONF = {
@@ -47,6 +51,22 @@ TEST_CONF = {
     "spark.driver.bindAddress": "127.0.0.1",
     "spark.driver.host": "127.0.0.1",
 }
+
+
+def reports_together(spark: SparkSession, *runs: tuple[Path, Path]) -> list[ReportResult]:
+    """``run_report(metrics, out)`` for each ``(metrics, out)`` on the shared session, all at once, in order.
+
+    A report's time is mostly the driver planning and committing small jobs, one after another:
+    two reports on two threads keep both cores busy (a pair of 2,000-record reports: 9.8-11.9 s
+    one after the other, 7.6-8.1 s together; docs/architecture.md, Suite time).
+    """
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pubsubclub.reports.job import run_report
+
+    with ThreadPoolExecutor(len(runs), thread_name_prefix="report") as pool:
+        jobs = [pool.submit(run_report, metrics, out, spark=spark, progress=lambda _m: None) for metrics, out in runs]
+        return [job.result() for job in jobs]
 
 
 def conf_flags(conf: dict[str, str]) -> list[str]:
