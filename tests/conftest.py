@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pytest
 
@@ -21,6 +21,8 @@ from helpers.nodes import (  # noqa: E402
     unhandled_errors,
 )
 from hypothesis import settings  # noqa: E402
+
+T = TypeVar("T")
 
 if TYPE_CHECKING:
     from concurrent.futures import Future
@@ -107,6 +109,25 @@ def _used_later(request: pytest.FixtureRequest, fixture: str) -> bool:
     return any(uses) and not uses[0] and not os.environ.get("PYTEST_XDIST_WORKER")
 
 
+def _on_a_thread(name: str, start: Callable[[], T], stop: Callable[[T], object]) -> Iterator[Future[T]]:
+    """``start()`` on a thread of its own, as a Future; at the end, ``stop`` of what it started (if it did)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+    started = pool.submit(start)
+    try:
+        yield started
+    finally:
+        pool.shutdown(wait=True)
+        if started.exception() is None:
+            stop(started.result())
+
+
+def _stop_routers(routers: list[CrossbarProcess]) -> None:
+    for proc in routers:
+        proc.stop()
+
+
 def _start_spark(warm_up: Path | None = None) -> SparkSession:
     """The tests' local[2] SparkSession; with ``warm_up``, after one report over a few generated dumps there."""
     from helpers.spark import TEST_CONF
@@ -141,16 +162,8 @@ def spark_started_early(
     if not _used_later(request, "spark"):
         yield None
         return
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="spark-start")
-    started = pool.submit(_start_spark, tmp_path_factory.mktemp("spark-warm-up"))
-    try:
-        yield started
-    finally:
-        pool.shutdown(wait=True)
-        if started.exception() is None:
-            started.result().stop()
+    warm_up = tmp_path_factory.mktemp("spark-warm-up")
+    yield from _on_a_thread("spark-start", lambda: _start_spark(warm_up), lambda session: session.stop())
 
 
 @pytest.fixture(scope="session")
@@ -182,8 +195,7 @@ def _start_routers(routers: list[CrossbarProcess]) -> list[CrossbarProcess]:
             for future in [pool.submit(proc.start) for proc in routers]:
                 future.result()
     except BaseException:
-        for proc in routers:
-            proc.stop()
+        _stop_routers(routers)
         raise
     return routers
 
@@ -200,17 +212,8 @@ def crossbar_started_early(
     if not _used_later(request, "crossbar_routers"):
         yield None
         return
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = ThreadPoolExecutor(1, thread_name_prefix="crossbar-start")
-    started = pool.submit(_start_routers, _routers(tmp_path_factory))
-    try:
-        yield started
-    finally:
-        pool.shutdown(wait=True)
-        if started.exception() is None:
-            for proc in started.result():
-                proc.stop()
+    routers = _routers(tmp_path_factory)
+    yield from _on_a_thread("crossbar-start", lambda: _start_routers(routers), _stop_routers)
 
 
 @pytest.fixture(scope="session")
@@ -232,8 +235,7 @@ def crossbar_routers(
     try:
         yield started
     finally:
-        for proc in started:
-            proc.stop()
+        _stop_routers(started)
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
