@@ -20,8 +20,12 @@ T0 = 1_767_225_600.0
 #: halved a cold report run (57 s -> 27 s on the shared 2-core VM; docs/architecture.md, Testing).
 #: Spark's own jars are not verified again as each of its thousands of classes loads (the
 #: bytecode verifier; JDK classes are never verified): about 1 s less per JVM start-up.
+#: The run's one shared session compiles most of Spark with C1 alone, past the 48 MB code cache
+#: C1 gets by default (a whole run filled it: "CodeCache is full. Compiler has been disabled");
+#: 240 MB is what the JVM reserves with both compilers.
 TEST_JAVA_OPTIONS = (
-    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions -XX:-BytecodeVerificationRemote"
+    "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m -XX:+UseSerialGC -XX:+UnlockDiagnosticVMOptions"
+    " -XX:-BytecodeVerificationRemote"
 )
 
 #: Settings for tiny data: few shuffle partitions and no adaptive re-planning of each stage.
