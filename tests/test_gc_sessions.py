@@ -275,8 +275,10 @@ def test_cycles_frozen_alive_and_dropped_later_are_freed_once_the_frozen_count_g
         alive = sum(r() is not None for r in refs)
         if growth:
             assert thawed and alive == 0 and collector.stats()["thaws"] == 1
-            # The survivors frozen again, the cycles (two tracked instances each) gone.
-            assert 0 < gc.get_freeze_count() <= before - 2 * len(refs)
+            # The survivors frozen again, the cycles (two tracked instances each) gone. Other threads of
+            # the run (the Spark and Crossbar start-ups, Py4J's) may leave a few new survivors meanwhile:
+            # half the cycles' worth of slack, still far below a thaw that freed nothing.
+            assert 0 < gc.get_freeze_count() <= before - 2 * len(refs) + len(refs) // 2
         else:
             assert not thawed and alive == len(refs)
     finally:
