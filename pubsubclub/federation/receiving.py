@@ -265,10 +265,14 @@ class Receiving(FederationState):
             hub.deliver_remote_plain(topic, payload, source, published_at, message_id, wamp_wrapped, size)
         finally:
             if holding:
-                if wsframes._held:
-                    release_writes()
-                else:
-                    wsframes._held = None
+                # wsframes.release_writes, without its call (once per relayed message: its EVENT's write).
+                held = wsframes._held
+                wsframes._held = None
+                if held:
+                    for protocol, (_, frames) in held.items():
+                        transport = protocol.transport
+                        if transport is not None:
+                            transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
             if counted:
                 # metrics.count(topic, PSC, RECEIVED, 1, size, peer=...), held back to the next read of the metrics.
                 counts = self._received_counts

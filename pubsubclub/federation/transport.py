@@ -216,9 +216,9 @@ class _LinkProtocolBase:
     #: What the peer's handshake said in X-PubSubClub-Max-Frame (None: nothing, an older node).
     _peer_said_max_frame: str | None = None
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
-        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
-        receive_data(self, data)
+    #: Twisted's ``dataReceived(data)``: whole ordinary frames straight to ``onMessage``, everything else through
+    #: Autobahn (see wsframes); the function itself, without a method calling it (an accepted link's every read).
+    dataReceived = receive_data  # noqa: N815 - Twisted API
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
