@@ -32,6 +32,7 @@ from pubsubclub.net.wsframes import hold_writes, release_writes
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _RECEIVED = FederationEvent.RECEIVED
+_CLOSED = LinkState.CLOSED
 #: Most (topic, peer) received counts :meth:`Receiving.link_received_plain` holds back between reads of the metrics.
 MAX_HELD_RECEIVED = 1024
 
@@ -232,7 +233,7 @@ class Receiving(FederationState):
             meta = psc.Meta(origin, published_at, message_id, wamp_wrapped, seq)
             self.link_received_batch(session, [psc.Publish(topic, payload, meta)], [size])
             return
-        if session.state is LinkState.CLOSED:
+        if session.state is _CLOSED:
             return
         hub = self.hub
         metrics = hub.metrics

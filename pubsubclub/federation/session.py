@@ -45,6 +45,12 @@ class LinkState(enum.Enum):
     CLOSED = "closed"
 
 
+#: Read per frame received: bound once, as a member read off its enum class goes through EnumType.__getattr__'s
+#: slot (a few hundred instructions each time).
+_CONSUMER = Role.CONSUMER
+_OPEN = LinkState.OPEN
+
+
 class LinkError(Exception):
     """The peer broke the protocol; close the link with ``code`` and this message."""
 
@@ -67,6 +73,9 @@ _LOGIN_MESSAGES = (psc_logins.FailedLogin, psc_logins.LoginTable)
 _NO_SIZES: list[int] = []
 #: :meth:`LinkSession._receive_publishes`' ``first`` when its first part is still to be read.
 _UNREAD = object()
+#: psc.BATCH_SEPARATOR's byte as an integer: ``_NEWLINE in data`` is its ``in`` without the TypeError CPython's
+#: ``bytes in bytes`` raises and clears inside (it tries the operand as an integer first; about 2,000 instructions).
+_NEWLINE = psc.BATCH_SEPARATOR[0]
 
 
 class LinkOwner(Protocol):
@@ -215,7 +224,7 @@ class LinkSession:
 
     def receive(self, data: bytes) -> None:
         """Handle one frame from the peer (several messages on a 0.4 link); raise :class:`LinkError` on violations."""
-        if self.batched and psc.BATCH_SEPARATOR in data:
+        if self.batched and _NEWLINE in data:
             # One bounds check for the whole frame, not one per message.
             bounded = psc.batch_within_bounds(data, self._limits)
             parts = data.split(psc.BATCH_SEPARATOR)
@@ -229,7 +238,7 @@ class LinkSession:
                     return
                 self._receive_one(part, bounded)
             return
-        if data and self.role is Role.CONSUMER and self.state is LinkState.OPEN:
+        if data and self.role is _CONSUMER and self.state is _OPEN:
             # A lone message on an open consumer link (a PSC301, most often): the batch reader's
             # in-place read, after the same bounds check; anything else it hands to _receive_one.
             self.last_size = size = len(data)
@@ -237,7 +246,7 @@ class LinkSession:
             # with newlines in it) is checked whole by decode instead. (Here a 0.4 frame has no
             # newline.) text_within's one-line case, without its call (once per frame):
             bounded = (
-                psc.BATCH_SEPARATOR not in data
+                _NEWLINE not in data
                 and data.translate(_DIGIT_MASK).find(_LONG_RUN) < 0
                 and data.count(b"[") + data.count(b"{") <= self._depth_bound
             )

@@ -144,6 +144,9 @@ def peer_max_frame(said: str | None, limits: psc.Limits) -> int:
 
 log = Logger()
 _OPEN = WebSocketProtocol.STATE_OPEN
+#: Read per message received: bound once, as a member read off its enum class goes through EnumType.__getattr__'s
+#: slot (a few hundred instructions).
+_CLOSED = LinkState.CLOSED
 
 
 class _ClockTimer:
@@ -382,7 +385,7 @@ class _LinkProtocolBase:
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         session = self.session
-        if session is None or session.state is LinkState.CLOSED:
+        if session is None or session.state is _CLOSED:
             return
         try:
             seal = self._seal
