@@ -148,6 +148,10 @@ _HOSTILE = [
     b'[301,"t",' + b"[" * 63 + b"1" + b"]" * 63 + b"," + _META + b"]",  # at the depth bound (64 with the wrapper)
     b'[301,"t",' + b"[" * 64 + b"1" + b"]" * 64 + b"," + _META + b"]",  # one past it: dropped
     b'[301,"t","' + b"[" * 70 + b'",' + _META + b"]",  # brackets in a string: the scan is cautious, decode tells
+    b'[301,"t",' + b'{"a":' * 31 + b"[" * 32 + b"1" + b"]" * 32 + b"}" * 31 + b"," + _META + b"]",  # 65 openers, mixed
+    b'[301,"t",' + b'{"a":' * 32 + b"[" * 32 + b"1" + b"]" * 32 + b"}" * 32 + b"," + _META + b"]",  # 66 openers
+    b'[301,"t","1234567890123456789",' + _META + b"]",  # 19 digits in a string: cautious, decode tells
+    b'[301,"t",123456789012345678,' + _META + b"]",  # 18 digits
     b'[301,"t",1234567890123456789,' + _META + b"]",  # 19 digits within 64 bits
     b'[301,"t",12345678901234567890123,' + _META + b"]",  # beyond 64 bits: dropped
     b'[301,"t","1234567890123456789012",' + _META + b"]",  # the digits in a string

@@ -76,6 +76,8 @@ _UNREAD = object()
 #: psc.BATCH_SEPARATOR's byte as an integer: ``_NEWLINE in data`` is its ``in`` without the TypeError CPython's
 #: ``bytes in bytes`` raises and clears inside (it tries the operand as an integer first; about 2,000 instructions).
 _NEWLINE = psc.BATCH_SEPARATOR[0]
+#: jsonbounds' digit mask, and "[" for both opening brackets: a frame's digit runs and openers in one translate.
+_DIGITS_AND_OPENERS = bytes(91 if b in b"[{" else m for b, m in enumerate(_DIGIT_MASK))
 
 
 class LinkOwner(Protocol):
@@ -245,11 +247,13 @@ class LinkSession:
             # The scan bounds each line's depth: a frame of several lines before 0.4 (one message
             # with newlines in it) is checked whole by decode instead. (Here a 0.4 frame has no
             # newline.) text_within's one-line case, without its call (once per frame):
-            bounded = (
-                _NEWLINE not in data
-                and data.translate(_DIGIT_MASK).find(_LONG_RUN) < 0
-                and data.count(b"[") + data.count(b"{") <= self._depth_bound
-            )
+            if _NEWLINE in data:
+                bounded = False
+            else:
+                # One pass maps digits to "1" and both opening brackets to "[": the run of 19 digits and the
+                # count of openers read off one copy (text_within reads each off the frame itself).
+                marks = data.translate(_DIGITS_AND_OPENERS)
+                bounded = marks.find(_LONG_RUN) < 0 and marks.count(b"[") <= self._depth_bound
             plain = self._received_plain
             if (
                 plain is not None
