@@ -103,8 +103,8 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
                     event == _READABLE
                     and type(selectable) in _TCP_CONNECTIONS
                     and "doRead" not in selectable.__dict__
+                    and selectable.fileno() != -1  # first: a lost connection has no socket left
                     and type(sock := selectable.socket) is _SOCKET
-                    and selectable.fileno() != -1
                 ):
                     # A TCP connection's read (most events: each relayed message's), without the three calls of
                     # _doReadOrWrite -> Connection.doRead -> _dataReceived, doing what they do: a failed recv
