@@ -451,7 +451,7 @@ def test_writes_after_the_uncork_still_gather_until_the_flush() -> None:
                 sends.append(data)
                 return real.send(data)  # type: ignore[no-any-return]
 
-        conn.write._send = _Counting().send
+        conn.write._sock = _Counting()
         writethrough._through.clear()  # what another test's reactor may have left for its next turn
         conn.write(b"a")  # through; the uncork asked for
         r.at_turn_end(lambda: conn.write(b"c"))  # runs after the uncork, before the flush

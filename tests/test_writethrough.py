@@ -73,7 +73,7 @@ async def test_the_first_write_of_a_turn_leaves_in_the_call_the_rest_at_the_turn
                 sends.append(data)
                 return real.send(data)  # type: ignore[no-any-return]
 
-        server.transport.write._send = _Counting().send
+        server.transport.write._sock = _Counting()
         server.transport.write(b"hello ")
         # No reactor turn between the write and this blocking read: only a send in the call delivers.
         assert _recv_exactly(client, 6, timeout=2.0) == b"hello "

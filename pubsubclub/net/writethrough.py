@@ -33,6 +33,7 @@ Unix connection with descriptors queued for ``sendmsg``.
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from twisted.internet import tcp
@@ -44,6 +45,9 @@ log = Logger()
 
 #: The connection classes whose ``socket`` can be written directly (Unix connections derive from these).
 _DIRECT = (tcp.Connection,)
+#: Twisted's sockets' class and its ``send``, taken from it once.
+_SOCKET = socket.socket
+_SOCKET_SEND = socket.socket.send
 
 
 class _Turn:
@@ -81,7 +85,8 @@ class _Turn:
             conn._tempDataBuffer = []
             conn._tempDataLen = 0
             try:
-                sent = through._send(data)
+                sock = through._sock
+                sent = _SOCKET_SEND(sock, data) if type(sock) is _SOCKET else sock.send(data)
             except OSError:
                 sent = 0  # EAGAIN, or an error Twisted's own write path finds again and closes on
             if sent == len(data):
@@ -111,16 +116,14 @@ _uncork = _through.clear
 class _WriteThrough:
     """The ``write`` of one connection (an instance attribute shadowing the class method)."""
 
-    __slots__ = ("_conn", "_send", "_write", "corked", "_guard")
+    __slots__ = ("_conn", "_sock", "_write", "corked", "_guard")
 
     def __init__(self, conn: Any) -> None:
         self._conn = conn
         #: The connection's guard (net/edge.py's EdgeConnection) when this is its ``write`` too (:func:`guard`):
         #: nothing is written once it is closing, and what queues past its cap drops the connection.
         self._guard: Any = None
-        #: The socket's ``send``, bound once: a socket's attributes are looked up through its type's
-        #: ``__getattribute__`` (a slot wrapper call, a few hundred instructions each time).
-        self._send = conn.socket.send
+        self._sock = conn.socket
         #: Twisted's own (the class's: on a connection switched to TLS with startTLS it encrypts).
         self._write = type(conn).write
         #: Bytes of this turn, written after its write-through, wait in Twisted's buffer for the turn's end
@@ -162,7 +165,10 @@ class _WriteThrough:
             and data
         ):
             try:
-                sent = self._send(data)
+                # sock.send(data), without looking ``send`` up on a socket (its type's __getattribute__ slot: a few
+                # hundred instructions); what is not a plain socket (a test's double) is asked as usual.
+                sock = self._sock
+                sent = _SOCKET_SEND(sock, data) if type(sock) is _SOCKET else sock.send(data)
             except OSError:
                 sent = 0  # EAGAIN, or an error Twisted's own write path finds again and closes on
             if sent < len(data):
