@@ -175,7 +175,9 @@ def test_bench_calls_scenario_with_lean_clients() -> None:
 #: link frame with fewer, the arx slice). One more function on either path per message fails the test below; lower
 #: them when a change takes calls away.
 NODE_A_PUBSUBCLUB_CALLS_BOUND = 14.5
-NODE_B_PUBSUBCLUB_CALLS_BOUND = 15.5
+#: Node B 10.0 since the node's reactor reads TCP itself, a lone PSC301 is read in LinkSession.receive, the guard's
+#: write is the write-through and a turn that gathered nothing asks for no flush (the pacedB slice).
+NODE_B_PUBSUBCLUB_CALLS_BOUND = 10.5
 
 
 @pytest.mark.slow
@@ -186,7 +188,9 @@ def test_bench_pycalls_counts_each_nodes_calls_per_message_within_bounds() -> No
     assert (results["transport"], results["messages"], results["relayed"]) == ("rawsocket", 200, 200 + 3 * 200)
     for node, bound in (("node_a", NODE_A_PUBSUBCLUB_CALLS_BOUND), ("node_b", NODE_B_PUBSUBCLUB_CALLS_BOUND)):
         figures = results[node]
-        assert figures["calls_per_message"] > figures["pubsubclub_calls_per_message"] > 0, figures
+        # At least pubsubclub's (node B's paced path runs no Twisted or Autobahn function any more), give or take
+        # the fraction of a call per message a timer in the idle window takes off one figure and not the other.
+        assert figures["calls_per_message"] + 0.5 >= figures["pubsubclub_calls_per_message"] > 0, figures
         assert figures["calls_busy"] > figures["calls_idle"], figures
         per = [value for _, value in figures["top"]]
         assert per == sorted(per, reverse=True) and per[0] >= 1, figures["top"]

@@ -32,6 +32,7 @@ from pubsubclub.net.wsframes import hold_writes, release_writes
 log = Logger()
 # Counted per message: bound once, as reading a member off its enum class costs more than the count.
 _RECEIVED = FederationEvent.RECEIVED
+_CLOSED = LinkState.CLOSED
 #: Most (topic, peer) received counts :meth:`Receiving.link_received_plain` holds back between reads of the metrics.
 MAX_HELD_RECEIVED = 1024
 
@@ -232,7 +233,7 @@ class Receiving(FederationState):
             meta = psc.Meta(origin, published_at, message_id, wamp_wrapped, seq)
             self.link_received_batch(session, [psc.Publish(topic, payload, meta)], [size])
             return
-        if session.state is LinkState.CLOSED:
+        if session.state is _CLOSED:
             return
         hub = self.hub
         metrics = hub.metrics
@@ -265,10 +266,14 @@ class Receiving(FederationState):
             hub.deliver_remote_plain(topic, payload, source, published_at, message_id, wamp_wrapped, size)
         finally:
             if holding:
-                if wsframes._held:
-                    release_writes()
-                else:
-                    wsframes._held = None
+                # wsframes.release_writes, without its call (once per relayed message: its EVENT's write).
+                held = wsframes._held
+                wsframes._held = None
+                if held:
+                    for protocol, (_, frames) in held.items():
+                        transport = protocol.transport
+                        if transport is not None:
+                            transport.write(frames[0] if len(frames) == 1 else b"".join(frames))
             if counted:
                 # metrics.count(topic, PSC, RECEIVED, 1, size, peer=...), held back to the next read of the metrics.
                 counts = self._received_counts

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 import orjson
 
-from pubsubclub.core.jsonbounds import text_within
+from pubsubclub.core.jsonbounds import _DIGIT_MASK, _LONG_RUN
 from pubsubclub.core.patterns import Pattern
 from pubsubclub.federation import psc, psc_logins, psc_retain, psc_rpc
 
@@ -45,6 +45,12 @@ class LinkState(enum.Enum):
     CLOSED = "closed"
 
 
+#: Read per frame received: bound once, as a member read off its enum class goes through EnumType.__getattr__'s
+#: slot (a few hundred instructions each time).
+_CONSUMER = Role.CONSUMER
+_OPEN = LinkState.OPEN
+
+
 class LinkError(Exception):
     """The peer broke the protocol; close the link with ``code`` and this message."""
 
@@ -65,6 +71,13 @@ CLOSE_SELF = 4508
 _LOGIN_MESSAGES = (psc_logins.FailedLogin, psc_logins.LoginTable)
 #: ``sizes`` of :meth:`LinkSession._receive_publishes` before its first run (never changed).
 _NO_SIZES: list[int] = []
+#: :meth:`LinkSession._receive_publishes`' ``first`` when its first part is still to be read.
+_UNREAD = object()
+#: psc.BATCH_SEPARATOR's byte as an integer: ``_NEWLINE in data`` is its ``in`` without the TypeError CPython's
+#: ``bytes in bytes`` raises and clears inside (it tries the operand as an integer first; about 2,000 instructions).
+_NEWLINE = psc.BATCH_SEPARATOR[0]
+#: jsonbounds' digit mask, and "[" for both opening brackets: a frame's digit runs and openers in one translate.
+_DIGITS_AND_OPENERS = bytes(91 if b in b"[{" else m for b, m in enumerate(_DIGIT_MASK))
 
 
 class LinkOwner(Protocol):
@@ -171,6 +184,8 @@ class LinkSession:
         self._limits = limits
         #: ``limits.max_link_frame`` (a property), read once per frame received.
         self._max_frame = limits.max_link_frame
+        #: The most opening brackets a line may hold and still be bounded (jsonbounds.text_within, wrapper depth 1).
+        self._depth_bound = limits.json.max_depth + 1
         #: The owner's ``link_received_plain`` (see :class:`LinkOwner`), if it has one.
         self._received_plain: Callable[..., None] | None = getattr(owner, "link_received_plain", None)
 
@@ -211,7 +226,7 @@ class LinkSession:
 
     def receive(self, data: bytes) -> None:
         """Handle one frame from the peer (several messages on a 0.4 link); raise :class:`LinkError` on violations."""
-        if self.batched and psc.BATCH_SEPARATOR in data:
+        if self.batched and _NEWLINE in data:
             # One bounds check for the whole frame, not one per message.
             bounded = psc.batch_within_bounds(data, self._limits)
             parts = data.split(psc.BATCH_SEPARATOR)
@@ -225,25 +240,76 @@ class LinkSession:
                     return
                 self._receive_one(part, bounded)
             return
-        if data and self.role is Role.CONSUMER and self.state is LinkState.OPEN:
+        if data and self.role is _CONSUMER and self.state is _OPEN:
             # A lone message on an open consumer link (a PSC301, most often): the batch reader's
             # in-place read, after the same bounds check; anything else it hands to _receive_one.
-            self.last_size = len(data)
+            self.last_size = size = len(data)
             # The scan bounds each line's depth: a frame of several lines before 0.4 (one message
-            # with newlines in it) is checked whole by decode instead.
-            bounded = (self.batched or psc.BATCH_SEPARATOR not in data) and text_within(
-                data, self._limits.json, wrapper_depth=1
-            )
+            # with newlines in it) is checked whole by decode instead. (Here a 0.4 frame has no
+            # newline.) text_within's one-line case, without its call (once per frame):
+            if _NEWLINE in data:
+                bounded = False
+            else:
+                # One pass maps digits to "1" and both opening brackets to "[": the run of 19 digits and the
+                # count of openers read off one copy (text_within reads each off the frame itself).
+                marks = data.translate(_DIGITS_AND_OPENERS)
+                bounded = marks.find(_LONG_RUN) < 0 and marks.count(b"[") <= self._depth_bound
+            plain = self._received_plain
+            if (
+                plain is not None
+                and bounded
+                and size <= self._max_frame
+                and (self.resumed if self.with_replay else self.with_metadata)
+            ):
+                # _receive_publishes' in-place read of a PSC301 as nodes write it, for the one message a paced
+                # link's frame holds, without its call (the same checks in the same order; what it would not
+                # hand to link_received_plain goes on to it, with the value read here).
+                try:
+                    value = orjson.loads(data)
+                except orjson.JSONDecodeError:
+                    value = None
+                if type(value) is list and len(value) == 4 and value[0] == psc.PUBLISH and type(value[0]) is int:
+                    topic, fields = value[1], value[3]
+                    if (
+                        type(topic) is str
+                        and topic
+                        and len(topic) <= self._limits.max_topic_length
+                        and type(fields) is dict
+                        and "o" in fields
+                        and "t" in fields
+                        and "i" in fields
+                        and "b" not in fields
+                        and "p" not in fields
+                    ):
+                        t, o, i = fields["t"], fields["o"], fields["i"]
+                        w = fields["w"] if "w" in fields else 0
+                        q = fields["s"] if "s" in fields else None
+                        if (
+                            type(t) is float
+                            and 0.0 <= t <= psc.MAX_PUBLISH_TIME
+                            and type(o) is str
+                            and type(i) is str
+                            and type(w) is int
+                            and (w == 0 or w == 1)
+                            and (q is None or (type(q) is int and 0 < q <= psc.MAX_SEQ))
+                            and (q is not None or not self.with_replay)
+                        ):
+                            plain(self, topic, value[2], o, t, i, w == 1, q, size)
+                            return
+                self._receive_publishes((data,), bounded, value)
+                return
             self._receive_publishes((data,), bounded)
             return
         self._receive_one(data)
 
-    def _receive_publishes(self, parts: list[bytes] | tuple[bytes], bounded: bool) -> None:
+    def _receive_publishes(self, parts: list[bytes] | tuple[bytes], bounded: bool, first: Any = _UNREAD) -> None:
         """An open consumer's batch: runs of acceptable PSC301s go to the owner together, the rest one by one.
 
         Same outcome as :meth:`_receive_one` on each line in turn: a line that
         is not a PSC301 this link accepts now (a PSC104, a bad or dropped
         message, an empty line) is handled alone after the run before it.
+        ``first``: what ``orjson.loads`` (None where it raised) made of the
+        first part, already read (:meth:`receive`'s lone frame).
         """
         limits = self._limits
         decode, publish, meta_class = psc.decode, psc.Publish, psc.Meta
@@ -260,10 +326,13 @@ class LinkSession:
                 if bounded and size <= max_frame:
                     # A PSC301 as nodes write it (metadata without "b"/"p"), read in place: what
                     # psc.decode makes of it, without its two calls; anything else takes decode().
-                    try:
-                        value = loads(part)
-                    except orjson.JSONDecodeError:
-                        value = None
+                    if first is _UNREAD:
+                        try:
+                            value = loads(part)
+                        except orjson.JSONDecodeError:
+                            value = None
+                    else:
+                        value, first = first, _UNREAD
                     if type(value) is list and len(value) == 4 and value[0] == psc.PUBLISH and type(value[0]) is int:
                         topic, fields = value[1], value[3]
                         if (

@@ -144,6 +144,9 @@ def peer_max_frame(said: str | None, limits: psc.Limits) -> int:
 
 log = Logger()
 _OPEN = WebSocketProtocol.STATE_OPEN
+#: Read per message received: bound once, as a member read off its enum class goes through EnumType.__getattr__'s
+#: slot (a few hundred instructions).
+_CLOSED = LinkState.CLOSED
 
 
 class _ClockTimer:
@@ -216,9 +219,9 @@ class _LinkProtocolBase:
     #: What the peer's handshake said in X-PubSubClub-Max-Frame (None: nothing, an older node).
     _peer_said_max_frame: str | None = None
 
-    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
-        """Whole ordinary frames straight to ``onMessage``; everything else through Autobahn (see wsframes)."""
-        receive_data(self, data)
+    #: Twisted's ``dataReceived(data)``: whole ordinary frames straight to ``onMessage``, everything else through
+    #: Autobahn (see wsframes); the function itself, without a method calling it (an accepted link's every read).
+    dataReceived = receive_data  # noqa: N815 - Twisted API
 
     def _start_session(self, role: Role, peer: str) -> None:
         federation: LinkHost = self.factory.federation
@@ -382,7 +385,7 @@ class _LinkProtocolBase:
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
         session = self.session
-        if session is None or session.state is LinkState.CLOSED:
+        if session is None or session.state is _CLOSED:
             return
         try:
             seal = self._seal

@@ -172,6 +172,11 @@ class EdgeConnection(ProtocolWrapper):
         self._buffer = write_buffer_of(transport)
         if self._buffer is not None:
             writethrough.install(self._buffer)
+            if transport is self._buffer:
+                # Plain TCP: the write-through is this guard's write too, with write()'s rules (one call per write).
+                through = writethrough.guard(transport, self)
+                if through is not None:
+                    self.write = through  # type: ignore[method-assign]
         super().makeConnection(transport)
         # ProtocolWrapper claims every interface of the transport. Not ISSLTransport: Autobahn
         # then asks for a TLS channel id, which only the TLS protocol itself can give (it is
@@ -247,6 +252,7 @@ class EdgeConnection(ProtocolWrapper):
         forget_closed(wrapped)
         if self._buffer is not None:
             writethrough.uninstall(self._buffer)
+        vars(self).pop("write", None)  # the write-through made this guard's (it refers to the guard)
 
     def pending_input(self) -> int:
         """Unfinished input the protocol holds (0 when it does not say)."""

@@ -271,7 +271,8 @@ def receive_data(protocol: Any, data: bytes) -> None:
     mask_bit = 0x80 if server else 0
     frame_limit, message_limit = p.maxFramePayloadSize, p.maxMessagePayloadSize
     if frame_limit > 0:
-        limit = min(frame_limit, message_limit) if message_limit > 0 else frame_limit
+        # min(), without its call (a builtin's argument parsing, about 800 instructions per read)
+        limit = message_limit if 0 < message_limit < frame_limit else frame_limit
     else:
         limit = message_limit if message_limit > 0 else _MAX_LENGTH
     validate = p.utf8validateIncoming

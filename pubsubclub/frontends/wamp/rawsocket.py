@@ -330,9 +330,12 @@ class WampRawSocketProtocol(Protocol):
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client."""
         transport = self.transport
-        # edge.unsent_bytes, without its call for a guarded connection (every listener's).
         if type(transport) is EdgeConnection:
-            return transport.unsent()
+            # EdgeConnection.unsent, without its call (a guarded connection: every listener's; once per EVENT).
+            buffer = transport._buffer
+            if buffer is None or transport.closing:
+                return 0
+            return len(buffer.dataBuffer) - buffer.offset + buffer._tempDataLen  # type: ignore[no-any-return]
         return unsent_bytes(transport, self._backlog)
 
     def drop(self, reason: str) -> None:

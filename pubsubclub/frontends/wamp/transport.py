@@ -175,8 +175,15 @@ class WampServerProtocol(SlimServerProtocol, WampWebSocketServerProtocol):  # ty
     def unsent_bytes(self) -> int:
         """Upper bound on bytes written but not yet taken by the client (held frames included)."""
         transport = self.transport
-        # edge.unsent_bytes, without its call for a guarded connection (every listener's).
-        unsent = transport.unsent() if type(transport) is EdgeConnection else unsent_bytes(transport, self._backlog)
+        if type(transport) is EdgeConnection:
+            # EdgeConnection.unsent, without its call (a guarded connection: every listener's; once per EVENT).
+            buffer = transport._buffer
+            if buffer is None or transport.closing:
+                unsent = 0
+            else:
+                unsent = len(buffer.dataBuffer) - buffer.offset + buffer._tempDataLen
+        else:
+            unsent = unsent_bytes(transport, self._backlog)
         held = wsframes._held
         if held:
             cell = held.get(self)  # wsframes.held_bytes, without its call
