@@ -20,19 +20,33 @@ Part of the connection layer (:mod:`pubsubclub.net`). Two costs of the stock
   may ask again (a flushed batch writing to a corked connection) and runs
   in the same turn.
 
+* A TCP connection that is only readable (a relayed message's usual event)
+  is read by :meth:`TurnReactor.doPoll` itself: ``recv`` into the
+  protocol's ``dataReceived``, what Twisted's ``_doReadOrWrite`` ->
+  ``Connection.doRead`` -> ``_dataReceived`` do, without their three calls
+  (a failed ``recv`` loses the connection, an empty one closes it, half-close
+  included, and what the protocol raises is logged and drops it, as there).
+  The connection layer's guard (:func:`read_past`: every listener's
+  connection) is read past too: its ``heard`` set and its protocol's
+  ``dataReceived`` called, what the guard's own ``dataReceived`` does,
+  without that call. Any other event, descriptor or a connection whose
+  ``doRead`` was replaced (connecting, aborted) goes to ``_doReadOrWrite``.
+
 On any other reactor (tests' memory reactors, a user's own reactor under
 the mixin) :func:`at_turn_end` falls back to ``callLater(0)``: the same
-order, one main-loop pass later.
+order, one main-loop pass later; reads are Twisted's.
 """
 
 from __future__ import annotations
 
 import errno
+import select
 import sys
 from collections.abc import Callable
 from typing import Any
 
-from twisted.internet import epollreactor
+from twisted.internet import epollreactor, tcp
+from twisted.internet.main import CONNECTION_DONE, CONNECTION_LOST
 from twisted.logger import Logger, LogLevel
 from twisted.python import log as legacy_log
 
@@ -82,11 +96,47 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
             raise
         selectables = self._selectables
         dispatch = self._doReadOrWrite
+        guard: Any = _guard
         for fd, event in events:
             selectable = selectables.get(fd)
             if selectable is None:
                 continue
             try:
+                if (
+                    event == _READABLE
+                    and type(selectable) in _TCP_CONNECTIONS
+                    and "doRead" not in selectable.__dict__
+                    and selectable.fileno() != -1
+                ):
+                    # A TCP connection's read (most events: each relayed message's), without the three calls of
+                    # _doReadOrWrite -> Connection.doRead -> _dataReceived, doing what they do: a failed recv
+                    # is a lost connection (but EWOULDBLOCK), no bytes a closed one, and what the protocol
+                    # raises is logged and drops the connection.
+                    why: Any = None
+                    try:
+                        data = selectable.socket.recv(selectable.bufferSize)
+                    except OSError as err:
+                        if err.args[0] != errno.EWOULDBLOCK:
+                            why = CONNECTION_LOST
+                    else:
+                        if data:
+                            protocol: Any = selectable.protocol
+                            try:
+                                if type(protocol) is guard:
+                                    # The guard's dataReceived, without its call (every listener's connection).
+                                    protocol.heard = True
+                                    protocol.wrappedProtocol.dataReceived(data)
+                                else:
+                                    protocol.dataReceived(data)
+                            except BaseException as err:
+                                legacy_log.err()
+                                self._disconnectSelectable(selectable, err, False)
+                                continue
+                        else:
+                            why = CONNECTION_DONE
+                    if why:
+                        self._disconnectSelectable(selectable, why, True)
+                    continue
                 dispatch(selectable, fd, event)
             except KeyboardInterrupt:
                 raise
@@ -149,12 +199,33 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
         log.info("Main loop terminated.")
 
 
+#: Twisted's TCP connections whose reads doPoll makes itself (their doRead and _dataReceived are Connection's).
+_TCP_CONNECTIONS = (tcp.Server, tcp.Client)
+#: The event of a descriptor that is only readable (no hang-up or error, not writable).
+_READABLE = select.EPOLLIN
+#: The guard class whose reads doPoll takes past its dataReceived (read_past); None: none.
+_guard: type | None = None
 #: The attributes of Twisted's ReactorBase that mainLoop reads (private: checked before it relies on them).
 _TIMER_STATE = ("threadCallQueue", "_newTimedCalls", "_pendingTimedCalls", "_cancellations", "_justStopped")
 #: Twisted's runUntilCurrent sweeps cancelled timers out once more than this many are held (and half the heap).
 _CANCELLATIONS_KEPT = 50
 #: The longest wait Twisted's ``timeout`` gives: 2**31 ms as seconds (epoll_wait's timeout is a C int of ms).
 _LONGEST_WAIT = 2147483
+
+
+def read_past(guard: type) -> None:
+    """Have the node's reactor read a TCP connection whose protocol is exactly a ``guard`` past its ``dataReceived``.
+
+    A ``guard`` is a protocol wrapper whose ``dataReceived(data)`` is exactly
+    ``self.heard = True; self.wrappedProtocol.dataReceived(data)`` (the
+    connection layer's :class:`~pubsubclub.net.edge.EdgeConnection`, which
+    registers itself): :meth:`TurnReactor.doPoll` does those two lines
+    itself for every read of such a connection (a subclass keeps its own
+    ``dataReceived``). One guard class per process; another reactor reads
+    through the guard's ``dataReceived`` as usual.
+    """
+    global _guard
+    _guard = guard
 
 
 def install() -> bool:
