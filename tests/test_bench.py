@@ -172,10 +172,15 @@ def test_bench_calls_scenario_with_lean_clients() -> None:
 #: above the merged tree's figures of 2026-11-26 (node A 25.0, node B 29.0; the same in every run: they are counts;
 #: node B 19.0 since the relayed PSC301 reaches its EVENT as fields, the brx slice; node A 14.0 and node B 15.0
 #: since end-of-turn asks and runs cost no call, write-through flushes inline and node A's plain PUBLISH reaches its
-#: link frame with fewer, the arx slice). One more function on either path per message fails the test below; lower
-#: them when a change takes calls away.
-NODE_A_PUBSUBCLUB_CALLS_BOUND = 14.5
+#: link frame with fewer, the arx slice; node A 10.0 since the node's reactor reads a guarded connection's bytes
+#: into its protocol and a link writes its usual turn-end frame itself, the pacedA slice). One more function on
+#: either path per message fails the test below; lower them when a change takes calls away.
+NODE_A_PUBSUBCLUB_CALLS_BOUND = 10.5
 NODE_B_PUBSUBCLUB_CALLS_BOUND = 15.5
+#: All Python calls per paced message, Twisted's included (pacedA: node A 17.0 -> 10.0, node B 18.0 -> 15.0, the
+#: reactor's reads without Twisted's three calls): a Twisted call coming back on either path fails the test.
+NODE_A_CALLS_BOUND = 10.5
+NODE_B_CALLS_BOUND = 15.5
 
 
 @pytest.mark.slow
@@ -184,9 +189,15 @@ def test_bench_pycalls_counts_each_nodes_calls_per_message_within_bounds() -> No
     results, err = bench("--scenario", "pycalls", "--count", "200", "--max-seconds", "60")
     assert "settings: --scenario pycalls --count 200 --transport rawsocket" in err
     assert (results["transport"], results["messages"], results["relayed"]) == ("rawsocket", 200, 200 + 3 * 200)
-    for node, bound in (("node_a", NODE_A_PUBSUBCLUB_CALLS_BOUND), ("node_b", NODE_B_PUBSUBCLUB_CALLS_BOUND)):
+    bounds = (
+        ("node_a", NODE_A_PUBSUBCLUB_CALLS_BOUND, NODE_A_CALLS_BOUND),
+        ("node_b", NODE_B_PUBSUBCLUB_CALLS_BOUND, NODE_B_CALLS_BOUND),
+    )
+    for node, bound, all_bound in bounds:
         figures = results[node]
-        assert figures["calls_per_message"] > figures["pubsubclub_calls_per_message"] > 0, figures
+        # Node A's whole path is pubsubclub's own (no Twisted call left): the two may differ by the idle window's noise.
+        assert figures["calls_per_message"] + 0.1 >= figures["pubsubclub_calls_per_message"] > 0, figures
+        assert figures["calls_per_message"] <= all_bound, (node, figures)
         assert figures["calls_busy"] > figures["calls_idle"], figures
         per = [value for _, value in figures["top"]]
         assert per == sorted(per, reverse=True) and per[0] >= 1, figures["top"]
