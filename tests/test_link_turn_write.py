@@ -167,7 +167,8 @@ def _outcome(
 
 
 def _hold(link: _Link, edge: EdgeConnection, wire: _Wire) -> None:
-    wsframes._held = {object(): [1, [b"x"]]}
+    """A hold of frames (a remote batch's delivery) with a frame held for this link: it must leave first."""
+    wsframes._held = {link: [4, [b"held"]]}
 
 
 _CASES: dict[str, tuple[list[bytes], dict[str, Any]]] = {
