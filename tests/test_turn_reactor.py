@@ -550,3 +550,43 @@ def test_a_guarded_connections_read_skips_twisteds_read_calls_and_the_guards() -
         for _ in range(5):
             r.doIteration(0)
         _close(r)
+
+
+def test_the_main_loops_wait_keeps_twisteds_bounds_without_the_builtins() -> None:
+    """Between busy turns the loop waits as Twisted's timeout would (a far timer: epoll's longest wait), computed
+    without min() and max() calls (each a builtin call with keyword parsing, once per turn)."""
+    from pubsubclub.net import reactor as reactor_module
+
+    r = TurnReactor()
+    spy = _PollerSpy(r._poller)
+    r._poller = spy
+    builtins_called: list[str] = []
+    reads = 0
+
+    def on_read() -> None:
+        nonlocal reads
+        reads += 1
+        if reads < 10:
+            peer.send(b"x")
+        else:
+            r.stop()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and frame.f_code.co_name == "mainLoop" and getattr(arg, "__name__", "") in ("min", "max"):
+            builtins_called.append(arg.__name__)
+
+    reader, peer = _ready(r, [], "read", on_read)
+    far = r.callLater(10**9, lambda: None)
+    sys.setprofile(hook)
+    try:
+        r.run(installSignalHandlers=False)
+    finally:
+        sys.setprofile(None)
+        if far.active():
+            far.cancel()
+        peer.close()
+        reader.sock.close()
+        _close(r)
+    assert reads == 10 and builtins_called == []
+    # The first turn asks Twisted (a new timer); the busy turns after it bound the far timer to epoll's longest wait.
+    assert spy.timeouts.count(reactor_module._LONGEST_WAIT) >= 8, spy.timeouts

@@ -189,8 +189,13 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
                 if self._newTimedCalls:
                     wait = self.timeout()
                 elif pending:
-                    # Never in the past, never longer than epoll_wait's millisecond int takes (Twisted's bounds).
-                    wait = max(0, min(_LONGEST_WAIT, pending[0].time - self.seconds()))
+                    # Never in the past, never longer than epoll_wait's millisecond int takes (Twisted's bounds):
+                    # max(0, min(_LONGEST_WAIT, ...)) without the two builtins' calls and keyword parsing.
+                    wait = pending[0].time - self.seconds()
+                    if wait < 0:
+                        wait = 0
+                    elif wait > _LONGEST_WAIT:
+                        wait = _LONGEST_WAIT
                 else:
                     wait = None
                 self.doIteration(self.running and wait)
