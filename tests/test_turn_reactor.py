@@ -400,14 +400,15 @@ class _OnePoll:
         return getattr(self.poller, name)
 
 
-def _server_read(inline: bool, guarded: bool, outcome: Any, fileno_gone: bool = False) -> list[Any]:
-    """A TCP server connection on a TurnReactor (behind the connection layer's guard, or not) given one epoll read
-    event whose ``recv`` gives ``outcome``; read by doPoll itself (``inline``) or through Twisted's calls (a
-    ``doRead`` of its own on the connection, which doPoll leaves to them). The trace of what the protocol saw, the
-    guard's ``heard``, whether the connection is still read, what was logged, and its end."""
+def _server_read(inline: bool, guarded: bool | None, outcome: Any, fileno_gone: bool = False) -> list[Any]:
+    """A TCP connection on a TurnReactor (accepted behind the connection layer's guard, accepted plainly, or dialled:
+    ``guarded`` True, False, None) given one epoll read event whose ``recv`` gives ``outcome``; read by doPoll itself
+    (``inline``) or through Twisted's calls (a ``doRead`` of its own on the connection, which doPoll leaves to them).
+    The trace of what the protocol saw, the guard's ``heard``, whether the connection is still read, what was logged,
+    and its end."""
     import select
 
-    from twisted.internet.protocol import Factory
+    from twisted.internet.protocol import ClientFactory, Factory
 
     from pubsubclub.net.edge import Edge, EdgeLimits
 
@@ -421,15 +422,29 @@ def _server_read(inline: bool, guarded: bool, outcome: Any, fileno_gone: bool = 
 
     edge = Edge(r, lambda *_: None, lambda *_: None)
     accepted: list[_Inner] = []
-    factory = Factory()
+    factory = Factory() if guarded is not None else ClientFactory()
     factory.buildProtocol = lambda addr: accepted.append(_Inner(trace)) or accepted[-1]  # type: ignore[method-assign]
-    listener = edge.guard("test", factory, EdgeLimits()) if guarded else factory
-    port = r.listenTCP(0, listener, interface="127.0.0.1")
-    client = socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5)
+    if guarded is None:
+        server = socket.create_server(("127.0.0.1", 0))
+        server.settimeout(0)
+        port: Any = server
+        r.connectTCP("127.0.0.1", server.getsockname()[1], factory, timeout=5)
+        for _ in range(100):
+            r.doIteration(0.02)
+            try:
+                client, _ = server.accept()
+                break
+            except BlockingIOError:
+                r.runUntilCurrent()  # the connector's first steps are timers'
+        client.settimeout(5)
+    else:
+        listener = edge.guard("test", factory, EdgeLimits()) if guarded else factory
+        port = r.listenTCP(0, listener, interface="127.0.0.1")
+        client = socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5)
     globalLogPublisher.addObserver(observer)
     try:
         for _ in range(100):
-            if accepted:
+            if accepted and accepted[0].transport is not None and "doRead" not in vars(accepted[0].transport):
                 break
             r.doIteration(0.05)
         if guarded:
@@ -462,7 +477,10 @@ def _server_read(inline: bool, guarded: bool, outcome: Any, fileno_gone: bool = 
         globalLogPublisher.removeObserver(observer)
         edge.stop()
         client.close()
-        port.stopListening()
+        if guarded is None:
+            port.close()
+        else:
+            port.stopListening()
         for _ in range(5):
             r.doIteration(0)
         _close(r)
@@ -478,12 +496,12 @@ _OUTCOMES = {
 }
 
 
-@pytest.mark.parametrize("guarded", [True, False], ids=["guarded", "plain"])
+@pytest.mark.parametrize("guarded", [True, False, None], ids=["guarded", "plain", "dialled"])
 @pytest.mark.parametrize("outcome", list(_OUTCOMES))
-def test_a_tcp_read_made_by_the_turn_itself_does_what_twisteds_calls_do(outcome: str, guarded: bool) -> None:
-    """doPoll's own read of a readable TCP connection (guarded or not) has Twisted's outcomes: the bytes (the guard's
-    heard set), a raise logged and the connection dropped, end of input and reset closing it with Twisted's reason,
-    EWOULDBLOCK nothing."""
+def test_a_tcp_read_made_by_the_turn_itself_does_what_twisteds_calls_do(outcome: str, guarded: bool | None) -> None:
+    """doPoll's own read of a readable TCP connection (accepted, guarded or not, or dialled) has Twisted's outcomes:
+    the bytes (the guard's heard set), a raise logged and the connection dropped, end of input and reset closing it
+    with Twisted's reason, EWOULDBLOCK nothing."""
     trace = _server_read(True, guarded, _OUTCOMES[outcome])
     assert trace == _server_read(False, guarded, _OUTCOMES[outcome])
     assert trace[0] == ("read", _OUTCOMES[outcome]) or outcome in ("end-of-input", "would-block", "reset")
