@@ -8,6 +8,8 @@ import textwrap
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from pubsubclub.federation.forwarding import Forwarding
 from pubsubclub.frontends.wamp import transport
@@ -58,3 +60,20 @@ def test_bytes_in_raises_and_clears_an_error_that_find_does_not() -> None:
     assert (Needle(b"t") in data) is True and asked == ["__index__"]
     asked.clear()
     assert data.find(Needle(b"t")) >= 0 and asked == []
+
+
+@given(st.binary(max_size=200) | st.text(alphabet="0123456789[]{}\",x", max_size=120).map(str.encode))
+@settings(max_examples=400, deadline=None)
+def test_one_translate_finds_the_long_digit_runs_and_the_openers_as_before(payload: bytes) -> None:
+    """feed_message's one-pass pre-check (_SHAPE_MASK) decides as the digit mask plus two counts did."""
+    from pubsubclub.core.jsonbounds import _DIGIT_MASK, _LONG_RUN
+
+    before = (payload.translate(_DIGIT_MASK).find(_LONG_RUN) >= 0, payload.count(b"[") + payload.count(b"{"))
+    shape = payload.translate(transport._SHAPE_MASK)
+    assert (shape.find(_LONG_RUN) >= 0, shape.count(b"[")) == before
+
+
+def test_the_plain_publish_pre_check_reads_the_payload_in_one_translate_and_no_count() -> None:
+    """The plain PUBLISH's bounds pre-check is one translate (no count of the payload itself)."""
+    source = inspect.getsource(transport.feed_message)
+    assert "payload.translate(_SHAPE_MASK)" in source and "payload.count(" not in source
