@@ -77,3 +77,34 @@ def test_the_plain_publish_pre_check_reads_the_payload_in_one_translate_and_no_c
     """The plain PUBLISH's bounds pre-check is one translate (no count of the payload itself)."""
     source = inspect.getsource(transport.feed_message)
     assert "payload.translate(_SHAPE_MASK)" in source and "payload.count(" not in source
+
+
+def test_a_reads_last_whole_frame_ends_the_read_without_another_pass() -> None:
+    """A read holding one whole frame is delivered and the read ends there: the connection's state is looked at once
+    (no second pass of the frame loop to find nothing left); a read of two frames still delivers both."""
+    from test_wsread import DirectServer, open_server
+
+    class Counting(DirectServer):  # type: ignore[misc, valid-type]
+        looks = 0
+
+        @property
+        def failedByMe(self) -> bool:  # noqa: N802 - Autobahn's name
+            type(self).looks += 1
+            return bool(self.__dict__.get("_failed", False))
+
+        @failedByMe.setter
+        def failedByMe(self, value: bool) -> None:  # noqa: N802 - Autobahn's name
+            self.__dict__["_failed"] = value
+
+    def frame(text: bytes) -> bytes:
+        mask = b"\x01\x02\x03\x04"
+        return bytes((0x81, 0x80 | len(text))) + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(text))
+
+    protocol, _, _ = open_server(Counting)
+    Counting.looks = 0
+    protocol.dataReceived(frame(b'[16,1,{},"t",["v"]]'))
+    assert protocol.events == [("message", b'[16,1,{},"t",["v"]]', False)] and Counting.looks == 1
+    Counting.looks = 0
+    protocol.dataReceived(frame(b"one") + frame(b"two"))
+    assert protocol.events[1:] == [("message", b"one", False), ("message", b"two", False)] and Counting.looks == 2
+    assert protocol.data == b""
