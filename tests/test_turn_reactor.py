@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import socket
 import subprocess
@@ -348,3 +349,262 @@ def test_a_failing_call_asked_during_a_turn_is_logged_and_the_others_run(
     assert any("turn-end boom" in repr(e.get("log_failure")) for e in errors)
     errors.clear()
     peer.close()
+
+
+
+class _Inner:
+    """A connection's protocol: records what it reads and how it was lost; raises on b"boom"."""
+
+    def __init__(self, trace: list[Any]) -> None:
+        self.trace = trace
+        self.transport: Any = None
+
+    def makeConnection(self, transport: Any) -> None:  # noqa: N802 - Twisted API
+        self.transport = transport
+
+    def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+        self.trace.append(("read", data))
+        if data == b"boom":
+            raise RuntimeError("a protocol raising on its input")
+
+    def connectionLost(self, reason: Any) -> None:  # noqa: N802 - Twisted API
+        self.trace.append(("lost", reason.type.__name__))
+
+
+class _Socket:
+    """A connection's socket whose ``recv`` does what the test says (return bytes, or raise)."""
+
+    def __init__(self, real: socket.socket, outcome: Any) -> None:
+        self._real, self._outcome = real, outcome
+
+    def recv(self, size: int) -> bytes:
+        if isinstance(self._outcome, BaseException):
+            raise self._outcome
+        return self._outcome  # type: ignore[no-any-return]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class _OnePoll:
+    """The reactor's epoll object, answering its next poll with one event (then its real answers)."""
+
+    def __init__(self, poller: Any, event: tuple[int, int]) -> None:
+        self.poller, self.event = poller, event
+
+    def poll(self, timeout: float, maxevents: int) -> Any:
+        event, self.event = self.event, None
+        return [event] if event is not None else self.poller.poll(timeout, maxevents)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.poller, name)
+
+
+def _server_read(inline: bool, guarded: bool | None, outcome: Any, fileno_gone: bool = False) -> list[Any]:
+    """A TCP connection on a TurnReactor (accepted behind the connection layer's guard, accepted plainly, or dialled:
+    ``guarded`` True, False, None) given one epoll read event whose ``recv`` gives ``outcome``; read by doPoll itself
+    (``inline``) or through Twisted's calls (a ``doRead`` of its own on the connection, which doPoll leaves to them).
+    The trace of what the protocol saw, the guard's ``heard``, whether the connection is still read, what was logged,
+    and its end."""
+    import select
+
+    from twisted.internet.protocol import ClientFactory, Factory
+
+    from pubsubclub.net.edge import Edge, EdgeLimits
+
+    r = TurnReactor()
+    trace: list[Any] = []
+    logged: list[str] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if event.get("log_failure") is not None:
+            logged.append(type(event["log_failure"].value).__name__)
+
+    edge = Edge(r, lambda *_: None, lambda *_: None)
+    accepted: list[_Inner] = []
+    factory = Factory() if guarded is not None else ClientFactory()
+    factory.buildProtocol = lambda addr: accepted.append(_Inner(trace)) or accepted[-1]  # type: ignore[method-assign]
+    if guarded is None:
+        server = socket.create_server(("127.0.0.1", 0))
+        server.settimeout(0)
+        port: Any = server
+        r.connectTCP("127.0.0.1", server.getsockname()[1], factory, timeout=5)
+        for _ in range(100):
+            r.doIteration(0.02)
+            try:
+                client, _ = server.accept()
+                break
+            except BlockingIOError:
+                r.runUntilCurrent()  # the connector's first steps are timers'
+        client.settimeout(5)
+    else:
+        listener = edge.guard("test", factory, EdgeLimits()) if guarded else factory
+        port = r.listenTCP(0, listener, interface="127.0.0.1")
+        client = socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5)
+    globalLogPublisher.addObserver(observer)
+    try:
+        for _ in range(100):
+            if accepted and accepted[0].transport is not None and "doRead" not in vars(accepted[0].transport):
+                break
+            r.doIteration(0.05)
+        if guarded:
+            (guard,) = listener.connections
+            conn = guard.transport
+            guard.heard = False
+        else:
+            conn = accepted[0].transport
+        if not inline:
+            conn.doRead = conn.doRead  # an instance doRead: doPoll hands the event to Twisted's _doReadOrWrite
+        real = conn.socket
+        conn.socket = _Socket(real, outcome)
+        if fileno_gone:
+            conn.fileno = lambda: -1
+        r._poller = _OnePoll(r._poller, (real.fileno(), select.EPOLLIN))
+        r.doIteration(0)
+        r._poller = r._poller.poller
+        if guarded:
+            trace.append(("heard", guard.heard))
+        trace.append(("still read", conn in r.getReaders()))
+        trace.append(("logged", logged))
+        if conn.connected:
+            conn.socket = real
+            conn.loseConnection()
+            for _ in range(50):
+                if ("lost", "ConnectionDone") in trace:
+                    break
+                r.doIteration(0.02)
+    finally:
+        globalLogPublisher.removeObserver(observer)
+        edge.stop()
+        client.close()
+        if guarded is None:
+            port.close()
+        else:
+            port.stopListening()
+        for _ in range(5):
+            r.doIteration(0)
+        _close(r)
+    return trace
+
+
+_OUTCOMES = {
+    "bytes": b"some bytes",
+    "protocol-raises": b"boom",
+    "end-of-input": b"",
+    "would-block": BlockingIOError(errno.EWOULDBLOCK, "try again"),
+    "reset": ConnectionResetError(errno.ECONNRESET, "reset"),
+}
+
+
+@pytest.mark.parametrize("guarded", [True, False, None], ids=["guarded", "plain", "dialled"])
+@pytest.mark.parametrize("outcome", list(_OUTCOMES))
+def test_a_tcp_read_made_by_the_turn_itself_does_what_twisteds_calls_do(outcome: str, guarded: bool | None) -> None:
+    """doPoll's own read of a readable TCP connection (accepted, guarded or not, or dialled) has Twisted's outcomes:
+    the bytes (the guard's heard set), a raise logged and the connection dropped, end of input and reset closing it
+    with Twisted's reason, EWOULDBLOCK nothing."""
+    trace = _server_read(True, guarded, _OUTCOMES[outcome])
+    assert trace == _server_read(False, guarded, _OUTCOMES[outcome])
+    assert trace[0] == ("read", _OUTCOMES[outcome]) or outcome in ("end-of-input", "would-block", "reset")
+
+
+def test_a_connection_whose_descriptor_went_away_is_dropped_as_twisted_drops_it() -> None:
+    """A connection whose fileno() says -1 is left to Twisted, which disconnects it (ConnectionFdescWentAway)."""
+    trace = _server_read(True, True, b"unread", fileno_gone=True)
+    assert trace == _server_read(False, True, b"unread", fileno_gone=True)
+    assert ("lost", "ConnectionFdescWentAway") in trace
+
+
+def test_a_guarded_connections_read_skips_twisteds_read_calls_and_the_guards() -> None:
+    """On the node's reactor a guarded TCP connection's bytes reach its protocol with no Python call between the turn
+    and the protocol (not Twisted's _doReadOrWrite, doRead, _dataReceived, nor the guard's dataReceived), heard set."""
+    from twisted.internet.protocol import Factory
+
+    from pubsubclub.net.edge import Edge, EdgeLimits
+
+    r = TurnReactor()
+    calls: list[str] = []
+    seen: list[bytes] = []
+
+    class Inner(_Inner):
+        def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
+            seen.append(data)
+
+    factory = Factory()
+    factory.buildProtocol = lambda addr: Inner([])  # type: ignore[method-assign]
+    edge = Edge(r, lambda *_: None, lambda *_: None)
+    listener = edge.guard("test", factory, EdgeLimits())
+    port = r.listenTCP(0, listener, interface="127.0.0.1")
+    client = socket.create_connection(("127.0.0.1", port.getHost().port), timeout=5)
+    try:
+        for _ in range(100):
+            if listener.connections:
+                break
+            r.doIteration(0.05)
+        (guard,) = listener.connections
+        guard.heard = False
+        client.sendall(b"hello")
+
+        def hook(frame: Any, event: str, arg: Any) -> None:
+            if event == "call":
+                calls.append(frame.f_code.co_name)
+
+        for _ in range(100):
+            calls.clear()
+            sys.setprofile(hook)
+            try:
+                r.doIteration(0.05)
+            finally:
+                sys.setprofile(None)
+            if seen:
+                break
+        assert seen == [b"hello"] and guard.heard
+        assert calls == ["doPoll", "dataReceived"], calls
+    finally:
+        edge.stop()
+        client.close()
+        for connection in list(listener.connections):
+            connection.transport.loseConnection()
+        port.stopListening()
+        for _ in range(5):
+            r.doIteration(0)
+        _close(r)
+
+
+def test_the_main_loops_wait_keeps_twisteds_bounds_without_the_builtins() -> None:
+    """Between busy turns the loop waits as Twisted's timeout would (a far timer: epoll's longest wait), computed
+    without min() and max() calls (each a builtin call with keyword parsing, once per turn)."""
+    from pubsubclub.net import reactor as reactor_module
+
+    r = TurnReactor()
+    spy = _PollerSpy(r._poller)
+    r._poller = spy
+    builtins_called: list[str] = []
+    reads = 0
+
+    def on_read() -> None:
+        nonlocal reads
+        reads += 1
+        if reads < 10:
+            peer.send(b"x")
+        else:
+            r.stop()
+
+    def hook(frame: Any, event: str, arg: Any) -> None:
+        if event == "c_call" and frame.f_code.co_name == "mainLoop" and getattr(arg, "__name__", "") in ("min", "max"):
+            builtins_called.append(arg.__name__)
+
+    reader, peer = _ready(r, [], "read", on_read)
+    far = r.callLater(10**9, lambda: None)
+    sys.setprofile(hook)
+    try:
+        r.run(installSignalHandlers=False)
+    finally:
+        sys.setprofile(None)
+        if far.active():
+            far.cancel()
+        peer.close()
+        reader.sock.close()
+        _close(r)
+    assert reads == 10 and builtins_called == []
+    # The first turn asks Twisted (a new timer); the busy turns after it bound the far timer to epoll's longest wait.
+    assert spy.timeouts.count(reactor_module._LONGEST_WAIT) >= 8, spy.timeouts

@@ -167,7 +167,7 @@ class Forwarding(FederationState):
                     self._forward_binary(envelope, None, streams)
                     return
                 wire[_PSC_RICH] = known
-            if known is not None and b"%" not in known and known[-3:-2] != b"{":
+            if known is not None and known.find(b"%") < 0 and known[-3:-2] != b"{":
                 self._forward_known(topic, known, streams)
                 return
         sessions = self._by_topic.get(topic)
@@ -235,7 +235,8 @@ class Forwarding(FederationState):
             known = orjson.dumps([psc.PUBLISH, topic, payload, {"o": origin, "t": published_at, "i": message_id}])
         except TypeError:  # not JSON (bytes in it): the binary form, the envelope's path
             return False
-        if b"%" in known or known[-3:-2] == b"{":
+        # find, not ``in``: bytes ``in`` raises and clears a TypeError per check (wamp transport.py, _NUL_ESCAPE).
+        if known.find(b"%") >= 0 or known[-3:-2] == b"{":
             return False  # seq_template's escaping: the envelope's path
         # _forward_known and _send, without their calls (once per published message).
         forwarded = self._forwarded

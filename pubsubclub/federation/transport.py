@@ -50,10 +50,11 @@ from pubsubclub.federation.session import (
     LinkState,
     Role,
 )
+from pubsubclub.net import wsframes
 from pubsubclub.net.edge import EdgeConnection, unsent_bytes
 from pubsubclub.net.reactor import turn_end_hook
 from pubsubclub.net.sendbuffer import SendBacklog, watch_send_buffer
-from pubsubclub.net.wsframes import receive_data, send_message
+from pubsubclub.net.wsframes import _FIN_TEXT, _LONG, _MEDIUM, receive_data, send_message
 
 
 class LinkHost(LinkOwner, Protocol):
@@ -284,8 +285,53 @@ class _LinkProtocolBase:
         pending = self._batch
         self._batch = None
         self._batch_bytes = 0
-        if pending and self.state == _OPEN:  # type: ignore[attr-defined]
-            self._write_frame(pending[0] if len(pending) == 1 else psc.BATCH_SEPARATOR.join(pending))
+        if not pending or self.state != _OPEN:  # type: ignore[attr-defined]
+            return
+        data = pending[0] if len(pending) == 1 else psc.BATCH_SEPARATOR.join(pending)
+        # _write_frame, send_message and EdgeConnection.write, without their calls, for the usual frame: a listener's
+        # link (a guarded TCP connection; messages flow from the listening node), plain, nothing queued, a frame
+        # send_message would write itself. Anything else is _write_frame's.
+        edge: Any = self.transport  # type: ignore[attr-defined]
+        backlog = self._backlog
+        buffer = edge._buffer if type(edge) is EdgeConnection else None
+        options: Any = self
+        length = len(data)
+        if (
+            buffer is None
+            or backlog is None
+            or self._overflowed
+            or self._seal is not None
+            or edge.closing
+            or len(buffer.dataBuffer) - buffer.offset + buffer._tempDataLen
+            or wsframes._held
+            or not options.factory.isServer
+            or options.maskServerFrames
+            or options._perMessageCompress is not None
+            or options.trackedTimings
+            or options.logFrames
+            or options.send_queue
+            or 0 < options.autoFragmentSize < length
+        ):
+            self._write_frame(data)
+            return
+        if length <= 125:
+            frame = bytes((_FIN_TEXT, length)) + data
+        elif length <= 0xFFFF:
+            frame = _MEDIUM(_FIN_TEXT, 126, length) + data
+        else:
+            frame = _LONG(_FIN_TEXT, 127, length) + data
+        stats = options.trafficStats
+        stats.outgoingWebSocketMessages += 1
+        stats.outgoingOctetsAppLevel += length
+        stats.outgoingOctetsWebSocketLevel += length
+        stats.outgoingWebSocketFrames += 1
+        edge.transport.write(frame)
+        cap = edge._cap
+        if cap and len(buffer.dataBuffer) - buffer.offset + buffer._tempDataLen > cap:
+            edge._slow_consumer()
+        stats.outgoingOctetsWireLevel += len(frame)
+        if backlog.paused:  # SendBacklog.written, without its call
+            backlog.since_pause += length
 
     def _flush_batch(self) -> None:
         """Send the gathered messages as one frame, one per line."""

@@ -51,6 +51,7 @@ from twisted.python.failure import Failure
 from zope.interface import directlyProvides, providedBy
 
 from pubsubclub.net import writethrough
+from pubsubclub.net.reactor import read_past
 from pubsubclub.net.sendbuffer import write_buffer_of
 from pubsubclub.net.websocket import forget_closed
 
@@ -192,7 +193,7 @@ class EdgeConnection(ProtocolWrapper):
         directlyProvides(self, *kept)
 
     def dataReceived(self, data: bytes) -> None:  # noqa: N802 - Twisted API
-        """Note that the peer spoke; pass the bytes on."""
+        """Note that the peer spoke; pass the bytes on (the node's reactor does the same itself: read_past)."""
         self.heard = True
         self.wrappedProtocol.dataReceived(data)
 
@@ -299,6 +300,8 @@ class EdgeConnection(ProtocolWrapper):
                 keepalive()
 
 
+# The node's reactor reads a guarded TCP connection past dataReceived (its two lines done there, no call between).
+read_past(EdgeConnection)
 #: What a closed :class:`EdgeConnection` wraps: nothing of the protocol it carried.
 _CLOSED = Protocol()
 #: The interfaces an :class:`EdgeConnection` provides, by its transport's (see ``makeConnection``).

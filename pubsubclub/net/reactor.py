@@ -26,12 +26,15 @@ Part of the connection layer (:mod:`pubsubclub.net`). Two costs of the stock
   ``Connection.doRead`` -> ``_dataReceived`` do, without their three calls
   (a failed ``recv`` loses the connection, an empty one closes it, half-close
   included, and what the protocol raises is logged and drops it, as there).
-  Any other event, descriptor or a connection whose ``doRead`` was replaced
-  (connecting, aborted) goes to ``_doReadOrWrite``.
+  The connection layer's guard (:func:`read_past`: every listener's
+  connection) is read past too: its ``heard`` set and its protocol's
+  ``dataReceived`` called, what the guard's own ``dataReceived`` does,
+  without that call. Any other event, descriptor or a connection whose
+  ``doRead`` was replaced (connecting, aborted) goes to ``_doReadOrWrite``.
 
 On any other reactor (tests' memory reactors, a user's own reactor under
 the mixin) :func:`at_turn_end` falls back to ``callLater(0)``: the same
-order, one main-loop pass later.
+order, one main-loop pass later; reads are Twisted's.
 """
 
 from __future__ import annotations
@@ -94,6 +97,7 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
             raise
         selectables = self._selectables
         dispatch = self._doReadOrWrite
+        guard: Any = _guard
         for fd, event in events:
             selectable = selectables.get(fd)
             if selectable is None:
@@ -118,8 +122,14 @@ class TurnReactor(epollreactor.EPollReactor):  # type: ignore[misc]
                             why = CONNECTION_LOST
                     else:
                         if data:
+                            protocol: Any = selectable.protocol
                             try:
-                                selectable.protocol.dataReceived(data)
+                                if type(protocol) is guard:
+                                    # The guard's dataReceived, without its call (every listener's connection).
+                                    protocol.heard = True
+                                    protocol.wrappedProtocol.dataReceived(data)
+                                else:
+                                    protocol.dataReceived(data)
                             except BaseException as err:
                                 legacy_log.err()
                                 self._disconnectSelectable(selectable, err, False)
@@ -204,12 +214,29 @@ _READABLE = select.EPOLLIN
 #: through its type's ``__getattribute__``, a slot wrapper call: a few hundred instructions each time).
 _SOCKET = socket.socket
 _RECV = socket.socket.recv
+#: The guard class whose reads doPoll takes past its dataReceived (read_past); None: none.
+_guard: type | None = None
 #: The attributes of Twisted's ReactorBase that mainLoop reads (private: checked before it relies on them).
 _TIMER_STATE = ("threadCallQueue", "_newTimedCalls", "_pendingTimedCalls", "_cancellations", "_justStopped")
 #: Twisted's runUntilCurrent sweeps cancelled timers out once more than this many are held (and half the heap).
 _CANCELLATIONS_KEPT = 50
 #: The longest wait Twisted's ``timeout`` gives: 2**31 ms as seconds (epoll_wait's timeout is a C int of ms).
 _LONGEST_WAIT = 2147483
+
+
+def read_past(guard: type) -> None:
+    """Have the node's reactor read a TCP connection whose protocol is exactly a ``guard`` past its ``dataReceived``.
+
+    A ``guard`` is a protocol wrapper whose ``dataReceived(data)`` is exactly
+    ``self.heard = True; self.wrappedProtocol.dataReceived(data)`` (the
+    connection layer's :class:`~pubsubclub.net.edge.EdgeConnection`, which
+    registers itself): :meth:`TurnReactor.doPoll` does those two lines
+    itself for every read of such a connection (a subclass keeps its own
+    ``dataReceived``). One guard class per process; another reactor reads
+    through the guard's ``dataReceived`` as usual.
+    """
+    global _guard
+    _guard = guard
 
 
 def install() -> bool:

@@ -338,6 +338,11 @@ def receive_data(protocol: Any, data: bytes) -> None:
                             if p.autoPingTimeoutCall and p.autoPingRestartOnAnyTraffic:
                                 p._cancelAutoPingTimeoutCall()
                             on_message(payload, first == _FIN_BINARY)
+                            if pos == end:
+                                # The read's last frame (a paced read's only one): what the loop's next pass would
+                                # come to in every state (no octet left: Autobahn's processData waits for two, and
+                                # only processData starts a frame), without that pass's checks.
+                                break
                             continue
             elif p.state == _CLOSED:
                 break

@@ -74,6 +74,12 @@ from pubsubclub.net.wsslim import SlimServerProtocol, slim_protocol
 __all__ = ["WampServerProtocol", "wamp_resource", "wamp_site"]
 
 log = Logger()
+# _NUL_ESCAPE: a bytes search here is ``payload.find(...) >= 0``, not ``... in payload``: ``in`` on bytes first tries
+# its operand as an integer (a byte value), which for bytes raises and clears a formatted TypeError every time,
+# about 1,800 machine instructions per check (callgrind; docs/benchmarks.md, slice pacedA); ``find`` does not.
+#: jsonbounds' _DIGIT_MASK (ASCII digits to "1", other bytes to "0"), and "[" and "{" to "[": a payload's 19-digit
+#: runs and its openers (what bounds its depth) from one translate.
+_SHAPE_MASK = bytes(91 if b in (91, 123) else v for b, v in enumerate(_DIGIT_MASK))
 #: The published count's front-end, bound once (read per plain PUBLISH).
 _WAMP = Source.WAMP
 _OPEN = WampWebSocketServerProtocol.STATE_OPEN
@@ -250,7 +256,7 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
             type(objects) is not _BoundedJsonObjectSerializer
             or is_binary
             or type(payload) is not bytes
-            or b"\\u0000" in payload
+            or payload.find(b"\\u0000") >= 0  # not ``in``: see _NUL_ESCAPE
         ):
             messages = decode(serializer, payload, is_binary)
         else:
@@ -259,10 +265,10 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
                 value = orjson.loads(payload)
                 # jsonbounds.check_decoded, without its call when it has nothing to check: no 19-digit run
                 # (an integer that may be outside 64 bits) and fewer brackets than the depth allowed.
-                if (
-                    payload.translate(_DIGIT_MASK).find(_LONG_RUN) >= 0
-                    or payload.count(b"[") + payload.count(b"{") > objects._bounds.max_depth
-                ):
+                # One pass maps digits to "1" and both openers to "[" (see _SHAPE_MASK): a 19-digit run is one find,
+                # the openers one count (two counts of the payload before).
+                shape = payload.translate(_SHAPE_MASK)
+                if shape.find(_LONG_RUN) >= 0 or shape.count(b"[") > objects._bounds.max_depth:
                     jsonbounds.check_decoded(payload, value, objects._bounds)
             except Exception:
                 value = None  # not JSON to orjson, or beyond the bounds: decode words the refusal
@@ -380,7 +386,7 @@ class _BoundedJsonObjectSerializer(JsonObjectSerializer):  # type: ignore[misc]
             return list(messages)
         # A string starting with NUL can only be written "\u0000..." in JSON text: without that
         # escape there is no binary value to convert, and the walk over the message is skipped.
-        return [_binary_values(value) if b"\\u0000" in payload else value]
+        return [_binary_values(value) if payload.find(b"\\u0000") >= 0 else value]
 
 
 class _BoundedMsgPackObjectSerializer(MsgPackObjectSerializer):  # type: ignore[misc]
