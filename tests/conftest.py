@@ -244,3 +244,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "spark" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.xdist_group("spark"))
+
+
+@pytest.fixture
+def logged_errors() -> Iterator[list[dict[str, Any]]]:
+    """The error events logged during the test."""
+    seen: list[dict[str, Any]] = []
+
+    def observer(event: dict[str, Any]) -> None:
+        if event.get("isError") or event.get("log_failure") is not None:
+            seen.append(event)
+
+    from twisted.logger import globalLogPublisher
+
+    globalLogPublisher.addObserver(observer)
+    yield seen
+    globalLogPublisher.removeObserver(observer)

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import socket
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import orjson
 import pytest
 import pytest_twisted
+from helpers.linkowner import RecordingOwner
+from helpers.rawsocketclient import read_exactly
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from twisted.internet import epollreactor, interfaces, protocol
-from twisted.logger import globalLogPublisher
 from zope.interface import implementer
 
 from pubsubclub.core.jsonbounds import text_within
@@ -28,38 +28,13 @@ V08 = (psc.V0_1, psc.V0_2, psc.V0_3, psc.V0_4, psc.V0_5, psc.V0_6, psc.V0_7, psc
 # -- the lone PSC301 read in LinkSession.receive ------------------------------------------------------------------
 
 
-class _Recorder:
-    """A LinkOwner recording every call, a lone PSC301 read as its fields included (as the batch of it would be)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def link_received(self, session: LinkSession, message: psc.Publish) -> None:
-        self.calls.append(("received", message, session.last_size))
-
-    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
-        self.calls += [("received", m, size) for m, size in zip(messages, sizes, strict=True)]
-
-    def link_received_plain(self, session: LinkSession, topic: str, message: Any, *fields: Any) -> None:
-        *meta, size = fields
-        self.calls.append(("received", psc.Publish(topic, message, psc.Meta(*meta)), size))
-
-    def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
-        self.calls.append(("dropped", str(error), session.last_size))
-
-    def __getattr__(self, name: str) -> Any:
-        if not name.startswith("link_"):
-            raise AttributeError(name)
-        return lambda *args: self.calls.append((name, *args[1:]))
-
-
 #: (version spoken, PSC104 heard, a link whose owner takes lone messages as fields)
 _LINKS = [(psc.V0_8, True, True), (psc.V0_8, False, True), (psc.V0_3, True, True), (psc.V0_2, False, True),
           (psc.V0_1, False, True), (psc.V0_8, True, False), (psc.V0_2, False, False)]  # fmt: skip
 
 
-def _open_consumer(version: psc.Version, position: bool, plain: bool) -> tuple[LinkSession, _Recorder]:
-    owner = _Recorder()
+def _open_consumer(version: psc.Version, position: bool, plain: bool) -> tuple[LinkSession, RecordingOwner]:
+    owner = RecordingOwner()
     versions = tuple(v for v in V08 if v <= version)
     session = LinkSession(Role.CONSUMER, lambda data: None, owner, "peer", versions=versions)  # type: ignore[arg-type]
     if not plain:
@@ -84,7 +59,7 @@ def _original_receive(session: LinkSession, data: bytes) -> None:
     session._receive_one(data)
 
 
-def _outcome(session: LinkSession, owner: _Recorder, take: Any, frame: bytes) -> tuple[Any, ...]:
+def _outcome(session: LinkSession, owner: RecordingOwner, take: Any, frame: bytes) -> tuple[Any, ...]:
     try:
         take(frame)
         error = None
@@ -232,20 +207,6 @@ def test_a_lone_plain_psc301_reaches_the_owner_without_the_batch_reader() -> Non
 
 
 # -- the reactor's TCP read -----------------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def logged_errors() -> Iterator[list[dict[str, Any]]]:
-    """The error events logged during the test."""
-    seen: list[dict[str, Any]] = []
-
-    def observer(event: dict[str, Any]) -> None:
-        if event.get("isError") or event.get("log_failure") is not None:
-            seen.append(event)
-
-    globalLogPublisher.addObserver(observer)
-    yield seen
-    globalLogPublisher.removeObserver(observer)
 
 
 class _Server(protocol.Protocol):
@@ -397,17 +358,6 @@ async def _pair() -> tuple[Any, socket.socket, Any]:
     return server, client, port
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    sock.settimeout(5.0)
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            break
-        out += chunk
-    return bytes(out)
-
-
 @pytest_twisted.ensureDeferred
 async def test_a_turn_with_one_write_per_connection_asks_for_no_flush() -> None:
     """One write in a turn leaves in the call and asks only for the C uncork; a second gathers, then one flush."""
@@ -417,7 +367,7 @@ async def test_a_turn_with_one_write_per_connection_asks_for_no_flush() -> None:
     try:
         assert writethrough.install(server.transport)
         server.transport.write(b"one")
-        assert _recv_exactly(client, 3) == b"one"
+        assert read_exactly(client, 3, 5.0) == b"one"
         assert writethrough._turn.due is False and writethrough._turn.corked == []
         assert server.transport.write in writethrough._through
         await task.deferLater(reactor, 0, lambda: None)
@@ -426,7 +376,7 @@ async def test_a_turn_with_one_write_per_connection_asks_for_no_flush() -> None:
         server.transport.write(b"three")  # the same turn: gathered
         assert writethrough._turn.due is True and server.transport._tempDataLen == 5
         await task.deferLater(reactor, 0, lambda: None)
-        assert _recv_exactly(client, 8) == b"twothree"
+        assert read_exactly(client, 8, 5.0) == b"twothree"
         assert not writethrough._through and writethrough._turn.due is False
         assert server.transport not in reactor.getWriters()  # type: ignore[attr-defined]
     finally:
@@ -457,7 +407,7 @@ def test_writes_after_the_uncork_still_gather_until_the_flush() -> None:
         r.at_turn_end(lambda: conn.write(b"c"))  # runs after the uncork, before the flush
         conn.write(b"b")  # gathered; the flush asked for
         r.doIteration(0)
-        assert _recv_exactly(client, 3) == b"abc"
+        assert read_exactly(client, 3, 5.0) == b"abc"
         assert sends == [b"a", b"bc"]
         assert not writethrough._through and conn not in r.getWriters()
     finally:

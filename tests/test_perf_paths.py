@@ -6,6 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
+from helpers.linkowner import RecordingOwner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -756,33 +757,8 @@ def test_a_link_frame_asks_the_queue_cap_only_with_bytes_queued_and_drops_the_li
     backlog.queued = 101
     _LinkProtocolBase._write_frame(link, b"three")  # type: ignore[arg-type]
     assert asked == ["s", "s", ("overflow", 101)] and link.dropped is True and len(link.transport.writes) == 2
-class _Recorder:
-    """A LinkOwner recording every call (a run of PSC301s as its messages, one by one)."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def link_received(self, session: LinkSession, message: psc.Publish) -> None:
-        self.calls.append(("received", message, session.last_size))
-
-    def link_received_batch(self, session: LinkSession, messages: list[psc.Publish], sizes: list[int]) -> None:
-        self.calls += [("received", m, size) for m, size in zip(messages, sizes, strict=True)]
-
-    def link_received_plain(self, session: LinkSession, topic: str, message: Any, *fields: Any) -> None:
-        *meta, size = fields
-        self.calls.append(("received", psc.Publish(topic, message, psc.Meta(*meta)), size))
-
-    def link_dropped(self, session: LinkSession, error: psc.PSCPayloadError) -> None:
-        self.calls.append(("dropped", str(error), session.last_size))
-
-    def __getattr__(self, name: str) -> Any:
-        if not name.startswith("link_"):
-            raise AttributeError(name)
-        return lambda *args: self.calls.append((name, *args[1:]))
-
-
-def _open_consumer(version: psc.Version, position: bool) -> tuple[LinkSession, _Recorder]:
-    owner = _Recorder()
+def _open_consumer(version: psc.Version, position: bool) -> tuple[LinkSession, RecordingOwner]:
+    owner = RecordingOwner()
     versions = tuple(v for v in V06 if v <= version)
     session = LinkSession(Role.CONSUMER, lambda data: None, owner, "peer", versions=versions)  # type: ignore[arg-type]
     session.start()
@@ -793,7 +769,7 @@ def _open_consumer(version: psc.Version, position: bool) -> tuple[LinkSession, _
     return session, owner
 
 
-def _outcome(session: LinkSession, owner: _Recorder, take: Any, frame: bytes) -> tuple[Any, ...]:
+def _outcome(session: LinkSession, owner: RecordingOwner, take: Any, frame: bytes) -> tuple[Any, ...]:
     try:
         take(frame)
         error = None

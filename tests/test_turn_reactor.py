@@ -49,20 +49,6 @@ def turn_reactor() -> Iterator[TurnReactor]:
     r._poller.close()
 
 
-@pytest.fixture
-def errors() -> Iterator[list[dict[str, Any]]]:
-    """The error events logged during the test."""
-    seen: list[dict[str, Any]] = []
-
-    def observer(event: dict[str, Any]) -> None:
-        if event.get("isError") or event.get("log_failure") is not None:
-            seen.append(event)
-
-    globalLogPublisher.addObserver(observer)
-    yield seen
-    globalLogPublisher.removeObserver(observer)
-
-
 def _ready(r: TurnReactor, seen: list[str], name: str, on_read: Any = None) -> tuple[_Reader, socket.socket]:
     """A reader registered with ``r`` whose peer already wrote one byte (so it is ready)."""
     ours, theirs = socket.socketpair()
@@ -123,7 +109,7 @@ def test_calls_asked_by_timers_run_before_the_reactor_blocks(turn_reactor: TurnR
 
 
 def test_a_failure_escaping_dispatch_is_logged_and_the_turn_goes_on(
-    turn_reactor: TurnReactor, errors: list[dict[str, Any]]
+    turn_reactor: TurnReactor, logged_errors: list[dict[str, Any]]
 ) -> None:
     """A connection whose connectionLost raises is logged; the other ready connection and the turn's calls still run."""
     r = turn_reactor
@@ -137,14 +123,14 @@ def test_a_failure_escaping_dispatch_is_logged_and_the_turn_goes_on(
     _, peer2 = _ready(r, seen, "good")
     r.doIteration(5.0)
     assert "bad lost" in seen and "good" in seen and seen[-1] == "end"
-    assert any("a connectionLost that fails" in repr(e.get("log_failure") or e.get("failure")) for e in errors)
-    errors.clear()
+    assert any("a connectionLost that fails" in repr(e.get("log_failure") or e.get("failure")) for e in logged_errors)
+    logged_errors.clear()
     peer1.close()
     peer2.close()
 
 
 def test_a_failing_end_of_turn_call_is_logged_and_the_others_run(
-    turn_reactor: TurnReactor, errors: list[dict[str, Any]]
+    turn_reactor: TurnReactor, logged_errors: list[dict[str, Any]]
 ) -> None:
     """One end-of-turn call raising is logged; the calls after it still run."""
     r = turn_reactor
@@ -157,8 +143,8 @@ def test_a_failing_end_of_turn_call_is_logged_and_the_others_run(
     r.at_turn_end(lambda: seen.append("after"))
     r.doIteration(0.0)
     assert seen == ["after"]
-    assert any("end-of-turn boom" in repr(e.get("log_failure")) for e in errors)
-    errors.clear()
+    assert any("end-of-turn boom" in repr(e.get("log_failure")) for e in logged_errors)
+    logged_errors.clear()
 
 
 def test_other_reactors_get_a_call_later() -> None:
@@ -279,7 +265,9 @@ def test_the_main_loop_asks_twisted_for_timer_work_only_when_there_is_some() -> 
         _close(r)
 
 
-def test_an_error_escaping_a_turn_is_logged_as_critical_and_the_loop_goes_on(errors: list[dict[str, Any]]) -> None:
+def test_an_error_escaping_a_turn_is_logged_as_critical_and_the_loop_goes_on(
+    logged_errors: list[dict[str, Any]],
+) -> None:
     """What a turn raises is logged (critical) and the next turn runs, as in Twisted's main loop."""
     r = TurnReactor()
     twisteds_iteration = r.doIteration
@@ -299,8 +287,10 @@ def test_an_error_escaping_a_turn_is_logged_as_critical_and_the_loop_goes_on(err
     finally:
         _close(r)
     assert seen == ["timer"]
-    assert any("turn boom" in repr(e.get("log_failure")) and e.get("log_level").name == "critical" for e in errors)
-    errors.clear()
+    assert any(
+        "turn boom" in repr(e.get("log_failure")) and e.get("log_level").name == "critical" for e in logged_errors
+    )
+    logged_errors.clear()
 
 
 def test_a_twisted_without_the_timer_attributes_gets_its_own_main_loop(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -330,7 +320,7 @@ def test_a_twisted_without_the_timer_attributes_gets_its_own_main_loop(monkeypat
 
 
 def test_a_failing_call_asked_during_a_turn_is_logged_and_the_others_run(
-    turn_reactor: TurnReactor, errors: list[dict[str, Any]]
+    turn_reactor: TurnReactor, logged_errors: list[dict[str, Any]]
 ) -> None:
     """At a turn's end (calls asked while its events were dispatched) one raising is logged; the rest still run."""
     r = turn_reactor
@@ -346,8 +336,8 @@ def test_a_failing_call_asked_during_a_turn_is_logged_and_the_others_run(
     _, peer = _ready(r, seen, "read", on_read)
     r.doIteration(5.0)
     assert seen == ["read", "after", "asked again"] and r._turn_end == []
-    assert any("turn-end boom" in repr(e.get("log_failure")) for e in errors)
-    errors.clear()
+    assert any("turn-end boom" in repr(e.get("log_failure")) for e in logged_errors)
+    logged_errors.clear()
     peer.close()
 
 

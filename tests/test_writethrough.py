@@ -6,6 +6,7 @@ import socket
 from typing import Any
 
 import pytest_twisted
+from helpers.rawsocketclient import read_exactly
 from twisted.internet import defer, protocol, reactor
 from twisted.internet.testing import StringTransport
 
@@ -27,17 +28,6 @@ async def _pair() -> tuple[Any, socket.socket, Any]:
     client = socket.create_connection(("127.0.0.1", port.getHost().port))
     server = await factory.connected  # type: ignore[attr-defined]
     return server, client, port
-
-
-def _recv_exactly(sock: socket.socket, n: int, timeout: float = 5.0) -> bytes:
-    sock.settimeout(timeout)
-    out = bytearray()
-    while len(out) < n:
-        chunk = sock.recv(n - len(out))
-        if not chunk:
-            break
-        out += chunk
-    return bytes(out)
 
 
 def _queued(conn: Any) -> int:
@@ -76,13 +66,13 @@ async def test_the_first_write_of_a_turn_leaves_in_the_call_the_rest_at_the_turn
         server.transport.write._sock = _Counting()
         server.transport.write(b"hello ")
         # No reactor turn between the write and this blocking read: only a send in the call delivers.
-        assert _recv_exactly(client, 6, timeout=2.0) == b"hello "
+        assert read_exactly(client, 6, 2.0) == b"hello "
         server.transport.write(b"wor")
         server.transport.write(b"ld")
         assert _nothing_yet(client)  # corked until the end of the turn
         assert server.transport not in reactor.getWriters()  # type: ignore[attr-defined]
         await _next_turn()
-        assert _recv_exactly(client, 5, timeout=2.0) == b"world"
+        assert read_exactly(client, 5, 2.0) == b"world"
         assert sends == [b"hello ", b"world"]  # the turn's later writes in one send
         # Twisted never asked epoll for writability, and nothing is left queued.
         assert server.transport not in reactor.getWriters()  # type: ignore[attr-defined]
@@ -119,7 +109,7 @@ async def _read_in_thread(sock: socket.socket, n: int) -> bytes:
     """Read ``n`` bytes in a thread while the reactor drains Twisted's buffer."""
     from twisted.internet import threads
 
-    data: bytes = await threads.deferToThread(_recv_exactly, sock, n, 20.0)
+    data: bytes = await threads.deferToThread(read_exactly, sock, n, 20.0)
     return data
 
 
@@ -159,7 +149,7 @@ async def test_every_guarded_listener_writes_through() -> None:
     server = await factory.connected  # type: ignore[attr-defined]
     try:
         server.transport.write(b"through the guard")  # the guard's write, then the TCP connection's
-        assert _recv_exactly(client, 17, timeout=2.0) == b"through the guard"  # in the call
+        assert read_exactly(client, 17, 2.0) == b"through the guard"  # in the call
         tcp_connection = server.transport.transport
         assert tcp_connection.write in writethrough._through  # written through in this turn: later writes gather
         assert tcp_connection not in reactor.getWriters()  # type: ignore[attr-defined]
@@ -195,7 +185,7 @@ async def test_a_connection_with_a_producer_is_left_to_twisted() -> None:
         assert server.transport in reactor.getWriters()  # type: ignore[attr-defined]  # Twisted's own path
         await _next_turn()
         await _next_turn()
-        assert _recv_exactly(client, 5, timeout=2.0) == b"chunk"
+        assert read_exactly(client, 5, 2.0) == b"chunk"
         assert producer.resumed > resumed_before  # Twisted asked for more once its buffer drained
     finally:
         client.close()
@@ -236,11 +226,11 @@ async def test_a_producer_failing_at_the_turns_end_leaves_no_other_connection_co
         first.transport.write(b"c")
         second.transport.write(b"d")
         await _next_turn()
-        assert _recv_exactly(first_client, 2) == b"ac" and _recv_exactly(second_client, 2) == b"bd"
+        assert read_exactly(first_client, 2, 5.0) == b"ac" and read_exactly(second_client, 2, 5.0) == b"bd"
         assert not first.transport.write.corked and not second.transport.write.corked
         assert any("producer boom" in repr(f) for f in failures)
         second.transport.write(b"e")  # not stuck behind a cork nobody flushes
-        assert _recv_exactly(second_client, 1) == b"e"
+        assert read_exactly(second_client, 1, 5.0) == b"e"
     finally:
         globalLogPublisher.removeObserver(observer)
         first.transport.unregisterProducer()

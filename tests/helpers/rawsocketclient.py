@@ -7,8 +7,10 @@ import struct
 import time
 
 
-def read_exactly(sock: socket.socket, n: int) -> bytes:
-    """``n`` octets from ``sock``, however the node splits them; fails if the node closes first."""
+def read_exactly(sock: socket.socket, n: int, timeout: float | None = None) -> bytes:
+    """``n`` octets from ``sock``, however the node splits them; fails if the node closes first (or ``timeout``)."""
+    if timeout is not None:
+        sock.settimeout(timeout)
     out = b""
     while len(out) < n:
         chunk = sock.recv(n - len(out))
