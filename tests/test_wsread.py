@@ -441,3 +441,12 @@ def test_node_connections_read_directly(no_errors: None) -> None:
     net.stop()
     assert net.reactor.getDelayedCalls() == []
     assert set(global_reactor.getDelayedCalls()) <= before
+
+
+@pytest.mark.parametrize("limits", [(200, 100), (100, 200), (0, 100), (100, 0), (0, 0)])
+@pytest.mark.parametrize("size", [99, 100, 101, 150, 199, 200, 201])
+def test_the_smaller_of_the_two_limits_bounds_a_message_as_in_autobahn(limits: tuple[int, int], size: int) -> None:
+    """A whole frame between the message and the frame limit (either way round) ends as Autobahn ends it."""
+    body = b"a" * size
+    chunks = [frame(TEXT, body, mask=b"abcd") + frame(TEXT, b"[1]", mask=b"abcd")]
+    _compare(open_server(PlainServer, limits), open_server(DirectServer, limits), chunks)
