@@ -202,6 +202,10 @@ class EdgeConnection(ProtocolWrapper):
         if self.closing:
             return
         self.transport.write(data)  # type: ignore[union-attr]
+        self.check_cap()
+
+    def check_cap(self) -> None:
+        """The pending-bytes rule (every write to the peer, the write-through's included): past the cap, drop it."""
         buffer = self._buffer
         if buffer is not None and self._cap and (
             len(buffer.dataBuffer) - buffer.offset + buffer._tempDataLen > self._cap

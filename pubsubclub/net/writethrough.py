@@ -150,7 +150,7 @@ class _WriteThrough:
                             turn.due = True
                             at_turn_end(conn.reactor, _flush)
                     if guard is not None:
-                        _past_cap(guard, conn)
+                        guard.check_cap()  # EdgeConnection.write's second rule
                 return
         elif (
             conn.connected
@@ -174,7 +174,7 @@ class _WriteThrough:
             if sent < len(data):
                 self._write(conn, data[sent:] if sent else data)  # the rest: Twisted's, through epoll
                 if guard is not None:
-                    _past_cap(guard, conn)
+                    guard.check_cap()  # EdgeConnection.write's second rule
                 return
             # The first write of the turn left at once; the turn's later ones gather for one send.
             if not _through:
@@ -189,13 +189,7 @@ class _WriteThrough:
             return  # all sent: nothing queued, never past a cap
         self._write(conn, data)
         if guard is not None:
-            _past_cap(guard, conn)
-
-
-def _past_cap(guard: Any, conn: Any) -> None:
-    """EdgeConnection.write's second rule: past its cap of pending bytes, the guard drops the connection."""
-    if guard._cap and len(conn.dataBuffer) - conn.offset + conn._tempDataLen > guard._cap:
-        guard._slow_consumer()
+            guard.check_cap()  # EdgeConnection.write's second rule
 
 
 def install(transport: Any) -> bool:
@@ -213,7 +207,7 @@ def guard(transport: Any, edge: Any) -> Any:
 
     ``edge`` (net/edge.py's ``EdgeConnection`` wrapping ``transport`` itself,
     no TLS between) writes through it: the same rules as its own ``write``
-    (nothing once closing; past ``_cap`` pending bytes, ``_slow_consumer()``),
+    (nothing once closing; past ``_cap`` pending bytes, its ``check_cap()`` drops it),
     without the call around the write-through. The guard keeps the answer as
     its ``write`` and lets go of it with the connection (:func:`uninstall`).
     """
