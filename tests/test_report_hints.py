@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from pubsubclub.cli import command as cli
-from pubsubclub.reports.job import master_label
+from pubsubclub.reports.job import master_label, worker_python
 
 
 def test_empty_folder_suggests_metrics_dir(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -32,3 +33,13 @@ def test_progress_names_the_master_without_claiming_spark_submit() -> None:
 
     given: Any = Session()
     assert master_label(None, given, environ={}) == "the session given, local[3]"
+
+
+def test_local_spark_workers_run_the_drivers_interpreter_unless_someone_chose() -> None:
+    """Local mode: Spark's Python workers get this interpreter (not PATH's python3, maybe another minor version)."""
+    assert worker_python(None, environ={}) == sys.executable
+    assert worker_python("local[2]", environ={}) == sys.executable
+    assert worker_python("local-cluster[2,1,1024]", environ={}) == sys.executable
+    assert worker_python("local[2]", environ={"PYSPARK_PYTHON": "/opt/py/bin/python3"}) is None
+    assert worker_python(None, environ={"PYSPARK_GATEWAY_PORT": "40000"}) is None
+    assert worker_python("spark://10.0.0.1:7077", environ={}) is None

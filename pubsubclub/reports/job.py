@@ -236,6 +236,24 @@ def master_label(master: str | None, spark: SparkSession | None = None, environ:
     return "local[*]: no --master given"
 
 
+def worker_python(master: str | None, environ: Any = os.environ) -> str | None:
+    """The interpreter Spark's Python workers must run for ``master``, where the process has to say; None: leave it.
+
+    PySpark starts its workers with ``PYSPARK_PYTHON``, else whatever ``python3`` is on the ``PATH``,
+    and they refuse to run another minor version than the driver's. In local mode (``master`` None
+    outside spark-submit, or ``local...``) the workers run on this host, so this very interpreter
+    (``sys.executable``, the venv the report was installed in) is the one that fits; a cluster's
+    hosts, spark-submit and an explicit ``PYSPARK_PYTHON`` choose their own.
+    """
+    if "PYSPARK_PYTHON" in environ:
+        return None
+    if master is None:
+        if "PYSPARK_GATEWAY_PORT" in environ:  # under spark-submit: it set up the workers' Python
+            return None
+        master = "local[*]"
+    return sys.executable if master.startswith("local") else None
+
+
 def start_spark(master: str | None, conf: dict[str, str] | None = None) -> SparkSession:
     """A SparkSession on ``master`` (None: what spark-submit set, else ``local[*]``) with ``DEFAULT_CONF``."""
     builder = SparkSession.builder
@@ -245,6 +263,10 @@ def start_spark(master: str | None, conf: dict[str, str] | None = None) -> Spark
         builder = builder.master(master)
     elif "PYSPARK_GATEWAY_PORT" not in os.environ:  # not under spark-submit: nobody chose a master
         builder = builder.master("local[*]")
+    python = worker_python(master)
+    if python is not None:
+        # Read by the SparkContext as it starts (not afterwards): workers of the driver's own version.
+        os.environ["PYSPARK_PYTHON"] = python
     spark = builder.getOrCreate()
     if master is not None and spark.sparkContext.master != master:
         raise RuntimeError(f"this process already runs Spark on {spark.sparkContext.master}, not {master}")
