@@ -23,7 +23,8 @@ from pubsubclub.config import ConfigError, node_config
 from pubsubclub.core.dumpfile import RECORD_COLUMNS, merge_parquet_dumps, write_dump
 from pubsubclub.core.metrics import Metrics, MetricsDumper
 from pubsubclub.reports.generate import generate
-from pubsubclub.reports.job import ReportResult, parquet_damage, plan_files, run_report
+from pubsubclub.reports.job import ReportResult, parquet_damage, plan_files, read_lines, read_parquet, run_report
+from pubsubclub.reports.schema import RECORD_SCHEMA
 
 
 def _quiet(_message: str) -> None:
@@ -142,6 +143,19 @@ def test_generated_dumps_in_both_formats_count_once(spark: SparkSession, tmp_pat
                                    (tmp_path / "jsonl", tmp_path / "out-jsonl"))  # fmt: skip
     assert both.records == jsonl.records == made.records
     _assert_same_tables(jsonl, both)
+
+
+def test_a_format_with_nothing_to_read_starts_no_python_worker(spark: SparkSession, tmp_path: Path) -> None:
+    """No file of a format to read (a ``both`` dump's JSON lines): an empty frame from the JVM, no Python worker."""
+    context = spark.sparkContext
+    was = context.pythonExec
+    context.pythonExec = str(tmp_path / "no-python")  # any Python worker started now fails
+    try:
+        lines, records = read_lines(spark, str(tmp_path), []), read_parquet(spark, str(tmp_path), [])
+        assert (lines.count(), records.count()) == (0, 0)
+    finally:
+        context.pythonExec = was
+    assert lines.columns == ["value"] and records.schema == RECORD_SCHEMA
 
 
 @pytest.mark.slow

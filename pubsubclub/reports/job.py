@@ -25,6 +25,7 @@ from typing import Any
 from pyspark.errors import AnalysisException
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
 
 from pubsubclub.core.dumpfile import MERGED_PREFIX, covered_files
 from pubsubclub.reports import page
@@ -278,6 +279,20 @@ def _reader(spark: SparkSession, suffix: str) -> Any:
     return spark.read.option("recursiveFileLookup", "true").option("pathGlobFilter", f"*{suffix}")
 
 
+#: What :func:`read_lines` gives: one line per row.
+LINES = StructType([StructField("value", StringType())])
+
+
+def _empty(spark: SparkSession, schema: StructType) -> DataFrame:
+    """A frame of no rows with ``schema`` (every column nullable), made in the JVM.
+
+    ``spark.createDataFrame([], schema)`` would pass its (empty) Python rows
+    through a Python worker on an executor: executors would need Python, of
+    the driver's minor version (PySpark refuses another), for no data.
+    """
+    return spark.range(0).select(*(F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields))
+
+
 def read_lines(spark: SparkSession, location: str, files: list[str] | None = None) -> DataFrame:
     """Every line of every ``*.jsonl`` file under ``location``, or of ``files`` (one ``value`` column).
 
@@ -286,7 +301,7 @@ def read_lines(spark: SparkSession, location: str, files: list[str] | None = Non
     are skipped.
     """
     if files is not None:
-        return spark.read.text(files) if files else spark.createDataFrame([], "value string")
+        return spark.read.text(files) if files else _empty(spark, LINES)
     return _reader(spark, JSONL).text(location)
 
 
@@ -299,7 +314,7 @@ def read_parquet(spark: SparkSession, location: str, files: list[str] | None = N
     """
     reader = _reader(spark, PARQUET).schema(RECORD_SCHEMA).option("ignoreCorruptFiles", "true")
     if files is not None:
-        return reader.parquet(*files) if files else spark.createDataFrame([], RECORD_SCHEMA)
+        return reader.parquet(*files) if files else _empty(spark, RECORD_SCHEMA)
     return reader.parquet(location)
 
 
