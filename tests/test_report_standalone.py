@@ -83,8 +83,8 @@ def standalone(tmp_path: Path) -> Iterator[Standalone]:
             try:
                 _alive_workers(ui)
                 break  # the master serves its UI, so its RPC endpoint too (it binds that first)
-            except OSError:
-                pass  # master not listening yet
+            except (OSError, ValueError):
+                pass  # master not listening yet, or its UI answering before it has a page (an empty body)
             cluster.check_alive()
             assert time.monotonic() < deadline, f"the master did not serve within {REGISTER_SECONDS} s"
             time.sleep(0.1)
