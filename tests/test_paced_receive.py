@@ -9,7 +9,7 @@ from typing import Any
 import orjson
 import pytest
 import pytest_twisted
-from helpers.linkowner import RecordingOwner
+from helpers.linkowner import open_consumer, outcome
 from helpers.rawsocketclient import read_exactly
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,29 +22,12 @@ from pubsubclub.federation.session import LinkSession, LinkState, Role
 from pubsubclub.net import writethrough
 from pubsubclub.net.reactor import TurnReactor
 
-V08 = (psc.V0_1, psc.V0_2, psc.V0_3, psc.V0_4, psc.V0_5, psc.V0_6, psc.V0_7, psc.V0_8)
-
-
 # -- the lone PSC301 read in LinkSession.receive ------------------------------------------------------------------
 
 
 #: (version spoken, PSC104 heard, a link whose owner takes lone messages as fields)
 _LINKS = [(psc.V0_8, True, True), (psc.V0_8, False, True), (psc.V0_3, True, True), (psc.V0_2, False, True),
           (psc.V0_1, False, True), (psc.V0_8, True, False), (psc.V0_2, False, False)]  # fmt: skip
-
-
-def _open_consumer(version: psc.Version, position: bool, plain: bool) -> tuple[LinkSession, RecordingOwner]:
-    owner = RecordingOwner()
-    versions = tuple(v for v in V08 if v <= version)
-    session = LinkSession(Role.CONSUMER, lambda data: None, owner, "peer", versions=versions)  # type: ignore[arg-type]
-    if not plain:
-        session._received_plain = None
-    session.start()
-    session.receive(psc.encode(psc.ChooseVersion(version)))
-    if position:
-        session.receive(b'[104,"e",0,0]')
-    owner.calls.clear()
-    return session, owner
 
 
 def _original_receive(session: LinkSession, data: bytes) -> None:
@@ -59,22 +42,13 @@ def _original_receive(session: LinkSession, data: bytes) -> None:
     session._receive_one(data)
 
 
-def _outcome(session: LinkSession, owner: RecordingOwner, take: Any, frame: bytes) -> tuple[Any, ...]:
-    try:
-        take(frame)
-        error = None
-    except Exception as e:  # noqa: BLE001 - compared, whatever it is
-        error = (type(e), getattr(e, "code", None), str(e))
-    return error, owner.calls, session.state, session.last_size, session.resumed
-
-
 def _same_as_the_original(frame: bytes, version: psc.Version, position: bool, plain: bool) -> None:
     if version >= psc.V0_4 and psc.BATCH_SEPARATOR in frame:
         return  # a batch frame: receive's other branch, unchanged
-    new_session, new_owner = _open_consumer(version, position, plain)
-    old_session, old_owner = _open_consumer(version, position, plain)
-    new = _outcome(new_session, new_owner, new_session.receive, frame)
-    old = _outcome(old_session, old_owner, lambda data: _original_receive(old_session, data), frame)
+    new_session, new_owner = open_consumer(version, position, plain)
+    old_session, old_owner = open_consumer(version, position, plain)
+    new = outcome(new_session, new_owner, new_session.receive, frame)
+    old = outcome(old_session, old_owner, lambda data: _original_receive(old_session, data), frame)
     assert new == old, frame
 
 
@@ -194,7 +168,7 @@ def test_any_lone_psc301_ends_as_the_original_receive_ended_it(
 
 def test_a_lone_plain_psc301_reaches_the_owner_without_the_batch_reader() -> None:
     """The usual paced frame goes from receive to link_received_plain; others reach the batch reader read once."""
-    session, owner = _open_consumer(psc.V0_8, True, True)
+    session, owner = open_consumer(psc.V0_8, True, True)
     handed: list[tuple[Any, ...]] = []
     session._receive_publishes = lambda *args: handed.append(args)  # type: ignore[method-assign]
     usual = b'[301,"t","x",' + _META + b"]"
@@ -245,9 +219,8 @@ def _spin(r: Any, until: Any) -> None:
     raise AssertionError("the reactor never got there")
 
 
-def _serve(r: Any, server_class: type, events: list[Any]) -> tuple[Any, socket.socket, list[Any]]:
-    """A listening port on ``r``, a client socket connected to it, and the server protocol once accepted."""
-    made: list[Any] = []
+def _recording_factory(server_class: type, events: list[Any], made: list[Any]) -> protocol.Factory:
+    """A factory whose protocols are ``server_class(events)``, each appended to ``made`` as it is built."""
 
     def build() -> Any:
         server = server_class(events)
@@ -256,7 +229,13 @@ def _serve(r: Any, server_class: type, events: list[Any]) -> tuple[Any, socket.s
 
     factory = protocol.Factory()
     factory.protocol = build  # type: ignore[assignment]
-    port = r.listenTCP(0, factory, interface="127.0.0.1")
+    return factory
+
+
+def _serve(r: Any, server_class: type, events: list[Any]) -> tuple[Any, socket.socket, list[Any]]:
+    """A listening port on ``r``, a client socket connected to it, and the server protocol once accepted."""
+    made: list[Any] = []
+    port = r.listenTCP(0, _recording_factory(server_class, events, made), interface="127.0.0.1")
     client = socket.create_connection(("127.0.0.1", port.getHost().port))
     _spin(r, lambda: made and made[0].transport is not None)
     return port, client, made
@@ -467,16 +446,8 @@ def _guarded_story(merged: bool) -> list[Any]:
     edge = Edge(r, lambda *a: None, lambda *a: drops.append(a))
     events: list[Any] = []
     made: list[Any] = []
-
-    def build() -> Any:
-        server = _Server(events)
-        made.append(server)
-        return server
-
-    factory = protocol.Factory()
-    factory.protocol = build  # type: ignore[assignment]
-    listener = edge.guard("wamp", factory, EdgeLimits(max_pending_bytes=300_000, handshake_timeout=0, idle_timeout=0,
-                                                      ping_interval=0))  # fmt: skip
+    limits = EdgeLimits(max_pending_bytes=300_000, handshake_timeout=0, idle_timeout=0, ping_interval=0)
+    listener = edge.guard("wamp", _recording_factory(_Server, events, made), limits)
     port = r.listenTCP(0, listener, interface="127.0.0.1")
     client = socket.socket()
     client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)

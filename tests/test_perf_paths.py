@@ -6,7 +6,7 @@ from typing import Any
 
 import orjson
 import pytest
-from helpers.linkowner import RecordingOwner
+from helpers.linkowner import open_consumer, outcome
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -757,25 +757,6 @@ def test_a_link_frame_asks_the_queue_cap_only_with_bytes_queued_and_drops_the_li
     backlog.queued = 101
     _LinkProtocolBase._write_frame(link, b"three")  # type: ignore[arg-type]
     assert asked == ["s", "s", ("overflow", 101)] and link.dropped is True and len(link.transport.writes) == 2
-def _open_consumer(version: psc.Version, position: bool) -> tuple[LinkSession, RecordingOwner]:
-    owner = RecordingOwner()
-    versions = tuple(v for v in V06 if v <= version)
-    session = LinkSession(Role.CONSUMER, lambda data: None, owner, "peer", versions=versions)  # type: ignore[arg-type]
-    session.start()
-    session.receive(psc.encode(psc.ChooseVersion(version)))
-    if position:
-        session.receive(b'[104,"e",0,0]')
-    owner.calls.clear()
-    return session, owner
-
-
-def _outcome(session: LinkSession, owner: RecordingOwner, take: Any, frame: bytes) -> tuple[Any, ...]:
-    try:
-        take(frame)
-        error = None
-    except Exception as e:  # noqa: BLE001 - compared, whatever it is
-        error = (type(e), getattr(e, "code", None), str(e))
-    return error, owner.calls, session.state, session.last_size, session.resumed
 
 
 _DEEP = b"[" * 70 + b"1" + b"]" * 70
@@ -812,9 +793,9 @@ def test_a_lone_frame_on_the_fast_path_has_the_slow_paths_outcome(
     frame: bytes, version: psc.Version, position: bool
 ) -> None:
     """A lone frame on an open consumer link (the batch reader's path) ends as _receive_one's did: errors, drops."""
-    fast_session, fast_owner = _open_consumer(version, position)
-    slow_session, slow_owner = _open_consumer(version, position)
-    assert _outcome(fast_session, fast_owner, fast_session.receive, frame) == _outcome(
+    fast_session, fast_owner = open_consumer(version, position)
+    slow_session, slow_owner = open_consumer(version, position)
+    assert outcome(fast_session, fast_owner, fast_session.receive, frame) == outcome(
         slow_session, slow_owner, slow_session._receive_one, frame
     )
 
@@ -1028,10 +1009,10 @@ def test_a_multiline_frame_on_a_link_without_batches_is_one_message_checked_whol
     frame: bytes, version: psc.Version
 ) -> None:
     """Before 0.4 a frame with newlines is one message: the fast path checks its bounds whole, as decode does."""
-    fast_session, fast_owner = _open_consumer(version, False)
-    slow_session, slow_owner = _open_consumer(version, False)
-    fast = _outcome(fast_session, fast_owner, fast_session.receive, frame)
-    assert fast == _outcome(slow_session, slow_owner, slow_session._receive_one, frame)
+    fast_session, fast_owner = open_consumer(version, False)
+    slow_session, slow_owner = open_consumer(version, False)
+    fast = outcome(fast_session, fast_owner, fast_session.receive, frame)
+    assert fast == outcome(slow_session, slow_owner, slow_session._receive_one, frame)
     if frame.count(b"[") > 64:
         assert fast[1][0][0] == "dropped"
 
