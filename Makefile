@@ -66,11 +66,11 @@ examples/sysv/client: examples/sysv/client.c examples/sysv/pubsubclub_sysv.h
 	gcc -std=c11 -Wall -Wextra -O2 -o $@ examples/sysv/client.c
 
 # What the tests need, built side by side (downloads overlap with lint), then the tests.
-# Two pytest-xdist workers (docs/architecture.md, "Suite time"); TEST_WORKERS=0 runs in one process.
+# Two pytest-xdist workers, each test module whole on one (docs/architecture.md, "Suite time"); TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test:
 	$(MAKE) -j4 --output-sync=target test-deps
-	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(VENV)/bin/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 test-deps: $(STAMP) $(JS) $(CROSSBAR_STAMP) sysdeps lint examples/sysv/client
 

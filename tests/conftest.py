@@ -240,22 +240,10 @@ def crossbar_routers(
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook reads the groups
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """One pytest-xdist group per module, but one for all ``spark`` users and one for all ``crossbar_routers`` users.
-
-    ``make test`` runs two workers with ``--dist loadgroup``. A group runs on one
-    worker, so a module's shared nodes start once, one JVM runs every Spark test
-    and one Crossbar pair serves every bridge module (each worker would start
-    its own otherwise).
-    """
+    """Put every test that uses ``spark`` in one xdist group: one worker, so one JVM, runs them all."""
     for item in items:
-        used = getattr(item, "fixturenames", ())
-        if "spark" in used:
-            group = "spark"
-        elif "crossbar_routers" in used:
-            group = "crossbar"
-        else:
-            group = item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        if "spark" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("spark"))
 
 
 @pytest.fixture
