@@ -526,3 +526,24 @@ def test_bench_floor_refuses_what_its_relays_do_not_speak() -> None:
                     {"target": ["ws://a", "ws://b"]}):  # fmt: skip
         with pytest.raises(SystemExit):
             _check(namespace(**changes))
+
+
+def test_bench_ports_come_from_below_the_ephemeral_range_and_are_never_handed_out_twice(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bench's listener ports cannot be taken by a bind(0) or an outgoing connection before the node binds them."""
+    from pubsubclub.bench import nodes
+
+    floor, ceiling = nodes.port_range()
+    with open(nodes.EPHEMERAL_RANGE) as f:
+        ephemeral_low = int(f.read().split()[0])
+    assert floor < ceiling <= ephemeral_low
+    ports = [nodes.free_port() for _ in range(200)]
+    assert len(set(ports)) == len(ports)
+    assert all(floor <= p < ceiling for p in ports)
+    # A host whose ephemeral range leaves nothing below it: the kernel's choice, as before.
+    low = tmp_path / "range"
+    low.write_text(f"{nodes.PORT_FLOOR - 1}\t60999\n")
+    monkeypatch.setattr(nodes, "EPHEMERAL_RANGE", str(low))
+    assert nodes.port_range() == (nodes.PORT_FLOOR, nodes.PORT_FLOOR - 1)
+    assert nodes.free_port() >= nodes.PORT_FLOOR  # the kernel's bind(0), which this host's range leaves to it

@@ -29,8 +29,53 @@ def progress(text: str) -> None:
     print(f"bench: {text}", file=sys.stderr, flush=True)
 
 
+#: Where the bench's listeners' ports come from: below the kernel's ephemeral range, under the tests' ports
+#: (tests/helpers/ports.py keeps to 20000-32000), so that no ``bind(0)`` or outgoing connection, the nodes' own
+#: included, can take a port between the moment it is picked and the node's bind of it.
+PORT_FLOOR, PORT_CEILING = 10000, 20000
+#: The kernel's ephemeral range, read from here when the platform has it.
+EPHEMERAL_RANGE = "/proc/sys/net/ipv4/ip_local_port_range"
+
+_handed_out: set[int] = set()
+
+
+def port_range(ephemeral: str | None = None) -> tuple[int, int]:
+    """The ports :func:`free_port` picks from: PORT_FLOOR .. PORT_CEILING, cut to end below the ephemeral range.
+
+    An empty range (a host whose ephemeral range starts below PORT_FLOOR) makes
+    :func:`free_port` ask the kernel instead, as it always did.
+    """
+    ceiling = PORT_CEILING
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        with open(ephemeral or EPHEMERAL_RANGE) as f:
+            ceiling = min(ceiling, int(f.read().split()[0]))
+    return PORT_FLOOR, ceiling
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, below the ephemeral range, never handed out twice here.
+
+    A port the kernel chose for ``bind(0)`` and that was released again can be
+    taken by any outgoing connection or ``bind(0)`` before the node binds it:
+    ``pubsubclub bench --scenario tail`` lost a whole bar check to "address
+    already in use" that way. Ports below the ephemeral range are never
+    chosen by the kernel, so only an explicit bind can race us.
+    """
+    floor, ceiling = port_range()
+    span = ceiling - floor
+    if span > 0:
+        start = (os.getpid() * 97 + len(_handed_out)) % span
+        for step in range(span):
+            port = floor + (start + step) % span
+            if port in _handed_out:
+                continue
+            try:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            _handed_out.add(port)
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
