@@ -98,7 +98,7 @@ def test_without_floor_runs_the_floor_fields_are_none() -> None:
 
 @pytest.mark.parametrize(
     "flags",
-    [("--target", "ws://a", "ws://b"), ("--client", "lean"), ("--workers", "2"), ("--serializer", "msgpack"),
+    [("--target", "ws://a", "ws://b"), ("--window", "100"), ("--workers", "2"), ("--serializer", "msgpack"),
      ("--transport", "rawsocket"), ("--nodes", "1"), ("--subscribers", "4"), ("--runs", "0"),
      ("--runs", "101"), ("--bar-ms", "0"), ("--rate", "0"), ("--max-seconds", "0")],
     ids=lambda flags: " ".join(flags),
@@ -113,11 +113,34 @@ def test_tail_refuses_what_the_bars_runs_do_not_take(flags: tuple[str, ...]) -> 
 def test_tail_refusal_comes_before_any_run() -> None:
     """From the command line: the error on stderr, exit status 1, and no run started."""
     result = subprocess.run(
-        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "tail", "--client", "lean"],
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "tail", "--workers", "2"],
         capture_output=True, text=True, timeout=60, cwd=REPO,
     )  # fmt: skip
     assert result.returncode == 1 and "pubsubclub: error: --scenario tail" in result.stderr
-    assert "--client" in result.stderr and "run 1" not in result.stderr and result.stdout == ""
+    assert "--workers" in result.stderr and "run 1" not in result.stderr and result.stdout == ""
+
+
+LEAN_RESULT = {
+    "machine": {"load_average": 0.5},
+    "latency": {"latency_ms": {"p50": 0.3, "p99": 0.7, "p999": 0.9, "max": 1.1}, "sent": 10, "received": 10, "lost": 0,
+                "server_cpu_us_per_msg": 220.0, "slowest_positions": [1, 2, 3, 4, 5]},
+    "throughput": {"sent": 500, "received": 500, "lost": 0, "delivered_rate": 50000.0, "server_cpu_us_per_msg": 9.0},
+}  # fmt: skip
+
+
+def test_tail_with_lean_clients_runs_the_lean_bench_and_no_floor() -> None:
+    """``--client lean``: every child is ``pubsubclub bench --client lean``, no floor run, the verdict has no floor."""
+    seen: list[list[str]] = []
+
+    def runner(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+        seen.append(argv)
+        return 0, json.dumps(LEAN_RESULT), ""
+
+    assert run_tail_bench(tail_args("--runs", "3", "--client", "lean"), runner) == 0
+    assert len(seen) == 3 and all("floor" not in argv and argv[argv.index("--client") + 1] == "lean" for argv in seen)
+    seen.clear()
+    run_tail_bench(tail_args("--runs", "1"), runner)  # the default: Autobahn clients, a floor run first
+    assert "floor" in seen[0] and all("--client" not in argv for argv in seen)
 
 
 # -- a failing or hanging child ----------------------------------------------------------------------------------------
@@ -254,3 +277,22 @@ def test_tail_stopped_with_sigterm_stops_its_child_and_what_it_started() -> None
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+
+
+@pytest.mark.slow
+def test_tail_with_lean_clients_for_real_judges_the_lean_runs() -> None:
+    """A tiny real ``--client lean`` check: one lean nodes run (200 paced, 500 in the throughput run), nothing lost."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "tail", "--client", "lean", "--runs", "1",
+         "--latency-count", "200", "--count", "500", "--max-seconds", "20", "--json"],
+        capture_output=True, text=True, timeout=200, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    results = json.loads(result.stdout)
+    assert (results["client"], results["floor"], results["floor_runs"], results["order"]) == ("lean", False, None,
+                                                                                             ["nodes"])  # fmt: skip
+    (r,) = results["nodes_runs"]
+    assert (r["sent"], r["received"], r["lost"], r["throughput_lost"], r["throughput"]["sent"]) == (200, 200, 0, 0, 500)
+    assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"]
+    assert results["verdict"]["floor"] is None and results["verdict"]["nodes"]["runs"] == 1
+    assert "lean latency run" in result.stderr

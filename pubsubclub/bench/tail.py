@@ -7,9 +7,13 @@ child process (fresh nodes, the throughput run, then the latency run: exactly
 what a user's separate invocation does), and unless ``--no-floor`` alternates
 them with as many ``--scenario floor`` runs (floor, nodes, floor, nodes, ...),
 so that the nodes and the instrument's own floor see the same minutes of the
-machine. Then the verdict (:func:`verdict`, a pure function of the runs): per
-side the runs over ``--bar-ms`` or with a lost message, "met in k of N", the
-medians, and the nodes' p99 minus the floor's p99 of each pair.
+machine. ``--client lean`` runs the same check with the lean RawSocket clients
+(``pubsubclub bench --client lean``: the nodes' share of the latency, nearly no
+client library) and no floor runs (the floor's relays speak WebSocket to the
+Autobahn clients, so there is no floor for lean clients to pair with). Then
+the verdict (:func:`verdict`, a pure function of the runs): per side the
+runs over ``--bar-ms`` or with a lost message, "met in k of N", the medians,
+and the nodes' p99 minus the floor's p99 of each pair.
 
 Each child runs in its own process group; a child that fails, prints no
 results or outlives :func:`child_timeout` is stopped with everything it
@@ -47,7 +51,6 @@ ERROR_LINES = 12
 REFUSED: dict[str, tuple[str, Any]] = {
     "--target": ("target", None),
     "--target-ops": ("target_ops", None),
-    "--client": ("client", "autobahn"),
     "--serializer": ("serializer", "json"),
     "--transport": ("transport", "websocket"),
     "--workers": ("workers", 1),
@@ -64,6 +67,9 @@ REFUSED: dict[str, tuple[str, Any]] = {
     "--relaxed": ("relaxed", False),
     "--cluster-secret-file": ("cluster_secret_file", None),
 }
+
+#: The clients the bar's runs take: the default bench's (Autobahn-Python), or ``--client lean`` (no floor runs).
+CLIENTS = ("autobahn", "lean")
 
 #: Runs a child: (argv, timeout) -> (exit status, or None when it timed out; its stdout; its stderr).
 Runner = Callable[[list[str], float], tuple["int | None", str, str]]
@@ -84,6 +90,8 @@ def check_tail_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"pubsubclub: error: --runs takes 1 to {MAX_RUNS} here")
     if not args.bar_ms > 0:
         raise SystemExit("pubsubclub: error: --bar-ms must be above 0")
+    if args.client not in CLIENTS:
+        raise SystemExit(f"pubsubclub: error: --scenario tail takes --client {' or '.join(CLIENTS)}")
     if args.rate < 1 or args.latency_count < 1 or args.count < 1 or args.size < 0 or not args.max_seconds > 0:
         raise SystemExit(
             "pubsubclub: error: --rate, --latency-count and --count must be at least 1, --size at least 0,"
@@ -97,7 +105,8 @@ def child_argv(args: argparse.Namespace, kind: str) -> list[str]:
               "--max-seconds", f"{args.max_seconds:g}", "--realm", args.realm, "--json"]  # fmt: skip
     if kind == "floor":
         return [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "floor", *common]
-    return [sys.executable, "-m", "pubsubclub", "bench", "--count", str(args.count), *common]
+    lean = ["--client", "lean"] if args.client == "lean" else []
+    return [sys.executable, "-m", "pubsubclub", "bench", "--count", str(args.count), *lean, *common]
 
 
 def child_timeout(args: argparse.Namespace) -> float:
@@ -240,14 +249,16 @@ def verdict(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
 def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
     """Run the pairs (floor, nodes, ...) one after the other, print each run's figures and the verdict."""
     check_tail_args(args)
-    kinds = ["nodes"] if args.no_floor else ["floor", "nodes"]
+    kinds = ["nodes"] if args.no_floor or args.client == "lean" else ["floor", "nodes"]
     total = args.runs * len(kinds)
     timeout = child_timeout(args)
     progress(
         f"settings: --scenario tail --runs {args.runs} --bar-ms {args.bar_ms:g}{' --no-floor' if args.no_floor else ''}"
         f" --count {args.count} --size {args.size} --rate {args.rate} --latency-count {args.latency_count}"
-        f" --max-seconds {args.max_seconds:g} --realm {args.realm} (defaults: 10, 1, floor on, 50000, 100, 1000, 5000,"
-        f" 60, realm1); {total} child runs ({' then '.join(kinds)}, x {args.runs}), each bounded by {timeout:g} s"
+        f" --max-seconds {args.max_seconds:g} --realm {args.realm} --client {args.client} (defaults: 10, 1, floor on,"
+        f" 50000, 100, 1000, 5000, 60, realm1, autobahn"
+        f"{'; lean clients: no floor runs' if args.client == 'lean' else ''}); {total} child runs"
+        f" ({' then '.join(kinds)}, x {args.runs}), each bounded by {timeout:g} s"
     )
     before = machine()
     runs: list[dict[str, Any]] = []
@@ -265,7 +276,8 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         "load_average_after": machine()["load_average"],
         "scenario": "tail",
         "runs": args.runs,
-        "floor": not args.no_floor,
+        "floor": kinds[0] == "floor",
+        "client": args.client,
         "order": kinds,
         "size": args.size,
         "rate": args.rate,
@@ -274,7 +286,7 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         "serializer": "json",
         "transport": "websocket",
         "nodes_runs": [r for r in runs if r["kind"] == "nodes"],
-        "floor_runs": None if args.no_floor else [r for r in runs if r["kind"] == "floor"],
+        "floor_runs": [r for r in runs if r["kind"] == "floor"] if kinds[0] == "floor" else None,
         "verdict": verdict(runs, args.bar_ms),
     }
     if args.json:
@@ -331,7 +343,8 @@ def human(results: dict[str, Any]) -> str:
     """The results as text: one line per run, then the verdict."""
     v = results["verdict"]
     lines = [
-        f"tail: {results['runs']} pairs of runs ({', '.join(results['order'])}) at {results['rate']}/s,"
+        f"tail: {results['runs']} pairs of runs ({', '.join(results['order'])}; {results['client']} clients)"
+        f" at {results['rate']}/s,"
         f" {results['latency_count']} messages each; bar: p99 <= {v['bar_ms']:g} ms, no message lost",
     ]
     for r in sorted(results["nodes_runs"] + (results["floor_runs"] or []), key=lambda r: r["position"]):

@@ -68,7 +68,8 @@ def parser() -> argparse.ArgumentParser:
         " floor: the wamp latency run through two minimal relays instead of nodes (--nodes 1: one), the clients'"
         " and the machine's own floor;"
         " tail: issue 22's tail bar in one command: --runs default runs alternating with as many floor runs, then"
-        " the verdict (runs over --bar-ms, medians, the nodes' p99 minus the floor's per pair)",
+        " the verdict (runs over --bar-ms, medians, the nodes' p99 minus the floor's per pair; --client lean: the"
+        " lean clients' runs, no floor)",
     )
     bench.add_argument(
         "--client",
@@ -76,7 +77,8 @@ def parser() -> argparse.ArgumentParser:
         default="autobahn",
         help="wamp: Autobahn-Python clients (default) or lean orjson/RawSocket client processes (their latency run"
         " times the nodes with nearly no client library);"
-        " calls: Autobahn-Python (default) or lean orjson/WebSocket caller and callee",
+        " calls: Autobahn-Python (default) or lean orjson/WebSocket caller and callee;"
+        " tail: either (lean: no floor runs)",
     )
     bench.add_argument(
         "--serializer", choices=["json", "msgpack"], default="json", help="wamp: Autobahn clients' serializer"
