@@ -64,7 +64,7 @@ def free_port() -> int:
     floor, ceiling = port_range()
     span = ceiling - floor
     if span > 0:
-        start = (os.getpid() * 97 + len(_handed_out)) % span
+        start = os.getpid() * 97 % span
         for step in range(span):
             port = floor + (start + step) % span
             if port in _handed_out:

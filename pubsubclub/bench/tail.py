@@ -68,9 +68,6 @@ REFUSED: dict[str, tuple[str, Any]] = {
     "--cluster-secret-file": ("cluster_secret_file", None),
 }
 
-#: The clients the bar's runs take: the default bench's (Autobahn-Python), or ``--client lean`` (no floor runs).
-CLIENTS = ("autobahn", "lean")
-
 #: Runs a child: (argv, timeout) -> (exit status, or None when it timed out; its stdout; its stderr).
 Runner = Callable[[list[str], float], tuple["int | None", str, str]]
 
@@ -90,8 +87,6 @@ def check_tail_args(args: argparse.Namespace) -> None:
         raise SystemExit(f"pubsubclub: error: --runs takes 1 to {MAX_RUNS} here")
     if not args.bar_ms > 0:
         raise SystemExit("pubsubclub: error: --bar-ms must be above 0")
-    if args.client not in CLIENTS:
-        raise SystemExit(f"pubsubclub: error: --scenario tail takes --client {' or '.join(CLIENTS)}")
     if args.rate < 1 or args.latency_count < 1 or args.count < 1 or args.size < 0 or not args.max_seconds > 0:
         raise SystemExit(
             "pubsubclub: error: --rate, --latency-count and --count must be at least 1, --size at least 0,"
@@ -249,7 +244,8 @@ def verdict(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
 def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
     """Run the pairs (floor, nodes, ...) one after the other, print each run's figures and the verdict."""
     check_tail_args(args)
-    kinds = ["nodes"] if args.no_floor or args.client == "lean" else ["floor", "nodes"]
+    with_floor = not args.no_floor and args.client != "lean"  # lean clients: no floor to pair with
+    kinds = ["floor", "nodes"] if with_floor else ["nodes"]
     total = args.runs * len(kinds)
     timeout = child_timeout(args)
     progress(
@@ -276,7 +272,7 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         "load_average_after": machine()["load_average"],
         "scenario": "tail",
         "runs": args.runs,
-        "floor": kinds[0] == "floor",
+        "floor": with_floor,
         "client": args.client,
         "order": kinds,
         "size": args.size,
@@ -286,7 +282,7 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         "serializer": "json",
         "transport": "websocket",
         "nodes_runs": [r for r in runs if r["kind"] == "nodes"],
-        "floor_runs": [r for r in runs if r["kind"] == "floor"] if kinds[0] == "floor" else None,
+        "floor_runs": [r for r in runs if r["kind"] == "floor"] if with_floor else None,
         "verdict": verdict(runs, args.bar_ms),
     }
     if args.json:
