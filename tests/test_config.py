@@ -153,9 +153,15 @@ def test_defaults_build_and_validate() -> None:
 
 
 def test_configuration_doc_lists_every_setting() -> None:
-    """docs/configuration.md holds the table generated from the declarations, unchanged."""
+    """docs/configuration.md holds the table generated from the declarations, unchanged, and no other setting rows.
+
+    A stale copy of rows (e.g. left by a merge) would document a setting twice, possibly with an old default.
+    """
     doc = (REPO / "docs" / "configuration.md").read_text()
-    assert reference_markdown() in doc
+    table = reference_markdown()
+    assert table in doc
+    rows = [line for line in doc.splitlines() if line.startswith("| `")]
+    assert sorted(rows) == sorted(line for line in table.splitlines() if line.startswith("| `"))
 
 
 @pytest.mark.parametrize("key", ["nsd_prefix", "tep_prefix", "stream_prefix", "sysv_prefix"])
