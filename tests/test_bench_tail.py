@@ -89,8 +89,24 @@ def test_the_paired_difference_is_each_pairs_nodes_p99_minus_its_floor_p99() -> 
 def test_without_floor_runs_the_floor_fields_are_none() -> None:
     """``--no-floor``: only the nodes are judged; the floor's side and the paired difference are None."""
     v = verdict([run("nodes", 1, 0.9), run("nodes", 2, 0.8)], 1.0)
-    assert (v["floor"], v["paired_p99_ms"], v["median_paired_p99_ms"]) == (None, None, None)
+    assert (v["floor"], v["paired_p99_ms"], v["median_paired_p99_ms"], v["host"]) == (None, None, None, None)
     assert v["nodes"]["met"] is True and v["bar_ms"] == 1.0
+
+
+def test_the_host_verdict_names_the_quiet_pairs_and_judges_the_nodes_runs_in_them() -> None:
+    """Quiet: the pair's hop p99 at or under --quiet-ms and nothing lost; the nodes' runs of those pairs judged alone.
+
+    The headline is untouched: the nodes missed the bar in 2 of 4 runs whatever the host did.
+    """
+    runs = [run("host", 1, 0.2), run("nodes", 1, 0.7), run("host", 2, 0.3), run("nodes", 2, 1.4),
+            run("host", 3, 0.9), run("nodes", 3, 3.0), run("host", 4, 0.1, lost=1), run("nodes", 4, 0.6)]  # fmt: skip
+    v = verdict(runs, 1.0, quiet_ms=0.3)
+    assert (v["nodes"]["met_runs"], v["nodes"]["over_bar"], v["nodes"]["met"]) == (2, [2, 3], False)
+    host = v["host"]
+    assert host["quiet_pairs"] == [1, 2] and host["p99_ms"] == [0.2, 0.3, 0.9, 0.1] and host["quiet_ms"] == 0.3
+    assert host["nodes_on_quiet_pairs"] == {"runs": 2, "met_runs": 1, "over_bar": [2], "lost": []}
+    assert host["median_ms"]["p99"] == pytest.approx(0.25)
+    assert verdict(runs, 1.0, quiet_ms=1.0)["host"]["quiet_pairs"] == [1, 2, 3]
 
 
 # -- refusals, before anything starts ----------------------------------------------------------------------------------
@@ -100,7 +116,7 @@ def test_without_floor_runs_the_floor_fields_are_none() -> None:
     "flags",
     [("--target", "ws://a", "ws://b"), ("--window", "100"), ("--workers", "2"), ("--serializer", "msgpack"),
      ("--transport", "rawsocket"), ("--nodes", "1"), ("--subscribers", "4"), ("--runs", "0"),
-     ("--runs", "101"), ("--bar-ms", "0"), ("--rate", "0"), ("--max-seconds", "0")],
+     ("--runs", "101"), ("--bar-ms", "0"), ("--quiet-ms", "0"), ("--rate", "0"), ("--max-seconds", "0")],
     ids=lambda flags: " ".join(flags),
 )  # fmt: skip
 def test_tail_refuses_what_the_bars_runs_do_not_take(flags: tuple[str, ...]) -> None:
@@ -136,10 +152,10 @@ def test_tail_with_lean_clients_runs_the_lean_bench_and_no_floor() -> None:
         seen.append(argv)
         return 0, json.dumps(LEAN_RESULT), ""
 
-    assert run_tail_bench(tail_args("--runs", "3", "--client", "lean"), runner) == 0
+    assert run_tail_bench(tail_args("--runs", "3", "--client", "lean", "--no-host-probe"), runner) == 0
     assert len(seen) == 3 and all("floor" not in argv and argv[argv.index("--client") + 1] == "lean" for argv in seen)
     seen.clear()
-    run_tail_bench(tail_args("--runs", "1"), runner)  # the default: Autobahn clients, a floor run first
+    run_tail_bench(tail_args("--runs", "1", "--no-host-probe"), runner)  # the default: Autobahn clients, floor first
     assert "floor" in seen[0] and all("--client" not in argv for argv in seen)
 
 
@@ -164,7 +180,7 @@ def test_a_failing_child_run_is_named_with_its_last_lines() -> None:
                           "sys.exit(3)"], timeout)  # fmt: skip
 
     with pytest.raises(SystemExit) as raised:
-        run_tail_bench(tail_args("--runs", "1"), runner)
+        run_tail_bench(tail_args("--runs", "1", "--no-host-probe"), runner)
     message = str(raised.value.code)
     assert message.startswith("pubsubclub: error: bench --scenario tail: run 2 of 2 (nodes, pair 1 of 1)")
     assert "exited with status 3" in message and "bench: boom on node A" in message
@@ -174,7 +190,7 @@ def test_a_failing_child_run_is_named_with_its_last_lines() -> None:
 def test_a_child_that_prints_no_results_is_an_error() -> None:
     """Exit status 0 but no JSON on stdout: the run is named, nothing is judged."""
     with pytest.raises(SystemExit, match=r"run 1 of 2 \(floor, pair 1 of 1\) printed no usable results"):
-        run_tail_bench(tail_args("--runs", "1"), lambda argv, timeout: (0, "not json", ""))
+        run_tail_bench(tail_args("--runs", "1", "--no-host-probe"), lambda argv, timeout: (0, "not json", ""))
 
 
 HANGING_CHILD = textwrap.dedent("""
@@ -199,7 +215,7 @@ def test_a_hanging_child_and_what_it_started_are_killed_and_named() -> None:
         return status, out, err
 
     with pytest.raises(SystemExit, match=r"run 1 of 1 \(nodes, pair 1 of 1\) did not end within") as raised:
-        run_tail_bench(tail_args("--runs", "1", "--no-floor"), runner)
+        run_tail_bench(tail_args("--runs", "1", "--no-floor", "--no-host-probe"), runner)
     assert "grandchild pid" in str(raised.value.code) and len(pids) == 1
     assert_gone(pids)
 
@@ -221,19 +237,23 @@ def tail_run() -> tuple[dict[str, Any], str]:
 
 @pytest.mark.slow
 def test_tail_alternates_floor_and_nodes_runs_and_judges_both(tail_run: tuple[dict[str, Any], str]) -> None:
-    """Two pairs: floor, nodes, floor, nodes; each run's figures, nothing lost, the verdict's fields for both sides."""
+    """Two pairs: host, floor, nodes, host, floor, nodes; each run's figures, nothing lost, the verdict's fields."""
     results, err = tail_run
     assert {"cpus", "cpu_model", "python", "load_average"} <= results["machine"].keys()
     assert (results["scenario"], results["runs"], results["floor"]) == ("tail", 2, True)
-    assert results["order"] == ["floor", "nodes"]
-    runs = sorted(results["nodes_runs"] + results["floor_runs"], key=lambda r: r["position"])
+    assert results["order"] == ["host", "floor", "nodes"]
+    runs = sorted(results["nodes_runs"] + results["floor_runs"] + results["host_runs"], key=lambda r: r["position"])
     assert [(r["position"], r["kind"], r["pair"]) for r in runs] == [
-        (1, "floor", 1), (2, "nodes", 1), (3, "floor", 2), (4, "nodes", 2),
+        (1, "host", 1), (2, "floor", 1), (3, "nodes", 1), (4, "host", 2), (5, "floor", 2), (6, "nodes", 2),
     ]  # fmt: skip
-    assert err.index("run 1 of 4 (floor") < err.index("run 2 of 4 (nodes") < err.index("run 4 of 4 (nodes")
+    assert err.index("run 1 of 6 (host") < err.index("run 2 of 6 (floor") < err.index("run 6 of 6 (nodes")
     for r in runs:
         assert (r["sent"], r["received"], r["lost"]) == (200, 200, 0)
-        assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"] and r["server_cpu_us_per_msg"] >= 0
+        assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"]
+        assert r["server_cpu_us_per_msg"] >= 0 if r["kind"] != "host" else r["server_cpu_us_per_msg"] is None
+    host = results["verdict"]["host"]
+    assert host["quiet_ms"] == 0.3 and host["p99_ms"] == [r["p99"] for r in results["host_runs"]]
+    assert host["nodes_on_quiet_pairs"]["runs"] == len(host["quiet_pairs"])
     assert all(r["throughput_lost"] == 0 and r["throughput"]["sent"] == 500 for r in results["nodes_runs"])
     v = results["verdict"]
     assert v["bar_ms"] == 1.0 and len(v["paired_p99_ms"]) == 2 and v["median_paired_p99_ms"] is not None
@@ -249,7 +269,7 @@ def test_tail_leaves_no_child_node_or_relay_behind(tail_run: tuple[dict[str, Any
     children = [int(p) for p in re.findall(r"child pid (\d+)", err)]
     servers = [int(p) for line in err.splitlines() if "node pids:" in line or "relay pids:" in line
                for p in re.findall(r"\b[AB] (\d+)", line)]  # fmt: skip
-    assert len(children) == 4 and len(servers) == 8
+    assert len(children) == 6 and len(servers) == 8
     assert_gone(children + servers)
 
 
@@ -258,7 +278,7 @@ def test_tail_stopped_with_sigterm_stops_its_child_and_what_it_started() -> None
     """SIGTERM to the tail bench mid-run: it exits, and its child bench and the child's relays are gone."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "tail", "--runs", "1", "--latency-count", "60000",
-         "--max-seconds", "60"],
+         "--max-seconds", "60", "--no-host-probe"],
         stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, cwd=REPO,
     )  # fmt: skip
     pids: list[int] = []
@@ -289,8 +309,9 @@ def test_tail_with_lean_clients_for_real_judges_the_lean_runs() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)
-    assert (results["client"], results["floor"], results["floor_runs"], results["order"]) == ("lean", False, None,
-                                                                                             ["nodes"])  # fmt: skip
+    assert (results["client"], results["floor"], results["floor_runs"]) == ("lean", False, None)
+    assert results["order"] == ["host", "nodes"]
+    assert len(results["host_runs"]) == 1 and results["host_runs"][0]["lost"] == 0
     (r,) = results["nodes_runs"]
     assert (r["sent"], r["received"], r["lost"], r["throughput_lost"], r["throughput"]["sent"]) == (200, 200, 0, 0, 500)
     assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"]

@@ -10,10 +10,17 @@ so that the nodes and the instrument's own floor see the same minutes of the
 machine. ``--client lean`` runs the same check with the lean RawSocket clients
 (``pubsubclub bench --client lean``: the nodes' share of the latency, nearly no
 client library) and no floor runs (the floor's relays speak WebSocket to the
-Autobahn clients, so there is no floor for lean clients to pair with). Then
-the verdict (:func:`verdict`, a pure function of the runs): per side the
-runs over ``--bar-ms`` or with a lost message, "met in k of N", the medians,
-and the nodes' p99 minus the floor's p99 of each pair.
+Autobahn clients, so there is no floor for lean clients to pair with).
+Unless ``--no-host-probe``, each pair starts with a ``--scenario hop`` run
+(:mod:`pubsubclub.bench.hop`: one loopback hop between two trivial
+processes), which says how quiet the machine was in those minutes: the bar
+asks for "a quiet machine", and a host whose one hop alone has a p99 over
+``--quiet-ms`` is not one. Then the verdict (:func:`verdict`, a pure
+function of the runs): per side the runs over ``--bar-ms`` or with a lost
+message, "met in k of N", the medians, the nodes' p99 minus the floor's p99
+of each pair, and the pairs whose host was quiet with the nodes' runs among
+them that met the bar. The headline stays "met in k of N" over all runs:
+the quiet figures explain a miss, they do not drop it.
 
 Each child runs in its own process group; a child that fails, prints no
 results or outlives :func:`child_timeout` is stopped with everything it
@@ -68,6 +75,9 @@ REFUSED: dict[str, tuple[str, Any]] = {
     "--cluster-secret-file": ("cluster_secret_file", None),
 }
 
+#: What each kind of run adds to ``pubsubclub bench`` (shown in its progress line).
+SCENARIO_FLAG = {"nodes": "", "floor": " --scenario floor", "host": " --scenario hop"}
+
 #: Runs a child: (argv, timeout) -> (exit status, or None when it timed out; its stdout; its stderr).
 Runner = Callable[[list[str], float], tuple["int | None", str, str]]
 
@@ -85,8 +95,8 @@ def check_tail_args(args: argparse.Namespace) -> None:
         )
     if not 1 <= args.runs <= MAX_RUNS:
         raise SystemExit(f"pubsubclub: error: --runs takes 1 to {MAX_RUNS} here")
-    if not args.bar_ms > 0:
-        raise SystemExit("pubsubclub: error: --bar-ms must be above 0")
+    if not args.bar_ms > 0 or not args.quiet_ms > 0:
+        raise SystemExit("pubsubclub: error: --bar-ms and --quiet-ms must be above 0")
     if args.rate < 1 or args.latency_count < 1 or args.count < 1 or args.size < 0 or not args.max_seconds > 0:
         raise SystemExit(
             "pubsubclub: error: --rate, --latency-count and --count must be at least 1, --size at least 0,"
@@ -95,7 +105,11 @@ def check_tail_args(args: argparse.Namespace) -> None:
 
 
 def child_argv(args: argparse.Namespace, kind: str) -> list[str]:
-    """The ``pubsubclub bench`` command of one run: ``kind`` "nodes" (the default bench) or "floor"."""
+    """The ``pubsubclub bench`` command of one run: ``kind`` "nodes" (the default bench), "floor" or "host"."""
+    if kind == "host":
+        paced = ["--rate", str(args.rate), "--latency-count", str(args.latency_count)]
+        return [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "hop", *paced, "--max-seconds",
+                f"{args.max_seconds:g}", "--json"]  # fmt: skip
     common = ["--size", str(args.size), "--rate", str(args.rate), "--latency-count", str(args.latency_count),
               "--max-seconds", f"{args.max_seconds:g}", "--realm", args.realm, "--json"]  # fmt: skip
     if kind == "floor":
@@ -169,7 +183,7 @@ def _pass_on(stream: Any, lines: list[str]) -> None:
 
 
 def run_record(kind: str, pair: int, position: int, result: dict[str, Any]) -> dict[str, Any]:
-    """One run's figures from its child's JSON results (``kind`` "nodes" or "floor")."""
+    """One run's figures from its child's JSON results (``kind`` "nodes", "floor" or "host")."""
     lat = result["latency"]
     lm = lat.get("latency_ms") or {}
     record: dict[str, Any] = {
@@ -216,15 +230,17 @@ def _side(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
     }
 
 
-def verdict(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
+def verdict(runs: list[dict[str, Any]], bar_ms: float, quiet_ms: float = 0.3) -> dict[str, Any]:
     """The bar's verdict from the run records (:func:`run_record`): per side, and the nodes' p99 over the floor's.
 
     A run meets the bar when its p99 is at or under ``bar_ms`` and it lost no
     message (in the latency run, nor in the nodes' throughput run); a side meets
-    it when every run does. Without floor runs the floor's fields are None.
+    it when every run does. Without floor runs the floor's fields are None;
+    without host runs the host's.
     """
     nodes = [r for r in runs if r["kind"] == "nodes"]
     floor = [r for r in runs if r["kind"] == "floor"]
+    host = [r for r in runs if r["kind"] == "host"]
     paired: list[float | None] | None = None
     if floor:
         floor_p99 = {r["pair"]: r["p99"] for r in floor}
@@ -238,6 +254,25 @@ def verdict(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
         "floor": _side(floor, bar_ms) if floor else None,
         "paired_p99_ms": paired,
         "median_paired_p99_ms": _median(paired) if paired is not None else None,
+        "host": _host(host, nodes, bar_ms, quiet_ms) if host else None,
+    }
+
+
+def _host(host: list[dict[str, Any]], nodes: list[dict[str, Any]], bar_ms: float, quiet_ms: float) -> dict[str, Any]:
+    """How quiet the host was: each pair's one-hop p99, the quiet pairs, and how the nodes did in those.
+
+    A pair is quiet when its hop run's p99 is at or under ``quiet_ms`` and the
+    hop lost nothing; the nodes' runs of the quiet pairs are judged as
+    :func:`_side` judges them.
+    """
+    quiet = [r["pair"] for r in host if r["p99"] is not None and r["p99"] <= quiet_ms and not r["lost"]]
+    on_quiet = _side([r for r in nodes if r["pair"] in quiet], bar_ms)
+    return {
+        "quiet_ms": quiet_ms,
+        "p99_ms": [r["p99"] for r in host],
+        "median_ms": {key: _median([r[key] for r in host]) for key in ("p50", "p99", "p999", "max")},
+        "quiet_pairs": quiet,
+        "nodes_on_quiet_pairs": {key: on_quiet[key] for key in ("runs", "met_runs", "over_bar", "lost")},
     }
 
 
@@ -245,14 +280,16 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
     """Run the pairs (floor, nodes, ...) one after the other, print each run's figures and the verdict."""
     check_tail_args(args)
     with_floor = not args.no_floor and args.client != "lean"  # lean clients: no floor to pair with
-    kinds = ["floor", "nodes"] if with_floor else ["nodes"]
+    with_host = not args.no_host_probe
+    kinds = ["host"] * with_host + ["floor"] * with_floor + ["nodes"]
     total = args.runs * len(kinds)
     timeout = child_timeout(args)
     progress(
         f"settings: --scenario tail --runs {args.runs} --bar-ms {args.bar_ms:g}{' --no-floor' if args.no_floor else ''}"
+        f"{' --no-host-probe' if args.no_host_probe else ''} --quiet-ms {args.quiet_ms:g}"
         f" --count {args.count} --size {args.size} --rate {args.rate} --latency-count {args.latency_count}"
         f" --max-seconds {args.max_seconds:g} --realm {args.realm} --client {args.client} (defaults: 10, 1, floor on,"
-        f" 50000, 100, 1000, 5000, 60, realm1, autobahn"
+        f" host probe on, 0.3, 50000, 100, 1000, 5000, 60, realm1, autobahn"
         f"{'; lean clients: no floor runs' if args.client == 'lean' else ''}); {total} child runs"
         f" ({' then '.join(kinds)}, x {args.runs}), each bounded by {timeout:g} s"
     )
@@ -262,7 +299,7 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         for kind in kinds:
             position = len(runs) + 1
             name = f"run {position} of {total} ({kind}, pair {pair} of {args.runs})"
-            progress(f"{name}: pubsubclub bench{' --scenario floor' if kind == 'floor' else ''}")
+            progress(f"{name}: pubsubclub bench{SCENARIO_FLAG[kind]}")
             status, out, err = runner(child_argv(args, kind), timeout)
             record = _parse(name, status, out, err, timeout, kind, pair, position)
             runs.append(record)
@@ -283,7 +320,8 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         "transport": "websocket",
         "nodes_runs": [r for r in runs if r["kind"] == "nodes"],
         "floor_runs": [r for r in runs if r["kind"] == "floor"] if with_floor else None,
-        "verdict": verdict(runs, args.bar_ms),
+        "host_runs": [r for r in runs if r["kind"] == "host"] if with_host else None,
+        "verdict": verdict(runs, args.bar_ms, args.quiet_ms),
     }
     if args.json:
         print(json.dumps(results, indent=2))
@@ -343,7 +381,8 @@ def human(results: dict[str, Any]) -> str:
         f" at {results['rate']}/s,"
         f" {results['latency_count']} messages each; bar: p99 <= {v['bar_ms']:g} ms, no message lost",
     ]
-    for r in sorted(results["nodes_runs"] + (results["floor_runs"] or []), key=lambda r: r["position"]):
+    every = results["nodes_runs"] + (results["floor_runs"] or []) + (results.get("host_runs") or [])
+    for r in sorted(every, key=lambda r: r["position"]):
         lines.append(f"  pair {r['pair']:>3} {r['kind']:<5}: {_figures(r)}")
     lines.append(_side_text("nodes", v["nodes"], v["bar_ms"]))
     if v["floor"] is not None:
@@ -352,4 +391,13 @@ def human(results: dict[str, Any]) -> str:
         median = v["median_paired_p99_ms"]
         shown = "-" if median is None else f"{median:+.3f}"
         lines.append(f"nodes' p99 minus the floor's, per pair: {each} ms; median {shown} ms")
+    host = v.get("host")
+    if host is not None:
+        quiet = host["nodes_on_quiet_pairs"]
+        pairs = ", ".join(map(str, host["quiet_pairs"])) or "none"
+        lines.append(
+            f"host: one hop's p99 per pair {', '.join(_ms(p) for p in host['p99_ms'])} ms (median"
+            f" {_ms(host['median_ms']['p99'])}); quiet (p99 <= {host['quiet_ms']:g} ms) in pairs {pairs};"
+            f" nodes at or under the bar in {quiet['met_runs']} of those {quiet['runs']}"
+        )
     return "\n".join(lines)

@@ -57,7 +57,7 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", action="store_true", help="print the results as JSON")
     bench.add_argument(
         "--scenario",
-        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls", "pycalls", "floor", "tail"],
+        choices=["wamp", "link", "peers", "stream", "idle", "fanout", "calls", "pycalls", "floor", "hop", "tail"],
         default="wamp",
         help="wamp: cross-node WAMP throughput and latency (default); link: node to node with no WAMP client;"
         " peers: the wamp runs against pubsubclub and Crossbar.io (make bench-peers); stream: durable stream publish"
@@ -67,9 +67,12 @@ def parser() -> argparse.ArgumentParser:
         " pycalls: Python calls per paced message on nodes A and B (counted, not timed);"
         " floor: the wamp latency run through two minimal relays instead of nodes (--nodes 1: one), the clients'"
         " and the machine's own floor;"
-        " tail: issue 22's tail bar in one command: --runs default runs alternating with as many floor runs, then"
-        " the verdict (runs over --bar-ms, medians, the nodes' p99 minus the floor's per pair; --client lean: the"
-        " lean clients' runs, no floor)",
+        " hop: the host's own latency of one paced loopback TCP hop between two trivial processes (how quiet the"
+        " machine is);"
+        " tail: issue 22's tail bar in one command: --runs default runs alternating with as many floor runs, each"
+        " pair after a hop run, then the verdict (runs over --bar-ms, medians, the nodes' p99 minus the floor's"
+        " per pair, the pairs whose hop p99 was at most --quiet-ms; --client lean: the lean clients' runs, no"
+        " floor)",
     )
     bench.add_argument(
         "--client",
@@ -100,6 +103,15 @@ def parser() -> argparse.ArgumentParser:
         "--runs", type=int, help="peers: runs per figure, the median is shown (default 1); tail: default runs (10)"
     )
     bench.add_argument("--no-floor", action="store_true", help="tail: only the default runs, no floor run between them")
+    bench.add_argument(
+        "--no-host-probe", action="store_true", help="tail: no --scenario hop run before each pair (no quiet verdict)"
+    )
+    bench.add_argument(
+        "--quiet-ms",
+        type=float,
+        default=0.3,
+        help="tail: a pair's host counts as quiet when its hop run's p99 is at most this many ms (default 0.3)",
+    )
     bench.add_argument(
         "--bar-ms", type=float, default=1.0, help="tail: the bar, p99 in milliseconds each run must meet (default 1.0)"
     )
@@ -247,6 +259,10 @@ def _run_bench(args: argparse.Namespace) -> int:
         from pubsubclub.bench.floor import run_floor_bench
 
         return run_floor_bench(args)
+    if args.scenario == "hop":
+        from pubsubclub.bench.hop import run_hop_bench
+
+        return run_hop_bench(args)
     if args.scenario == "tail":
         from pubsubclub.bench.tail import run_tail_bench
 

@@ -1,0 +1,131 @@
+"""``pubsubclub bench --scenario hop``: the host's own one-hop latency, no pub/sub at all.
+
+A bench message crosses three loopback hops (publisher to A, A to B, B to
+subscriber), each a send that wakes a sleeping process. This scenario times
+one such hop with nothing else in it: a sender process sends
+``--latency-count`` 20-byte messages paced at ``--rate`` per second over
+loopback TCP (Nagle off), each stamped just before its ``sendall``; this
+process receives them and times each just after the ``recv`` that brought
+it. What is left is the kernel's and the hypervisor's: waking a process
+that sleeps in ``recv``, and any stall of the host in between. Its p99 tells
+how quiet the machine was in those seconds (``--scenario tail`` runs it
+before each pair, docs/benchmarks.md).
+
+The figures have the other latency runs' names (``latency_ms``, ``lost``,
+``slowest_positions``). Every wait is bounded by ``--max-seconds``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import select
+import socket
+import struct
+import subprocess
+import sys
+import time
+from typing import Any
+
+from pubsubclub.bench.lean import latency_summary
+from pubsubclub.bench.nodes import machine, progress
+
+#: One message: its number, its send time and padding to 20 bytes (about a WAMP frame's header and a little).
+MESSAGE = struct.Struct("!Id8x")
+#: Seconds the sender has to connect, and the receiver to be connected to.
+CONNECT_SECONDS = 10.0
+
+
+def _sender_main(argv: list[str]) -> int:
+    """``python -m pubsubclub.bench.hop PORT COUNT RATE MAX_SECONDS``: send the paced messages, print how many."""
+    port, count, rate, max_seconds = int(argv[0]), int(argv[1]), float(argv[2]), float(argv[3])
+    deadline = time.time() + max_seconds
+    sock = socket.create_connection(("127.0.0.1", port), timeout=CONNECT_SECONDS)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    interval = 1.0 / rate
+    start = time.time()
+    sent = 0
+    while sent < count and time.time() < deadline:
+        wait = start + sent * interval - time.time()
+        if wait > 0:
+            time.sleep(wait)
+        sock.sendall(MESSAGE.pack(sent, time.time()))
+        sent += 1
+    sock.close()
+    sys.stdout.write(json.dumps({"sent": sent}) + "\n")
+    return 0
+
+
+def receive(listener: socket.socket, count: int, deadline: float) -> list[float]:
+    """Accept the sender on ``listener`` and time its messages until ``count`` came, it closed or ``deadline``."""
+    listener.settimeout(max(0.0, min(CONNECT_SECONDS, deadline - time.time())))
+    conn, _ = listener.accept()
+    latencies: list[float] = []
+    buffer = b""
+    with conn:
+        while len(latencies) < count:
+            left = deadline - time.time()
+            if left <= 0 or not select.select([conn], [], [], left)[0]:
+                break
+            chunk = conn.recv(65536)
+            now = time.time()
+            if not chunk:
+                break
+            buffer += chunk
+            whole = len(buffer) - len(buffer) % MESSAGE.size
+            for _, sent_at in MESSAGE.iter_unpack(buffer[:whole]):
+                latencies.append(now - sent_at)
+            buffer = buffer[whole:]
+    return latencies
+
+
+def hop_run(count: int, rate: float, max_seconds: float) -> dict[str, Any]:
+    """One run: the sender as a child process, this process receiving; the figures."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+        argv = [sys.executable, "-m", "pubsubclub.bench.hop", str(port), str(count), str(rate), f"{max_seconds:g}"]
+        sender = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        try:
+            latencies = receive(listener, count, time.time() + max_seconds + CONNECT_SECONDS)
+            out, _ = sender.communicate(timeout=CONNECT_SECONDS)
+        finally:
+            if sender.poll() is None:
+                sender.kill()
+            sender.wait(10)
+    if sender.returncode != 0:
+        raise SystemExit(f"pubsubclub: error: bench --scenario hop: the sender exited with status {sender.returncode}")
+    sent = json.loads(out.strip().splitlines()[-1])["sent"]
+    return {
+        "mode": "latency",
+        "client": "hop",
+        "sent": sent,
+        "received": len(latencies),
+        "lost": sent - len(latencies),
+        **latency_summary(latencies),
+        "server_cpu_us_per_msg": None,
+    }
+
+
+def run_hop_bench(args: argparse.Namespace) -> int:
+    """Run the one-hop probe, print its figures."""
+    if args.target or args.client != "autobahn":
+        raise SystemExit("pubsubclub: error: --scenario hop starts its own two processes (no --target or --client)")
+    if args.rate < 1 or args.latency_count < 1 or not args.max_seconds > 0:
+        raise SystemExit("pubsubclub: error: --rate and --latency-count must be at least 1, --max-seconds above 0")
+    progress(
+        f"settings: --scenario hop --rate {args.rate} --latency-count {args.latency_count} --max-seconds"
+        f" {args.max_seconds:g} (defaults: 1000, 5000, 60); one loopback TCP hop, {MESSAGE.size}-byte messages"
+    )
+    latency = hop_run(args.latency_count, args.rate, args.max_seconds)
+    results = {"machine": machine(), "scenario": "hop", "rate": args.rate, "latency": latency}
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        lm = latency.get("latency_ms") or {}
+        shown = ", ".join(f"{k} {lm[k]:.3f}" for k in ("p50", "p99", "p999", "max") if k in lm)
+        print(f"one hop at {args.rate}/s: {shown or 'no message'} ms; sent {latency['sent']}, lost {latency['lost']}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_sender_main(sys.argv[1:]))
