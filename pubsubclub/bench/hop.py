@@ -29,6 +29,7 @@ from typing import Any
 
 from pubsubclub.bench.lean import latency_summary
 from pubsubclub.bench.nodes import machine, progress
+from pubsubclub.bench.pacing import paced
 
 #: One message: its number, its send time and padding to 20 bytes (about a WAMP frame's header and a little).
 MESSAGE = struct.Struct("!Id8x")
@@ -42,15 +43,10 @@ def _sender_main(argv: list[str]) -> int:
     deadline = time.time() + max_seconds
     sock = socket.create_connection(("127.0.0.1", port), timeout=CONNECT_SECONDS)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    interval = 1.0 / rate
-    start = time.time()
     sent = 0
-    while sent < count and time.time() < deadline:
-        wait = start + sent * interval - time.time()
-        if wait > 0:
-            time.sleep(wait)
-        sock.sendall(MESSAGE.pack(sent, time.time()))
-        sent += 1
+    for number in paced(time.time(), count, rate, deadline):
+        sock.sendall(MESSAGE.pack(number, time.time()))
+        sent = number + 1
     sock.close()
     sys.stdout.write(json.dumps({"sent": sent}) + "\n")
     return 0

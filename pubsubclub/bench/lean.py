@@ -50,6 +50,7 @@ from typing import Any
 import orjson
 
 from pubsubclub.bench.nodes import progress, tree_cpu_seconds
+from pubsubclub.bench.pacing import paced
 
 TOPIC = "pubsubclub.bench.lean"
 ACK_TOPIC = "pubsubclub.bench.lean.ack"
@@ -296,14 +297,10 @@ def _latency_publisher(
             ready = any(m.startswith(ack_prefix) for m in session.messages(deadline))
     body = ("x" * size).encode()
     topic_bytes = LATENCY_TOPIC.encode()
-    interval = 1.0 / rate
     start = time.time()
     sent = 0
-    while sent < count and time.time() < deadline:
-        wait = start + sent * interval - time.time()
-        if wait > 0:
-            time.sleep(wait)
-        sent += 1
+    for number in paced(start, count, rate, deadline):
+        sent = number + 1
         message = b'[16,%d,{},"%s",[%r,"%s"]]' % (sent, topic_bytes, time.time(), body)
         session.sock.sendall(session.frame(message))
     request = session.request() + count + 1

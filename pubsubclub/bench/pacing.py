@@ -14,6 +14,9 @@ next message's own due time (measured: 1 pair in 3,000 wake-ups).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+
 
 def install_precise_reactor() -> None:
     """Install Twisted's select reactor (call before anything imports ``twisted.internet.reactor``)."""
@@ -25,3 +28,20 @@ def install_precise_reactor() -> None:
 def until_due(start: float, sent: int, interval: float, now: float) -> float:
     """Seconds from ``now`` until message number ``sent`` (counted from 0) is due; 0 if it is late."""
     return max(0.0, start + sent * interval - now)
+
+
+def paced(start: float, count: int, rate: float, deadline: float) -> Iterator[int]:
+    """Message numbers 0 to ``count`` - 1, each yielded when it is due (``time.sleep`` until then), before ``deadline``.
+
+    The blocking clients' pacing (the lean latency publisher, the hop probe's
+    sender): number ``i`` is due at ``start + i / rate``; a late one is yielded
+    at once, so a stall is followed by the messages it held up, not skipped.
+    """
+    interval = 1.0 / rate
+    sent = 0
+    while sent < count and time.time() < deadline:
+        wait = until_due(start, sent, interval, time.time())
+        if wait > 0:
+            time.sleep(wait)
+        yield sent
+        sent += 1
