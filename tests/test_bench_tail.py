@@ -94,19 +94,24 @@ def test_without_floor_runs_the_floor_fields_are_none() -> None:
 
 
 def test_the_host_verdict_names_the_quiet_pairs_and_judges_the_nodes_runs_in_them() -> None:
-    """Quiet: the pair's hop p99 at or under --quiet-ms and nothing lost; the nodes' runs of those pairs judged alone.
+    """Quiet pair: the hop runs before and after it at or under --quiet-ms, nothing lost; its nodes' runs judged alone.
 
-    The headline is untouched: the nodes missed the bar in 2 of 4 runs whatever the host did.
+    Hop run k opens pair k; the last (pair 5 here) closes pair 4. The headline
+    is untouched: the nodes missed the bar in 2 of 4 runs whatever the host did.
     """
     runs = [run("host", 1, 0.2), run("nodes", 1, 0.7), run("host", 2, 0.3), run("nodes", 2, 1.4),
-            run("host", 3, 0.9), run("nodes", 3, 3.0), run("host", 4, 0.1, lost=1), run("nodes", 4, 0.6)]  # fmt: skip
+            run("host", 3, 0.2), run("nodes", 3, 3.0), run("host", 4, 0.9), run("nodes", 4, 0.6),
+            run("host", 5, 0.1)]  # fmt: skip
     v = verdict(runs, 1.0, quiet_ms=0.3)
     assert (v["nodes"]["met_runs"], v["nodes"]["over_bar"], v["nodes"]["met"]) == (2, [2, 3], False)
     host = v["host"]
-    assert host["quiet_pairs"] == [1, 2] and host["p99_ms"] == [0.2, 0.3, 0.9, 0.1] and host["quiet_ms"] == 0.3
+    assert host["quiet_pairs"] == [1, 2] and host["p99_ms"] == [0.2, 0.3, 0.2, 0.9, 0.1] and host["quiet_ms"] == 0.3
     assert host["nodes_on_quiet_pairs"] == {"runs": 2, "met_runs": 1, "over_bar": [2], "lost": []}
-    assert host["median_ms"]["p99"] == pytest.approx(0.25)
-    assert verdict(runs, 1.0, quiet_ms=1.0)["host"]["quiet_pairs"] == [1, 2, 3]
+    assert host["median_ms"]["p99"] == pytest.approx(0.2)
+    assert verdict(runs, 1.0, quiet_ms=1.0)["host"]["quiet_pairs"] == [1, 2, 3, 4]
+    lost_after = runs[:-1] + [run("host", 5, 0.1, lost=1)]  # a hop run that lost a message is not quiet
+    assert verdict(lost_after, 1.0, quiet_ms=1.0)["host"]["quiet_pairs"] == [1, 2, 3]
+    assert verdict(runs[:-1], 1.0, quiet_ms=1.0)["host"]["quiet_pairs"] == [1, 2, 3, 4]  # no hop after: before alone
 
 
 # -- refusals, before anything starts ----------------------------------------------------------------------------------
@@ -245,8 +250,10 @@ def test_tail_alternates_floor_and_nodes_runs_and_judges_both(tail_run: tuple[di
     runs = sorted(results["nodes_runs"] + results["floor_runs"] + results["host_runs"], key=lambda r: r["position"])
     assert [(r["position"], r["kind"], r["pair"]) for r in runs] == [
         (1, "host", 1), (2, "floor", 1), (3, "nodes", 1), (4, "host", 2), (5, "floor", 2), (6, "nodes", 2),
+        (7, "host", 3),
     ]  # fmt: skip
-    assert err.index("run 1 of 6 (host") < err.index("run 2 of 6 (floor") < err.index("run 6 of 6 (nodes")
+    assert err.index("run 1 of 7 (host") < err.index("run 2 of 7 (floor") < err.index("run 6 of 7 (nodes")
+    assert err.index("run 6 of 7 (nodes") < err.index("run 7 of 7 (host, after pair 2)")
     for r in runs:
         assert (r["sent"], r["received"], r["lost"]) == (200, 200, 0)
         assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"]
@@ -269,7 +276,7 @@ def test_tail_leaves_no_child_node_or_relay_behind(tail_run: tuple[dict[str, Any
     children = [int(p) for p in re.findall(r"child pid (\d+)", err)]
     servers = [int(p) for line in err.splitlines() if "node pids:" in line or "relay pids:" in line
                for p in re.findall(r"\b[AB] (\d+)", line)]  # fmt: skip
-    assert len(children) == 6 and len(servers) == 8
+    assert len(children) == 7 and len(servers) == 8
     assert_gone(children + servers)
 
 
@@ -311,9 +318,26 @@ def test_tail_with_lean_clients_for_real_judges_the_lean_runs() -> None:
     results = json.loads(result.stdout)
     assert (results["client"], results["floor"], results["floor_runs"]) == ("lean", False, None)
     assert results["order"] == ["host", "nodes"]
-    assert len(results["host_runs"]) == 1 and results["host_runs"][0]["lost"] == 0
+    assert [(r["pair"], r["lost"]) for r in results["host_runs"]] == [(1, 0), (2, 0)]
     (r,) = results["nodes_runs"]
     assert (r["sent"], r["received"], r["lost"], r["throughput_lost"], r["throughput"]["sent"]) == (200, 200, 0, 0, 500)
     assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"]
     assert results["verdict"]["floor"] is None and results["verdict"]["nodes"]["runs"] == 1
     assert "lean latency run" in result.stderr
+
+
+def test_the_host_probe_runs_before_each_pair_and_once_after_and_its_line_is_printed(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """By default: hop, nodes, hop, nodes, hop (lean: no floor); the text ends with the host's quiet pairs."""
+    seen: list[list[str]] = []
+
+    def runner(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
+        seen.append(argv)
+        return 0, json.dumps(LEAN_RESULT), ""
+
+    assert run_tail_bench(tail_args("--client", "lean", "--quiet-ms", "0.8"), runner) == 0
+    scenarios = [argv[argv.index("--scenario") + 1] if "--scenario" in argv else "wamp" for argv in seen]
+    assert scenarios == ["hop", "wamp", "hop", "wamp", "hop"]
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith("host: one hop's p99") and "quiet pairs (p99 <= 0.8 ms before and after): 1, 2" in last

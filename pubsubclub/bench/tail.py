@@ -259,13 +259,19 @@ def verdict(runs: list[dict[str, Any]], bar_ms: float, quiet_ms: float = 0.3) ->
 
 
 def _host(host: list[dict[str, Any]], nodes: list[dict[str, Any]], bar_ms: float, quiet_ms: float) -> dict[str, Any]:
-    """How quiet the host was: each pair's one-hop p99, the quiet pairs, and how the nodes did in those.
+    """How quiet the host was: each hop run's p99, the quiet pairs, and how the nodes did in those.
 
-    A pair is quiet when its hop run's p99 is at or under ``quiet_ms`` and the
-    hop lost nothing; the nodes' runs of the quiet pairs are judged as
-    :func:`_side` judges them.
+    Hop run ``k`` opens pair ``k``, and the hop run after the last pair has
+    ``pair`` = runs + 1, so pair ``k``'s runs lie between hop runs ``k`` and
+    ``k + 1``. A hop run is quiet when its p99 is at or under ``quiet_ms`` and
+    it lost nothing; a pair is quiet when the hop runs on both sides of it are
+    (the one before alone when there is none after). The host's noise comes in
+    bursts of seconds to minutes: a probe before the runs alone missed a burst
+    that began during them (docs/benchmarks.md). The nodes' runs of the quiet
+    pairs are judged as :func:`_side` judges them.
     """
-    quiet = [r["pair"] for r in host if r["p99"] is not None and r["p99"] <= quiet_ms and not r["lost"]]
+    calm = {r["pair"]: r["p99"] is not None and r["p99"] <= quiet_ms and not r["lost"] for r in host}
+    quiet = [r["pair"] for r in nodes if calm.get(r["pair"], False) and calm.get(r["pair"] + 1, True)]
     on_quiet = _side([r for r in nodes if r["pair"] in quiet], bar_ms)
     return {
         "quiet_ms": quiet_ms,
@@ -277,12 +283,12 @@ def _host(host: list[dict[str, Any]], nodes: list[dict[str, Any]], bar_ms: float
 
 
 def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
-    """Run the pairs (floor, nodes, ...) one after the other, print each run's figures and the verdict."""
+    """Run the pairs (host, floor, nodes, ...; a last host run) one after the other, print the runs and the verdict."""
     check_tail_args(args)
     with_floor = not args.no_floor and args.client != "lean"  # lean clients: no floor to pair with
     with_host = not args.no_host_probe
     kinds = ["host"] * with_host + ["floor"] * with_floor + ["nodes"]
-    total = args.runs * len(kinds)
+    total = args.runs * len(kinds) + with_host  # and a hop run after the last pair
     timeout = child_timeout(args)
     progress(
         f"settings: --scenario tail --runs {args.runs} --bar-ms {args.bar_ms:g}{' --no-floor' if args.no_floor else ''}"
@@ -291,19 +297,20 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         f" --max-seconds {args.max_seconds:g} --realm {args.realm} --client {args.client} (defaults: 10, 1, floor on,"
         f" host probe on, 0.3, 50000, 100, 1000, 5000, 60, realm1, autobahn"
         f"{'; lean clients: no floor runs' if args.client == 'lean' else ''}); {total} child runs"
-        f" ({' then '.join(kinds)}, x {args.runs}), each bounded by {timeout:g} s"
+        f" ({' then '.join(kinds)}, x {args.runs}{', then host' if with_host else ''}), each bounded by {timeout:g} s"
     )
     before = machine()
     runs: list[dict[str, Any]] = []
-    for pair in range(1, args.runs + 1):
-        for kind in kinds:
-            position = len(runs) + 1
-            name = f"run {position} of {total} ({kind}, pair {pair} of {args.runs})"
-            progress(f"{name}: pubsubclub bench{SCENARIO_FLAG[kind]}")
-            status, out, err = runner(child_argv(args, kind), timeout)
-            record = _parse(name, status, out, err, timeout, kind, pair, position)
-            runs.append(record)
-            progress(f"{name}: {_figures(record)}")
+    schedule = [(pair, kind) for pair in range(1, args.runs + 1) for kind in kinds]
+    for pair, kind in schedule + [(args.runs + 1, "host")] * with_host:
+        position = len(runs) + 1
+        of = f"pair {pair} of {args.runs}" if pair <= args.runs else f"after pair {args.runs}"
+        name = f"run {position} of {total} ({kind}, {of})"
+        progress(f"{name}: pubsubclub bench{SCENARIO_FLAG[kind]}")
+        status, out, err = runner(child_argv(args, kind), timeout)
+        record = _parse(name, status, out, err, timeout, kind, pair, position)
+        runs.append(record)
+        progress(f"{name}: {_figures(record)}")
     results = {
         "machine": before,
         "load_average_after": machine()["load_average"],
@@ -396,8 +403,9 @@ def human(results: dict[str, Any]) -> str:
         quiet = host["nodes_on_quiet_pairs"]
         pairs = ", ".join(map(str, host["quiet_pairs"])) or "none"
         lines.append(
-            f"host: one hop's p99 per pair {', '.join(_ms(p) for p in host['p99_ms'])} ms (median"
-            f" {_ms(host['median_ms']['p99'])}); quiet (p99 <= {host['quiet_ms']:g} ms) in pairs {pairs};"
-            f" nodes at or under the bar in {quiet['met_runs']} of those {quiet['runs']}"
+            f"host: one hop's p99 in each hop run (before each pair, and after the last)"
+            f" {', '.join(_ms(p) for p in host['p99_ms'])} ms (median {_ms(host['median_ms']['p99'])}); quiet pairs"
+            f" (p99 <= {host['quiet_ms']:g} ms before and after): {pairs}; nodes at or under the bar in"
+            f" {quiet['met_runs']} of those {quiet['runs']}"
         )
     return "\n".join(lines)
