@@ -402,11 +402,11 @@ def test_a_wrong_flag_or_command_is_reported_with_its_place() -> None:
         "docs/x.md:2: --workers is not a flag of pubsubclub status",
         "docs/x.md:3: pubsubclub has no command 'nodes' (it has node, bridge, cluster, status, bench, report)",
     ]
-    assert command_problems("docs/x.md", WRONG_DOC) == [
+    (problem,) = command_problems("docs/x.md", WRONG_DOC)  # argparse then lists the scenarios there are
+    assert problem.startswith(
         "docs/x.md:6: `pubsubclub bench --scenario tails --json`: pubsubclub bench: error: argument --scenario:"
-        " invalid choice: 'tails' (choose from 'wamp', 'link', 'peers', 'stream', 'idle', 'fanout', 'calls',"
-        " 'pycalls', 'floor', 'tail')",
-    ]
+        " invalid choice: 'tails' (choose from 'wamp', "
+    )
     assert flag_problems("README.md", "`--peers`") == []
 
 
