@@ -10,17 +10,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 from typing import Any
 
 import pytest
 from helpers.nodes import REPO
 from helpers.procfs import assert_gone
 
+from pubsubclub.bench import tail
+from pubsubclub.bench.nodes import steal_seconds
 from pubsubclub.bench.tail import check_tail_args, run_child, run_tail_bench, verdict
 from pubsubclub.cli.command import parser
 
@@ -341,3 +345,27 @@ def test_the_host_probe_runs_before_each_pair_and_once_after_and_its_line_is_pri
     assert scenarios == ["hop", "wamp", "hop", "wamp", "hop"]
     last = capsys.readouterr().out.strip().splitlines()[-1]
     assert last.startswith("host: one hop's p99") and "quiet pairs (p99 <= 0.8 ms before and after): 1, 2" in last
+
+
+def test_each_run_records_the_steal_time_the_host_took_during_it(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """/proc/stat's steal is read around each child: the difference is the run's; unknown when a reading is missing."""
+    readings = iter([10.0, 10.25, None, 12.0])  # run 1: 0.25 s stolen; run 2: no reading before it
+    monkeypatch.setattr(tail, "steal_seconds", lambda: next(readings))
+    assert run_tail_bench(tail_args("--runs", "2", "--client", "lean", "--no-host-probe", "--json"),
+                          lambda argv, timeout: (0, json.dumps(LEAN_RESULT), "")) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    results = json.loads(captured.out)
+    assert [r["steal_seconds"] for r in results["nodes_runs"]] == [0.25, None]
+    assert results["verdict"]["nodes"]["steal_seconds"] == [0.25, None]
+    assert "servers' CPU 220.0 us/msg; steal 0.25 s" in captured.err
+
+
+def test_steal_seconds_reads_the_cpu_lines_steal_column(tmp_path: Path) -> None:
+    """The eighth number of /proc/stat's ``cpu`` line, in clock ticks; None without the file or the column."""
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3 4 5 6 7 250 0 0\ncpu0 1 2 3 4 5 6 7 125 0 0\n")
+    assert steal_seconds(str(stat)) == 250 / os.sysconf("SC_CLK_TCK")
+    stat.write_text("cpu  1 2 3 4\n")
+    assert steal_seconds(str(stat)) is None and steal_seconds(str(tmp_path / "missing")) is None

@@ -160,6 +160,20 @@ def machine() -> dict[str, Any]:
     }
 
 
+def steal_seconds(stat: str = "/proc/stat") -> float | None:
+    """CPU time the hypervisor gave to others while this machine's vCPUs wanted it, all vCPUs, since boot.
+
+    The ``steal`` column of ``/proc/stat``'s ``cpu`` line, in seconds; None
+    where there is no such file or column (not Linux, or a kernel without it).
+    """
+    try:
+        with open(stat) as f:
+            fields = next((line.split() for line in f if line.startswith("cpu ")), [])
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def start_node(
     name: str, args: list[str], command: list[str] | None = None
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pubsubclub.bench.nodes import machine, progress
+from pubsubclub.bench.nodes import machine, progress, steal_seconds
 
 #: Most runs per side: a bound on the loop (10 is the bar; 100 pairs take over an hour).
 MAX_RUNS = 100
@@ -227,6 +227,7 @@ def _side(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
         "lost": lost,
         "median_ms": {key: _median([r[key] for r in runs]) for key in ("p50", "p99", "p999", "max")},
         "median_server_cpu_us_per_msg": _median([r["server_cpu_us_per_msg"] for r in runs]),
+        "steal_seconds": [r.get("steal_seconds") for r in runs],
     }
 
 
@@ -307,8 +308,12 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         of = f"pair {pair} of {args.runs}" if pair <= args.runs else f"after pair {args.runs}"
         name = f"run {position} of {total} ({kind}, {of})"
         progress(f"{name}: pubsubclub bench{SCENARIO_FLAG[kind]}")
+        stolen = steal_seconds()
         status, out, err = runner(child_argv(args, kind), timeout)
         record = _parse(name, status, out, err, timeout, kind, pair, position)
+        after = steal_seconds()
+        # The host's own say on how quiet it was: CPU time it took from this machine's vCPUs during the run.
+        record["steal_seconds"] = None if stolen is None or after is None else round(after - stolen, 3)
         runs.append(record)
         progress(f"{name}: {_figures(record)}")
     results = {
@@ -366,6 +371,7 @@ def _figures(r: dict[str, Any]) -> str:
         f"p50 {_ms(r['p50'])}, p99 {_ms(r['p99'])}, p99.9 {_ms(r['p999'])}, max {_ms(r['max'])} ms, lost {r['lost']}"
         + (f" (throughput run {r['throughput_lost']})" if "throughput_lost" in r else "")
         + f"; servers' CPU {'-' if cpu is None else f'{cpu:.1f}'} us/msg"
+        + (f"; steal {r['steal_seconds']:.2f} s" if r.get("steal_seconds") is not None else "")
     )
 
 
