@@ -118,6 +118,18 @@ def test_the_host_verdict_names_the_quiet_pairs_and_judges_the_nodes_runs_in_the
     assert verdict(runs[:-1], 1.0, quiet_ms=1.0)["host"]["quiet_pairs"] == [1, 2, 3, 4]  # no hop after: before alone
 
 
+def test_a_pair_whose_floor_or_nodes_run_the_host_stole_from_is_not_quiet() -> None:
+    """Steal over --quiet-steal in the pair's floor or nodes run: not quiet (a hop run's steal, or none known: fine)."""
+    runs = [run("host", 1, 0.1, steal_seconds=0.9), run("floor", 1, 0.8, steal_seconds=0.0),
+            run("nodes", 1, 0.7, steal_seconds=0.05), run("host", 2, 0.1), run("floor", 2, 0.8, steal_seconds=0.3),
+            run("nodes", 2, 0.7), run("host", 3, 0.1), run("floor", 3, 0.8), run("nodes", 3, 4.0, steal_seconds=0.6),
+            run("host", 4, 0.1)]  # fmt: skip
+    host = verdict(runs, 1.0, quiet_ms=0.3, quiet_steal=0.05)["host"]
+    assert (host["quiet_pairs"], host["stolen_pairs"], host["quiet_steal_seconds"]) == ([1], [2, 3], 0.05)
+    assert host["nodes_on_quiet_pairs"] == {"runs": 1, "met_runs": 1, "over_bar": [], "lost": []}
+    assert verdict(runs, 1.0, quiet_ms=0.3, quiet_steal=1.0)["host"]["quiet_pairs"] == [1, 2, 3]
+
+
 # -- refusals, before anything starts ----------------------------------------------------------------------------------
 
 
@@ -125,7 +137,8 @@ def test_the_host_verdict_names_the_quiet_pairs_and_judges_the_nodes_runs_in_the
     "flags",
     [("--target", "ws://a", "ws://b"), ("--window", "100"), ("--workers", "2"), ("--serializer", "msgpack"),
      ("--transport", "rawsocket"), ("--nodes", "1"), ("--subscribers", "4"), ("--runs", "0"),
-     ("--runs", "101"), ("--bar-ms", "0"), ("--quiet-ms", "0"), ("--rate", "0"), ("--max-seconds", "0")],
+     ("--runs", "101"), ("--bar-ms", "0"), ("--quiet-ms", "0"), ("--quiet-steal", "-1"), ("--rate", "0"),
+     ("--max-seconds", "0")],
     ids=lambda flags: " ".join(flags),
 )  # fmt: skip
 def test_tail_refuses_what_the_bars_runs_do_not_take(flags: tuple[str, ...]) -> None:
@@ -344,7 +357,7 @@ def test_the_host_probe_runs_before_each_pair_and_once_after_and_its_line_is_pri
     scenarios = [argv[argv.index("--scenario") + 1] if "--scenario" in argv else "wamp" for argv in seen]
     assert scenarios == ["hop", "wamp", "hop", "wamp", "hop"]
     last = capsys.readouterr().out.strip().splitlines()[-1]
-    assert last.startswith("host: one hop's p99") and "quiet pairs (p99 <= 0.8 ms before and after): 1, 2" in last
+    assert last.startswith("host: one hop's p99") and "steal <= 0.05 s in the pair's runs): 1, 2;" in last
 
 
 def test_each_run_records_the_steal_time_the_host_took_during_it(

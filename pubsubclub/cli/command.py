@@ -113,6 +113,13 @@ def parser() -> argparse.ArgumentParser:
         help="tail: a pair's host counts as quiet when its hop run's p99 is at most this many ms (default 0.3)",
     )
     bench.add_argument(
+        "--quiet-steal",
+        type=float,
+        default=0.05,
+        help="tail: ... and the host stole at most this many seconds of CPU during each of the pair's runs"
+        " (/proc/stat; default 0.05)",
+    )
+    bench.add_argument(
         "--bar-ms", type=float, default=1.0, help="tail: the bar, p99 in milliseconds each run must meet (default 1.0)"
     )
     bench.add_argument(
