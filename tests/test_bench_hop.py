@@ -15,7 +15,7 @@ import time
 import pytest
 from helpers.nodes import REPO
 
-from pubsubclub.bench.hop import MESSAGE, receive, run_hop_bench
+from pubsubclub.bench.hop import MESSAGE, receive, run_hop_bench, take_stamps
 from pubsubclub.cli.command import parser
 
 
@@ -34,6 +34,21 @@ def test_the_receiver_times_whole_messages_and_stops_when_the_sender_closes() ->
         latencies = receive(listener, 5, time.time() + 30)
         sender.join(10)
     assert len(latencies) == 3 and all(0 <= lat < 30 for lat in latencies)
+
+
+def test_a_message_split_anywhere_is_read_once_whole() -> None:
+    """Two messages cut at every byte offset into two chunks: both stamps, in order, and nothing left over."""
+    data = MESSAGE.pack(0, 1.5) + MESSAGE.pack(1, 2.5)
+    for cut in range(len(data) + 1):
+        first, rest = take_stamps(data[:cut])
+        second, rest = take_stamps(rest + data[cut:])
+        assert (first + second, rest) == ([1.5, 2.5], b""), cut
+
+
+def test_a_sender_that_never_connects_is_an_error_not_a_hang() -> None:
+    """Nobody connects by the deadline: the receiver says so instead of waiting on."""
+    with socket.create_server(("127.0.0.1", 0)) as listener, pytest.raises(SystemExit, match="did not connect"):
+        receive(listener, 5, time.time() + 0.2)
 
 
 def test_the_receiver_gives_up_at_its_deadline_on_a_silent_sender() -> None:
@@ -62,5 +77,6 @@ def test_a_real_hop_run_delivers_every_message_and_reports_ordered_figures() -> 
     assert results["scenario"] == "hop" and "load_average" in results["machine"]
     lat = results["latency"]
     assert (lat["sent"], lat["received"], lat["lost"], lat["client"]) == (200, 200, 0, "hop")
+    assert isinstance(lat["steal_seconds"], float)
     m = lat["latency_ms"]
     assert 0 < m["p50"] <= m["p99"] <= m["p999"] <= m["max"] and len(lat["slowest_positions"]) == 5

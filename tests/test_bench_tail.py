@@ -23,7 +23,6 @@ import pytest
 from helpers.nodes import REPO
 from helpers.procfs import assert_gone
 
-from pubsubclub.bench import tail
 from pubsubclub.bench.nodes import steal_seconds
 from pubsubclub.bench.tail import check_tail_args, run_child, run_tail_bench, verdict
 from pubsubclub.cli.command import parser
@@ -272,7 +271,7 @@ def test_tail_alternates_floor_and_nodes_runs_and_judges_both(tail_run: tuple[di
     assert err.index("run 1 of 7 (host") < err.index("run 2 of 7 (floor") < err.index("run 6 of 7 (nodes")
     assert err.index("run 6 of 7 (nodes") < err.index("run 7 of 7 (host, after pair 2)")
     for r in runs:
-        assert (r["sent"], r["received"], r["lost"]) == (200, 200, 0)
+        assert (r["sent"], r["received"], r["lost"]) == (200, 200, 0) and isinstance(r["steal_seconds"], float)
         assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"]
         assert r["server_cpu_us_per_msg"] >= 0 if r["kind"] != "host" else r["server_cpu_us_per_msg"] is None
     host = results["verdict"]["host"]
@@ -338,6 +337,7 @@ def test_tail_with_lean_clients_for_real_judges_the_lean_runs() -> None:
     assert [(r["pair"], r["lost"]) for r in results["host_runs"]] == [(1, 0), (2, 0)]
     (r,) = results["nodes_runs"]
     assert (r["sent"], r["received"], r["lost"], r["throughput_lost"], r["throughput"]["sent"]) == (200, 200, 0, 0, 500)
+    assert all(isinstance(run["steal_seconds"], float) for run in [r, *results["host_runs"]])  # /proc/stat has it
     assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"]
     assert results["verdict"]["floor"] is None and results["verdict"]["nodes"]["runs"] == 1
     assert "lean latency run" in result.stderr
@@ -360,14 +360,12 @@ def test_the_host_probe_runs_before_each_pair_and_once_after_and_its_line_is_pri
     assert last.startswith("host: one hop's p99") and "steal <= 0.05 s in the pair's runs): 1, 2;" in last
 
 
-def test_each_run_records_the_steal_time_the_host_took_during_it(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    """/proc/stat's steal is read around each child: the difference is the run's; unknown when a reading is missing."""
-    readings = iter([10.0, 10.25, None, 12.0])  # run 1: 0.25 s stolen; run 2: no reading before it
-    monkeypatch.setattr(tail, "steal_seconds", lambda: next(readings))
+def test_each_run_carries_the_steal_time_its_latency_run_reported(capsys: pytest.CaptureFixture[str]) -> None:
+    """A child's ``latency.steal_seconds`` becomes the run's; a child without one (unknown) gives None."""
+    with_steal = {**LEAN_RESULT, "latency": {**LEAN_RESULT["latency"], "steal_seconds": 0.25}}
+    replies = iter([with_steal, LEAN_RESULT])
     assert run_tail_bench(tail_args("--runs", "2", "--client", "lean", "--no-host-probe", "--json"),
-                          lambda argv, timeout: (0, json.dumps(LEAN_RESULT), "")) == 0  # fmt: skip
+                          lambda argv, timeout: (0, json.dumps(next(replies)), "")) == 0  # fmt: skip
     captured = capsys.readouterr()
     results = json.loads(captured.out)
     assert [r["steal_seconds"] for r in results["nodes_runs"]] == [0.25, None]

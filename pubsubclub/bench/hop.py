@@ -12,7 +12,9 @@ how quiet the machine was in those seconds (``--scenario tail`` runs it
 before each pair, docs/benchmarks.md).
 
 The figures have the other latency runs' names (``latency_ms``, ``lost``,
-``slowest_positions``). Every wait is bounded by ``--max-seconds``.
+``slowest_positions``, ``steal_seconds``). The run is bounded by
+``--max-seconds`` plus :data:`CONNECT_SECONDS` for each of connecting and
+ending.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import time
 from typing import Any
 
 from pubsubclub.bench.lean import latency_summary
-from pubsubclub.bench.nodes import machine, progress
+from pubsubclub.bench.nodes import machine, progress, steal_seconds, stolen_since
 from pubsubclub.bench.pacing import paced
 
 #: One message: its number, its send time and padding to 20 bytes (about a WAMP frame's header and a little).
@@ -42,6 +44,7 @@ def _sender_main(argv: list[str]) -> int:
     port, count, rate, max_seconds = int(argv[0]), int(argv[1]), float(argv[2]), float(argv[3])
     deadline = time.time() + max_seconds
     sock = socket.create_connection(("127.0.0.1", port), timeout=CONNECT_SECONDS)
+    sock.settimeout(None)  # blocking: with a timeout CPython polls before every send, a system call in the hop
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     sent = 0
     for number in paced(time.time(), count, rate, deadline):
@@ -52,12 +55,24 @@ def _sender_main(argv: list[str]) -> int:
     return 0
 
 
+def take_stamps(buffer: bytes) -> tuple[list[float], bytes]:
+    """The send times of the whole messages at the start of ``buffer``, and the bytes of an unfinished one."""
+    whole = len(buffer) - len(buffer) % MESSAGE.size
+    return [sent_at for _, sent_at in MESSAGE.iter_unpack(buffer[:whole])], buffer[whole:]
+
+
 def receive(listener: socket.socket, count: int, deadline: float) -> list[float]:
-    """Accept the sender on ``listener`` and time its messages until ``count`` came, it closed or ``deadline``."""
+    """Accept the sender on ``listener`` and time its messages until ``count`` came, it closed or ``deadline``.
+
+    SystemExit when no sender connects within :data:`CONNECT_SECONDS` (or by ``deadline``).
+    """
     listener.settimeout(max(0.0, min(CONNECT_SECONDS, deadline - time.time())))
-    conn, _ = listener.accept()
+    try:
+        conn, _ = listener.accept()
+    except TimeoutError:
+        raise SystemExit("pubsubclub: error: bench --scenario hop: the sender did not connect") from None
     latencies: list[float] = []
-    buffer = b""
+    rest = b""
     with conn:
         while len(latencies) < count:
             left = deadline - time.time()
@@ -67,23 +82,28 @@ def receive(listener: socket.socket, count: int, deadline: float) -> list[float]
             now = time.time()
             if not chunk:
                 break
-            buffer += chunk
-            whole = len(buffer) - len(buffer) % MESSAGE.size
-            for _, sent_at in MESSAGE.iter_unpack(buffer[:whole]):
-                latencies.append(now - sent_at)
-            buffer = buffer[whole:]
+            stamps, rest = take_stamps(rest + chunk)
+            latencies += [now - sent_at for sent_at in stamps]
     return latencies
 
 
 def hop_run(count: int, rate: float, max_seconds: float) -> dict[str, Any]:
-    """One run: the sender as a child process, this process receiving; the figures."""
+    """One run: the sender as a child process, this process receiving; the figures (a sender that fails: SystemExit)."""
     with socket.create_server(("127.0.0.1", 0)) as listener:
         port = listener.getsockname()[1]
         argv = [sys.executable, "-m", "pubsubclub.bench.hop", str(port), str(count), str(rate), f"{max_seconds:g}"]
         sender = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         try:
+            stolen_before = steal_seconds()
             latencies = receive(listener, count, time.time() + max_seconds + CONNECT_SECONDS)
+            stolen = stolen_since(stolen_before, steal_seconds())
             out, _ = sender.communicate(timeout=CONNECT_SECONDS)
+        except SystemExit:
+            if sender.poll() is not None and sender.returncode != 0:
+                raise SystemExit(
+                    f"pubsubclub: error: bench --scenario hop: the sender exited with status {sender.returncode}"
+                ) from None
+            raise
         finally:
             if sender.poll() is None:
                 sender.kill()
@@ -99,6 +119,7 @@ def hop_run(count: int, rate: float, max_seconds: float) -> dict[str, Any]:
         "lost": sent - len(latencies),
         **latency_summary(latencies),
         "server_cpu_us_per_msg": None,
+        "steal_seconds": stolen,
     }
 
 

@@ -49,7 +49,7 @@ from typing import Any
 
 import orjson
 
-from pubsubclub.bench.nodes import progress, tree_cpu_seconds
+from pubsubclub.bench.nodes import progress, steal_seconds, stolen_since, tree_cpu_seconds
 from pubsubclub.bench.pacing import paced
 
 TOPIC = "pubsubclub.bench.lean"
@@ -340,10 +340,12 @@ def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: 
     me = [sys.executable, "-m", "pubsubclub.bench.lean"]
     bound = str(args.max_seconds + 20)
     cpu: list[float] = []
+    steal: list[float | None] = []
 
     def started() -> None:
         progress(f"lean latency run: {args.latency_count} messages at {args.rate}/s (A -> B)")
         cpu.append(tree_cpu_seconds(server_pids))
+        steal.append(steal_seconds())
 
     p, s = publisher_and_subscriber(
         [*me, "latency-subscriber", *_host_port(raw_b), args.realm, bound],
@@ -352,6 +354,7 @@ def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: 
         args.max_seconds + 30, started,
     )  # fmt: skip
     spent = tree_cpu_seconds(server_pids) - cpu[0]
+    stolen = stolen_since(steal[0], steal_seconds())
     return {
         "mode": "latency",
         "client": "lean",
@@ -361,6 +364,7 @@ def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: 
         "publish_rate": p["sent"] / max(p["end"] - p["start"], 1e-9),
         **s["latencies"],
         "server_cpu_us_per_msg": spent / max(s["received"], 1) * 1e6,
+        "steal_seconds": stolen,
     }
 
 

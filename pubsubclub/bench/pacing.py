@@ -15,7 +15,7 @@ next message's own due time (measured: 1 pair in 3,000 wake-ups).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 
 def install_precise_reactor() -> None:
@@ -30,18 +30,27 @@ def until_due(start: float, sent: int, interval: float, now: float) -> float:
     return max(0.0, start + sent * interval - now)
 
 
-def paced(start: float, count: int, rate: float, deadline: float) -> Iterator[int]:
-    """Message numbers 0 to ``count`` - 1, each yielded when it is due (``time.sleep`` until then), before ``deadline``.
+def paced(
+    start: float,
+    count: int,
+    rate: float,
+    deadline: float,
+    now: Callable[[], float] = time.time,
+    sleep: Callable[[float], None] = time.sleep,
+) -> Iterator[int]:
+    """Message numbers 0 to ``count`` - 1, each yielded when it is due (``sleep`` until then).
 
     The blocking clients' pacing (the lean latency publisher, the hop probe's
     sender): number ``i`` is due at ``start + i / rate``; a late one is yielded
     at once, so a stall is followed by the messages it held up, not skipped.
+    The deadline is checked before each wait: a number whose wait began before
+    ``deadline`` is still yielded (at most one interval after it).
     """
     interval = 1.0 / rate
     sent = 0
-    while sent < count and time.time() < deadline:
-        wait = until_due(start, sent, interval, time.time())
+    while sent < count and now() < deadline:
+        wait = until_due(start, sent, interval, now())
         if wait > 0:
-            time.sleep(wait)
+            sleep(wait)
         yield sent
         sent += 1

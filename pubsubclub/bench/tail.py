@@ -13,9 +13,12 @@ client library) and no floor runs (the floor's relays speak WebSocket to the
 Autobahn clients, so there is no floor for lean clients to pair with).
 Unless ``--no-host-probe``, each pair starts with a ``--scenario hop`` run
 (:mod:`pubsubclub.bench.hop`: one loopback hop between two trivial
-processes), which says how quiet the machine was in those minutes: the bar
-asks for "a quiet machine", and a host whose one hop alone has a p99 over
-``--quiet-ms`` is not one. Then the verdict (:func:`verdict`, a pure
+processes) and one more follows the last pair, which say how quiet the
+machine was in those minutes: the bar asks for "a quiet machine", and a host
+whose one hop alone has a p99 over ``--quiet-ms`` is not one. Every latency
+run also reports the CPU time the hypervisor stole during it
+(``steal_seconds``, all vCPUs summed); more than ``--quiet-steal`` in a
+pair's floor or nodes run makes that pair not quiet. Then the verdict (:func:`verdict`, a pure
 function of the runs): per side the runs over ``--bar-ms`` or with a lost
 message, "met in k of N", the medians, the nodes' p99 minus the floor's p99
 of each pair, and the pairs whose host was quiet with the nodes' runs among
@@ -45,7 +48,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from pubsubclub.bench.nodes import machine, progress, steal_seconds
+from pubsubclub.bench.nodes import machine, progress
 
 #: Most runs per side: a bound on the loop (10 is the bar; 100 pairs take over an hour).
 MAX_RUNS = 100
@@ -75,6 +78,10 @@ REFUSED: dict[str, tuple[str, Any]] = {
     "--cluster-secret-file": ("cluster_secret_file", None),
 }
 
+#: The quiet pair's defaults (``--quiet-ms``, ``--quiet-steal``): a hop run's p99 in ms, seconds stolen in a run.
+QUIET_MS = 0.3
+QUIET_STEAL = 0.05
+
 #: What each kind of run adds to ``pubsubclub bench`` (shown in its progress line).
 SCENARIO_FLAG = {"nodes": "", "floor": " --scenario floor", "host": " --scenario hop"}
 
@@ -91,7 +98,8 @@ def check_tail_args(args: argparse.Namespace) -> None:
         raise SystemExit(
             f"pubsubclub: error: --scenario tail runs the default bench (Autobahn clients, JSON over WebSocket, two"
             f" local nodes of one worker) and --scenario floor: {', '.join(given)} does not apply (it takes --runs,"
-            " --no-floor, --bar-ms, --size, --rate, --latency-count, --count, --max-seconds, --realm)"
+            " --no-floor, --no-host-probe, --bar-ms, --quiet-ms, --quiet-steal, --size, --rate, --latency-count,"
+            " --count, --max-seconds, --realm)"
         )
     if not 1 <= args.runs <= MAX_RUNS:
         raise SystemExit(f"pubsubclub: error: --runs takes 1 to {MAX_RUNS} here")
@@ -200,6 +208,8 @@ def run_record(kind: str, pair: int, position: int, result: dict[str, Any]) -> d
         "server_cpu_us_per_msg": lat.get("server_cpu_us_per_msg"),
         "slowest_positions": lat.get("slowest_positions"),
         "load_average": result.get("machine", {}).get("load_average"),
+        # The host's own say on how quiet it was: CPU time it took from this machine during the latency run.
+        "steal_seconds": lat.get("steal_seconds"),
     }
     if kind == "nodes":
         t = result["throughput"]
@@ -215,7 +225,7 @@ def _median(values: Sequence[float | None]) -> float | None:
 
 
 def _side(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
-    """One side's verdict: runs over the bar (or without a p99), runs that lost a message, medians."""
+    """One side's verdict: runs over the bar (or without a p99), runs that lost a message, medians, steal per run."""
     over = [r["pair"] for r in runs if r["p99"] is None or r["p99"] > bar_ms]
     lost = [r["pair"] for r in runs if r["lost"] or r.get("throughput_lost")]
     met_runs = sum(1 for r in runs if r["pair"] not in over and r["pair"] not in lost)
@@ -232,7 +242,7 @@ def _side(runs: list[dict[str, Any]], bar_ms: float) -> dict[str, Any]:
 
 
 def verdict(
-    runs: list[dict[str, Any]], bar_ms: float, quiet_ms: float = 0.3, quiet_steal: float = 0.05
+    runs: list[dict[str, Any]], bar_ms: float, quiet_ms: float = QUIET_MS, quiet_steal: float = QUIET_STEAL
 ) -> dict[str, Any]:
     """The bar's verdict from the run records (:func:`run_record`): per side, and the nodes' p99 over the floor's.
 
@@ -270,7 +280,7 @@ def _host(runs: list[dict[str, Any]], bar_ms: float, quiet_ms: float, quiet_stea
     it lost nothing. A pair is quiet when the hop runs on both sides of it are
     calm (the one before alone when there is none after) and the host stole
     at most ``quiet_steal`` seconds of CPU during each of the pair's floor and
-    nodes runs (a run whose steal is unknown is not held against it). The
+    nodes latency runs (a run whose steal is unknown is not held against it). The
     host's noise comes in bursts of seconds: a probe before the runs alone
     missed a burst that began during them, and the steal during a run is the
     host's own account of it (docs/benchmarks.md). The nodes' runs of the
@@ -323,12 +333,8 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         of = f"pair {pair} of {args.runs}" if pair <= args.runs else f"after pair {args.runs}"
         name = f"run {position} of {total} ({kind}, {of})"
         progress(f"{name}: pubsubclub bench{SCENARIO_FLAG[kind]}")
-        stolen = steal_seconds()
         status, out, err = runner(child_argv(args, kind), timeout)
         record = _parse(name, status, out, err, timeout, kind, pair, position)
-        after = steal_seconds()
-        # The host's own say on how quiet it was: CPU time it took from this machine's vCPUs during the run.
-        record["steal_seconds"] = None if stolen is None or after is None else round(after - stolen, 3)
         runs.append(record)
         progress(f"{name}: {_figures(record)}")
     results = {
@@ -411,7 +417,8 @@ def human(results: dict[str, Any]) -> str:
     ]
     every = results["nodes_runs"] + (results["floor_runs"] or []) + (results.get("host_runs") or [])
     for r in sorted(every, key=lambda r: r["position"]):
-        lines.append(f"  pair {r['pair']:>3} {r['kind']:<5}: {_figures(r)}")
+        pair = f"pair {r['pair']:>3}" if r["pair"] <= results["runs"] else f"after {results['runs']:>2}"
+        lines.append(f"  {pair} {r['kind']:<5}: {_figures(r)}")
     lines.append(_side_text("nodes", v["nodes"], v["bar_ms"]))
     if v["floor"] is not None:
         lines.append(_side_text("floor", v["floor"], v["bar_ms"]))
@@ -428,6 +435,7 @@ def human(results: dict[str, Any]) -> str:
             f" {', '.join(_ms(p) for p in host['p99_ms'])} ms (median {_ms(host['median_ms']['p99'])}); quiet pairs"
             f" (p99 <= {host['quiet_ms']:g} ms before and after, steal <= {host['quiet_steal_seconds']:g} s in"
             f" the pair's runs): {pairs}; nodes at or under the bar in"
-            f" {quiet['met_runs']} of those {quiet['runs']}"
+            f" {quiet['met_runs']} of those {quiet['runs']}; the host stole more in pairs"
+            f" {', '.join(map(str, host['stolen_pairs'])) or 'none'}"
         )
     return "\n".join(lines)

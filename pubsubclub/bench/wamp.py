@@ -39,6 +39,8 @@ from pubsubclub.bench.nodes import (
     node_pair,
     progress,
     start_node,
+    steal_seconds,
+    stolen_since,
     stop,
     tree_cpu_seconds,
     wait_interest,
@@ -247,7 +249,9 @@ def measure(args: argparse.Namespace, target: Target) -> tuple[dict[str, Any], d
 def latency_run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     """The Autobahn clients' latency run against ``target``, with the servers' CPU per message when it has pids."""
     cpu_before = tree_cpu_seconds(list(target.pids))
+    steal_before = steal_seconds()
     latency = _one_run(target, args, "latency", args.latency_count, args.rate)
+    latency["steal_seconds"] = stolen_since(steal_before, steal_seconds())
     if target.pids:
         spent = tree_cpu_seconds(list(target.pids)) - cpu_before
         latency["server_cpu_us_per_msg"] = spent / max(latency["received"], 1) * 1e6

@@ -70,9 +70,9 @@ def parser() -> argparse.ArgumentParser:
         " hop: the host's own latency of one paced loopback TCP hop between two trivial processes (how quiet the"
         " machine is);"
         " tail: issue 22's tail bar in one command: --runs default runs alternating with as many floor runs, each"
-        " pair after a hop run, then the verdict (runs over --bar-ms, medians, the nodes' p99 minus the floor's"
-        " per pair, the pairs whose hop p99 was at most --quiet-ms; --client lean: the lean clients' runs, no"
-        " floor)",
+        " pair between two hop runs, then the verdict (runs over --bar-ms, medians, the nodes' p99 minus the floor's"
+        " per pair, the quiet pairs: hop p99 at most --quiet-ms before and after, at most --quiet-steal seconds"
+        " stolen by the host in its runs; --client lean: the lean clients' runs, no floor)",
     )
     bench.add_argument(
         "--client",
@@ -110,14 +110,14 @@ def parser() -> argparse.ArgumentParser:
         "--quiet-ms",
         type=float,
         default=0.3,
-        help="tail: a pair's host counts as quiet when its hop run's p99 is at most this many ms (default 0.3)",
+        help="tail: a pair is quiet when the hop runs before and after it have p99 at most this many ms (default 0.3)",
     )
     bench.add_argument(
         "--quiet-steal",
         type=float,
         default=0.05,
-        help="tail: ... and the host stole at most this many seconds of CPU during each of the pair's runs"
-        " (/proc/stat; default 0.05)",
+        help="tail: ... and the host stole at most this many seconds of CPU (/proc/stat, all vCPUs summed) during"
+        " each of the pair's latency runs (default 0.05)",
     )
     bench.add_argument(
         "--bar-ms", type=float, default=1.0, help="tail: the bar, p99 in milliseconds each run must meet (default 1.0)"
