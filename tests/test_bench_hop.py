@@ -16,6 +16,7 @@ import pytest
 from helpers.nodes import REPO
 
 from pubsubclub.bench.hop import MESSAGE, receive, run_hop_bench, take_stamps
+from pubsubclub.bench.nodes import steal_text
 from pubsubclub.cli.command import parser
 
 
@@ -80,3 +81,21 @@ def test_a_real_hop_run_delivers_every_message_and_reports_ordered_figures() -> 
     assert isinstance(lat["steal_seconds"], float)
     m = lat["latency_ms"]
     assert 0 < m["p50"] <= m["p99"] <= m["p999"] <= m["max"] and len(lat["slowest_positions"]) == 5
+
+
+def test_the_text_line_says_what_the_host_stole_when_it_is_known() -> None:
+    """A latency run's steal on its text line; nothing when unknown (no /proc/stat column)."""
+    assert steal_text({"steal_seconds": 0.25}) == "; the host stole 0.25 s of CPU during it"
+    assert steal_text({"steal_seconds": None}) == "" and steal_text({}) == ""
+
+
+@pytest.mark.slow
+def test_a_real_hop_run_in_text_names_its_figures_and_the_steal() -> None:
+    """Without --json: one line with the percentiles, the count sent and lost, and the steal (Linux has it)."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "hop", "--latency-count", "100"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    (line,) = result.stdout.strip().splitlines()
+    assert line.startswith("one hop at 1000/s: p50 ") and "sent 100, lost 0; the host stole " in line

@@ -19,7 +19,7 @@ import json
 import sys
 from typing import Any
 
-from pubsubclub.bench.nodes import machine, progress, start_node, stop
+from pubsubclub.bench.nodes import machine, progress, start_node, steal_text, stop
 from pubsubclub.bench.wamp import Target, latency_run
 
 RELAY = [sys.executable, "-m", "pubsubclub.bench.relay"]
@@ -89,5 +89,6 @@ def run_floor_bench(args: argparse.Namespace) -> int:
             )
             + f"lost {lat['lost']}; CPU per message: publisher {lat['publisher_cpu_us_per_msg']:.1f}, subscriber "
             f"{lat['subscriber_cpu_us_per_msg']:.1f}, relays {lat.get('server_cpu_us_per_msg', 0.0):.1f} us"
+            + steal_text(lat)
         )
     return 0

@@ -30,7 +30,7 @@ import time
 from typing import Any
 
 from pubsubclub.bench.lean import latency_summary
-from pubsubclub.bench.nodes import machine, progress, steal_seconds, stolen_since
+from pubsubclub.bench.nodes import machine, progress, steal_seconds, steal_text, stolen_since
 from pubsubclub.bench.pacing import paced
 
 #: One message: its number, its send time and padding to 20 bytes (about a WAMP frame's header and a little).
@@ -140,7 +140,10 @@ def run_hop_bench(args: argparse.Namespace) -> int:
     else:
         lm = latency.get("latency_ms") or {}
         shown = ", ".join(f"{k} {lm[k]:.3f}" for k in ("p50", "p99", "p999", "max") if k in lm)
-        print(f"one hop at {args.rate}/s: {shown or 'no message'} ms; sent {latency['sent']}, lost {latency['lost']}")
+        print(
+            f"one hop at {args.rate}/s: {shown or 'no message'} ms; sent {latency['sent']}, lost {latency['lost']}"
+            + steal_text(latency)
+        )
     return 0
 
 

@@ -184,6 +184,12 @@ def stolen_since(before: float | None, now: float | None) -> float | None:
     return None if before is None or now is None else round(now - before, 3)
 
 
+def steal_text(latency: dict[str, Any]) -> str:
+    """A latency run's steal for its text line: "; the host stole S s of CPU during it", or nothing when unknown."""
+    stolen = latency.get("steal_seconds")
+    return "" if stolen is None else f"; the host stole {stolen:.2f} s of CPU during it"
+
+
 def start_node(
     name: str, args: list[str], command: list[str] | None = None
 ) -> tuple[subprocess.Popen[str], dict[str, Any]]:

@@ -40,6 +40,7 @@ from pubsubclub.bench.nodes import (
     progress,
     start_node,
     steal_seconds,
+    steal_text,
     stolen_since,
     stop,
     tree_cpu_seconds,
@@ -355,6 +356,7 @@ def run_bench(args: argparse.Namespace) -> int:
                 f"max {lm['max']:.2f} ms, lost {lat['lost']}; slowest messages at positions {lat['slowest_positions']}"
                 + (f"; nodes' CPU {lat['server_cpu_us_per_msg']:.1f} us/msg" if "server_cpu_us_per_msg" in lat else "")
                 + f" ({lat['client']} clients)"
+                + steal_text(lat)
             )
     return 0
 
