@@ -287,13 +287,14 @@ def test_tail_alternates_floor_and_nodes_runs_and_judges_both(tail_run: tuple[di
 
 @pytest.mark.slow
 def test_tail_leaves_no_child_node_or_relay_behind(tail_run: tuple[dict[str, Any], str]) -> None:
-    """After the run every child bench, node and relay it started is gone."""
+    """After the run every child bench, node, relay and hop sender it started is gone."""
     _, err = tail_run
     children = [int(p) for p in re.findall(r"child pid (\d+)", err)]
     servers = [int(p) for line in err.splitlines() if "node pids:" in line or "relay pids:" in line
                for p in re.findall(r"\b[AB] (\d+)", line)]  # fmt: skip
-    assert len(children) == 7 and len(servers) == 8
-    assert_gone(children + servers)
+    senders = [int(p) for p in re.findall(r"hop sender pid (\d+)", err)]
+    assert len(children) == 7 and len(servers) == 8 and len(senders) == 3
+    assert_gone(children + servers + senders)
 
 
 @pytest.mark.slow

@@ -93,6 +93,7 @@ def hop_run(count: int, rate: float, max_seconds: float) -> dict[str, Any]:
         port = listener.getsockname()[1]
         argv = [sys.executable, "-m", "pubsubclub.bench.hop", str(port), str(count), str(rate), f"{max_seconds:g}"]
         sender = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        progress(f"hop sender pid {sender.pid}")
         try:
             stolen_before = steal_seconds()
             latencies = receive(listener, count, time.time() + max_seconds + CONNECT_SECONDS)
