@@ -97,7 +97,7 @@ def hop_run(count: int, rate: float, max_seconds: float) -> dict[str, Any]:
         try:
             stolen_before = steal_seconds()
             latencies = receive(listener, count, time.time() + max_seconds + CONNECT_SECONDS)
-            stolen = stolen_since(stolen_before, steal_seconds())
+            stolen = stolen_since(stolen_before)
             out, _ = sender.communicate(timeout=CONNECT_SECONDS)
         except SystemExit:
             if sender.poll() is not None and sender.returncode != 0:

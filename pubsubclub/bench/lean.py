@@ -354,7 +354,7 @@ def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: 
         args.max_seconds + 30, started,
     )  # fmt: skip
     spent = tree_cpu_seconds(server_pids) - cpu[0]
-    stolen = stolen_since(steal[0], steal_seconds())
+    stolen = stolen_since(steal[0])
     return {
         "mode": "latency",
         "client": "lean",

@@ -174,13 +174,14 @@ def steal_seconds(stat: str = "/proc/stat") -> float | None:
         return None
 
 
-def stolen_since(before: float | None, now: float | None) -> float | None:
-    """Seconds of steal (:func:`steal_seconds`, all vCPUs summed) between two readings; None if either is unknown.
+def stolen_since(before: float | None) -> float | None:
+    """Seconds of steal (:func:`steal_seconds`, all vCPUs summed) since the reading ``before``; None if unknown.
 
     The latency runs report it (``steal_seconds``) for their own time, so a
     reader can tell a run the host took CPU from (docs/benchmarks.md, "The
     tail, eighth round").
     """
+    now = steal_seconds()
     return None if before is None or now is None else round(now - before, 3)
 
 

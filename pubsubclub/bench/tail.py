@@ -18,11 +18,11 @@ machine was in those minutes: the bar asks for "a quiet machine", and a host
 whose one hop alone has a p99 over ``--quiet-ms`` is not one. Every latency
 run also reports the CPU time the hypervisor stole during it
 (``steal_seconds``, all vCPUs summed); more than ``--quiet-steal`` in a
-pair's floor or nodes run makes that pair not quiet. Then the verdict (:func:`verdict`, a pure
-function of the runs): per side the runs over ``--bar-ms`` or with a lost
-message, "met in k of N", the medians, the nodes' p99 minus the floor's p99
-of each pair, and the pairs whose host was quiet with the nodes' runs among
-them that met the bar. The headline stays "met in k of N" over all runs:
+pair's floor or nodes run makes that pair not quiet. Then the verdict
+(:func:`verdict`, a pure function of the runs): per side the runs over
+``--bar-ms`` or with a lost message, "met in k of N", the medians, the
+nodes' p99 minus the floor's p99 of each pair, and the pairs whose host was
+quiet with the nodes' runs among them that met the bar. The headline stays "met in k of N" over all runs:
 the quiet figures explain a miss, they do not drop it.
 
 Each child runs in its own process group; a child that fails, prints no

@@ -252,7 +252,7 @@ def latency_run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
     cpu_before = tree_cpu_seconds(list(target.pids))
     steal_before = steal_seconds()
     latency = _one_run(target, args, "latency", args.latency_count, args.rate)
-    latency["steal_seconds"] = stolen_since(steal_before, steal_seconds())
+    latency["steal_seconds"] = stolen_since(steal_before)
     if target.pids:
         spent = tree_cpu_seconds(list(target.pids)) - cpu_before
         latency["server_cpu_us_per_msg"] = spent / max(latency["received"], 1) * 1e6
