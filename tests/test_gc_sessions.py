@@ -226,7 +226,11 @@ def test_without_refreeze_full_collections_are_timed_and_nothing_more_is_frozen(
         kept = [{"n": i} for i in range(1000)]
         gc.collect()
         stats = collector.stats()
-        assert (stats["full_collections"], stats["freezes"], stats["frozen"]) == (1, 0, frozen), stats
+        # Not "== frozen": a frozen object whose last reference goes is freed and leaves the
+        # permanent generation, so the count may fall (CI saw 2 fewer); a refreeze would add
+        # the 1,000 surviving dicts.
+        assert (stats["full_collections"], stats["freezes"]) == (1, 0), stats
+        assert stats["frozen"] <= frozen, stats
         assert len(kept) == 1000 and stats["max_full_ms"] >= 0
     finally:
         collector.uninstall()
