@@ -27,7 +27,8 @@ def bench(*args: str, timeout: float = 120) -> tuple[dict[str, Any], str]:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     results: dict[str, Any] = json.loads(result.stdout)
-    assert {"cpus", "cpu_model", "python", "load_average"} <= results["machine"].keys()
+    machine_keys = {"cpus", "cpu_model", "python", "python_executable", "libpython", "load_average"}
+    assert machine_keys <= results["machine"].keys()
     return results, result.stderr
 
 

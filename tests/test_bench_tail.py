@@ -23,7 +23,7 @@ import pytest
 from helpers.nodes import REPO
 from helpers.procfs import assert_gone
 
-from pubsubclub.bench.nodes import steal_seconds
+from pubsubclub.bench.nodes import libpython, machine, steal_seconds
 from pubsubclub.bench.tail import check_tail_args, run_child, run_tail_bench, verdict
 from pubsubclub.cli.command import parser
 
@@ -260,7 +260,8 @@ def tail_run() -> tuple[dict[str, Any], str]:
 def test_tail_alternates_floor_and_nodes_runs_and_judges_both(tail_run: tuple[dict[str, Any], str]) -> None:
     """Two pairs: host, floor, nodes, host, floor, nodes; each run's figures, nothing lost, the verdict's fields."""
     results, err = tail_run
-    assert {"cpus", "cpu_model", "python", "load_average"} <= results["machine"].keys()
+    machine_keys = {"cpus", "cpu_model", "python", "python_executable", "libpython", "load_average"}
+    assert machine_keys <= results["machine"].keys()
     assert (results["scenario"], results["runs"], results["floor"]) == ("tail", 2, True)
     assert results["order"] == ["host", "floor", "nodes"]
     runs = sorted(results["nodes_runs"] + results["floor_runs"] + results["host_runs"], key=lambda r: r["position"])
@@ -381,3 +382,25 @@ def test_steal_seconds_reads_the_cpu_lines_steal_column(tmp_path: Path) -> None:
     assert steal_seconds(str(stat)) == 250 / os.sysconf("SC_CLK_TCK")
     stat.write_text("cpu  1 2 3 4\n")
     assert steal_seconds(str(stat)) is None and steal_seconds(str(tmp_path / "missing")) is None
+
+
+def test_the_machine_names_the_interpreter_and_its_libpython(tmp_path: Path) -> None:
+    """Every bench's ``machine`` says which interpreter ran it: the executable, and a shared libpython or "static"."""
+    maps = tmp_path / "maps"
+    lib = "/root/.pyenv/versions/3.11.7/lib/libpython3.11.so.1.0"
+    maps.write_text(
+        "55d0c000-55d0d000 r--p 00000000 fe:01 1 /usr/bin/python3.11\n"
+        f"7f00a000-7f00b000 r--p 00000000 fe:01 2 {lib}\n"
+        f"7f00b000-7f00c000 r-xp 00001000 fe:01 2 {lib}\n"
+        "7f00d000-7f00e000 rw-p 00000000 00:00 0 \n"
+    )
+    assert libpython(str(maps)) == lib
+    maps.write_text(
+        "55d0c000-55d0d000 r-xp 00000000 fe:01 1 /usr/bin/python3.11\n"
+        "7f00d000-7f00e000 rw-p 00000000 00:00 0\n"
+    )
+    assert libpython(str(maps)) == "static"
+    assert libpython(str(tmp_path / "missing")) is None
+    here = machine()
+    assert here["python_executable"] == os.path.realpath(sys.executable)
+    assert here["libpython"] == libpython()
