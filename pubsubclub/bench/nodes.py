@@ -166,9 +166,9 @@ def libpython(maps: str = "/proc/self/maps") -> str | None:
     """The shared ``libpython`` this interpreter runs from, "static" when it has none, None if unknown.
 
     Which interpreter build ran a benchmark moves its latency figures as much
-    as the nodes' own share: the same nodes and clients took 10-18 % less CPU
-    per paced message on Debian's static PGO/LTO build than on pyenv's default
-    (shared, unoptimised) one (docs/benchmarks.md, "The tail, ninth round").
+    as the nodes' own share: the same nodes took about 15 % less CPU per paced
+    message on Debian's static PGO/LTO build than on pyenv's default (shared,
+    unoptimised) one (docs/benchmarks.md, "The tail, ninth round").
     Whether a build was optimised cannot be read from ``sysconfig`` reliably
     (Debian's reports the configure line of its shared variant), so the
     results carry the facts that can: the executable and this.
