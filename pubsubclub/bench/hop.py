@@ -94,6 +94,7 @@ def hop_run(count: int, rate: float, max_seconds: float) -> dict[str, Any]:
         argv = [sys.executable, "-m", "pubsubclub.bench.hop", str(port), str(count), str(rate), f"{max_seconds:g}"]
         sender = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
         progress(f"hop sender pid {sender.pid}")
+        failed = "pubsubclub: error: bench --scenario hop: the sender exited with status {}"
         try:
             stolen_before = steal_seconds()
             latencies = receive(listener, count, time.time() + max_seconds + CONNECT_SECONDS)
@@ -101,16 +102,14 @@ def hop_run(count: int, rate: float, max_seconds: float) -> dict[str, Any]:
             out, _ = sender.communicate(timeout=CONNECT_SECONDS)
         except SystemExit:
             if sender.poll() is not None and sender.returncode != 0:
-                raise SystemExit(
-                    f"pubsubclub: error: bench --scenario hop: the sender exited with status {sender.returncode}"
-                ) from None
+                raise SystemExit(failed.format(sender.returncode)) from None
             raise
         finally:
             if sender.poll() is None:
                 sender.kill()
             sender.wait(10)
     if sender.returncode != 0:
-        raise SystemExit(f"pubsubclub: error: bench --scenario hop: the sender exited with status {sender.returncode}")
+        raise SystemExit(failed.format(sender.returncode))
     sent = json.loads(out.strip().splitlines()[-1])["sent"]
     return {
         "mode": "latency",

@@ -267,12 +267,21 @@ def verdict(
         "floor": _side(floor, bar_ms) if floor else None,
         "paired_p99_ms": paired,
         "median_paired_p99_ms": _median(paired) if paired is not None else None,
-        "host": _host(runs, bar_ms, quiet_ms, quiet_steal) if host else None,
+        "host": _host(host, nodes, runs, bar_ms, quiet_ms, quiet_steal) if host else None,
     }
 
 
-def _host(runs: list[dict[str, Any]], bar_ms: float, quiet_ms: float, quiet_steal: float) -> dict[str, Any]:
+def _host(
+    host: list[dict[str, Any]],
+    nodes: list[dict[str, Any]],
+    runs: list[dict[str, Any]],
+    bar_ms: float,
+    quiet_ms: float,
+    quiet_steal: float,
+) -> dict[str, Any]:
     """How quiet the host was: each hop run's p99, the quiet pairs, and how the nodes did in those.
+
+    ``host`` and ``nodes`` are the hop and nodes runs of ``runs`` (every run, for the steal).
 
     Hop run ``k`` opens pair ``k``, and the hop run after the last pair has
     ``pair`` = runs + 1, so pair ``k``'s runs lie between hop runs ``k`` and
@@ -286,8 +295,6 @@ def _host(runs: list[dict[str, Any]], bar_ms: float, quiet_ms: float, quiet_stea
     host's own account of it (docs/benchmarks.md). The nodes' runs of the
     quiet pairs are judged as :func:`_side` judges them.
     """
-    host = [r for r in runs if r["kind"] == "host"]
-    nodes = [r for r in runs if r["kind"] == "nodes"]
     calm = {r["pair"]: r["p99"] is not None and r["p99"] <= quiet_ms and not r["lost"] for r in host}
     stolen = {r["pair"] for r in runs if r["kind"] != "host" and (r.get("steal_seconds") or 0) > quiet_steal}
     quiet = [
