@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 import pytest_twisted
 import sysv_ipc
+from helpers import leaderless
 from helpers.nodes import REPO, Cluster, NodeProcess
 from helpers.polling import WAIT_SECONDS, until, wait_until
 from helpers.sysvclient import RECEIVE_SECONDS, Client, random_key, remove_queue
@@ -226,6 +227,30 @@ def test_a_killed_client_is_logged_out_and_its_slot_freed(node: NodeProcess, key
     assert stats["subscriptions"] == 0 and stats["clients_gone"] == 1
     with pytest.raises(sysv_ipc.BusyError):  # its delivery and NEW_CHANNEL were removed from the queue
         sysv_ipc.MessageQueue(key).receive(block=False, type=victim.pid)
+
+
+def test_a_client_whose_main_thread_exited_is_served_and_kept(
+    node: NodeProcess, key: int, clients: list[Client]
+) -> None:
+    """A client process whose main thread ended with pthread_exit (its leader shows as a zombie in /proc,
+    its other threads run on) is alive: it logs in, gets its deliveries, and the sweep that logs out a
+    killed client keeps it."""
+    victim = new_client(clients, key, b"victim")
+    assert victim.ask(Signal.MSGREG, b"news") == OK
+    headless = Client(key, leaderless.COMMAND)
+    clients.append(headless)
+    leaderless.wait_leaderless(headless.pid)
+    assert headless.ask(Signal.LOGIN, b"headless") == OK
+    assert headless.ask(Signal.SUBSCRIBE, b"news") == OK
+    assert victim.ask(Signal.MESSAGE, b"news", b"for the headless") == OK
+    assert headless.texts(1) == ["for the headless"]
+    witness = new_client(clients, key, b"witness")
+    victim.kill()
+    wait_until(lambda: sysv_stats(node)["clients_gone"] == 1, "the killed client to be logged out", timeout=5)
+    assert sysv_stats(node)["users"] == 2  # the same sweep looked at the headless client and kept it
+    assert witness.ask(Signal.MESSAGE, b"news", b"still here") == OK
+    assert headless.texts(1) == ["still here"]
+    assert leaderless.leader_state(headless.pid) == "Z"
 
 
 def test_bad_input_is_ignored_and_others_keep_working(node: NodeProcess, key: int, clients: list[Client]) -> None:

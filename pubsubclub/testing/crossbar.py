@@ -33,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pubsubclub.core.proc import ENDED_STATES, any_thread_running, stat_fields
+
 #: The repository root (``pubsubclub/testing/crossbar.py`` -> three levels up).
 REPO = Path(__file__).resolve().parent.parent.parent
 #: Environment variable naming the ``crossbar`` executable.
@@ -58,19 +60,23 @@ ALLOW_ALL = {"call": True, "register": True, "publish": True, "subscribe": True}
 
 
 def _group_members(pgid: int) -> list[int]:
-    """Live (not zombie) processes of process group ``pgid``, from ``/proc``."""
+    """Running processes of process group ``pgid``, from ``/proc``.
+
+    Not the zombies, which hold no socket; but a process whose main thread
+    has exited while another thread runs on is running, although ``/proc``
+    shows its leader as a zombie (:mod:`pubsubclub.core.proc`): its threads
+    still hold its listening sockets.
+    """
     members = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:  # gone meanwhile
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state, _ppid, pgrp = stat_fields(f.read())[:3]
+        except (OSError, ValueError):  # gone meanwhile
             continue
-        # Fields after the parenthesised command: state, ppid, pgrp, ...
-        state, _ppid, pgrp = stat.rsplit(")", 1)[1].split()[:3]
-        if int(pgrp) == pgid and state != "Z":
+        if int(pgrp) == pgid and (state not in ENDED_STATES or any_thread_running(int(entry))):
             members.append(int(entry))
     return members
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import subprocess
 import time
+from collections.abc import Sequence
 
 import sysv_ipc
 
@@ -35,9 +36,10 @@ def remove_queue(key: int) -> None:
 class Client:
     """A SysV client in this process, speaking for the PID of a ``cat`` child it owns."""
 
-    def __init__(self, key: int) -> None:
-        # cat ends when this process does (its stdin closes), so no test leaves one behind.
-        self.proc = subprocess.Popen(["cat"], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    def __init__(self, key: int, command: Sequence[str] = ("cat",)) -> None:
+        # cat ends when this process does (its stdin closes), so no test leaves one behind; another
+        # ``command`` must end at EOF on its stdin too.
+        self.proc = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
         self.pid = self.proc.pid
         self.queue = sysv_ipc.MessageQueue(key)
         #: Messages that came while waiting for a reply.

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 from typing import Protocol
 
+from pubsubclub.core.proc import ENDED_STATES, any_thread_running, stat_fields
 from pubsubclub.frontends.sysv.codec import (
     BODY_SIZE,
 )
@@ -70,7 +71,9 @@ def process_start(pid: int) -> int | None:
 
     Two processes with one PID have different start times, so a PID reused
     after a client died is not taken for that client. Without ``/proc`` the
-    start time is 0 for every live process.
+    start time is 0 for every live process. A client whose main thread has
+    exited while its other threads run on is alive, although ``/proc`` shows
+    its leader as a zombie (:mod:`pubsubclub.core.proc`).
     """
     try:
         os.kill(pid, 0)
@@ -87,9 +90,8 @@ def process_start(pid: int) -> int | None:
         return None if os.path.isdir("/proc/self") else 0
     except OSError:
         return 0
-    # The command name may hold spaces and parentheses: the fields follow the last ")".
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if len(fields) < 20 or fields[0] in (b"Z", b"X"):
+    fields = stat_fields(stat)
+    if len(fields) < 20 or (fields[0] in ENDED_STATES and not any_thread_running(pid)):
         return None
     return int(fields[19])
 
