@@ -17,16 +17,17 @@ import pytest
 from helpers.autobahn_js import (
     ROUTER_FILES,
     FileResult,
-    RoundRobinProxy,
+    alternating,
+    linked_pair,
     prepare,
+    rawsocket_node,
+    rawsocket_port,
     run_suite,
+    start_crossbar,
     suite_required,
     suite_source,
 )
-from helpers.nodes import Cluster, NodeProcess
-from helpers.ports import free_port
-
-from pubsubclub.testing.crossbar import CrossbarProcess, router_config
+from helpers.nodes import NodeProcess
 
 pytestmark = pytest.mark.slow
 
@@ -50,18 +51,6 @@ def suite_root(tmp_path: Path) -> Path:
             pytest.fail(reason, pytrace=False)
         pytest.skip(reason)
     return prepare(source, tmp_path / "autobahn-js")
-
-
-def rawsocket_node(name: str, log_dir: Path) -> NodeProcess:
-    """A node that also serves WAMP over RawSocket (on a port chosen here)."""
-    node = NodeProcess(name, log_dir, extra=("--rawsocket", f"tcp:{free_port()}:interface=127.0.0.1"))
-    node.extra += ("--wamp-await-interest",)
-    return node
-
-
-def rawsocket_port(node: NodeProcess) -> int:
-    """The node's RawSocket port, from its ready line (rs://127.0.0.1:PORT)."""
-    return int(node.ready["rawsocket"].rsplit(":", 1)[1])
 
 
 @pytest.fixture
@@ -114,32 +103,15 @@ def test_router_suite_on_one_node_with_two_workers(suite_root: Path, nodes: list
 
 def test_router_suite_on_two_nodes_alternating(suite_root: Path, nodes: list[NodeProcess], tmp_path: Path) -> None:
     """The router files against two linked nodes, each new connection alternating between them."""
-    a, b = rawsocket_node("a", tmp_path), rawsocket_node("b", tmp_path)
-    a.peers, b.peers = [b.psc_url], [a.psc_url]
-    nodes += [a, b]
-    a.start()
-    b.start()
-    Cluster([a, b]).wait_linked()
-    ws = RoundRobinProxy([a.wamp_port, b.wamp_port]).start()
-    rs = RoundRobinProxy([rawsocket_port(a), rawsocket_port(b)]).start()
-    try:
-        results = run_suite(suite_root, f"ws://127.0.0.1:{ws.port}/ws", rs.port, tmp_path / "vitest-two.json")
-    finally:
-        ws.stop()
-        rs.stop()
-    assert min(ws.counts) > 0 and min(rs.counts) > 0, f"connections did not alternate: ws {ws.counts}, rs {rs.counts}"
+    a, b = linked_pair(tmp_path, nodes)
+    with alternating(a, b) as (url, raw_port):
+        results = run_suite(suite_root, url, raw_port, tmp_path / "vitest-two.json")
     check(results, PASS_TWO_NODES, "two nodes", tmp_path / "vitest-two.log")
 
 
 def test_router_suite_on_crossbar_passes_all(suite_root: Path, tmp_path: Path) -> None:
     """The control: Crossbar.io (the suite's own router) passes every router file with this runner."""
-    port, raw_port = free_port(), free_port()
-    config = router_config(port, rawsocket_port=raw_port)
-    # Crossbar as upstream's CI configures it: CBOR besides MessagePack and JSON.
-    for transport in config["workers"][0]["transports"]:
-        where = transport["paths"]["ws"] if transport["type"] == "web" else transport
-        where["serializers"] = ["cbor", "msgpack", "json"]
-    router = CrossbarProcess(tmp_path / "crossbar", port, config).start()
+    router, raw_port = start_crossbar(tmp_path / "crossbar")
     try:
         results = run_suite(suite_root, router.url, raw_port, tmp_path / "vitest-crossbar.json")
     finally:

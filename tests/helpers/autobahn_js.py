@@ -29,8 +29,14 @@ import shutil
 import subprocess
 import tarfile
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from helpers.nodes import Cluster, NodeProcess
+from helpers.ports import free_port
+from pubsubclub.testing.crossbar import CrossbarProcess, router_config
 
 REPO = Path(__file__).resolve().parent.parent.parent
 JS = REPO / "js"
@@ -190,11 +196,8 @@ def node_env() -> dict[str, str]:
     return env
 
 
-def run_suite(root: Path, url: str, rawsocket_port: int, report: Path) -> dict[str, FileResult]:
-    """Run the router files against ``url`` and ``rawsocket_port``; the outcome of each file.
-
-    vitest's output (verbose reporter) goes to ``report`` with the suffix ``.log``.
-    """
+def suite_env(root: Path, url: str, rawsocket_port: int) -> dict[str, str]:
+    """node_env() plus what the setup file reads: the suite's root, the router's URL and RawSocket port."""
     env = node_env()
     env.update(
         PUBSUBCLUB_SUITE_ROOT=str(root),
@@ -202,6 +205,15 @@ def run_suite(root: Path, url: str, rawsocket_port: int, report: Path) -> dict[s
         PUBSUBCLUB_SUITE_RAWSOCKET_PORT=str(rawsocket_port),
         PUBSUBCLUB_SUITE_SETUP=str(SETUP),
     )
+    return env
+
+
+def run_suite(root: Path, url: str, rawsocket_port: int, report: Path) -> dict[str, FileResult]:
+    """Run the router files against ``url`` and ``rawsocket_port``; the outcome of each file.
+
+    vitest's output (verbose reporter) goes to ``report`` with the suffix ``.log``.
+    """
+    env = suite_env(root, url, rawsocket_port)
     cmd = [
         "node",
         str(VITEST),
@@ -256,6 +268,55 @@ def add_testlog_mismatches(results: dict[str, FileResult], kept: Path) -> None:
         for name, result in results.items():
             if not result.passed and path.stem.startswith(name):
                 result.failure += f"\n{path.stem}:{path.read_text()[:3000]}"
+
+
+def rawsocket_node(name: str, log_dir: Path) -> NodeProcess:
+    """A node for the suite: it also serves WAMP over RawSocket (on a port chosen here)."""
+    node = NodeProcess(name, log_dir, extra=("--rawsocket", f"tcp:{free_port()}:interface=127.0.0.1"))
+    node.extra += ("--wamp-await-interest",)
+    return node
+
+
+def rawsocket_port(node: NodeProcess) -> int:
+    """The node's RawSocket port, from its ready line (rs://127.0.0.1:PORT)."""
+    return int(node.ready["rawsocket"].rsplit(":", 1)[1])
+
+
+def linked_pair(log_dir: Path, started: list[NodeProcess]) -> tuple[NodeProcess, NodeProcess]:
+    """Two suite nodes linked to each other, started (and added to ``started``, for the caller to stop)."""
+    a, b = rawsocket_node("a", log_dir), rawsocket_node("b", log_dir)
+    a.peers, b.peers = [b.psc_url], [a.psc_url]
+    started += [a, b]
+    a.start()
+    b.start()
+    Cluster([a, b]).wait_linked()
+    return a, b
+
+
+@contextmanager
+def alternating(a: NodeProcess, b: NodeProcess) -> Iterator[tuple[str, int]]:
+    """A WebSocket URL and a RawSocket port whose connections go to ``a`` and ``b`` in turn.
+
+    On a normal exit it asserts that both nodes got connections of each kind.
+    """
+    ws = RoundRobinProxy([a.wamp_port, b.wamp_port]).start()
+    rs = RoundRobinProxy([rawsocket_port(a), rawsocket_port(b)]).start()
+    try:
+        yield f"ws://127.0.0.1:{ws.port}/ws", rs.port
+    finally:
+        ws.stop()
+        rs.stop()
+    assert min(ws.counts) > 0 and min(rs.counts) > 0, f"connections did not alternate: ws {ws.counts}, rs {rs.counts}"
+
+
+def start_crossbar(log_dir: Path) -> tuple[CrossbarProcess, int]:
+    """Crossbar.io started as upstream's CI configures it (CBOR, MessagePack, JSON); it and its RawSocket port."""
+    port, raw_port = free_port(), free_port()
+    config = router_config(port, rawsocket_port=raw_port)
+    for transport in config["workers"][0]["transports"]:
+        where = transport["paths"]["ws"] if transport["type"] == "web" else transport
+        where["serializers"] = ["cbor", "msgpack", "json"]
+    return CrossbarProcess(log_dir, port, config).start(), raw_port
 
 
 class RoundRobinProxy:
