@@ -2,7 +2,8 @@
 
 The suite (crossbario/autobahn-js v26.3.1, ``packages/autobahn/test``) is not vendored:
 tests/helpers/autobahn_js.py takes it from ``$PUBSUBCLUB_AUTOBAHN_JS`` or ``../shared/autobahn-js``
-(no registry ships it) and runs it with the vitest pinned in js/. Without a copy the
+(no registry ships this form; tests/test_autobahn_js_npm_suite.py runs the older one
+npm's autobahn 19.4.1 ships) and runs it with the vitest pinned in js/. Without a copy the
 tests skip, unless ``$PUBSUBCLUB_AUTOBAHN_JS_REQUIRED`` is set (``make router-suite``
 sets it). docs/conformance.md says how to run it and why each failing file fails.
 """

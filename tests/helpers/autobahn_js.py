@@ -2,7 +2,8 @@
 
 Upstream's ``packages/autobahn/test/*.vitest.js`` are written for "any compliant WAMP
 router on ws://127.0.0.1:8080/ws". They are not vendored here and no package registry
-ships them (the npm tarball of ``autobahn`` holds only ``index.js`` and ``lib/``), so
+ships them (npm's ``autobahn`` 26.3.1 holds only ``index.js`` and ``lib/``; the older
+nodeunit form in 19.4.1's tarball runs from tests/helpers/autobahn_js_npm.py), so
 they come from a copy of the repository named by ``$PUBSUBCLUB_AUTOBAHN_JS`` (or found
 at ``../shared/autobahn-js`` beside the checkout): a bare git directory, a clone or a
 plain copy of the tree. From a git directory the pinned commit is extracted whatever its
