@@ -63,7 +63,12 @@ def test_npm_suite_on_two_nodes_alternating(suite_root: Path, nodes: list[NodePr
 
 
 def test_npm_suite_on_crossbar(suite_root: Path, tmp_path: Path) -> None:
-    """The control: Crossbar.io passes every router file with this runner, each log in its baseline's order."""
+    """The control: Crossbar.io passes every router file with this runner, by the same rules as the nodes.
+
+    Its logs have matched the baselines exactly, order included (2026-11-27), but that order across
+    sessions is not promised (upstream dropped the two baselines as "event ordering varies across
+    runs"), so the control is not held to it either.
+    """
     router, raw_port = start_crossbar(tmp_path / "crossbar")
     log = tmp_path / "suite-crossbar.log"
     try:
@@ -71,5 +76,3 @@ def test_npm_suite_on_crossbar(suite_root: Path, tmp_path: Path) -> None:
     finally:
         router.stop()
     check(results, "Crossbar.io", log)
-    reordered = {name: result.failure for name, result in results.items() if result.failure}
-    assert not reordered, f"Crossbar.io's logs matched their baselines only order aside: {reordered}"
