@@ -1,4 +1,4 @@
-"""Autobahn|JS 19.4.1's router suite, shipped in its npm tarball, against one node and two linked nodes.
+"""Autobahn|JS 19.4.1's router suite from its npm tarball: one node (one and two workers), two linked nodes.
 
 The v26 suite (tests/test_autobahn_js_suite.py) needs a git copy of crossbario/autobahn-js
 and skips without one; this older form of the same suite comes with ``npm ci``
@@ -51,6 +51,19 @@ def test_npm_suite_on_one_node(suite_root: Path, nodes: list[NodeProcess], tmp_p
     node.start()
     log = tmp_path / "suite-one.log"
     check(run_suite(suite_root, node.wamp_url, rawsocket_port(node), log), "one node", log)
+
+
+def test_npm_suite_on_one_node_with_two_workers(suite_root: Path, nodes: list[NodeProcess], tmp_path: Path) -> None:
+    """The same against one node run with ``--workers 2``: its connections spread over both workers."""
+    node = rawsocket_node("workers", tmp_path)
+    node.extra += ("--workers", "2")
+    nodes.append(node)
+    node.start()
+    log = tmp_path / "suite-workers.log"
+    results = run_suite(suite_root, node.wamp_url, rawsocket_port(node), log)
+    published = [row["hub"]["published"] for row in node.stats()["workers"]]
+    assert len(published) == 2 and min(published) > 0, f"the suite's publishes did not reach both workers: {published}"
+    check(results, "one node, two workers", log)
 
 
 def test_npm_suite_on_two_nodes_alternating(suite_root: Path, nodes: list[NodeProcess], tmp_path: Path) -> None:
