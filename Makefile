@@ -87,8 +87,9 @@ bench-peers: $(STAMP) $(CROSSBAR_STAMP)
 
 # Autobahn|JS's router integration suite against one node, two nodes with connections
 # alternating between them, and Crossbar.io as the control (docs/conformance.md). No registry
-# ships its v26 form (`make test` runs the older form from npm's autobahn 19.4.1): PUBSUBCLUB_AUTOBAHN_JS names a copy of crossbario/autobahn-js (or
-# ../shared/autobahn-js is used); here its absence fails instead of skipping.
+# ships its v26 form (`make test` runs the older form from npm's autobahn 19.4.1):
+# PUBSUBCLUB_AUTOBAHN_JS names a copy of crossbario/autobahn-js (or ../shared/autobahn-js is
+# used); here its absence fails instead of skipping.
 router-suite: $(STAMP) $(JS) $(CROSSBAR_STAMP)
 	PUBSUBCLUB_AUTOBAHN_JS_REQUIRED=1 $(VENV)/bin/pytest -v -s -p no:cacheprovider tests/test_autobahn_js_suite.py
 
