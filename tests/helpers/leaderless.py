@@ -26,8 +26,9 @@ COMMAND = (sys.executable, str(Path(__file__).resolve()))
 
 def leader_state(pid: int) -> str:
     """The state ``/proc/<pid>/stat`` shows for the process's leader (its main thread)."""
-    stat = Path(f"/proc/{pid}/stat").read_bytes()
-    return stat[stat.rfind(b")") + 2 :].split()[0].decode()
+    from pubsubclub.core.proc import stat_fields  # here: the script itself runs without the package
+
+    return stat_fields(Path(f"/proc/{pid}/stat").read_bytes())[0].decode()
 
 
 def wait_leaderless(pid: int) -> None:
