@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from typing import Any
 
 import pytest
@@ -218,7 +219,7 @@ def test_bench_lean_clients_deliver_every_message_one_to_one() -> None:
     results, err = bench("--client", "lean", "--publishers", "2", "--subscribers", "2", "--count", "1500",
                          "--window", "2400", "--latency-count", "300", "--rate", "500",
                          "--max-seconds", "30")  # fmt: skip
-    assert "--client lean --publishers 2 --subscribers 2" in err
+    assert "--client lean --transport rawsocket --publishers 2 --subscribers 2" in err
     t = results["throughput"]
     assert (t["client"], t["publishers"], t["subscribers"]) == ("lean", 2, 2)
     assert (t["sent"], t["received"], t["lost"]) == (3000, 3000, 0)
@@ -229,6 +230,41 @@ def test_bench_lean_clients_deliver_every_message_one_to_one() -> None:
     assert (lat["mode"], lat["client"], lat["sent"], lat["received"], lat["lost"]) == ("latency", "lean", 300, 300, 0)
     assert 0 < lat["latency_ms"]["p50"] <= lat["latency_ms"]["p99"] <= lat["latency_ms"]["max"]
     assert len(lat["slowest_positions"]) == 5 and all(0 <= i < 300 for i in lat["slowest_positions"])
+
+
+@pytest.mark.slow
+def test_bench_lean_clients_over_websocket_deliver_every_message() -> None:
+    """``--client lean --transport websocket``: the same lean runs over the nodes' WebSocket listeners (ws:// URLs)."""
+    results, err = bench("--client", "lean", "--transport", "websocket", "--publishers", "2", "--subscribers", "2",
+                         "--count", "1500", "--latency-count", "300", "--rate", "500",
+                         "--max-seconds", "30")  # fmt: skip
+    assert "--client lean --transport websocket --publishers 2 --subscribers 2" in err
+    t, lat = results["throughput"], results["latency"]
+    assert (t["client"], t["sent"], t["received"], t["lost"]) == ("lean", 3000, 3000, 0)
+    assert (results["serializer"], results["transport"]) == ("json", "websocket")
+    assert (lat["client"], lat["transport"], lat["sent"], lat["received"], lat["lost"]) == (
+        "lean", "websocket", 300, 300, 0,
+    )  # fmt: skip
+    assert 0 < lat["latency_ms"]["p50"] <= lat["latency_ms"]["p99"] <= lat["latency_ms"]["max"]
+
+
+def test_lean_sessions_pick_their_wire_by_the_urls_scheme() -> None:
+    """``ws://`` opens a WebSocket session, ``rs://`` a RawSocket one: against a relay, which speaks WebSocket only,
+    the first subscribes and the second is refused at its handshake."""
+    from pubsubclub.bench.lean import RawSocketSession, WebSocketLean, connect
+    from pubsubclub.bench.nodes import start_node, stop
+
+    relay, ready = start_node("relay-single", ["--max-seconds", "60"], [sys.executable, "-m", "pubsubclub.bench.relay"])
+    try:
+        deadline = time.time() + 20
+        session = connect(ready["wamp"], "realm1", deadline)
+        assert isinstance(session, WebSocketLean) and session.subscribe("t", deadline) > 0
+        port = ready["wamp"].rsplit(":", 1)[1].rstrip("/")
+        with pytest.raises((RuntimeError, ConnectionError, TimeoutError)):
+            connect(f"rs://127.0.0.1:{port}", "realm1", time.time() + 5)
+        assert RawSocketSession.subscribe is WebSocketLean.subscribe  # one SUBSCRIBE for both wires
+    finally:
+        stop([relay])
 
 
 @pytest.mark.slow
@@ -396,6 +432,23 @@ def test_bench_floor_scenario_reports_the_default_runs_latency_fields(
 
 
 @pytest.mark.slow
+def test_bench_floor_with_lean_clients_delivers_every_message_through_the_relays() -> None:
+    """``bench --scenario floor --client lean``: the lean clients' latency run, JSON over WebSocket, through two
+    relays: every message timed once, the relays' CPU reported, no client CPU (the lean clients do not report it)."""
+    results, err = bench("--scenario", "floor", "--client", "lean", "--latency-count", "200", "--max-seconds", "20")
+    assert (results["scenario"], results["nodes"], results["client"], results["transport"]) == (
+        "floor", 2, "lean", "websocket",
+    )  # fmt: skip
+    assert "--client lean" in err and "lean latency run" in err
+    lat = results["latency"]
+    assert (lat["client"], lat["transport"], lat["sent"], lat["received"], lat["lost"]) == (
+        "lean", "websocket", 200, 200, 0,
+    )  # fmt: skip
+    assert 0 < lat["latency_ms"]["p50"] <= lat["latency_ms"]["p99"] <= lat["latency_ms"]["max"]
+    assert lat["server_cpu_us_per_msg"] >= 0 and "publisher_cpu_us_per_msg" not in lat
+
+
+@pytest.mark.slow
 def test_bench_floor_scenario_leaves_no_relay_behind(floor_run: tuple[int, dict[str, Any], str]) -> None:
     """After a floor run every relay process it started is gone."""
     nodes, _, err = floor_run
@@ -513,7 +566,8 @@ def test_bench_floor_relays_exit_when_the_bench_is_killed() -> None:
 
 
 def test_bench_floor_refuses_what_its_relays_do_not_speak() -> None:
-    """The floor scenario takes 1 or 2 relays and the Autobahn JSON WebSocket clients only, refused before any start."""
+    """The floor scenario takes 1 or 2 relays and JSON WebSocket clients (Autobahn or lean) only, refused before any
+    start."""
     import argparse
 
     from pubsubclub.bench.floor import _check
@@ -522,8 +576,8 @@ def test_bench_floor_refuses_what_its_relays_do_not_speak() -> None:
         base = {"nodes": None, "target": None, "client": "autobahn", "serializer": "json", "transport": "websocket"}
         return argparse.Namespace(**{**base, **changes})
 
-    assert (_check(namespace()), _check(namespace(nodes=1))) == (2, 1)
-    for changes in ({"nodes": 3}, {"client": "lean"}, {"serializer": "msgpack"}, {"transport": "rawsocket"},
+    assert (_check(namespace()), _check(namespace(nodes=1)), _check(namespace(client="lean"))) == (2, 1, 2)
+    for changes in ({"nodes": 3}, {"serializer": "msgpack"}, {"transport": "rawsocket"},
                     {"target": ["ws://a", "ws://b"]}):  # fmt: skip
         with pytest.raises(SystemExit):
             _check(namespace(**changes))

@@ -165,19 +165,40 @@ LEAN_RESULT = {
 }  # fmt: skip
 
 
-def test_tail_with_lean_clients_runs_the_lean_bench_and_no_floor() -> None:
-    """``--client lean``: every child is ``pubsubclub bench --client lean``, no floor run, the verdict has no floor."""
+def option(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``argv``, None if it is not there."""
+    return argv[argv.index(flag) + 1] if flag in argv else None
+
+
+def test_tail_with_lean_clients_pairs_lean_nodes_runs_with_the_lean_floor() -> None:
+    """``--client lean``: floor, nodes, floor, ... as for Autobahn clients, every child with ``--client lean``, the
+    nodes' over WebSocket; ``--transport rawsocket``: the lean nodes runs over RawSocket and no floor."""
     seen: list[list[str]] = []
 
     def runner(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
         seen.append(argv)
         return 0, json.dumps(LEAN_RESULT), ""
 
-    assert run_tail_bench(tail_args("--runs", "3", "--client", "lean", "--no-host-probe"), runner) == 0
-    assert len(seen) == 3 and all("floor" not in argv and argv[argv.index("--client") + 1] == "lean" for argv in seen)
+    assert run_tail_bench(tail_args("--runs", "2", "--client", "lean", "--no-host-probe"), runner) == 0
+    assert [option(argv, "--scenario") for argv in seen] == ["floor", None, "floor", None]
+    assert all(option(argv, "--client") == "lean" for argv in seen)
+    assert [option(argv, "--transport") for argv in seen] == [None, "websocket", None, "websocket"]
     seen.clear()
-    run_tail_bench(tail_args("--runs", "1", "--no-host-probe"), runner)  # the default: Autobahn clients, floor first
-    assert "floor" in seen[0] and all("--client" not in argv for argv in seen)
+    args = tail_args("--runs", "3", "--client", "lean", "--transport", "rawsocket", "--no-host-probe")
+    assert run_tail_bench(args, runner) == 0
+    assert len(seen) == 3 and all(option(argv, "--scenario") is None for argv in seen)
+    assert all((option(argv, "--client"), option(argv, "--transport")) == ("lean", "rawsocket") for argv in seen)
+    seen.clear()
+    run_tail_bench(tail_args("--runs", "1", "--no-host-probe"), runner)  # Autobahn clients, floor first
+    assert [option(argv, "--scenario") for argv in seen] == ["floor", None]
+    assert all(option(argv, "--client") == "autobahn" and "--transport" not in argv for argv in seen)
+
+
+def test_tail_takes_rawsocket_only_with_lean_clients() -> None:
+    """``--transport rawsocket`` is refused with the Autobahn clients (their floor is WebSocket) and taken with lean."""
+    with pytest.raises(SystemExit, match="--transport"):
+        check_tail_args(tail_args("--transport", "rawsocket"))
+    check_tail_args(tail_args("--client", "lean", "--transport", "rawsocket"))
 
 
 # -- a failing or hanging child ----------------------------------------------------------------------------------------
@@ -325,8 +346,9 @@ def test_tail_stopped_with_sigterm_stops_its_child_and_what_it_started() -> None
 
 
 @pytest.mark.slow
-def test_tail_with_lean_clients_for_real_judges_the_lean_runs() -> None:
-    """A tiny real ``--client lean`` check: one lean nodes run (200 paced, 500 in the throughput run), nothing lost."""
+def test_tail_with_lean_clients_for_real_judges_the_lean_runs_and_their_floor() -> None:
+    """A tiny real ``--client lean`` check: one lean floor run and one lean nodes run (200 paced, 500 in the
+    throughput run), both over WebSocket, nothing lost, the paired difference computed."""
     result = subprocess.run(
         [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "tail", "--client", "lean", "--runs", "1",
          "--latency-count", "200", "--count", "500", "--max-seconds", "20", "--json"],
@@ -334,28 +356,32 @@ def test_tail_with_lean_clients_for_real_judges_the_lean_runs() -> None:
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     results = json.loads(result.stdout)
-    assert (results["client"], results["floor"], results["floor_runs"]) == ("lean", False, None)
-    assert results["order"] == ["host", "nodes"]
+    assert (results["client"], results["transport"], results["floor"]) == ("lean", "websocket", True)
+    assert results["order"] == ["host", "floor", "nodes"]
     assert [(r["pair"], r["lost"]) for r in results["host_runs"]] == [(1, 0), (2, 0)]
     (r,) = results["nodes_runs"]
     assert (r["sent"], r["received"], r["lost"], r["throughput_lost"], r["throughput"]["sent"]) == (200, 200, 0, 0, 500)
-    assert all(isinstance(run["steal_seconds"], float) for run in [r, *results["host_runs"]])  # /proc/stat has it
+    (f,) = results["floor_runs"]
+    assert (f["sent"], f["received"], f["lost"]) == (200, 200, 0)
+    assert all(isinstance(run["steal_seconds"], float) for run in [r, f, *results["host_runs"]])  # /proc/stat has it
     assert 0 < r["p50"] <= r["p99"] <= r["p999"] <= r["max"]
-    assert results["verdict"]["floor"] is None and results["verdict"]["nodes"]["runs"] == 1
-    assert "lean latency run" in result.stderr
+    v = results["verdict"]
+    assert v["nodes"]["runs"] == v["floor"]["runs"] == 1
+    assert v["paired_p99_ms"] == [pytest.approx(r["p99"] - f["p99"])]
+    assert "lean latency run" in result.stderr and "--client lean --transport websocket" in result.stderr
 
 
 def test_the_host_probe_runs_before_each_pair_and_once_after_and_its_line_is_printed(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """By default: hop, nodes, hop, nodes, hop (lean: no floor); the text ends with the host's quiet pairs."""
+    """By default: hop, nodes, hop, nodes, hop (with --no-floor); the text ends with the host's quiet pairs."""
     seen: list[list[str]] = []
 
     def runner(argv: list[str], timeout: float) -> tuple[int | None, str, str]:
         seen.append(argv)
         return 0, json.dumps(LEAN_RESULT), ""
 
-    assert run_tail_bench(tail_args("--client", "lean", "--quiet-ms", "0.8"), runner) == 0
+    assert run_tail_bench(tail_args("--client", "lean", "--no-floor", "--quiet-ms", "0.8"), runner) == 0
     scenarios = [argv[argv.index("--scenario") + 1] if "--scenario" in argv else "wamp" for argv in seen]
     assert scenarios == ["hop", "wamp", "hop", "wamp", "hop"]
     last = capsys.readouterr().out.strip().splitlines()[-1]
@@ -366,7 +392,7 @@ def test_each_run_carries_the_steal_time_its_latency_run_reported(capsys: pytest
     """A child's ``latency.steal_seconds`` becomes the run's; a child without one (unknown) gives None."""
     with_steal = {**LEAN_RESULT, "latency": {**LEAN_RESULT["latency"], "steal_seconds": 0.25}}
     replies = iter([with_steal, LEAN_RESULT])
-    assert run_tail_bench(tail_args("--runs", "2", "--client", "lean", "--no-host-probe", "--json"),
+    assert run_tail_bench(tail_args("--runs", "2", "--client", "lean", "--no-floor", "--no-host-probe", "--json"),
                           lambda argv, timeout: (0, json.dumps(next(replies)), "")) == 0  # fmt: skip
     captured = capsys.readouterr()
     results = json.loads(captured.out)

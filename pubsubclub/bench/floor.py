@@ -10,6 +10,11 @@ default run's figures: the clients, the kernel, the machine and the least a
 Python process relaying WAMP does per message. The figures have the default
 run's names (``latency_ms``, ``lost``, the publisher's, subscriber's and
 servers' CPU per message; the servers here are the relays).
+
+``--client lean`` runs the lean clients' latency run
+(:func:`pubsubclub.bench.lean.lean_latency`, JSON over WebSocket) through the
+relays instead: the floor of ``pubsubclub bench --client lean --transport
+websocket``, and of ``--scenario tail --client lean``.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import json
 import sys
 from typing import Any
 
+from pubsubclub.bench.lean import lean_latency
 from pubsubclub.bench.nodes import machine, progress, start_node, steal_text, stop
 from pubsubclub.bench.wamp import Target, latency_run
 
@@ -30,10 +36,10 @@ def _check(args: argparse.Namespace) -> int:
     nodes = args.nodes or 2
     if nodes not in (1, 2):
         raise SystemExit("pubsubclub: error: --nodes takes 1 or 2 here")
-    if args.target or args.client != "autobahn" or args.serializer != "json" or args.transport != "websocket":
+    if args.target or args.serializer != "json" or args.transport != "websocket":
         raise SystemExit(
-            "pubsubclub: error: --scenario floor runs the Autobahn clients, JSON over WebSocket, against its own"
-            " relays (no --target, --client lean, --serializer msgpack or --transport rawsocket)"
+            "pubsubclub: error: --scenario floor runs the Autobahn or the lean clients, JSON over WebSocket, against"
+            " its own relays (no --target, --serializer msgpack or --transport rawsocket)"
         )
     return nodes
 
@@ -43,7 +49,8 @@ def run_floor_bench(args: argparse.Namespace) -> int:
     progress(
         f"settings: --scenario floor --size {args.size} --rate {args.rate} --latency-count {args.latency_count}"
         f" --max-seconds {args.max_seconds:g} --realm {args.realm} --nodes {args.nodes or 2}"
-        " (defaults: 100, 1000, 5000, 60, realm1, 2); Autobahn clients, JSON over WebSocket, minimal relays"
+        f" --client {args.client} (defaults: 100, 1000, 5000, 60, realm1, 2, autobahn); JSON over WebSocket,"
+        " minimal relays"
     )
     nodes = _check(args)
     bound = ["--max-seconds", str(args.max_seconds + 120)]  # the relays' own bound, should the driver hang
@@ -64,13 +71,17 @@ def run_floor_bench(args: argparse.Namespace) -> int:
             target = Target(ws=(ready_a["wamp"], ready_b["wamp"]), pids=(pa.pid, pb.pid))
             progress(f"relay pids: A {pa.pid}, B {pb.pid}")
         progress(f"latency run: {args.latency_count} messages at {args.rate}/s (A -> B, through the relays)")
-        latency = latency_run(args, target)
+        if args.client == "lean":
+            latency = lean_latency(args, *target.ws, list(target.pids))
+        else:
+            latency = latency_run(args, target)
     finally:
         stop(procs)
     results = {
         "machine": machine(),
         "scenario": "floor",
         "nodes": nodes,
+        "client": args.client,
         "size": args.size,
         "serializer": "json",
         "transport": "websocket",
@@ -80,15 +91,19 @@ def run_floor_bench(args: argparse.Namespace) -> int:
         print(json.dumps(results, indent=2))
     else:
         lat, lm = latency, latency.get("latency_ms") or {}
+        clients = (
+            ""
+            if args.client == "lean"
+            else f"publisher {lat['publisher_cpu_us_per_msg']:.1f}, subscriber {lat['subscriber_cpu_us_per_msg']:.1f}, "
+        )
         print(
-            f"floor latency at {args.rate}/s ({nodes} relay{'s' if nodes == 2 else ''}, Autobahn clients): "
+            f"floor latency at {args.rate}/s ({nodes} relay{'s' if nodes == 2 else ''}, {args.client} clients): "
             + (
                 f"p50 {lm['p50']:.2f} ms, p99 {lm['p99']:.2f} ms, p99.9 {lm['p999']:.2f} ms, max {lm['max']:.2f} ms, "
                 if lm
                 else ""
             )
-            + f"lost {lat['lost']}; CPU per message: publisher {lat['publisher_cpu_us_per_msg']:.1f}, subscriber "
-            f"{lat['subscriber_cpu_us_per_msg']:.1f}, relays {lat.get('server_cpu_us_per_msg', 0.0):.1f} us"
+            + f"lost {lat['lost']}; CPU per message: {clients}relays {lat.get('server_cpu_us_per_msg', 0.0):.1f} us"
             + steal_text(lat)
         )
     return 0

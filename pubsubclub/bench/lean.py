@@ -2,8 +2,10 @@
 
 The Autobahn-Python clients of :mod:`pubsubclub.bench.wamp` cost more CPU per
 message than the nodes they measure, and the machine has two cores. These
-clients speak WAMP over RawSocket with orjson (JSON serializer, spec
-framing: a 4-octet header ``type << 24 | length``) on blocking sockets:
+clients speak WAMP JSON with orjson on blocking sockets, over RawSocket
+(``rs://`` URLs, spec framing: a 4-octet header ``type << 24 | length``) or
+WebSocket (``ws://`` URLs, ``--transport websocket``: the minimal client of
+:mod:`pubsubclub.bench.leancalls`, which also speaks to the floor's relays):
 
 * a **publisher** encodes a block of PUBLISH frames once and sends it with one
   ``sendall`` per block, its messages spread round-robin over one topic per
@@ -49,6 +51,7 @@ from typing import Any
 
 import orjson
 
+from pubsubclub.bench.leancalls import WebSocketSession
 from pubsubclub.bench.nodes import progress, steal_seconds, stolen_since, tree_cpu_seconds
 from pubsubclub.bench.pacing import paced
 
@@ -70,7 +73,33 @@ def topic(index: int) -> str:
     return f"{TOPIC}.{index}"
 
 
-class RawSocketSession:
+class _Requests:
+    """What the lean roles do the same way on either wire: request ids and SUBSCRIBE."""
+
+    _request = 0
+
+    def send(self, payload: bytes) -> None:
+        raise NotImplementedError
+
+    def next_message(self, deadline: float) -> bytes:
+        raise NotImplementedError
+
+    def request(self) -> int:
+        """A new request id."""
+        self._request += 1
+        return self._request
+
+    def subscribe(self, uri: str, deadline: float) -> int:
+        """Subscribe to ``uri``; the subscription id."""
+        request = self.request()
+        self.send(orjson.dumps([32, request, {}, uri]))
+        answer = orjson.loads(self.next_message(deadline))
+        if answer[:2] != [33, request]:
+            raise RuntimeError(f"no SUBSCRIBED: {answer!r}")
+        return int(answer[2])
+
+
+class RawSocketSession(_Requests):
     """A WAMP session over RawSocket (JSON) on a blocking socket: frames out, frames in."""
 
     def __init__(self, host: str, port: int, realm: str, deadline: float) -> None:
@@ -85,7 +114,6 @@ class RawSocketSession:
         welcome = orjson.loads(self.next_message(deadline))
         if welcome[0] != 2:
             raise RuntimeError(f"no WELCOME: {welcome!r}")
-        self._request = 0
 
     @staticmethod
     def frame(payload: bytes) -> bytes:
@@ -95,11 +123,6 @@ class RawSocketSession:
     def send(self, payload: bytes) -> None:
         """Send one WAMP message."""
         self.sock.sendall(self.frame(payload))
-
-    def request(self) -> int:
-        """A new request id."""
-        self._request += 1
-        return self._request
 
     def _read_exactly(self, n: int, deadline: float) -> bytes:
         while len(self._buffer) < n:
@@ -146,14 +169,36 @@ class RawSocketSession:
             if header >> 24 == 0:
                 return payload
 
-    def subscribe(self, uri: str, deadline: float) -> int:
-        """Subscribe to ``uri``; the subscription id."""
-        request = self.request()
-        self.send(orjson.dumps([32, request, {}, uri]))
-        answer = orjson.loads(self.next_message(deadline))
-        if answer[:2] != [33, request]:
-            raise RuntimeError(f"no SUBSCRIBED: {answer!r}")
-        return int(answer[2])
+
+class WebSocketLean(_Requests):
+    """The same session over WebSocket (JSON): :class:`RawSocketSession`'s interface on
+    :class:`~pubsubclub.bench.leancalls.WebSocketSession` (frames masked with a zero key)."""
+
+    def __init__(self, url: str, realm: str, deadline: float) -> None:
+        self._ws = WebSocketSession(url, realm, {"publisher": {}, "subscriber": {}}, deadline)
+        self.sock = self._ws.sock
+        self.frame = self._ws.frame
+
+    def send(self, payload: bytes) -> None:
+        """Send one WAMP message."""
+        self._ws.send(payload)
+
+    def messages(self, deadline: float, wait: bool = True) -> list[bytes]:
+        """The WAMP messages of the next read (none if ``wait`` is false and nothing came); the session's
+        deadline is the one it was opened with."""
+        return self._ws.messages(None if wait else 0)
+
+    def next_message(self, deadline: float) -> bytes:
+        """The next WAMP message."""
+        return self._ws.next_message()
+
+
+def connect(url: str, realm: str, deadline: float) -> RawSocketSession | WebSocketLean:
+    """A lean session to ``url``: ``ws://`` over WebSocket, ``rs://HOST:PORT`` over RawSocket."""
+    if url.startswith(("ws://", "wss://")):
+        return WebSocketLean(url, realm, deadline)
+    host, port = _host_port(url)
+    return RawSocketSession(host, int(port), realm, deadline)
 
 
 def _ready(**fields: Any) -> None:
@@ -161,9 +206,9 @@ def _ready(**fields: Any) -> None:
     sys.stdout.flush()
 
 
-def _subscriber(host: str, port: int, realm: str, index: int, publishers: int, max_seconds: float) -> dict[str, Any]:
+def _subscriber(url: str, realm: str, index: int, publishers: int, max_seconds: float) -> dict[str, Any]:
     deadline = time.time() + max_seconds
-    session = RawSocketSession(host, port, realm, deadline)
+    session = connect(url, realm, deadline)
     prefix = b"[36,%d," % session.subscribe(topic(index), deadline)
     _ready()
     received = ends = 0
@@ -191,11 +236,10 @@ def _subscriber(host: str, port: int, realm: str, index: int, publishers: int, m
 
 
 def _publisher(
-    host: str, port: int, realm: str, publishers: int, topics: int, count: int, size: int, window: int,
-    max_seconds: float,
-) -> dict[str, Any]:  # fmt: skip
+    url: str, realm: str, publishers: int, topics: int, count: int, size: int, window: int, max_seconds: float
+) -> dict[str, Any]:
     deadline = time.time() + max_seconds
-    session = RawSocketSession(host, port, realm, deadline)
+    session = connect(url, realm, deadline)
     ack_prefix = b"[36,%d," % session.subscribe(ACK_TOPIC, deadline)
     body = "x" * size
     frames = [session.frame(orjson.dumps([16, n + 1, {}, topic(n % topics), [body]])) for n in range(BLOCK)]
@@ -243,9 +287,9 @@ def _publisher(
 LATENCY_TOPIC = "pubsubclub.bench.lean.latency"
 
 
-def _latency_subscriber(host: str, port: int, realm: str, max_seconds: float) -> dict[str, Any]:
+def _latency_subscriber(url: str, realm: str, max_seconds: float) -> dict[str, Any]:
     deadline = time.time() + max_seconds
-    session = RawSocketSession(host, port, realm, deadline)
+    session = connect(url, realm, deadline)
     prefix = b"[36,%d," % session.subscribe(LATENCY_TOPIC, deadline)
     _ready()
     latencies: list[float] = []
@@ -281,11 +325,9 @@ def latency_summary(latencies: list[float]) -> dict[str, Any]:
     }
 
 
-def _latency_publisher(
-    host: str, port: int, realm: str, count: int, size: int, rate: float, max_seconds: float
-) -> dict[str, Any]:
+def _latency_publisher(url: str, realm: str, count: int, size: int, rate: float, max_seconds: float) -> dict[str, Any]:
     deadline = time.time() + max_seconds
-    session = RawSocketSession(host, port, realm, deadline)
+    session = connect(url, realm, deadline)
     ack_prefix = b"[36,%d," % session.subscribe(ACK_TOPIC, deadline)
     probe = session.frame(orjson.dumps([16, 0x10000, {}, LATENCY_TOPIC, ["probe"]]))
     ready = False
@@ -335,7 +377,7 @@ def publisher_and_subscriber(
     return json.loads(pub.stdout.strip().splitlines()[-1]), json.loads(out_sub.strip().splitlines()[-1])
 
 
-def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list[int]) -> dict[str, Any]:
+def lean_latency(args: argparse.Namespace, url_a: str, url_b: str, server_pids: list[int]) -> dict[str, Any]:
     """The latency run with lean clients: one publisher on A paced at ``--rate``, one subscriber on B."""
     me = [sys.executable, "-m", "pubsubclub.bench.lean"]
     bound = str(args.max_seconds + 20)
@@ -348,8 +390,8 @@ def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: 
         steal.append(steal_seconds())
 
     p, s = publisher_and_subscriber(
-        [*me, "latency-subscriber", *_host_port(raw_b), args.realm, bound],
-        [*me, "latency-publisher", *_host_port(raw_a), args.realm, str(args.latency_count), str(args.size),
+        [*me, "latency-subscriber", url_b, args.realm, bound],
+        [*me, "latency-publisher", url_a, args.realm, str(args.latency_count), str(args.size),
          str(args.rate), str(args.max_seconds)],
         args.max_seconds + 30, started,
     )  # fmt: skip
@@ -358,6 +400,7 @@ def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: 
     return {
         "mode": "latency",
         "client": "lean",
+        "transport": "websocket" if url_a.startswith("ws") else "rawsocket",
         "sent": p["sent"],
         "received": s["received"],
         "lost": p["sent"] - s["received"],
@@ -370,20 +413,19 @@ def lean_latency(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: 
 
 def client_main(argv: list[str]) -> int:
     """One lean client process; prints its result as one JSON line."""
-    role, host, port, realm = argv[0], argv[1], int(argv[2]), argv[3]
-    numbers = [float(a) for a in argv[4:]]
+    role, url, realm = argv[0], argv[1], argv[2]
+    numbers = [float(a) for a in argv[3:]]
     if role == "latency-subscriber":
-        result = _latency_subscriber(host, port, realm, numbers[0])
+        result = _latency_subscriber(url, realm, numbers[0])
     elif role == "latency-publisher":
         count, size, rate, max_seconds = numbers
-        result = _latency_publisher(host, port, realm, int(count), int(size), rate, max_seconds)
+        result = _latency_publisher(url, realm, int(count), int(size), rate, max_seconds)
     elif role == "subscriber":
         index, publishers, max_seconds = numbers
-        result = _subscriber(host, port, realm, int(index), int(publishers), max_seconds)
+        result = _subscriber(url, realm, int(index), int(publishers), max_seconds)
     else:
         publishers, topics, count, size, window, max_seconds = numbers
-        result = _publisher(host, port, realm, int(publishers), int(topics), int(count), int(size), int(window),
-                            max_seconds)  # fmt: skip
+        result = _publisher(url, realm, int(publishers), int(topics), int(count), int(size), int(window), max_seconds)
     sys.stdout.write(json.dumps(result) + "\n")
     sys.stdout.flush()
     return 0
@@ -405,7 +447,7 @@ def lean_window(args: argparse.Namespace) -> int:
     return window
 
 
-def lean_run(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list[int]) -> dict[str, Any]:
+def lean_run(args: argparse.Namespace, url_a: str, url_b: str, server_pids: list[int]) -> dict[str, Any]:
     """One throughput run: the subscribers on B, the publishers on A, as fast as the servers go.
 
     ``server_pids``: the processes whose CPU is the servers' (with their children: a Crossbar router's workers).
@@ -418,7 +460,7 @@ def lean_run(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list
     pubs: list[subprocess.Popen[str]] = []
     try:
         for j in range(subscribers):
-            subs.append(subprocess.Popen([*me, "subscriber", *_host_port(raw_b), args.realm, str(j), str(publishers),
+            subs.append(subprocess.Popen([*me, "subscriber", url_b, args.realm, str(j), str(publishers),
                                           bound], stdout=subprocess.PIPE, text=True))  # fmt: skip
         for p in subs:
             assert p.stdout is not None
@@ -426,7 +468,7 @@ def lean_run(args: argparse.Namespace, raw_a: str, raw_b: str, server_pids: list
                 raise RuntimeError("a lean subscriber did not start")
         for _ in range(publishers):
             numbers = [publishers, subscribers, args.count, args.size, window]
-            pubs.append(subprocess.Popen([*me, "publisher", *_host_port(raw_a), args.realm, *map(str, numbers), bound],
+            pubs.append(subprocess.Popen([*me, "publisher", url_a, args.realm, *map(str, numbers), bound],
                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True))  # fmt: skip
         for p in pubs:
             assert p.stdout is not None

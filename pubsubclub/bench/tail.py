@@ -7,10 +7,12 @@ child process (fresh nodes, the throughput run, then the latency run: exactly
 what a user's separate invocation does), and unless ``--no-floor`` alternates
 them with as many ``--scenario floor`` runs (floor, nodes, floor, nodes, ...),
 so that the nodes and the instrument's own floor see the same minutes of the
-machine. ``--client lean`` runs the same check with the lean RawSocket clients
-(``pubsubclub bench --client lean``: the nodes' share of the latency, nearly no
-client library) and no floor runs (the floor's relays speak WebSocket to the
-Autobahn clients, so there is no floor for lean clients to pair with).
+machine. ``--client lean`` runs the same check with the lean clients, JSON
+over WebSocket (``pubsubclub bench --client lean --transport websocket``: the
+nodes' share of the latency, nearly no client library), paired with the floor
+of the same clients (``--scenario floor --client lean``); with ``--transport
+rawsocket`` the lean clients run over RawSocket, with no floor runs (the
+floor's relays speak WebSocket only).
 Unless ``--no-host-probe``, each pair starts with a ``--scenario hop`` run
 (:mod:`pubsubclub.bench.hop`: one loopback hop between two trivial
 processes) and one more follows the last pair, which say how quiet the
@@ -62,7 +64,6 @@ REFUSED: dict[str, tuple[str, Any]] = {
     "--target": ("target", None),
     "--target-ops": ("target_ops", None),
     "--serializer": ("serializer", "json"),
-    "--transport": ("transport", "websocket"),
     "--workers": ("workers", 1),
     "--publishers": ("publishers", 1),
     "--subscribers": ("subscribers", None),
@@ -92,14 +93,16 @@ Runner = Callable[[list[str], float], tuple["int | None", str, str]]
 def check_tail_args(args: argparse.Namespace) -> None:
     """SystemExit for settings the bar's runs cannot take, before anything starts."""
     given = [flag for flag, (dest, default) in REFUSED.items() if getattr(args, dest, default) != default]
+    if args.client != "lean" and getattr(args, "transport", "websocket") != "websocket":
+        given.insert(0, "--transport")  # the lean clients may run over RawSocket (then with no floor)
     if getattr(args, "nodes", None) not in (None, 2):
         given.insert(0, "--nodes")
     if given:
         raise SystemExit(
-            f"pubsubclub: error: --scenario tail runs the default bench (Autobahn clients, JSON over WebSocket, two"
-            f" local nodes of one worker) and --scenario floor: {', '.join(given)} does not apply (it takes --runs,"
+            f"pubsubclub: error: --scenario tail runs the default bench (JSON over WebSocket, two local nodes of one"
+            f" worker) and --scenario floor: {', '.join(given)} does not apply (it takes --client, --runs,"
             " --no-floor, --no-host-probe, --bar-ms, --quiet-ms, --quiet-steal, --size, --rate, --latency-count,"
-            " --count, --max-seconds, --realm)"
+            " --count, --max-seconds, --realm, and --transport rawsocket with --client lean)"
         )
     if not 1 <= args.runs <= MAX_RUNS:
         raise SystemExit(f"pubsubclub: error: --runs takes 1 to {MAX_RUNS} here")
@@ -120,10 +123,11 @@ def child_argv(args: argparse.Namespace, kind: str) -> list[str]:
                 f"{args.max_seconds:g}", "--json"]  # fmt: skip
     common = ["--size", str(args.size), "--rate", str(args.rate), "--latency-count", str(args.latency_count),
               "--max-seconds", f"{args.max_seconds:g}", "--realm", args.realm, "--json"]  # fmt: skip
+    clients = ["--client", args.client]
     if kind == "floor":
-        return [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "floor", *common]
-    lean = ["--client", "lean"] if args.client == "lean" else []
-    return [sys.executable, "-m", "pubsubclub", "bench", "--count", str(args.count), *lean, *common]
+        return [sys.executable, "-m", "pubsubclub", "bench", "--scenario", "floor", *clients, *common]
+    wire = ["--transport", args.transport] if args.client == "lean" else []
+    return [sys.executable, "-m", "pubsubclub", "bench", "--count", str(args.count), *clients, *wire, *common]
 
 
 def child_timeout(args: argparse.Namespace) -> float:
@@ -317,7 +321,9 @@ def _host(
 def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
     """Run the pairs (host, floor, nodes, ...; a last host run) one after the other, print the runs and the verdict."""
     check_tail_args(args)
-    with_floor = not args.no_floor and args.client != "lean"  # lean clients: no floor to pair with
+    # The floor's relays speak WebSocket: lean clients over RawSocket have no floor to pair with.
+    raw_lean = args.transport == "rawsocket"
+    with_floor = not args.no_floor and not raw_lean
     with_host = not args.no_host_probe
     kinds = ["host"] * with_host + ["floor"] * with_floor + ["nodes"]
     total = args.runs * len(kinds) + with_host  # and a hop run after the last pair
@@ -327,9 +333,9 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         f"{' --no-host-probe' if args.no_host_probe else ''} --quiet-ms {args.quiet_ms:g} --quiet-steal"
         f" {args.quiet_steal:g}"
         f" --count {args.count} --size {args.size} --rate {args.rate} --latency-count {args.latency_count}"
-        f" --max-seconds {args.max_seconds:g} --realm {args.realm} --client {args.client} (defaults: 10, 1, floor on,"
-        f" host probe on, 0.3, 0.05, 50000, 100, 1000, 5000, 60, realm1, autobahn"
-        f"{'; lean clients: no floor runs' if args.client == 'lean' else ''}); {total} child runs"
+        f" --max-seconds {args.max_seconds:g} --realm {args.realm} --client {args.client} --transport"
+        f" {args.transport} (defaults: 10, 1, floor on, host probe on, 0.3, 0.05, 50000, 100, 1000, 5000, 60,"
+        f" realm1, autobahn, websocket{'; over RawSocket: no floor runs' if raw_lean else ''}); {total} child runs"
         f" ({' then '.join(kinds)}, x {args.runs}{', then host' if with_host else ''}), each bounded by {timeout:g} s"
     )
     before = machine()
@@ -357,7 +363,7 @@ def run_tail_bench(args: argparse.Namespace, runner: Runner = run_child) -> int:
         "latency_count": args.latency_count,
         "count": args.count,
         "serializer": "json",
-        "transport": "websocket",
+        "transport": args.transport,
         "nodes_runs": [r for r in runs if r["kind"] == "nodes"],
         "floor_runs": [r for r in runs if r["kind"] == "floor"] if with_floor else None,
         "host_runs": [r for r in runs if r["kind"] == "host"] if with_host else None,

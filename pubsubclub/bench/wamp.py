@@ -17,7 +17,8 @@ Every run is bounded by ``--max-seconds``.
 ``--serializer msgpack`` and ``--transport rawsocket`` pick the Autobahn
 clients' wire (the nodes then also listen with ``--rawsocket``); ``--client
 lean`` replaces both clients with :mod:`pubsubclub.bench.lean`'s processes
-(and its own latency run: the nodes' share, nearly no client library). Both
+(and its own latency run: the nodes' share, nearly no client library), over
+RawSocket unless ``--transport websocket`` is given. Both
 nodes' CPU per delivered message comes from ``/proc``, for each run.
 """
 
@@ -231,8 +232,9 @@ def _one_run(target: Target, args: argparse.Namespace, mode: str, count: int, ra
 def measure(args: argparse.Namespace, target: Target) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """The throughput run and the latency run against ``target``, with the Autobahn or the lean clients."""
     if args.client == "lean":
-        assert target.rs is not None
-        return lean_run(args, *target.rs, list(target.pids)), lean_latency(args, *target.rs, list(target.pids))
+        urls = target.rs if args.transport == "rawsocket" else target.ws
+        assert urls is not None
+        return lean_run(args, *urls, list(target.pids)), lean_latency(args, *urls, list(target.pids))
     progress(f"throughput run: {args.count} messages of {args.size} B as fast as possible (A -> B)")
     cpu_before = tree_cpu_seconds(list(target.pids))
     throughput = _one_run(target, args, "throughput", args.count, 0)
@@ -262,7 +264,10 @@ def latency_run(args: argparse.Namespace, target: Target) -> dict[str, Any]:
 def _settings(args: argparse.Namespace) -> str:
     wire = f"--serializer {args.serializer} --transport {args.transport}"
     if args.client == "lean":
-        wire = f"--client lean --publishers {args.publishers} --subscribers {args.subscribers or 1} (JSON, RawSocket)"
+        wire = (
+            f"--client lean --transport {args.transport} --publishers {args.publishers} --subscribers"
+            f" {args.subscribers or 1} (JSON; lean: rawsocket unless --transport websocket)"
+        )
     return (
         f"settings: --count {args.count} --size {args.size} --rate {args.rate} --latency-count "
         f"{args.latency_count} --max-seconds {args.max_seconds:g} --realm {args.realm} {wire} "
@@ -288,7 +293,6 @@ def check_wamp_args(args: argparse.Namespace) -> None:
     if getattr(args, "nodes", None) not in (None, 1, 2) or getattr(args, "workers", 1) < 1:
         raise SystemExit("pubsubclub: error: --nodes takes 1 or 2 here, --workers at least 1")
     if args.client == "lean":
-        args.transport = "rawsocket"
         args.serializer = "json"
         lean_window(args)
 

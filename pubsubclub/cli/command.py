@@ -72,16 +72,17 @@ def parser() -> argparse.ArgumentParser:
         " tail: issue 22's tail bar in one command: --runs default runs alternating with as many floor runs, each"
         " pair between two hop runs, then the verdict (runs over --bar-ms, medians, the nodes' p99 minus the floor's"
         " per pair, the quiet pairs: hop p99 at most --quiet-ms before and after, at most --quiet-steal seconds"
-        " stolen by the host in its runs; --client lean: the lean clients' runs, no floor)",
+        " stolen by the host in its runs; --client lean: the lean clients', JSON over WebSocket, with their floor;"
+        " --client lean --transport rawsocket: over RawSocket, no floor)",
     )
     bench.add_argument(
         "--client",
         choices=["autobahn", "lean"],
         default="autobahn",
-        help="wamp: Autobahn-Python clients (default) or lean orjson/RawSocket client processes (their latency run"
-        " times the nodes with nearly no client library);"
+        help="wamp: Autobahn-Python clients (default) or lean orjson client processes, RawSocket unless --transport"
+        " websocket (their latency run times the nodes with nearly no client library);"
         " calls: Autobahn-Python (default) or lean orjson/WebSocket caller and callee;"
-        " tail: either (lean: no floor runs)",
+        " floor, tail: either (lean: JSON over WebSocket unless --transport rawsocket)",
     )
     bench.add_argument(
         "--serializer", choices=["json", "msgpack"], default="json", help="wamp: Autobahn clients' serializer"
@@ -89,7 +90,8 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "--transport",
         choices=["websocket", "rawsocket"],
-        help="wamp: Autobahn clients' transport (default websocket); pycalls: the lean clients' (default rawsocket);"
+        help="wamp: the clients' transport (default websocket; --client lean: rawsocket); pycalls: the lean clients'"
+        " (default rawsocket); tail --client lean: the lean clients' (default websocket; rawsocket: no floor);"
         " idle: the sessions' (default websocket; rawsocket: the node's --rawsocket listener)",
     )
     bench.add_argument("--publishers", type=int, default=1, help="wamp --client lean: publisher processes (default 1)")
@@ -235,7 +237,10 @@ def _run_bench(args: argparse.Namespace) -> int:
     if args.count is None:
         args.count = 500 if pycalls else 50_000
     if args.transport is None:
-        args.transport = "rawsocket" if pycalls else "websocket"
+        # The lean clients' throughput and latency runs have been RawSocket since they exist; the tail's and
+        # the floor's are WebSocket, the wire of the relays and of the Autobahn clients they are held against.
+        lean_raw = args.client == "lean" and args.scenario not in ("tail", "floor")
+        args.transport = "rawsocket" if pycalls or lean_raw else "websocket"
     if args.runs is None:
         args.runs = 10 if args.scenario == "tail" else 1
     if pycalls:
