@@ -79,9 +79,11 @@ class _Requests:
     _request = 0
 
     def send(self, payload: bytes) -> None:
+        """Send one WAMP message (each wire's own)."""
         raise NotImplementedError
 
     def next_message(self, deadline: float) -> bytes:
+        """The next WAMP message (each wire's own)."""
         raise NotImplementedError
 
     def request(self) -> int:
@@ -195,7 +197,7 @@ class WebSocketLean(_Requests):
 
 def connect(url: str, realm: str, deadline: float) -> RawSocketSession | WebSocketLean:
     """A lean session to ``url``: ``ws://`` over WebSocket, ``rs://HOST:PORT`` over RawSocket."""
-    if url.startswith(("ws://", "wss://")):
+    if url.startswith("ws://"):
         return WebSocketLean(url, realm, deadline)
     host, port = _host_port(url)
     return RawSocketSession(host, int(port), realm, deadline)
