@@ -248,6 +248,29 @@ def test_bench_lean_clients_over_websocket_deliver_every_message() -> None:
     assert 0 < lat["latency_ms"]["p50"] <= lat["latency_ms"]["p99"] <= lat["latency_ms"]["max"]
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("transport", ["websocket", "rawsocket"])
+def test_bench_lean_latency_run_with_acknowledge_gets_a_published_for_every_publish(transport: str) -> None:
+    """``--client lean --acknowledge``: every paced publish asks for a PUBLISHED; all 300 answered, all delivered."""
+    results, err = bench("--client", "lean", "--transport", transport, "--acknowledge", "--count", "500",
+                         "--latency-count", "300", "--max-seconds", "30")  # fmt: skip
+    lat = results["latency"]
+    assert (lat["acknowledge"], lat["sent"], lat["published"], lat["received"], lat["lost"]) == (True, 300, 300, 300, 0)
+    plain, _ = bench("--client", "lean", "--transport", transport, "--count", "500", "--latency-count", "100",
+                     "--max-seconds", "30")  # fmt: skip
+    assert (plain["latency"]["acknowledge"], plain["latency"]["published"]) == (False, 0)
+
+
+def test_bench_acknowledge_is_refused_without_lean_clients() -> None:
+    """``--acknowledge`` with the Autobahn clients is refused by name before any node starts."""
+    result = subprocess.run(
+        [sys.executable, "-m", "pubsubclub", "bench", "--acknowledge", "--count", "10"],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert result.returncode == 1 and "--acknowledge is the lean clients'" in result.stderr
+    assert "starting two nodes" not in result.stderr
+
+
 def test_lean_sessions_pick_their_wire_by_the_urls_scheme() -> None:
     """``ws://`` opens a WebSocket session, ``rs://`` a RawSocket one: against a relay, which speaks WebSocket only,
     the first subscribes and the second is refused at its handshake."""

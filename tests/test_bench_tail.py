@@ -137,7 +137,7 @@ def test_a_pair_whose_floor_or_nodes_run_the_host_stole_from_is_not_quiet() -> N
     [("--target", "ws://a", "ws://b"), ("--window", "100"), ("--workers", "2"), ("--serializer", "msgpack"),
      ("--transport", "rawsocket"), ("--nodes", "1"), ("--subscribers", "4"), ("--runs", "0"),
      ("--runs", "101"), ("--bar-ms", "0"), ("--quiet-ms", "0"), ("--quiet-steal", "-1"), ("--rate", "0"),
-     ("--max-seconds", "0")],
+     ("--max-seconds", "0"), ("--acknowledge",)],
     ids=lambda flags: " ".join(flags),
 )  # fmt: skip
 def test_tail_refuses_what_the_bars_runs_do_not_take(flags: tuple[str, ...]) -> None:

@@ -33,7 +33,9 @@ sends ``--latency-count`` messages at ``--rate`` per second, each stamped just
 before its ``sendall`` and timed just after the ``recv`` that brought it: what
 is measured is the nodes and the kernel, nearly nothing of a client library
 (the Autobahn clients' run measures those too). The publisher sleeps until
-each message's own due time (``time.sleep``: microseconds).
+each message's own due time (``time.sleep``: microseconds). With
+``--acknowledge`` each of its publishes asks for a PUBLISHED, which it
+reads right after each send and counts (``published``).
 """
 
 from __future__ import annotations
@@ -327,7 +329,9 @@ def latency_summary(latencies: list[float]) -> dict[str, Any]:
     }
 
 
-def _latency_publisher(url: str, realm: str, count: int, size: int, rate: float, max_seconds: float) -> dict[str, Any]:
+def _latency_publisher(
+    url: str, realm: str, count: int, size: int, rate: float, max_seconds: float, acknowledge: bool = False
+) -> dict[str, Any]:
     deadline = time.time() + max_seconds
     session = connect(url, realm, deadline)
     ack_prefix = b"[36,%d," % session.subscribe(ACK_TOPIC, deadline)
@@ -341,17 +345,26 @@ def _latency_publisher(url: str, realm: str, count: int, size: int, rate: float,
             ready = any(m.startswith(ack_prefix) for m in session.messages(deadline))
     body = ("x" * size).encode()
     topic_bytes = LATENCY_TOPIC.encode()
+    options = b'{"acknowledge":true}' if acknowledge else b"{}"
+    published = 0
     start = time.time()
     sent = 0
     for number in paced(start, count, rate, deadline):
         sent = number + 1
-        message = b'[16,%d,{},"%s",[%r,"%s"]]' % (sent, topic_bytes, time.time(), body)
+        message = b'[16,%d,%s,"%s",[%r,"%s"]]' % (sent, options, topic_bytes, time.time(), body)
         session.sock.sendall(session.frame(message))
+        if acknowledge:  # read the PUBLISHEDs as they come (after the send: the message's time is not theirs)
+            published += sum(m.startswith(b"[17,") for m in session.messages(deadline, wait=False))
     request = session.request() + count + 1
     session.send(orjson.dumps([16, request, {"acknowledge": True}, LATENCY_TOPIC, ["end"]]))
-    while not any(m.startswith(b"[17,%d," % request) for m in session.messages(deadline)):
-        pass
-    return {"sent": sent, "start": start, "end": time.time()}
+    end_answered = False
+    while not end_answered:  # FIFO on the connection: every PUBLISHED of ours comes before the end marker's
+        for m in session.messages(deadline):
+            if m.startswith(b"[17,%d," % request):
+                end_answered = True
+            elif m.startswith(b"[17,"):
+                published += 1
+    return {"sent": sent, "start": start, "end": time.time(), "published": published}
 
 
 def publisher_and_subscriber(
@@ -394,7 +407,7 @@ def lean_latency(args: argparse.Namespace, url_a: str, url_b: str, server_pids: 
     p, s = publisher_and_subscriber(
         [*me, "latency-subscriber", url_b, args.realm, bound],
         [*me, "latency-publisher", url_a, args.realm, str(args.latency_count), str(args.size),
-         str(args.rate), str(args.max_seconds)],
+         str(args.rate), str(args.max_seconds), str(int(getattr(args, "acknowledge", False)))],
         args.max_seconds + 30, started,
     )  # fmt: skip
     spent = tree_cpu_seconds(server_pids) - cpu[0]
@@ -406,6 +419,8 @@ def lean_latency(args: argparse.Namespace, url_a: str, url_b: str, server_pids: 
         "sent": p["sent"],
         "received": s["received"],
         "lost": p["sent"] - s["received"],
+        "acknowledge": bool(getattr(args, "acknowledge", False)),
+        "published": p["published"],
         "publish_rate": p["sent"] / max(p["end"] - p["start"], 1e-9),
         **s["latencies"],
         "server_cpu_us_per_msg": spent / max(s["received"], 1) * 1e6,
@@ -420,8 +435,8 @@ def client_main(argv: list[str]) -> int:
     if role == "latency-subscriber":
         result = _latency_subscriber(url, realm, numbers[0])
     elif role == "latency-publisher":
-        count, size, rate, max_seconds = numbers
-        result = _latency_publisher(url, realm, int(count), int(size), rate, max_seconds)
+        count, size, rate, max_seconds, acknowledge = numbers
+        result = _latency_publisher(url, realm, int(count), int(size), rate, max_seconds, bool(acknowledge))
     elif role == "subscriber":
         index, publishers, max_seconds = numbers
         result = _subscriber(url, realm, int(index), int(publishers), max_seconds)

@@ -76,6 +76,7 @@ REFUSED: dict[str, tuple[str, Any]] = {
     "--sessions": ("sessions", 10_000),
     "--batch": ("batch", 1000),
     "--relaxed": ("relaxed", False),
+    "--acknowledge": ("acknowledge", False),
     "--cluster-secret-file": ("cluster_secret_file", None),
 }
 

@@ -295,6 +295,8 @@ def check_wamp_args(args: argparse.Namespace) -> None:
     if args.client == "lean":
         args.serializer = "json"
         lean_window(args)
+    elif getattr(args, "acknowledge", False):
+        raise SystemExit("pubsubclub: error: --acknowledge is the lean clients' (--client lean)")
 
 
 def run_bench(args: argparse.Namespace) -> int:

@@ -151,6 +151,11 @@ def parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch", type=int, default=1000, help="stream: messages per Batch Count (default 1000)")
     bench.add_argument("--relaxed", action="store_true", help="stream: the node acks after write(), no fsync")
     bench.add_argument(
+        "--acknowledge",
+        action="store_true",
+        help="wamp, floor --client lean: every publish of the latency run asks for a PUBLISHED (acknowledge: true)",
+    )
+    bench.add_argument(
         "--cluster-secret-file", metavar="FILE", help="link: both nodes prove this secret and seal their links"
     )
     report = sub.add_parser("report", help="PySpark report over the nodes' metrics dumps (docs/report.md)")
