@@ -1367,51 +1367,6 @@ def test_a_plain_publish_reaches_the_link_as_the_general_path_sends_it(setup: An
     assert bool(fast[0]) is (setup not in (_too_large, _deny, _raising_clock))
 
 
-_ACKED = [
-    b'[16,7,{"acknowledge":true},"com.example.t",["v"]]',
-    b'[16,8,{"acknowledge":true},"com.example.t",[{"k":[1,null]}]]',
-    b'[16,9,{"acknowledge":true},"com.example.new",["v"]]',
-    b'[16,10,{"acknowledge":true},"com..bad",["v"]]',
-    b'[16,11,{"acknowledge":true},"wamp.reserved",["v"]]',
-    b'[16,12,{"acknowledge":true},"com.example.t",["' + b"x" * 300 + b'"]]',
-    b'[16,13,{"acknowledge":1},"com.example.t",["v"]]',
-    b'[16,14,{"acknowledge":false},"com.example.t",["v"]]',
-    b'[16,15,{"acknowledge":true,"exclude_me":true},"com.example.t",["v"]]',
-]
-
-
-@pytest.mark.parametrize("setup", [None, _deny, _too_large, _disclose, _raising_clock])
-def test_an_acknowledged_plain_publish_reaches_the_link_and_is_answered_as_the_general_path_does(setup: Any) -> None:
-    """Node A, no local subscriber: PUBLISHes with ``{"acknowledge": true}`` (and near misses of it) leave the same
-    link bytes, counts and answers (PUBLISHED, or the ERROR of a refusal) fed plainly as through decode."""
-    fast = _publishing_outcome(_ACKED, fast=True, setup=setup)
-    assert fast == _publishing_outcome(_ACKED, fast=False, setup=setup)
-    if setup is None:
-        answers = [name for name, _, _ in fast[-1]]
-        # 7, 8, 9 (a new topic, then known), 12: PUBLISHED; 10 and 11: ERROR; 13 is refused by Autobahn (ABORT).
-        assert answers[:6] == ["Published", "Published", "Published", "Error", "Error", "Published"], fast[-1]
-
-
-def test_an_acknowledged_plain_publish_goes_without_decode_and_answers_itself(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no local sink of its topic, an acknowledged plain PUBLISH reaches the link and its PUBLISHED leaves
-    without decode, a PublishRequest or the broker's publish; each PUBLISHED names a fresh publication id."""
-    from pubsubclub.frontends.wamp import transport
-    from pubsubclub.frontends.wamp.broker import BrokerSession
-
-    frames = [b'[16,7,{"acknowledge":true},"com.example.t",["v"]]', b'[16,8,{"acknowledge":true},"com.example.t",[2]]']
-    expected = _publishing_outcome(frames, fast=False)
-
-    def refuse(*_: Any) -> Any:
-        raise AssertionError("took the general path")
-
-    monkeypatch.setattr(transport, "decode", refuse)
-    monkeypatch.setattr(transport, "decoded", refuse)
-    monkeypatch.setattr(BrokerSession, "_on_publish", refuse)  # the broker's publish and its answer
-    fast = _publishing_outcome(frames, fast=True)
-    assert fast == expected and len(fast[0]) == 2
-    assert [name for name, _, _ in fast[-1]] == ["Published", "Published"]
-
-
 def test_an_acknowledged_publish_a_local_subscriber_takes_names_its_events_publication() -> None:
     """A local subscriber (exact or pattern) gets the EVENT whose publication id the publisher's PUBLISHED names."""
     from autobahn.wamp import message

@@ -463,10 +463,6 @@ class Hub:
                 self._failed(listener, "local_published", envelope.topic)
         return delivered
 
-    def has_local_taker(self, topic: str) -> bool:
-        """Whether a sink of this node could take a message on ``topic`` (subscribed to it, or any pattern)."""
-        return self._any_patterns or topic in self._sinks
-
     def publish_plain(
         self, topic: str, payload: Any, size: int, exclude: Sink | None = None, counted_as: Source | None = None
     ) -> int:

@@ -242,9 +242,7 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
     ``[16, request, {}, topic, [value]]`` to an established broker session)
     does what :func:`~pubsubclub.frontends.wamp.publishing.publish_plain` does
     without it (inline: its checks, then ``Hub.publish_plain`` or ``publish``),
-    the JSON decoded here without the serializer's and decode's calls. So does
-    the same PUBLISH with options ``{"acknowledge": true}`` when no sink of
-    this node takes the topic, and answers PUBLISHED itself.
+    the JSON decoded here without the serializer's and decode's calls.
     """
     session = owner._session
     if session is None:
@@ -287,7 +285,7 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
                         and type(request) is int
                         and 0 <= request <= _MAX_ID
                         and type(options) is dict
-                        and (not options or (len(options) == 1 and options.get("acknowledge") is True))
+                        and not options
                         and type(args) is list
                         and len(args) == 1
                         and type(topic) is str
@@ -319,24 +317,7 @@ def feed_message(owner: SessionOwner, payload: bytes, is_binary: bool | None, se
             role = session._role
             hub = router.hub
             size = len(payload)
-            if options:
-                # {"acknowledge": true}: the same, then PUBLISHED encoded here, when no sink of this node takes
-                # it (a local EVENT must carry the publication id PUBLISHED names: publish draws it first).
-                if (
-                    hub_topic is None
-                    or (role is not None and not role.may_publish(hub_topic))
-                    or router.disclose_publisher == DISCLOSE_ALWAYS
-                    or size >= hub.checked_from
-                    or hub.has_local_taker(hub_topic)
-                ):
-                    session._on_publish(PublishRequest(request, topic, args, None, True, None, None, size))
-                else:
-                    publication = router.new_id()
-                    hub.publish_plain(hub_topic, args[0], size, session, _WAMP)
-                    transport = session._transport
-                    if transport is not None and transport.isOpen():
-                        transport.send_encoded(b"[17,%d,%d]" % (request, publication))
-            elif (
+            if (
                 hub_topic is None
                 or (role is not None and not role.may_publish(hub_topic))
                 or router.disclose_publisher == DISCLOSE_ALWAYS
