@@ -600,7 +600,8 @@ def test_bench_floor_refuses_what_its_relays_do_not_speak() -> None:
         return argparse.Namespace(**{**base, **changes})
 
     assert (_check(namespace()), _check(namespace(nodes=1)), _check(namespace(client="lean"))) == (2, 1, 2)
-    for changes in ({"nodes": 3}, {"serializer": "msgpack"}, {"transport": "rawsocket"},
+    assert _check(namespace(client="lean", acknowledge=True)) == 2
+    for changes in ({"nodes": 3}, {"serializer": "msgpack"}, {"transport": "rawsocket"}, {"acknowledge": True},
                     {"target": ["ws://a", "ws://b"]}):  # fmt: skip
         with pytest.raises(SystemExit):
             _check(namespace(**changes))

@@ -36,6 +36,8 @@ def _check(args: argparse.Namespace) -> int:
     nodes = args.nodes or 2
     if nodes not in (1, 2):
         raise SystemExit("pubsubclub: error: --nodes takes 1 or 2 here")
+    if args.client != "lean" and getattr(args, "acknowledge", False):
+        raise SystemExit("pubsubclub: error: --acknowledge is the lean clients' (--client lean)")
     if args.target or args.serializer != "json" or args.transport != "websocket":
         raise SystemExit(
             "pubsubclub: error: --scenario floor runs the Autobahn or the lean clients, JSON over WebSocket, against"
