@@ -494,6 +494,24 @@ def test_a_plain_json_publish_goes_to_publish_plain_without_decode(monkeypatch: 
     assert _plain_outcome(frame, fast=True) == expected
 
 
+def test_the_lean_latency_runs_publish_takes_the_plain_road(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lean clients' paced PUBLISH is the Autobahn run's shape (one argument), so a node takes its plain road for
+    both clients alike: fed with decode refused, it does what the general path does."""
+    from pubsubclub.bench.lean import latency_publish
+    from pubsubclub.frontends.wamp import transport
+
+    frame = latency_publish(7, b"{}", b"com.example.t", 6, 1764259200.123456, b"x" * 100)
+    expected = _plain_outcome(frame, fast=False)
+    assert expected[0] == [([{"i": 6, "t": 1764259200.123456, "p": "x" * 100}], None, False, None)]
+
+    def refuse(*_: Any) -> Any:
+        raise AssertionError("decoded through the general path")
+
+    monkeypatch.setattr(transport, "decode", refuse)
+    monkeypatch.setattr(transport, "decoded", refuse)
+    assert _plain_outcome(frame, fast=True) == expected
+
+
 def _deny(router: Any, publisher: Any) -> None:
     class Role:
         name = "reader"

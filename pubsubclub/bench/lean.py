@@ -29,7 +29,8 @@ first send time and count; a subscriber its count and its last event's time
 first publish to the last event. Every wait is bounded by ``--max-seconds``.
 
 The latency run with these clients (``latency-publisher``/``latency-subscriber``)
-sends ``--latency-count`` messages at ``--rate`` per second, each stamped just
+sends ``--latency-count`` messages at ``--rate`` per second, each the Autobahn
+run's message (one argument ``{"i", "t", "p"}``, :func:`latency_publish`) stamped just
 before its ``sendall`` and timed just after the ``recv`` that brought it: what
 is measured is the nodes and the kernel, nearly nothing of a client library
 (the Autobahn clients' run measures those too). The publisher sleeps until
@@ -308,7 +309,7 @@ def _latency_subscriber(url: str, realm: str, max_seconds: float) -> dict[str, A
             if m.endswith(PROBE_TAIL):
                 session.send(orjson.dumps([16, session.request(), {}, ACK_TOPIC, ["ready"]]))
                 continue
-            latencies.append(now - orjson.loads(m)[4][0])
+            latencies.append(now - orjson.loads(m)[4][0]["t"])
 
 
 def latency_summary(latencies: list[float]) -> dict[str, Any]:
@@ -327,6 +328,12 @@ def latency_summary(latencies: list[float]) -> dict[str, Any]:
         },
         "slowest_positions": slowest,
     }
+
+
+def latency_publish(request: int, options: bytes, topic: bytes, number: int, stamp: float, body: bytes) -> bytes:
+    """A paced PUBLISH: one argument ``{"i": number, "t": stamp, "p": body}``, the Autobahn latency run's message
+    (so a node takes the same road for both clients: its plain PUBLISH when ``options`` is ``{}``)."""
+    return b'[16,%d,%s,"%s",[{"i":%d,"t":%r,"p":"%s"}]]' % (request, options, topic, number, stamp, body)
 
 
 def _latency_publisher(
@@ -351,7 +358,7 @@ def _latency_publisher(
     sent = 0
     for number in paced(start, count, rate, deadline):
         sent = number + 1
-        message = b'[16,%d,%s,"%s",[%r,"%s"]]' % (sent, options, topic_bytes, time.time(), body)
+        message = latency_publish(sent, options, topic_bytes, number, time.time(), body)
         session.sock.sendall(session.frame(message))
         if acknowledge:  # read the PUBLISHEDs as they come (after the send: the message's time is not theirs)
             published += sum(m.startswith(b"[17,") for m in session.messages(deadline, wait=False))
