@@ -49,6 +49,7 @@ import struct
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -183,6 +184,8 @@ class WebSocketLean(_Requests):
         self._ws = WebSocketSession(url, realm, {"publisher": {}, "subscriber": {}}, deadline)
         self.sock = self._ws.sock
         self.frame = self._ws.frame
+        #: Messages a read brought after the one :meth:`next_message` returned.
+        self._pending: deque[bytes] = deque()
 
     def send(self, payload: bytes) -> None:
         """Send one WAMP message."""
@@ -191,11 +194,17 @@ class WebSocketLean(_Requests):
     def messages(self, deadline: float, wait: bool = True) -> list[bytes]:
         """The WAMP messages of the next read (none if ``wait`` is false and nothing came); the session's
         deadline is the one it was opened with."""
+        if self._pending:
+            held = list(self._pending)
+            self._pending.clear()
+            return held
         return self._ws.messages(None if wait else 0)
 
     def next_message(self, deadline: float) -> bytes:
-        """The next WAMP message."""
-        return self._ws.next_message()
+        """The next WAMP message (the rest of its read kept for the next call)."""
+        while not self._pending:
+            self._pending.extend(self._ws.messages())
+        return self._pending.popleft()
 
 
 def connect(url: str, realm: str, deadline: float) -> RawSocketSession | WebSocketLean:

@@ -46,12 +46,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from pubsubclub.bench.lean import RawSocketSession, _host_port
-from pubsubclub.bench.leancalls import WebSocketSession
+from pubsubclub.bench.lean import connect
 from pubsubclub.bench.nodes import machine, node_pair, progress, stop, wait_for, wait_interest
 
 TOPIC = "pubsubclub.bench.pycalls"
@@ -154,19 +152,8 @@ def _window(procs: list[subprocess.Popen[str]], outs: list[str], action: Callabl
 
 def _connect(transport: str, ready: dict[str, Any], realm: str, deadline: float) -> tuple[Any, Callable[[], bytes]]:
     """A lean session on a node: its ``send(payload)`` and a ``receive()`` of the next WAMP message."""
-    if transport == "rawsocket":
-        host, port = _host_port(ready["rawsocket"])
-        raw = RawSocketSession(host, int(port), realm, deadline)
-        return raw.send, lambda: raw.next_message(deadline)
-    ws = WebSocketSession(ready["wamp"], realm, {"publisher": {}, "subscriber": {}}, deadline)
-    pending: deque[bytes] = deque()
-
-    def receive() -> bytes:
-        while not pending:
-            pending.extend(ws.messages())
-        return pending.popleft()
-
-    return ws.send, receive
+    session = connect(ready["rawsocket"] if transport == "rawsocket" else ready["wamp"], realm, deadline)
+    return session.send, lambda: session.next_message(deadline)
 
 
 def _least(windows: list[dict[str, int]]) -> dict[str, int]:
